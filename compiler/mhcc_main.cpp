@@ -1,0 +1,2 @@
+#include "compiler/InitAll.h"
+int main(int argc, char **argv) { return mhcc::runMhcc(argc, argv); }

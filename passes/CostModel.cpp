@@ -1,0 +1,145 @@
+//===- CostModel.cpp - parameters, FLOPs and bytes per model unit -----------===//
+#include "passes/CostModel.h"
+
+namespace mhcc {
+
+const char *unitKindName(UnitKind kind) {
+  switch (kind) {
+  case UnitKind::Embedding: return "embedding";
+  case UnitKind::Expand: return "expand";
+  case UnitKind::AttentionSublayer: return "attention";
+  case UnitKind::MlpSublayer: return "mlp";
+  case UnitKind::Contract: return "contract";
+  case UnitKind::FinalNorm: return "final_norm";
+  case UnitKind::LmHead: return "lm_head";
+  case UnitKind::Loss: return "loss";
+  case UnitKind::Mtp: return "mtp";
+  }
+  return "?";
+}
+
+int64_t mhcMappingParams(const ModelDims &d) {
+  if (d.streams == 1)
+    return 0;
+  int64_t n = d.streams;
+  int64_t coefficients = n * n + 2 * n;
+  return d.residualWidth() * coefficients + coefficients + 3;
+}
+
+namespace {
+
+/// Forward FLOPs per token of the mHC mixing around one sublayer: the
+/// projection x @ W_map, the RMS, the Sinkhorn iterations, pre-mix, res-mix
+/// and post-mix (a plain residual adds C).
+double mhcMixingFlops(const ModelDims &d) {
+  int64_t n = d.streams, c = d.hidden;
+  if (n == 1)
+    return c;
+  double coefficients = n * n + 2 * n;
+  double projection = 2.0 * n * c * coefficients;
+  double rms = 2.0 * n * c;
+  double sinkhorn = d.sinkhornIterations * 4.0 * n * n + 3.0 * n * n;
+  double preMix = 2.0 * n * c;
+  double resMix = 2.0 * n * n * c;
+  double postMix = 2.0 * n * c;
+  return projection + rms + sinkhorn + preMix + resMix + postMix;
+}
+
+double attentionFlops(const ModelDims &d) {
+  double c = d.hidden;
+  double projections = 2.0 * 4 * c * c;                    // QKV + output
+  double averageKeys = (d.seqLen + 1) / 2.0;                // causal
+  double scoresAndValues = 2.0 * 2 * c * averageKeys;       // QK^T and PV
+  double softmaxAndRope = 5.0 * d.heads * averageKeys + 3.0 * c;
+  return projections + scoresAndValues + softmaxAndRope;
+}
+
+} // namespace
+
+UnitCost unitCost(UnitKind kind, const ModelDims &d) {
+  UnitCost u;
+  u.kind = kind;
+  int64_t c = d.hidden, n = d.streams, v = d.vocab, f = d.ffnHidden;
+  int64_t bytes = d.dtypeBytes;
+  double norm = 4.0 * c;
+  switch (kind) {
+  case UnitKind::Embedding:
+    u.params = v * c;
+    u.outputWidth = c;
+    break;
+  case UnitKind::Expand:
+    u.forwardFlopsPerToken = 0;
+    u.outputWidth = n * c;
+    break;
+  case UnitKind::AttentionSublayer:
+    u.params = mhcMappingParams(d) + c + 4 * c * c;
+    u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + attentionFlops(d);
+    u.outputWidth = n * c;
+    // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
+    u.savedBytesPerToken = bytes * (n * c + 6 * c + d.heads);
+    break;
+  case UnitKind::MlpSublayer:
+    u.params = mhcMappingParams(d) + c + 3 * c * f;
+    u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + 6.0 * c * f + 4.0 * f;
+    u.outputWidth = n * c;
+    // Input residual, u, normed u, gate and up projections, their product.
+    u.savedBytesPerToken = bytes * (n * c + 2 * c + 3 * f);
+    break;
+  case UnitKind::Contract:
+    u.forwardFlopsPerToken = n * c;
+    u.outputWidth = c;
+    break;
+  case UnitKind::FinalNorm:
+    u.params = c;
+    u.forwardFlopsPerToken = norm;
+    u.outputWidth = c;
+    u.savedBytesPerToken = bytes * c;
+    break;
+  case UnitKind::LmHead:
+    u.params = c * v;
+    u.forwardFlopsPerToken = 2.0 * c * v;
+    u.outputWidth = v;
+    u.savedBytesPerToken = bytes * c;
+    break;
+  case UnitKind::Loss:
+    u.forwardFlopsPerToken = 4.0 * v;
+    u.outputWidth = 1;
+    u.savedBytesPerToken = bytes * v;
+    break;
+  case UnitKind::Mtp: {
+    // Two input norms, the 2C -> C projection, one mHC layer, a final norm;
+    // embedding and LM head are shared with the main model (no parameters),
+    // but the head's FLOPs are its own.
+    UnitCost attention = unitCost(UnitKind::AttentionSublayer, d);
+    UnitCost mlp = unitCost(UnitKind::MlpSublayer, d);
+    u.params = 3 * c + 2 * c * c + attention.params + mlp.params;
+    u.forwardFlopsPerToken = 3 * norm + 4.0 * c * c +
+                             attention.forwardFlopsPerToken +
+                             mlp.forwardFlopsPerToken + 2.0 * c * v + 4.0 * v;
+    u.outputWidth = 1;
+    u.savedBytesPerToken = attention.savedBytesPerToken +
+                           mlp.savedBytesPerToken + bytes * (4 * c + v);
+    break;
+  }
+  }
+  return u;
+}
+
+ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &d) {
+  ModelTotals totals;
+  int64_t sublayers = 0;
+  for (const UnitCost &u : units) {
+    totals.params += u.params;
+    totals.forwardFlopsPerToken += u.forwardFlopsPerToken;
+    if (u.kind == UnitKind::AttentionSublayer || u.kind == UnitKind::MlpSublayer) {
+      ++sublayers;
+      totals.mhcParams += mhcMappingParams(d);
+    }
+    if (u.kind == UnitKind::Mtp)
+      totals.mhcParams += 2 * mhcMappingParams(d);
+  }
+  totals.layers = sublayers / 2;
+  return totals;
+}
+
+} // namespace mhcc

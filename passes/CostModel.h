@@ -1,0 +1,82 @@
+//===- CostModel.h - parameters, FLOPs and bytes per model unit ---*- C++ -*-===//
+//
+// Plain C++ (no MLIR): the cost of each pipeline-cuttable unit of an mHC
+// model (embedding, expand, one mHC-wrapped sublayer, contract, final norm,
+// LM head, loss, MTP). The summary, the automatic partitioner and the schedule
+// simulator all read these numbers, so they are computed in one place.
+//
+// FLOP conventions: a multiply-add is 2 FLOPs; causal attention counts the
+// keys each query actually sees, (s + 1) / 2 on average; backward is twice
+// forward (input and weight gradients), so training is 3x forward.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_PASSES_COSTMODEL_H
+#define MHCC_PASSES_COSTMODEL_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mhcc {
+
+struct ModelDims {
+  int64_t vocab = 0;
+  int64_t hidden = 0;     // C
+  int64_t heads = 0;
+  int64_t ffnHidden = 0;  // F
+  int64_t seqLen = 0;
+  int64_t microBatch = 1;
+  int64_t streams = 1;    // n
+  int64_t sinkhornIterations = 20;
+  int64_t dtypeBytes = 4;
+
+  int64_t tokens() const { return seqLen * microBatch; }
+  int64_t residualWidth() const { return streams * hidden; }
+};
+
+enum class UnitKind {
+  Embedding,
+  Expand,
+  AttentionSublayer,
+  MlpSublayer,
+  Contract,
+  FinalNorm,
+  LmHead,
+  Loss,
+  Mtp,
+};
+
+const char *unitKindName(UnitKind kind);
+
+struct UnitCost {
+  UnitKind kind = UnitKind::Embedding;
+  std::string name;          // the model-graph node name
+  int64_t layer = -1;        // transformer layer, for sublayers
+  int64_t params = 0;        // trainable parameters
+  double forwardFlopsPerToken = 0;
+  /// Width per token of the unit's output (n*C for residual-producing units).
+  int64_t outputWidth = 0;
+  /// Bytes per token kept from forward to backward (without recompute).
+  int64_t savedBytesPerToken = 0;
+};
+
+/// Cost of one unit of `kind` for a model of size `dims`.
+UnitCost unitCost(UnitKind kind, const ModelDims &dims);
+
+/// Parameters of the mHC mapping around one sublayer: W_map [nC, n^2 + 2n],
+/// b [n^2 + 2n] and the three gating scalars; zero for a plain model (n = 1).
+int64_t mhcMappingParams(const ModelDims &dims);
+
+struct ModelTotals {
+  int64_t params = 0;
+  double forwardFlopsPerToken = 0;
+  double trainingFlopsPerToken() const { return 3 * forwardFlopsPerToken; }
+  int64_t layers = 0;
+  int64_t mhcParams = 0; // of params: the W_map, b and alphas
+};
+
+ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &dims);
+
+} // namespace mhcc
+
+#endif // MHCC_PASSES_COSTMODEL_H

@@ -1,0 +1,17 @@
+# lit configuration for mhcc. Bazel runs each test file through
+# build_defs/lit_runner.sh, which sets the environment variables read here.
+import os
+
+import lit.formats
+
+config.name = "mhcc"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["Inputs", "lit.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.environ.get("MHCC_LIT_EXEC_ROOT", "/tmp/mhcc-lit")
+
+tools_path = os.environ.get("MHCC_TOOLS_PATH", "")
+config.environment["PATH"] = tools_path + os.pathsep + os.environ.get("PATH", "")
+source_root = os.environ.get("MHCC_SOURCE_ROOT", os.path.dirname(config.test_source_root))
+config.substitutions.append(("%models", os.path.join(source_root, "models")))

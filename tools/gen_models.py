@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Writes models/*.json, the model graphs mhcc ships.
+
+Deliberate regeneration only: `python3 tools/gen_models.py` rewrites every file
+under models/. The graphs are a chain: embedding -> mhc_expand -> (attention,
+mlp) mhc_sublayer pairs -> mhc_contract -> rmsnorm -> lm_head -> cross_entropy,
+with optional MTP modules reading the final residual.
+"""
+import json
+import os
+
+MODELS = {
+    # name: (description, config, layers, mtp_depths)
+    "tiny": ("Byte-level toy model for CPU tests and the quickstart.",
+             dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
+                  streams=4), 4, [1]),
+    "small": ("The shape of Megatron's mHC functional test (C=512, 12 layers).",
+              dict(vocab=256, hidden=512, heads=8, ffn_hidden=1408, seq_len=1024,
+                   streams=4), 12, []),
+    "small_n1": ("small as a plain residual model (n = 1), for overhead comparisons.",
+                 dict(vocab=256, hidden=512, heads=8, ffn_hidden=1408,
+                      seq_len=1024, streams=1), 12, []),
+    "1b": ("The benchmark model: C=2048, 16 layers, 16 heads, vocab 32000.",
+           dict(vocab=32000, hidden=2048, heads=16, ffn_hidden=5632, seq_len=2048,
+                streams=4, dtype="bf16"), 16, []),
+    "1b_n1": ("1b as a plain residual model (n = 1).",
+              dict(vocab=32000, hidden=2048, heads=16, ffn_hidden=5632,
+                   seq_len=2048, streams=1, dtype="bf16"), 16, []),
+    "transport_c4096": ("DeepSeek-width transport case: n*C = 16384 on the wire.",
+                        dict(vocab=256, hidden=4096, heads=32, ffn_hidden=11008,
+                             seq_len=512, streams=4), 4, []),
+    "transport_c7168": ("DeepSeek-V3-width transport case: n*C = 28672 on the wire.",
+                        dict(vocab=256, hidden=7168, heads=56, ffn_hidden=18432,
+                             seq_len=512, streams=4), 4, []),
+}
+
+
+def graph(name, description, config, layers, mtp_depths):
+    nodes = [{"name": "embed", "op": "embedding"},
+             {"name": "expand", "op": "mhc_expand", "inputs": ["embed"]}]
+    prev = "expand"
+    for layer in range(layers):
+        for sub in ("attention", "mlp"):
+            node = f"layer{layer}.{'attn' if sub == 'attention' else 'mlp'}"
+            nodes.append({"name": node, "op": "mhc_sublayer", "inputs": [prev],
+                          "attrs": {"sublayer": sub}})
+            prev = node
+    final_residual = prev
+    nodes += [{"name": "contract", "op": "mhc_contract", "inputs": [final_residual]},
+              {"name": "final_norm", "op": "rmsnorm", "inputs": ["contract"]},
+              {"name": "lm_head", "op": "lm_head", "inputs": ["final_norm"]},
+              {"name": "loss", "op": "cross_entropy", "inputs": ["lm_head"]}]
+    for depth in mtp_depths:
+        nodes.append({"name": f"mtp{depth}", "op": "mtp", "inputs": [final_residual],
+                      "attrs": {"depth": depth}})
+    return {"format": "mhcc-model-v1", "name": name, "description": description,
+            "config": config, "nodes": nodes}
+
+
+def main():
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+    for name, (description, config, layers, mtp) in MODELS.items():
+        path = os.path.join(out_dir, name + ".json")
+        with open(path, "w") as f:
+            json.dump(graph(name, description, config, layers, mtp), f, indent=1)
+            f.write("\n")
+        print("wrote", os.path.relpath(path))
+
+
+if __name__ == "__main__":
+    main()
