@@ -1,0 +1,127 @@
+//===- Schedule.h - static per-rank pipeline schedules -------------*- C++ -*-===//
+//
+// Builds each rank's instruction list (FWD, BWD or its B/W halves, SEND,
+// RECV, FREE, OPTIM) for GPipe, 1F1B, interleaved 1F1B and ZB-H1, and
+// simulates all ranks together to verify a list set (no deadlock, matching
+// message order at both ends of every peer pair, shapes, no use after FREE)
+// and to predict its timeline, bubble and peak activation memory.
+//
+// Message semantics are NCCL's: messages from rank a to rank b are matched to
+// b's receives from a in issue order; consecutive SEND/RECV instructions form
+// one group (ncclGroupStart/End) that completes when all of them have.
+//
+// Plain C++ (no MLIR).
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_PASSES_PIPELINE_SCHEDULE_H
+#define MHCC_PASSES_PIPELINE_SCHEDULE_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mhcc::pipeline {
+
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+
+const char *scheduleKindName(ScheduleKind kind);
+std::optional<ScheduleKind> parseScheduleKind(const std::string &name);
+
+enum class OpKind {
+  Forward,        // FWD(stage, mb)
+  Backward,       // BWD(stage, mb): input and weight gradients together
+  BackwardInput,  // B(stage, mb) of the zero-bubble split: input gradient
+  BackwardWeight, // W(stage, mb): weight gradient
+  Send,
+  Recv,
+  Free,           // pseudo-deallocation of out(stage, mb) once its send completed
+  Optimizer,
+};
+
+const char *opKindName(OpKind kind);
+
+enum class Payload { Activation, Gradient };
+
+struct Instr {
+  OpKind kind = OpKind::Forward;
+  int64_t stage = -1; // virtual stage
+  int64_t mb = -1;    // microbatch
+  // SEND / RECV only.
+  Payload payload = Payload::Activation;
+  int64_t peer = -1;
+  int64_t srcStage = -1, dstStage = -1; // the message's edge
+  int64_t tokens = 0, width = 0;        // shape [tokens, width]
+  int64_t group = -1;                   // instructions of one group share it
+  int64_t order = -1; // position in this rank's FIFO to/from `peer`, per direction
+
+  bool isComm() const { return kind == OpKind::Send || kind == OpKind::Recv; }
+  bool isCompute() const {
+    return kind == OpKind::Forward || kind == OpKind::Backward ||
+           kind == OpKind::BackwardInput || kind == OpKind::BackwardWeight;
+  }
+  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1`.
+  std::string describe() const;
+};
+
+struct StageSpec {
+  double forwardTime = 0;     // one microbatch
+  double backwardTime = 0;    // BWD, or B + W
+  double weightGradTime = 0;  // W's share of backwardTime (zero-bubble split)
+  int64_t savedBytes = 0;     // activations kept from FWD to BWD, per microbatch
+  /// Width per token of the stage's output boundary (0 for the last stage).
+  int64_t outputWidth = 0;
+};
+
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int64_t pp = 1, vpp = 1;
+  int64_t microbatches = 1;
+  int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
+  int64_t tokens = 1;    // T per microbatch
+  int64_t elementBytes = 4;
+  double linkBytesPerTime = 0; // P2P bandwidth; 0 = free communication
+  std::vector<StageSpec> stages; // pp * vpp of them
+};
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int64_t pp = 1, vpp = 1, microbatches = 1, groupSize = 1;
+  std::vector<std::vector<Instr>> ranks;
+};
+
+/// Builds the schedule, or returns nullopt with `error` for configurations
+/// the schedule cannot run (GPipe or ZB-H1 with v > 1, the m % g rule, ...).
+std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error);
+
+struct ScheduleError {
+  int64_t rank = -1;
+  int64_t instr = -1; // index into that rank's list
+  std::string message;
+};
+
+struct TimedInstr {
+  double start = 0, end = 0;
+};
+
+struct SimulationResult {
+  std::vector<ScheduleError> errors; // empty: the schedule is valid
+  double makespan = 0;
+  std::vector<double> busy;            // compute time per rank
+  std::vector<int64_t> peakBytes;      // live activations + boundary buffers
+  std::vector<int64_t> peakInFlight;   // microbatches between FWD and last BWD part
+  std::vector<std::vector<TimedInstr>> timeline;
+  /// (makespan - busiest rank's compute) / busiest rank's compute.
+  double bubbleFraction = 0;
+};
+
+/// Simulates every rank's list together; see the file comment for the rules.
+SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &spec);
+
+/// A per-rank text timeline plus bubble and peak memory, for --print-schedule.
+std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
+                           const SimulationResult &result);
+
+} // namespace mhcc::pipeline
+
+#endif // MHCC_PASSES_PIPELINE_SCHEDULE_H

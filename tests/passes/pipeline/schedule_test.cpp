@@ -1,0 +1,302 @@
+// Property tests of the schedule builder and simulator over p in 1..8,
+// v in 1..4, m in 1..32: every list verifies, bubbles match the closed forms
+// for uniform costs, 1F1B memory is bounded by p, and broken lists (misordered
+// messages, deadlocks, FREE before the send, shape mismatches) are rejected.
+#include "passes/pipeline/Schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace mhcc::pipeline {
+namespace {
+
+ScheduleSpec uniformSpec(ScheduleKind kind, int64_t p, int64_t v, int64_t m,
+                         int64_t width = 2048) {
+  ScheduleSpec spec;
+  spec.kind = kind;
+  spec.pp = p;
+  spec.vpp = v;
+  spec.microbatches = m;
+  spec.tokens = 16;
+  for (int64_t s = 0; s < p * v; ++s) {
+    StageSpec stage;
+    stage.forwardTime = 1;
+    stage.backwardTime = 2;
+    stage.weightGradTime = 1;
+    stage.savedBytes = 1000;
+    stage.outputWidth = s + 1 < p * v ? width : 0;
+    spec.stages.push_back(stage);
+  }
+  return spec;
+}
+
+struct Built {
+  Schedule schedule;
+  SimulationResult result;
+};
+
+Built buildAndSimulate(const ScheduleSpec &spec) {
+  std::string error;
+  std::optional<Schedule> schedule = buildSchedule(spec, error);
+  EXPECT_TRUE(schedule) << error;
+  if (!schedule)
+    return {};
+  SimulationResult result = simulateSchedule(*schedule, spec);
+  for (const ScheduleError &e : result.errors)
+    ADD_FAILURE() << scheduleKindName(spec.kind) << " p=" << spec.pp << " v=" << spec.vpp
+                  << " m=" << spec.microbatches << ": rank " << e.rank << " #" << e.instr
+                  << ": " << e.message;
+  return {*schedule, result};
+}
+
+void expectForwardBeforeBackward(const Schedule &schedule) {
+  for (const auto &list : schedule.ranks) {
+    std::vector<std::pair<int64_t, int64_t>> seen;
+    for (const Instr &instr : list) {
+      if (instr.kind == OpKind::Forward)
+        seen.push_back({instr.stage, instr.mb});
+      if (instr.kind == OpKind::Backward || instr.kind == OpKind::BackwardInput)
+        EXPECT_NE(std::find(seen.begin(), seen.end(), std::make_pair(instr.stage, instr.mb)),
+                  seen.end())
+            << instr.describe();
+    }
+  }
+}
+
+TEST(Schedule, OneFOneBAndGPipeAndZeroBubbleOverGrid) {
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1})
+    for (int64_t p = 1; p <= 8; ++p)
+      for (int64_t m = 1; m <= 32; ++m) {
+        ScheduleSpec spec = uniformSpec(kind, p, 1, m);
+        Built built = buildAndSimulate(spec);
+        ASSERT_TRUE(built.result.errors.empty());
+        expectForwardBeforeBackward(built.schedule);
+        if (kind == ScheduleKind::ZeroBubbleH1 && m < p) {
+          // Too few microbatches to fill the pipeline: no closed form, but
+          // never worse than 1F1B.
+          EXPECT_LE(built.result.bubbleFraction, (p - 1) / double(m) + 1e-9);
+        } else {
+          double expected = kind == ScheduleKind::ZeroBubbleH1 ? (p - 1) / (3.0 * m)
+                                                                 : (p - 1) / double(m);
+          EXPECT_NEAR(built.result.bubbleFraction, expected, 1e-9)
+              << scheduleKindName(kind) << " p=" << p << " m=" << m;
+        }
+        if (kind != ScheduleKind::GPipe) {
+          // 1F1B and ZB-H1 hold at most p microbatches in flight on rank 0.
+          EXPECT_EQ(built.result.peakInFlight[0], std::min(p, m))
+              << scheduleKindName(kind) << " p=" << p << " m=" << m;
+          for (int64_t r = 0; r < p; ++r)
+            EXPECT_LE(built.result.peakInFlight[r], p);
+        } else {
+          EXPECT_EQ(built.result.peakInFlight[0], m);
+        }
+      }
+}
+
+TEST(Schedule, InterleavedOverGrid) {
+  for (int64_t p = 1; p <= 8; ++p)
+    for (int64_t v = 1; v <= 4; ++v)
+      for (int64_t m = 1; m <= 32; ++m) {
+        ScheduleSpec spec = uniformSpec(ScheduleKind::Interleaved, p, v, m);
+        std::string error;
+        bool valid = m >= p && (m % p == 0 || m % p >= p);
+        std::optional<Schedule> schedule = buildSchedule(spec, error);
+        ASSERT_EQ(schedule.has_value(), valid) << "p=" << p << " v=" << v << " m=" << m << ": " << error;
+        if (!valid)
+          continue;
+        Built built = buildAndSimulate(spec);
+        ASSERT_TRUE(built.result.errors.empty()) << "p=" << p << " v=" << v << " m=" << m;
+        expectForwardBeforeBackward(built.schedule);
+        EXPECT_NEAR(built.result.bubbleFraction, (p - 1) / double(v * m), 1e-9)
+            << "p=" << p << " v=" << v << " m=" << m;
+      }
+}
+
+TEST(Schedule, InterleavedWithLargerGroups) {
+  // g > p, including a partial last group of at least p microbatches.
+  for (int64_t p = 2; p <= 4; ++p)
+    for (int64_t g = p; g <= 2 * p; ++g)
+      for (int64_t m = g; m <= 24; ++m) {
+        ScheduleSpec spec = uniformSpec(ScheduleKind::Interleaved, p, 2, m);
+        spec.groupSize = g;
+        std::string error;
+        bool valid = m % g == 0 || m % g >= p;
+        std::optional<Schedule> schedule = buildSchedule(spec, error);
+        ASSERT_EQ(schedule.has_value(), valid) << error;
+        if (valid)
+          EXPECT_TRUE(simulateSchedule(*schedule, spec).errors.empty())
+              << "p=" << p << " g=" << g << " m=" << m;
+      }
+}
+
+TEST(Schedule, PeakActivationsDoNotGrowWithMicrobatches) {
+  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1, ScheduleKind::Interleaved})
+    for (int64_t p = 1; p <= 8; ++p) {
+      int64_t v = kind == ScheduleKind::Interleaved ? 2 : 1;
+      Built few = buildAndSimulate(uniformSpec(kind, p, v, 2 * p));
+      Built many = buildAndSimulate(uniformSpec(kind, p, v, 8 * p));
+      for (int64_t r = 0; r < p; ++r)
+        EXPECT_EQ(few.result.peakBytes[r], many.result.peakBytes[r])
+            << scheduleKindName(kind) << " p=" << p << " rank " << r;
+    }
+}
+
+TEST(Schedule, OneFOneBRankZeroPeakIsPMicrobatches) {
+  for (int64_t p = 2; p <= 8; ++p) {
+    ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, p, 1, 4 * p);
+    Built built = buildAndSimulate(spec);
+    // p microbatches of saved activations, plus the output buffers of
+    // microbatches whose sends are still waiting for rank 1 (sends do not
+    // block the host; each output is freed when its send completes).
+    int64_t saved = p * spec.stages[0].savedBytes;
+    int64_t oneOutput = spec.tokens * spec.stages[0].outputWidth * spec.elementBytes;
+    EXPECT_GE(built.result.peakBytes[0], saved + oneOutput);
+    EXPECT_LE(built.result.peakBytes[0], saved + p * oneOutput);
+  }
+}
+
+TEST(Schedule, BoundaryMessagesCarryTheStageWidth) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::Interleaved, 2, 2, 4, 28672);
+  Built built = buildAndSimulate(spec);
+  int64_t wraparounds = 0;
+  for (int64_t r = 0; r < 2; ++r)
+    for (const Instr &instr : built.schedule.ranks[r]) {
+      if (!instr.isComm())
+        continue;
+      EXPECT_EQ(instr.width, 28672);
+      EXPECT_EQ(instr.tokens, 16);
+      // The last rank's chunk 0 sends to rank 0's chunk 1 over the ring.
+      if (instr.kind == OpKind::Send && instr.payload == Payload::Activation && r == 1 &&
+          instr.srcStage == 1) {
+        EXPECT_EQ(instr.peer, 0);
+        ++wraparounds;
+      }
+    }
+  EXPECT_EQ(wraparounds, 4);
+}
+
+TEST(Schedule, RejectsConfigurationsWithAMessage) {
+  std::string error;
+  EXPECT_FALSE(buildSchedule(uniformSpec(ScheduleKind::OneFOneB, 2, 2, 4), error));
+  EXPECT_NE(error.find("use --schedule interleaved"), std::string::npos);
+  ScheduleSpec partial = uniformSpec(ScheduleKind::Interleaved, 4, 2, 10);
+  EXPECT_FALSE(buildSchedule(partial, error));
+  EXPECT_NE(error.find("m % g = 2"), std::string::npos) << error;
+  EXPECT_FALSE(buildSchedule(uniformSpec(ScheduleKind::Interleaved, 4, 2, 3), error));
+  EXPECT_NE(error.find("at least p = 4 microbatches"), std::string::npos) << error;
+}
+
+/// Swaps the identities of rank r's first two receives from one peer that
+/// carry different payloads: the hazard of issuing a batched exchange in the
+/// wrong order.
+bool misorderReceives(Schedule &schedule, int64_t r) {
+  auto &list = schedule.ranks[r];
+  for (size_t i = 0; i < list.size(); ++i)
+    for (size_t j = i + 1; j < list.size(); ++j)
+      if (list[i].kind == OpKind::Recv && list[j].kind == OpKind::Recv &&
+          list[i].peer == list[j].peer && list[i].payload != list[j].payload) {
+        std::swap(list[i], list[j]);
+        std::swap(list[i].group, list[j].group);
+        std::swap(list[i].order, list[j].order);
+        return true;
+      }
+  return false;
+}
+
+TEST(Schedule, MisorderedSamePeerMessagesAreRejected) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::Interleaved, 2, 2, 4);
+  std::string error;
+  Schedule schedule = *buildSchedule(spec, error);
+  ASSERT_TRUE(misorderReceives(schedule, 1));
+  SimulationResult result = simulateSchedule(schedule, spec);
+  ASSERT_FALSE(result.errors.empty());
+  bool named = false;
+  for (const ScheduleError &e : result.errors)
+    named |= e.message.find("message order differs between the two ends") != std::string::npos &&
+             e.message.find("go unnoticed") != std::string::npos;
+  EXPECT_TRUE(named) << result.errors[0].message;
+}
+
+TEST(Schedule, DeadlockIsReportedPerRank) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 2, 1, 1);
+  std::string error;
+  Schedule schedule = *buildSchedule(spec, error);
+  // Rank 0 waits for mb0's gradient before it sends mb0's activation: rank 1
+  // waits for that activation, so neither moves.
+  auto &list = schedule.ranks[0];
+  auto recv = std::find_if(list.begin(), list.end(), [](const Instr &i) {
+    return i.kind == OpKind::Recv && i.payload == Payload::Gradient;
+  });
+  ASSERT_NE(recv, list.end());
+  Instr moved = *recv;
+  moved.group = -7;
+  list.erase(recv);
+  list.insert(list.begin(), moved);
+  SimulationResult result = simulateSchedule(schedule, spec);
+  ASSERT_EQ(result.errors.size(), 2u);
+  EXPECT_EQ(result.errors[0].rank, 0);
+  EXPECT_EQ(result.errors[1].rank, 1);
+  for (const ScheduleError &e : result.errors)
+    EXPECT_NE(e.message.find("deadlock"), std::string::npos) << e.message;
+}
+
+TEST(Schedule, FreeBeforeSendIsRejected) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 2, 1, 2);
+  std::string error;
+  Schedule schedule = *buildSchedule(spec, error);
+  auto &list = schedule.ranks[0];
+  auto send = std::find_if(list.begin(), list.end(), [](const Instr &i) { return i.kind == OpKind::Send; });
+  auto free = std::find_if(list.begin(), list.end(), [](const Instr &i) { return i.kind == OpKind::Free; });
+  ASSERT_TRUE(send != list.end() && free != list.end());
+  Instr moved = *free;
+  list.erase(free);
+  list.insert(send, moved);
+  SimulationResult result = simulateSchedule(schedule, spec);
+  ASSERT_FALSE(result.errors.empty());
+  EXPECT_NE(result.errors[0].message.find("before its send was issued"), std::string::npos)
+      << result.errors[0].message;
+}
+
+TEST(Schedule, UseAfterFreeIsRejected) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 2, 1, 2);
+  std::string error;
+  Schedule schedule = *buildSchedule(spec, error);
+  auto &list = schedule.ranks[0];
+  // Send mb0's output a second time after its FREE.
+  auto free = std::find_if(list.begin(), list.end(), [](const Instr &i) { return i.kind == OpKind::Free; });
+  auto send = std::find_if(list.begin(), list.end(), [](const Instr &i) { return i.kind == OpKind::Send; });
+  ASSERT_TRUE(free != list.end() && send != list.end());
+  Instr again = *send;
+  again.group = 1000;
+  list.insert(free + 1, again);
+  SimulationResult result = simulateSchedule(schedule, spec);
+  ASSERT_FALSE(result.errors.empty());
+  EXPECT_NE(result.errors[0].message.find("use after FREE"), std::string::npos)
+      << result.errors[0].message;
+}
+
+TEST(Schedule, ShapeMismatchIsRejected) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 2, 1, 2);
+  std::string error;
+  Schedule schedule = *buildSchedule(spec, error);
+  for (Instr &instr : schedule.ranks[1])
+    if (instr.kind == OpKind::Recv) {
+      instr.width = 512; // a C-wide buffer for an n*C-wide message
+      break;
+    }
+  SimulationResult result = simulateSchedule(schedule, spec);
+  ASSERT_FALSE(result.errors.empty());
+  EXPECT_NE(result.errors[0].message.find("shape mismatch"), std::string::npos);
+}
+
+TEST(Schedule, CommunicationTimeAddsToTheCriticalPath) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 4, 1, 8);
+  double free = buildAndSimulate(spec).result.makespan;
+  spec.linkBytesPerTime = 16.0 * 2048 * 4 / 0.5; // each message takes 0.5
+  double paid = buildAndSimulate(spec).result.makespan;
+  EXPECT_GT(paid, free);
+}
+
+} // namespace
+} // namespace mhcc::pipeline
