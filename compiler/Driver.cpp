@@ -11,6 +11,8 @@
 #include "compiler/ModelGraph.h"
 #include "compiler/Pipeline.h"
 #include "passes/ModelUnits.h"
+#include "passes/PipelineIR.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include "mlir/Debug/CLOptionsSetup.h"
 #include "mlir/IR/AsmState.h"
@@ -45,7 +47,84 @@ struct Options {
       "compile-to",
       llvm::cl::desc("Stop after this phase (" + phaseNames() + ")"),
       llvm::cl::value_desc("phase"), llvm::cl::init(allPhases().back().name)};
+
+  llvm::cl::OptionCategory pipelineCategory{"Pipeline parallelism"};
+  llvm::cl::opt<int64_t> pp{"pp", llvm::cl::desc("Pipeline ranks p"), llvm::cl::init(1),
+                            llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<int64_t> vpp{"vpp", llvm::cl::desc("Virtual chunks per rank v"),
+                             llvm::cl::init(1), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<std::string> layout{
+      "layout",
+      llvm::cl::desc("Megatron-style layout (E, t, m, L, |, *N), e.g. Et|tt|tt|tL; "
+                     "default: cost-balanced automatic partition"),
+      llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<double> memoryCapGib{
+      "memory-cap-gib", llvm::cl::desc("Memory per virtual stage for the automatic partition"),
+      llvm::cl::init(0), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<int64_t> microbatches{"microbatches", llvm::cl::desc("Microbatches per step m"),
+                                      llvm::cl::init(8), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<std::string> schedule{
+      "schedule",
+      llvm::cl::desc("gpipe, 1f1b, interleaved or zb-h1 (default: 1f1b, interleaved if --vpp > 1)"),
+      llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<int64_t> microbatchGroup{
+      "microbatch-group", llvm::cl::desc("Interleaved microbatch group g (default p)"),
+      llvm::cl::init(0), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<bool> printSchedule{
+      "print-schedule",
+      llvm::cl::desc("Print each rank's timeline, the predicted bubble and peak activations"),
+      llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<double> simTflops{"sim-tflops",
+                                  llvm::cl::desc("Compute rate the schedule simulator assumes"),
+                                  llvm::cl::init(400), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<double> simLinkGBps{
+      "sim-link-gbps", llvm::cl::desc("P2P bandwidth the schedule simulator assumes (GB/s)"),
+      llvm::cl::init(200), llvm::cl::cat(pipelineCategory)};
+  llvm::cl::opt<bool> testMisorderP2P{
+      "test-misorder-p2p",
+      llvm::cl::desc("Testing only: swap two same-peer receives so verification must fail"),
+      llvm::cl::Hidden};
 };
+
+/// What the pipeline phases decided, if they ran: layout, boundaries and the
+/// schedule's predicted bubble and memory (with --print-schedule, the full
+/// per-rank timeline).
+LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
+                                   const SimulationOptions &simulation, bool timeline,
+                                   llvm::raw_ostream &os) {
+  if (!func->hasAttr(pipe::kLayoutAttr))
+    return success();
+  FailureOr<pipeline::Layout> layout = layoutOf(func);
+  if (failed(layout))
+    return failure();
+  os << "pipeline: pp = " << layout->pp << ", vpp = " << layout->vpp << ", layout "
+     << layout->toString() << "\n";
+  for (auto boundary : func.getOps<pipe::BoundaryOp>()) {
+    auto type = cast<RankedTensorType>(boundary.getInput().getType());
+    os << "  boundary stage " << boundary.getSrcStage() << " -> " << boundary.getDstStage()
+       << " (rank " << boundary.getSrcRank() << " -> " << boundary.getDstRank()
+       << (boundary.getWraparound() ? ", wraparound" : "") << "): activation and gradient "
+       << type << "\n";
+  }
+  for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
+    pipeline::Schedule schedule = readSchedule(scheduleOp);
+    FailureOr<pipeline::ScheduleSpec> spec = scheduleSpecOf(
+        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
+    if (failed(spec))
+      return failure();
+    pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
+    os << llvm::formatv("schedule {0}: m = {1}{2}, verified; predicted step {3:F3} ms at {4} "
+                        "TFLOP/s and {5} GB/s P2P, bubble fraction {6:F4}\n",
+                        pipeline::scheduleKindName(schedule.kind), schedule.microbatches,
+                        schedule.groupSize ? llvm::formatv(", g = {0}", schedule.groupSize).str()
+                                           : std::string(),
+                        result.makespan, simulation.tflops, simulation.linkGBps,
+                        result.bubbleFraction);
+    if (timeline)
+      os << pipeline::formatTimeline(schedule, *spec, result);
+  }
+  return success();
+}
 
 int fail(const std::string &message) {
   llvm::errs() << "mhcc: " << message << "\n";
@@ -88,7 +167,16 @@ int runMhcc(int argc, char **argv) {
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
-  buildPipeline(pm, *lastPhase);
+  PipelineOptions pipelineOptions;
+  pipelineOptions.pp = options.pp;
+  pipelineOptions.vpp = options.vpp;
+  pipelineOptions.layout = options.layout;
+  pipelineOptions.memoryCapGib = options.memoryCapGib;
+  pipelineOptions.microbatches = options.microbatches;
+  pipelineOptions.schedule = options.schedule;
+  pipelineOptions.groupSize = options.microbatchGroup;
+  pipelineOptions.testMisorderP2P = options.testMisorderP2P;
+  buildPipeline(pm, *lastPhase, pipelineOptions);
   if (failed(pm.run(*module)))
     return fail("compilation of " + options.input + " failed (see above)");
 
@@ -99,12 +187,16 @@ int runMhcc(int argc, char **argv) {
   if (options.emit == EmitKind::Mlir) {
     module->print(out->os());
   } else {
-    for (auto func : module->getOps<func::FuncOp>()) {
-      FailureOr<ModelUnits> model = collectModelUnits(func);
-      if (failed(model))
-        return 1;
-      out->os() << formatModelSummary(*model);
-    }
+    FailureOr<func::FuncOp> func = findModelFunc(*module);
+    if (failed(func))
+      return 1;
+    FailureOr<ModelUnits> model = collectModelUnits(*func);
+    if (failed(model))
+      return 1;
+    out->os() << formatModelSummary(*model);
+    SimulationOptions simulation{options.simTflops, options.simLinkGBps};
+    if (failed(printPipelineSummary(*module, *func, simulation, options.printSchedule, out->os())))
+      return 1;
   }
   out->keep();
   return 0;

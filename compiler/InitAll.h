@@ -8,6 +8,7 @@
 #define MHCC_COMPILER_INITALL_H
 
 #include "dialects/mhc/IR/MhcDialect.h"
+#include "dialects/pipe/IR/PipeDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Transforms/Passes.h"
@@ -16,7 +17,7 @@
 namespace mhcc {
 
 inline void registerAllDialects(mlir::DialectRegistry &registry) {
-  registry.insert<mhc::MhcDialect, mlir::func::FuncDialect>();
+  registry.insert<mhc::MhcDialect, pipe::PipeDialect, mlir::func::FuncDialect>();
 }
 
 inline void registerAllPasses() {

@@ -9,14 +9,28 @@ using namespace mlir;
 
 namespace mhcc {
 
-FailureOr<ModelUnits> collectModelUnits(func::FuncOp func) {
+std::optional<UnitKind> unitKindOf(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<UnitKind>>(op)
+      .Case([](mhc::EmbeddingOp) { return UnitKind::Embedding; })
+      .Case([](mhc::ExpandOp) { return UnitKind::Expand; })
+      .Case([](mhc::HyperConnectionOp o) {
+        return o.getSublayerKind() == "attention" ? UnitKind::AttentionSublayer
+                                                  : UnitKind::MlpSublayer;
+      })
+      .Case([](mhc::ContractOp) { return UnitKind::Contract; })
+      .Case([](mhc::RmsNormOp) { return UnitKind::FinalNorm; })
+      .Case([](mhc::LmHeadOp) { return UnitKind::LmHead; })
+      .Case([](mhc::CrossEntropyOp) { return UnitKind::Loss; })
+      .Case([](mhc::MtpOp) { return UnitKind::Mtp; })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+FailureOr<ModelDims> modelDimsOf(func::FuncOp func) {
   auto config = func->getAttrOfType<mhc::ModelConfigAttr>(mhc::kConfigAttrName);
   if (!config)
     return func.emitError() << "not an mhc model: missing '"
                             << mhc::kConfigAttrName << "' attribute";
-  ModelUnits model;
-  model.name = func.getSymName().str();
-  ModelDims &d = model.dims;
+  ModelDims d;
   d.vocab = config.getVocab();
   d.hidden = config.getHidden();
   d.heads = config.getHeads();
@@ -26,30 +40,24 @@ FailureOr<ModelUnits> collectModelUnits(func::FuncOp func) {
   d.streams = config.getStreams();
   d.sinkhornIterations = config.getSinkhornIterations();
   d.dtypeBytes = config.getDtype().isBF16() ? 2 : 4;
+  return d;
+}
 
+FailureOr<ModelUnits> collectModelUnits(func::FuncOp func) {
+  FailureOr<ModelDims> dims = modelDimsOf(func);
+  if (failed(dims))
+    return failure();
+  ModelUnits model;
+  model.name = func.getSymName().str();
+  model.dims = *dims;
   for (Operation &op : func.getBody().front()) {
-    std::optional<UnitKind> kind;
-    std::string name;
-    int64_t layer = -1;
-    llvm::TypeSwitch<Operation *>(&op)
-        .Case([&](mhc::EmbeddingOp o) { kind = UnitKind::Embedding; name = o.getNode().str(); })
-        .Case([&](mhc::ExpandOp o) { kind = UnitKind::Expand; name = o.getNode().str(); })
-        .Case([&](mhc::HyperConnectionOp o) {
-          kind = o.getSublayerKind() == "attention" ? UnitKind::AttentionSublayer
-                                                    : UnitKind::MlpSublayer;
-          name = o.getNode().str();
-          layer = o.getLayer();
-        })
-        .Case([&](mhc::ContractOp o) { kind = UnitKind::Contract; name = o.getNode().str(); })
-        .Case([&](mhc::RmsNormOp o) { kind = UnitKind::FinalNorm; name = o.getNode().str(); })
-        .Case([&](mhc::LmHeadOp o) { kind = UnitKind::LmHead; name = o.getNode().str(); })
-        .Case([&](mhc::CrossEntropyOp o) { kind = UnitKind::Loss; name = o.getNode().str(); })
-        .Case([&](mhc::MtpOp o) { kind = UnitKind::Mtp; name = o.getNode().str(); });
+    std::optional<UnitKind> kind = unitKindOf(&op);
     if (!kind)
       continue;
-    UnitCost cost = unitCost(*kind, d);
-    cost.name = name;
-    cost.layer = layer;
+    UnitCost cost = unitCost(*kind, model.dims);
+    cost.name = op.getAttrOfType<StringAttr>("node").getValue().str();
+    if (auto hc = dyn_cast<mhc::HyperConnectionOp>(op))
+      cost.layer = hc.getLayer();
     model.units.push_back(cost);
   }
   return model;

@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Support/LogicalResult.h"
 
+#include <optional>
 #include <string>
 
 namespace mhcc {
@@ -15,6 +16,13 @@ struct ModelUnits {
   ModelDims dims;
   std::vector<UnitCost> units; // in forward order
 };
+
+/// The cost-model unit a top-level mhc op is, if any (nullopt for the
+/// function's terminator and pipe ops).
+std::optional<UnitKind> unitKindOf(mlir::Operation *op);
+
+/// The model sizes in `func`'s #mhc.config.
+mlir::FailureOr<ModelDims> modelDimsOf(mlir::func::FuncOp func);
 
 /// Reads the #mhc.config of `func` and costs each top-level mhc op in order.
 /// Fails with a diagnostic on the function if it is not an mhc model.

@@ -3,6 +3,8 @@
 #define MHCC_PASSES_PASSES_H
 
 #include "dialects/mhc/IR/MhcOps.h"
+#include "dialects/pipe/IR/PipeOps.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 
 namespace mhcc {

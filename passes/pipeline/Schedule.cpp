@@ -841,8 +841,11 @@ std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
   if (schedule.kind == ScheduleKind::Interleaved)
     os << ", g = " << schedule.groupSize;
   os << "\n";
-  os << "timeline (" << columns << " columns = " << result.makespan
-     << " time units; F forward, B backward, b input-grad, W weight-grad, digits = chunk):\n";
+  bool chunks = schedule.vpp > 1;
+  os << "timeline (" << columns << " columns = " << result.makespan << " ms; "
+     << (chunks ? "forward = chunk digit 0-9, backward = chunk letter a-j"
+                : "F forward, B backward, b input gradient, W weight gradient")
+     << ", . idle):\n";
   for (int64_t r = 0; r < schedule.pp; ++r) {
     std::string line(columns, '.');
     const auto &list = schedule.ranks[r];
@@ -853,13 +856,17 @@ std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
       const TimedInstr &t = result.timeline[r][i];
       int from = static_cast<int>(std::floor(t.start * scale + 1e-9));
       int to = std::max(from + 1, static_cast<int>(std::floor(t.end * scale + 1e-9)));
-      char mark = instr.kind == OpKind::Forward ? 'F'
-                  : instr.kind == OpKind::Backward ? 'B'
-                  : instr.kind == OpKind::BackwardInput ? 'b' : 'W';
+      int chunk = static_cast<int>((instr.stage / schedule.pp) % 10);
+      char mark;
+      if (chunks)
+        mark = instr.kind == OpKind::Forward ? static_cast<char>('0' + chunk)
+                                             : static_cast<char>('a' + chunk);
+      else
+        mark = instr.kind == OpKind::Forward ? 'F'
+               : instr.kind == OpKind::Backward ? 'B'
+               : instr.kind == OpKind::BackwardInput ? 'b' : 'W';
       for (int c = from; c < to && c < columns; ++c)
-        line[c] = (c == from && schedule.vpp > 1)
-                      ? static_cast<char>('0' + (instr.stage / schedule.pp) % 10)
-                      : mark;
+        line[c] = mark;
     }
     os << "  rank " << r << " |" << line << "|\n";
   }

@@ -1,0 +1,81 @@
+//===- PipeDialect.cpp - pipe dialect ---------------------------------------===//
+#include "dialects/pipe/IR/PipeDialect.h"
+
+#include "dialects/pipe/IR/PipeOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+
+using namespace mlir;
+using namespace mhcc::pipe;
+
+#include "dialects/pipe/IR/PipeDialect.cpp.inc"
+
+void PipeDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/pipe/IR/PipeOps.cpp.inc"
+      >();
+}
+
+LogicalResult BoundaryOp::verify() {
+  auto type = cast<RankedTensorType>(getInput().getType());
+  if (type.getRank() != 2)
+    return emitOpError() << "carries a tensor<T x W>, got " << type;
+  if (getDstStage() != getSrcStage() + 1)
+    return emitOpError() << "connects stage " << getSrcStage() << " to "
+                         << getDstStage() << "; a boundary joins s and s + 1";
+  return success();
+}
+
+LogicalResult ScheduleOp::verify() {
+  uint64_t expected = 0;
+  for (Operation &op : getBody().front()) {
+    auto rank = dyn_cast<RankOp>(op);
+    if (!rank)
+      return op.emitOpError() << "only pipe.rank ops may appear in pipe.schedule";
+    if (rank.getRank() != expected)
+      return rank.emitOpError() << "ranks must be listed 0.." << getPp() - 1
+                                << " in order; expected rank " << expected;
+    ++expected;
+  }
+  if (expected != getPp())
+    return emitOpError() << "has " << expected << " ranks but pp = " << getPp();
+  if (getKind() != "gpipe" && getKind() != "1f1b" && getKind() != "interleaved" &&
+      getKind() != "zb-h1")
+    return emitOpError() << "unknown schedule kind '" << getKind() << "'";
+  return success();
+}
+
+LogicalResult ScheduleOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (!symbols.lookupNearestSymbolFrom<func::FuncOp>(*this, getModelAttr()))
+    return emitOpError() << "refers to no function " << getModelAttr();
+  return success();
+}
+
+namespace {
+template <typename CommOp>
+LogicalResult verifyComm(CommOp op) {
+  StringRef payload = op.getPayload();
+  int64_t src = op.getSrcStage(), dst = op.getDstStage();
+  if (payload == "act" && dst != src + 1)
+    return op.emitOpError() << "an activation goes from stage s to s + 1, got "
+                            << src << " -> " << dst;
+  if (payload == "grad" && dst + 1 != src)
+    return op.emitOpError() << "a gradient goes from stage s to s - 1, got "
+                            << src << " -> " << dst;
+  if (payload != "act" && payload != "grad")
+    return op.emitOpError() << "payload must be \"act\" or \"grad\", got \""
+                            << payload << "\"";
+  auto type = cast<RankedTensorType>(op.getTensorType());
+  if (type.getRank() != 2 || !type.hasStaticShape())
+    return op.emitOpError() << "carries a static tensor<T x W>, got " << type;
+  return success();
+}
+} // namespace
+
+LogicalResult SendOp::verify() { return verifyComm(*this); }
+LogicalResult RecvOp::verify() { return verifyComm(*this); }
+
+#define GET_OP_CLASSES
+#include "dialects/pipe/IR/PipeOps.cpp.inc"

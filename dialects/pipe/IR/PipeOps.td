@@ -1,0 +1,108 @@
+//===- PipeOps.td - pipe dialect operations ----------------*- tablegen -*-===//
+
+#ifndef PIPE_OPS_TD
+#define PIPE_OPS_TD
+
+include "dialects/pipe/IR/PipeBase.td"
+include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Pipe_NonNegativeI64 : ConfinedAttr<I64Attr, [IntNonNegative]>;
+def Pipe_PositiveI64 : ConfinedAttr<I64Attr, [IntMinValue<1>]>;
+
+def Pipe_BoundaryOp : Pipe_Op<"boundary", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "A tensor crossing from virtual stage s to s + 1";
+  let description = [{
+    The activation goes from `src_stage` (on `src_rank`) to `dst_stage` (on
+    `dst_rank`) and, in backward, its gradient of the same shape comes back.
+    `wraparound` marks the edge from the last rank's chunk k to rank 0's
+    chunk k + 1. An empty stage forwards its input: a value crossing several
+    stages passes one boundary per stage.
+  }];
+  let arguments = (ins
+    AnyRankedTensor:$input,
+    Pipe_NonNegativeI64:$src_stage, Pipe_NonNegativeI64:$dst_stage,
+    Pipe_NonNegativeI64:$src_rank, Pipe_NonNegativeI64:$dst_rank,
+    UnitAttr:$wraparound);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `stage` $src_stage `->` $dst_stage `rank` $src_rank `->` $dst_rank
+    (`wraparound` $wraparound^)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Values per token on the wire (n*C or C).
+    int64_t getWidth() { return ::llvm::cast<::mlir::RankedTensorType>(getInput().getType()).getDimSize(1); }
+  }];
+}
+
+def Pipe_ScheduleOp : Pipe_Op<"schedule", [
+    NoTerminator, SingleBlock, IsolatedFromAbove,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Static per-rank instruction lists for one training step";
+  let description = [{
+    One `pipe.rank` per pipeline rank, each holding that rank's instructions
+    in execution order. `kind` is gpipe, 1f1b, interleaved or zb-h1;
+    `group_size` is the interleaved microbatch group g (0 otherwise).
+  }];
+  let arguments = (ins
+    StrAttr:$kind, FlatSymbolRefAttr:$model,
+    Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
+    Pipe_NonNegativeI64:$group_size);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+def Pipe_RankOp : Pipe_Op<"rank", [NoTerminator, SingleBlock, HasParent<"ScheduleOp">]> {
+  let summary = "The instruction list of one pipeline rank";
+  let arguments = (ins Pipe_NonNegativeI64:$rank);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$rank attr-dict-with-keyword $body";
+}
+
+class Pipe_ComputeOp<string mnemonic, string what> : Pipe_Op<mnemonic, [HasParent<"RankOp">]> {
+  let summary = what # " of virtual stage `stage` on microbatch `mb`";
+  let arguments = (ins Pipe_NonNegativeI64:$stage, Pipe_NonNegativeI64:$mb);
+  let assemblyFormat = "`stage` $stage `mb` $mb attr-dict";
+}
+
+def Pipe_ForwardOp : Pipe_ComputeOp<"forward", "FWD: the forward">;
+def Pipe_BackwardOp : Pipe_ComputeOp<"backward", "BWD: input and weight gradients">;
+def Pipe_BackwardInputOp : Pipe_ComputeOp<"backward_input",
+    "B: the input gradient (zero-bubble split)">;
+def Pipe_BackwardWeightOp : Pipe_ComputeOp<"backward_weight",
+    "W: the weight gradient (zero-bubble split)">;
+
+def Pipe_FreeOp : Pipe_ComputeOp<"free",
+    "FREE: pseudo-deallocation of the output, once its send has completed">;
+
+def Pipe_OptimizerOp : Pipe_Op<"optimizer", [HasParent<"RankOp">]> {
+  let summary = "OPTIM: apply the accumulated gradients of this rank's stages";
+  let assemblyFormat = "attr-dict";
+}
+
+class Pipe_CommOp<string mnemonic, string direction> : Pipe_Op<mnemonic, [HasParent<"RankOp">]> {
+  let summary = direction # " one boundary tensor";
+  let description = [{
+    `payload` is "act" (the activation of edge src_stage -> src_stage + 1)
+    or "grad" (its gradient, src_stage -> src_stage - 1). Consecutive
+    send/recv ops with one `group` are issued together (ncclGroupStart/End);
+    `order` is the op's position in this rank's FIFO to or from `peer`.
+  }];
+  let arguments = (ins
+    StrAttr:$payload, Pipe_NonNegativeI64:$src_stage, Pipe_NonNegativeI64:$dst_stage,
+    Pipe_NonNegativeI64:$mb, Pipe_NonNegativeI64:$peer, Pipe_NonNegativeI64:$group,
+    Pipe_NonNegativeI64:$order, TypeAttrOf<AnyRankedTensor>:$tensor_type);
+  let assemblyFormat = [{
+    $payload `stage` $src_stage `->` $dst_stage `mb` $mb `peer` $peer `group` $group
+    `order` $order `:` $tensor_type attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Pipe_SendOp : Pipe_CommOp<"send", "SEND: sends">;
+def Pipe_RecvOp : Pipe_CommOp<"recv", "RECV: receives">;
+
+#endif // PIPE_OPS_TD

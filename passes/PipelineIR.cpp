@@ -1,0 +1,302 @@
+//===- PipelineIR.cpp - between the pipe IR and the plain C++ algorithms ----===//
+#include "passes/PipelineIR.h"
+
+#include "dialects/mhc/IR/MhcOps.h"
+#include "passes/ModelUnits.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+
+namespace mhcc {
+namespace {
+
+/// Index of the partition unit (E = 0, layer k = 1 + k, L = 1 + layers) an op
+/// belongs to, or -1 for ops that are not model units.
+int64_t unitIndexOf(Operation *op, int64_t layers) {
+  std::optional<UnitKind> kind = unitKindOf(op);
+  if (!kind)
+    return -1;
+  switch (*kind) {
+  case UnitKind::Embedding:
+    return 0;
+  case UnitKind::Expand:
+    return 1; // the residual is formed where the first layer runs
+  case UnitKind::AttentionSublayer:
+  case UnitKind::MlpSublayer:
+    return 1 + cast<mhc::HyperConnectionOp>(op).getLayer();
+  default:
+    return 1 + layers;
+  }
+}
+
+int64_t countOps(func::FuncOp func, function_ref<bool(Operation *)> pred) {
+  int64_t count = 0;
+  for (Operation &op : func.getBody().front())
+    count += pred(&op);
+  return count;
+}
+
+} // namespace
+
+FailureOr<func::FuncOp> findModelFunc(ModuleOp module) {
+  func::FuncOp found;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    if (!func->hasAttr(mhc::kConfigAttrName))
+      continue;
+    if (found)
+      return func.emitError() << "a module holds one mhc model; '" << found.getSymName()
+                              << "' is the first";
+    found = func;
+  }
+  if (!found)
+    return module.emitError() << "no mhc model (a func.func with #mhc.config) in the module";
+  return found;
+}
+
+pipeline::ModelShape modelShapeOf(func::FuncOp func) {
+  pipeline::ModelShape shape;
+  shape.layers = countOps(func, [](Operation *op) { return isa<mhc::HyperConnectionOp>(op); }) / 2;
+  shape.mtpModules = countOps(func, [](Operation *op) { return isa<mhc::MtpOp>(op); });
+  return shape;
+}
+
+FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func) {
+  FailureOr<ModelDims> dims = modelDimsOf(func);
+  if (failed(dims))
+    return failure();
+  pipeline::ModelShape shape = modelShapeOf(func);
+  std::vector<pipeline::PartitionUnit> units(shape.layers + 2);
+  units.front().symbol = 'E';
+  units.back().symbol = 'L';
+  units.back().mtpModules = shape.mtpModules;
+  const double tokens = dims->tokens();
+  // fp32 master weights, gradients and two Adam moments.
+  constexpr double kBytesPerParameter = 16;
+  for (Operation &op : func.getBody().front()) {
+    int64_t index = unitIndexOf(&op, shape.layers);
+    if (index < 0)
+      continue;
+    UnitCost cost = unitCost(*unitKindOf(&op), *dims);
+    pipeline::PartitionUnit &unit = units[index];
+    unit.time += 3 * cost.forwardFlopsPerToken * tokens;
+    unit.parameterBytes += kBytesPerParameter * cost.params;
+    unit.activationBytes += cost.savedBytesPerToken * tokens;
+  }
+  return units;
+}
+
+LogicalResult applyLayout(func::FuncOp func, const pipeline::Layout &layout) {
+  pipeline::ModelShape shape = modelShapeOf(func);
+  if (std::optional<std::string> problem = pipeline::validateLayout(layout, shape))
+    return func.emitError() << "invalid pipeline layout '" << layout.toString()
+                            << "': " << *problem;
+  std::vector<int64_t> stageOfUnit(shape.layers + 2, -1);
+  int64_t layer = 0;
+  for (size_t s = 0; s < layout.stages.size(); ++s)
+    for (char symbol : layout.stages[s]) {
+      if (symbol == 'E')
+        stageOfUnit[0] = s;
+      else if (symbol == 't')
+        stageOfUnit[1 + layer++] = s;
+      else if (symbol == 'L')
+        stageOfUnit[1 + shape.layers] = s;
+    }
+  Builder builder(func.getContext());
+  for (Operation &op : func.getBody().front()) {
+    int64_t index = unitIndexOf(&op, shape.layers);
+    if (index >= 0)
+      op.setAttr(pipe::kStageAttr, builder.getI64IntegerAttr(stageOfUnit[index]));
+  }
+  func->setAttr(pipe::kLayoutAttr, builder.getStringAttr(layout.toString()));
+  func->setAttr(pipe::kPpAttr, builder.getI64IntegerAttr(layout.pp));
+  func->setAttr(pipe::kVppAttr, builder.getI64IntegerAttr(layout.vpp));
+  return success();
+}
+
+FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
+  auto text = func->getAttrOfType<StringAttr>(pipe::kLayoutAttr);
+  auto pp = func->getAttrOfType<IntegerAttr>(pipe::kPpAttr);
+  auto vpp = func->getAttrOfType<IntegerAttr>(pipe::kVppAttr);
+  if (!text || !pp || !vpp)
+    return func.emitError() << "the model is not partitioned (run -pipe-partition first)";
+  std::string error;
+  pipeline::Layout layout;
+  layout.pp = pp.getInt();
+  layout.vpp = vpp.getInt();
+  std::optional<std::vector<std::string>> stages = pipeline::expandLayout(text.str(), error);
+  if (!stages)
+    return func.emitError() << "bad " << pipe::kLayoutAttr << ": " << error;
+  layout.stages = *stages;
+  if (std::optional<std::string> problem = pipeline::validateLayout(layout, modelShapeOf(func)))
+    return func.emitError() << "bad " << pipe::kLayoutAttr << ": " << *problem;
+  return layout;
+}
+
+FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
+                                                 int64_t microbatches, int64_t groupSize,
+                                                 const SimulationOptions &options) {
+  FailureOr<pipeline::Layout> layout = layoutOf(func);
+  FailureOr<ModelDims> dims = modelDimsOf(func);
+  if (failed(layout) || failed(dims))
+    return failure();
+  pipeline::ScheduleSpec spec;
+  spec.kind = kind;
+  spec.pp = layout->pp;
+  spec.vpp = layout->vpp;
+  spec.microbatches = microbatches;
+  spec.groupSize = groupSize;
+  spec.tokens = dims->tokens();
+  spec.elementBytes = dims->dtypeBytes;
+  spec.linkBytesPerTime = options.linkGBps * 1e6; // bytes per millisecond
+  const int64_t stages = layout->numStages();
+  spec.stages.assign(stages, {});
+  const double flopsPerMs = options.tflops * 1e9;
+  for (Operation &op : func.getBody().front()) {
+    if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
+      int64_t src = boundary.getSrcStage();
+      if (src + 1 >= stages)
+        return boundary.emitOpError() << "leaves the last stage " << stages - 1;
+      pipeline::StageSpec &stage = spec.stages[src];
+      if (stage.outputWidth != 0)
+        return boundary.emitOpError()
+               << "is the second boundary out of stage " << src
+               << "; the model is a chain, one tensor crosses each boundary";
+      stage.outputWidth = boundary.getWidth();
+      continue;
+    }
+    std::optional<UnitKind> kind = unitKindOf(&op);
+    auto stageAttr = op.getAttrOfType<IntegerAttr>(pipe::kStageAttr);
+    if (!kind)
+      continue;
+    if (!stageAttr)
+      return op.emitOpError() << "has no " << pipe::kStageAttr << " (run -pipe-partition first)";
+    UnitCost cost = unitCost(*kind, *dims);
+    pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
+    double forward = cost.forwardFlopsPerToken * spec.tokens / flopsPerMs;
+    stage.forwardTime += forward;
+    stage.backwardTime += 2 * forward;
+    stage.weightGradTime += forward;
+    stage.savedBytes += cost.savedBytesPerToken * spec.tokens;
+  }
+  for (int64_t s = 0; s + 1 < stages; ++s)
+    if (spec.stages[s].outputWidth == 0)
+      return func.emitError() << "no pipe.boundary from stage " << s << " to " << s + 1
+                              << " (run -pipe-insert-p2p first)";
+  return spec;
+}
+
+pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &schedule,
+                              Type elementType) {
+  auto module = func->getParentOfType<ModuleOp>();
+  OpBuilder builder(module.getBodyRegion());
+  builder.setInsertionPointToEnd(module.getBody());
+  Location loc = func.getLoc();
+  auto i64 = [&](int64_t value) { return builder.getI64IntegerAttr(value); };
+  auto op = pipe::ScheduleOp::create(
+      builder, loc, builder.getStringAttr(pipeline::scheduleKindName(schedule.kind)),
+      FlatSymbolRefAttr::get(func.getSymNameAttr()), i64(schedule.pp), i64(schedule.vpp),
+      i64(schedule.microbatches), i64(schedule.groupSize));
+  builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
+  for (int64_t r = 0; r < schedule.pp; ++r) {
+    auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(&rankOp.getBody().emplaceBlock());
+    for (const pipeline::Instr &instr : schedule.ranks[r]) {
+      auto stage = i64(instr.stage), mb = i64(instr.mb);
+      switch (instr.kind) {
+      case pipeline::OpKind::Forward:
+        pipe::ForwardOp::create(builder, loc, stage, mb);
+        break;
+      case pipeline::OpKind::Backward:
+        pipe::BackwardOp::create(builder, loc, stage, mb);
+        break;
+      case pipeline::OpKind::BackwardInput:
+        pipe::BackwardInputOp::create(builder, loc, stage, mb);
+        break;
+      case pipeline::OpKind::BackwardWeight:
+        pipe::BackwardWeightOp::create(builder, loc, stage, mb);
+        break;
+      case pipeline::OpKind::Free:
+        pipe::FreeOp::create(builder, loc, stage, mb);
+        break;
+      case pipeline::OpKind::Optimizer:
+        pipe::OptimizerOp::create(builder, loc);
+        break;
+      case pipeline::OpKind::Send:
+      case pipeline::OpKind::Recv: {
+        auto payload = builder.getStringAttr(
+            instr.payload == pipeline::Payload::Activation ? "act" : "grad");
+        auto type = TypeAttr::get(RankedTensorType::get({instr.tokens, instr.width}, elementType));
+        if (instr.kind == pipeline::OpKind::Send)
+          pipe::SendOp::create(builder, loc, payload, i64(instr.srcStage), i64(instr.dstStage), mb,
+                               i64(instr.peer), i64(instr.group), i64(instr.order), type);
+        else
+          pipe::RecvOp::create(builder, loc, payload, i64(instr.srcStage), i64(instr.dstStage), mb,
+                               i64(instr.peer), i64(instr.group), i64(instr.order), type);
+        break;
+      }
+      }
+    }
+  }
+  return op;
+}
+
+pipeline::Schedule readSchedule(pipe::ScheduleOp op,
+                                std::vector<std::vector<Operation *>> *instrOps) {
+  pipeline::Schedule schedule;
+  schedule.kind = pipeline::parseScheduleKind(op.getKind().str()).value_or(pipeline::ScheduleKind::OneFOneB);
+  schedule.pp = op.getPp();
+  schedule.vpp = op.getVpp();
+  schedule.microbatches = op.getMicrobatches();
+  schedule.groupSize = op.getGroupSize();
+  if (instrOps)
+    instrOps->clear();
+  for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {
+    std::vector<pipeline::Instr> &list = schedule.ranks.emplace_back();
+    if (instrOps)
+      instrOps->emplace_back();
+    for (Operation &inner : rank.getBody().front()) {
+      pipeline::Instr instr;
+      auto compute = [&](pipeline::OpKind kind, int64_t stage, int64_t mb) {
+        instr.kind = kind;
+        instr.stage = stage;
+        instr.mb = mb;
+      };
+      auto comm = [&](pipeline::OpKind kind, auto c) {
+        instr.kind = kind;
+        instr.payload = c.getPayload() == "act" ? pipeline::Payload::Activation
+                                                : pipeline::Payload::Gradient;
+        instr.srcStage = c.getSrcStage();
+        instr.dstStage = c.getDstStage();
+        instr.stage = kind == pipeline::OpKind::Send ? instr.srcStage : instr.dstStage;
+        instr.mb = c.getMb();
+        instr.peer = c.getPeer();
+        instr.group = c.getGroup();
+        instr.order = c.getOrder();
+        auto type = cast<RankedTensorType>(c.getTensorType());
+        instr.tokens = type.getDimSize(0);
+        instr.width = type.getDimSize(1);
+      };
+      llvm::TypeSwitch<Operation *>(&inner)
+          .Case([&](pipe::ForwardOp o) { compute(pipeline::OpKind::Forward, o.getStage(), o.getMb()); })
+          .Case([&](pipe::BackwardOp o) { compute(pipeline::OpKind::Backward, o.getStage(), o.getMb()); })
+          .Case([&](pipe::BackwardInputOp o) {
+            compute(pipeline::OpKind::BackwardInput, o.getStage(), o.getMb());
+          })
+          .Case([&](pipe::BackwardWeightOp o) {
+            compute(pipeline::OpKind::BackwardWeight, o.getStage(), o.getMb());
+          })
+          .Case([&](pipe::FreeOp o) { compute(pipeline::OpKind::Free, o.getStage(), o.getMb()); })
+          .Case([&](pipe::OptimizerOp) { instr.kind = pipeline::OpKind::Optimizer; })
+          .Case([&](pipe::SendOp o) { comm(pipeline::OpKind::Send, o); })
+          .Case([&](pipe::RecvOp o) { comm(pipeline::OpKind::Recv, o); });
+      list.push_back(instr);
+      if (instrOps)
+        instrOps->back().push_back(&inner);
+    }
+  }
+  return schedule;
+}
+
+} // namespace mhcc
