@@ -124,9 +124,10 @@ TEST(Schedule, InterleavedWithLargerGroups) {
         bool valid = m % g == 0 || m % g >= p;
         std::optional<Schedule> schedule = buildSchedule(spec, error);
         ASSERT_EQ(schedule.has_value(), valid) << error;
-        if (valid)
+        if (valid) {
           EXPECT_TRUE(simulateSchedule(*schedule, spec).errors.empty())
               << "p=" << p << " g=" << g << " m=" << m;
+        }
       }
 }
 
