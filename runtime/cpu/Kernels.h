@@ -1,0 +1,628 @@
+//===- Kernels.h - CPU reference kernels, forward and backward ----*- C++ -*-===//
+//
+// The primitives a compiled stage program calls, each with its backward
+// (vector-Jacobian product). Templated on the scalar type: the runtime runs
+// them in float; the gradient checks run the same code in double against
+// central finite differences.
+//
+// Conventions: row-major matrices; `rows` = tokens of one microbatch
+// (micro_batch sequences of `seq` tokens); every backward *adds* into its
+// gradient outputs (callers zero them), so values with several uses sum
+// their gradients in the order the backward program runs. Loops run in a
+// fixed order and accumulate in T: results are bit-identical run to run.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CPU_KERNELS_H
+#define MHCC_RUNTIME_CPU_KERNELS_H
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace mhcc::runtime::kernels {
+
+constexpr double kRopeBase = 10000.0;
+constexpr double kMhcRmsEps = 1e-6;
+constexpr double kSinkhornClamp = 1e-6;
+
+// ---- matrix products ---------------------------------------------------------
+
+/// c[M,N] (+)= a[M,K] b[K,N]
+template <typename T>
+void matmul(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N, bool accumulate = false) {
+  if (!accumulate)
+    std::fill(c, c + M * N, T(0));
+  for (int64_t i = 0; i < M; ++i) {
+    T *crow = c + i * N;
+    for (int64_t k = 0; k < K; ++k) {
+      T aik = a[i * K + k];
+      const T *brow = b + k * N;
+      for (int64_t j = 0; j < N; ++j)
+        crow[j] += aik * brow[j];
+    }
+  }
+}
+
+/// c[K,N] += a[M,K]^T b[M,N]  (weight gradients; rows summed in order)
+template <typename T>
+void matmulTransAAcc(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      T aik = a[i * K + k];
+      const T *brow = b + i * N;
+      T *crow = c + k * N;
+      for (int64_t j = 0; j < N; ++j)
+        crow[j] += aik * brow[j];
+    }
+}
+
+/// c[M,K] += a[M,N] b[K,N]^T  (input gradients)
+template <typename T>
+void matmulTransBAcc(const T *a, const T *b, T *c, int64_t M, int64_t N, int64_t K) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      const T *arow = a + i * N, *brow = b + k * N;
+      T sum = 0;
+      for (int64_t j = 0; j < N; ++j)
+        sum += arow[j] * brow[j];
+      c[i * K + k] += sum;
+    }
+}
+
+template <typename T> T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+// ---- embedding, expand, contract ----------------------------------------------
+
+/// Row t reads token t + shift of its sequence (its own token where that
+/// falls past the end: such rows are masked out of the MTP loss).
+inline int64_t shiftedRow(int64_t t, int64_t shift, int64_t seq) {
+  return (t % seq) + shift < seq ? t + shift : t;
+}
+
+template <typename T>
+void embedForward(const int32_t *tokens, const T *table, T *out, int64_t rows, int64_t C,
+                  int64_t shift, int64_t seq) {
+  for (int64_t t = 0; t < rows; ++t)
+    std::copy(table + tokens[shiftedRow(t, shift, seq)] * C,
+              table + (tokens[shiftedRow(t, shift, seq)] + 1) * C, out + t * C);
+}
+
+template <typename T>
+void embedBackward(const int32_t *tokens, const T *dOut, T *dTable, int64_t rows, int64_t C,
+                   int64_t shift, int64_t seq) {
+  for (int64_t t = 0; t < rows; ++t) {
+    T *row = dTable + tokens[shiftedRow(t, shift, seq)] * C;
+    for (int64_t c = 0; c < C; ++c)
+      row[c] += dOut[t * C + c];
+  }
+}
+
+template <typename T>
+void expandForward(const T *h, T *x, int64_t rows, int64_t C, int64_t n) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < n; ++i)
+      std::copy(h + t * C, h + (t + 1) * C, x + (t * n + i) * C);
+}
+
+template <typename T>
+void expandBackward(const T *dx, T *dh, int64_t rows, int64_t C, int64_t n) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c)
+        dh[t * C + c] += dx[(t * n + i) * C + c];
+}
+
+template <typename T>
+void contractForward(const T *x, T *h, int64_t rows, int64_t C, int64_t n) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      T sum = 0;
+      for (int64_t i = 0; i < n; ++i)
+        sum += x[(t * n + i) * C + c];
+      h[t * C + c] = sum / T(n);
+    }
+}
+
+template <typename T>
+void contractBackward(const T *dh, T *dx, int64_t rows, int64_t C, int64_t n) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c)
+        dx[(t * n + i) * C + c] += dh[t * C + c] / T(n);
+}
+
+// ---- mHC coefficients ------------------------------------------------------------
+
+/// Sinkhorn-Knopp on one n x n matrix: M = exp(L - rowmax(L)), then `iters`
+/// times divide rows, then columns, by their sums (clamped to >= 1e-6).
+/// `trace` (optional) receives M and the matrix after every half-step.
+template <typename T>
+void sinkhorn(const T *logits, T *out, int64_t n, int64_t iters, std::vector<T> *trace = nullptr) {
+  std::vector<T> m(n * n);
+  for (int64_t i = 0; i < n; ++i) {
+    T rowMax = logits[i * n];
+    for (int64_t j = 1; j < n; ++j)
+      rowMax = std::max(rowMax, logits[i * n + j]);
+    for (int64_t j = 0; j < n; ++j)
+      m[i * n + j] = std::exp(logits[i * n + j] - rowMax);
+  }
+  if (trace)
+    trace->assign(m.begin(), m.end());
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int64_t i = 0; i < n; ++i) {
+      T sum = 0;
+      for (int64_t j = 0; j < n; ++j)
+        sum += m[i * n + j];
+      sum = std::max(sum, T(kSinkhornClamp));
+      for (int64_t j = 0; j < n; ++j)
+        m[i * n + j] /= sum;
+    }
+    if (trace)
+      trace->insert(trace->end(), m.begin(), m.end());
+    for (int64_t j = 0; j < n; ++j) {
+      T sum = 0;
+      for (int64_t i = 0; i < n; ++i)
+        sum += m[i * n + j];
+      sum = std::max(sum, T(kSinkhornClamp));
+      for (int64_t i = 0; i < n; ++i)
+        m[i * n + j] /= sum;
+    }
+    if (trace)
+      trace->insert(trace->end(), m.begin(), m.end());
+  }
+  std::copy(m.begin(), m.end(), out);
+}
+
+/// Backward through the unrolled iterations, recomputed from the logits.
+/// The row-max shift is treated as a constant: the first row normalization
+/// cancels it exactly.
+template <typename T>
+void sinkhornBackward(const T *logits, const T *dOut, T *dLogits, int64_t n, int64_t iters) {
+  std::vector<T> trace, out(n * n);
+  sinkhorn(logits, out.data(), n, iters, &trace);
+  std::vector<T> g(dOut, dOut + n * n);
+  auto step = [&](int64_t index) { return trace.data() + index * n * n; };
+  for (int64_t it = iters - 1; it >= 0; --it) {
+    // Column step: Y = X / s_j with X = step(2 it + 1).
+    const T *x = step(2 * it + 1);
+    for (int64_t j = 0; j < n; ++j) {
+      T sum = 0, dot = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        sum += x[i * n + j];
+      }
+      bool clamped = sum < T(kSinkhornClamp);
+      sum = std::max(sum, T(kSinkhornClamp));
+      for (int64_t i = 0; i < n; ++i)
+        dot += g[i * n + j] * x[i * n + j];
+      for (int64_t i = 0; i < n; ++i)
+        g[i * n + j] = g[i * n + j] / sum - (clamped ? T(0) : dot / (sum * sum));
+    }
+    // Row step: Y = X / s_i with X = step(2 it).
+    x = step(2 * it);
+    for (int64_t i = 0; i < n; ++i) {
+      T sum = 0, dot = 0;
+      for (int64_t j = 0; j < n; ++j)
+        sum += x[i * n + j];
+      bool clamped = sum < T(kSinkhornClamp);
+      sum = std::max(sum, T(kSinkhornClamp));
+      for (int64_t j = 0; j < n; ++j)
+        dot += g[i * n + j] * x[i * n + j];
+      for (int64_t j = 0; j < n; ++j)
+        g[i * n + j] = g[i * n + j] / sum - (clamped ? T(0) : dot / (sum * sum));
+    }
+  }
+  const T *m = step(0);
+  for (int64_t k = 0; k < n * n; ++k)
+    dLogits[k] += g[k] * m[k];
+}
+
+/// Per token x (n*C): coef = [H_pre (n), H_post (n), H_res (n*n)].
+/// aux per row: the pre-activations h (K = n^2 + 2n), then r.
+template <typename T>
+void mhcCoeffsForward(const T *x, const T *wmap, const T *bias, const T *alpha, T *coef, T *aux,
+                      int64_t rows, int64_t C, int64_t n, int64_t iters) {
+  const int64_t width = n * C, K = n * n + 2 * n;
+  std::vector<T> p(K);
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *xr = x + t * width;
+    T sq = 0;
+    for (int64_t k = 0; k < width; ++k)
+      sq += xr[k] * xr[k];
+    T rms = std::sqrt(sq / T(width));
+    T r = T(1) / (rms + T(kMhcRmsEps));
+    matmul(xr, wmap, p.data(), 1, width, K);
+    T *h = aux + t * (K + 1);
+    for (int64_t k = 0; k < K; ++k) {
+      T a = k < n ? alpha[0] : k < 2 * n ? alpha[1] : alpha[2];
+      h[k] = r * p[k] * a + bias[k];
+    }
+    h[K] = r;
+    T *out = coef + t * K;
+    for (int64_t k = 0; k < n; ++k) {
+      out[k] = sigmoid(h[k]);
+      out[n + k] = T(2) * sigmoid(h[n + k]);
+    }
+    sinkhorn(h + 2 * n, out + 2 * n, n, iters);
+  }
+}
+
+template <typename T>
+void mhcCoeffsBackward(const T *x, const T *wmap, const T *alpha, const T *aux, const T *dCoef,
+                       T *dx, T *dWmap, T *dBias, T *dAlpha, int64_t rows, int64_t C, int64_t n,
+                       int64_t iters) {
+  const int64_t width = n * C, K = n * n + 2 * n;
+  std::vector<T> p(K), dh(K), dp(K);
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *xr = x + t * width;
+    const T *h = aux + t * (K + 1);
+    const T r = h[K];
+    const T *dc = dCoef + t * K;
+    std::fill(dh.begin(), dh.end(), T(0));
+    for (int64_t k = 0; k < n; ++k) {
+      T s = sigmoid(h[k]);
+      dh[k] = dc[k] * s * (T(1) - s);
+      T s2 = sigmoid(h[n + k]);
+      dh[n + k] = T(2) * dc[n + k] * s2 * (T(1) - s2);
+    }
+    sinkhornBackward(h + 2 * n, dc + 2 * n, dh.data() + 2 * n, n, iters);
+    matmul(xr, wmap, p.data(), 1, width, K);
+    T dr = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      int group = k < n ? 0 : k < 2 * n ? 1 : 2;
+      T a = alpha[group];
+      dp[k] = dh[k] * r * a;
+      dr += dh[k] * p[k] * a;
+      dAlpha[group] += dh[k] * r * p[k];
+      dBias[k] += dh[k];
+    }
+    // p = x W_map
+    matmulTransBAcc(dp.data(), wmap, dx + t * width, 1, K, width);
+    matmulTransAAcc(xr, dp.data(), dWmap, 1, width, K);
+    // r = 1 / (rms + eps), rms = sqrt(mean(x^2)): dr/dx = -r^2 x / (width rms)
+    T sq = 0;
+    for (int64_t k = 0; k < width; ++k)
+      sq += xr[k] * xr[k];
+    T rms = std::sqrt(sq / T(width));
+    if (rms > T(0)) {
+      T scale = -dr * r * r / (T(width) * rms);
+      for (int64_t k = 0; k < width; ++k)
+        dx[t * width + k] += scale * xr[k];
+    }
+  }
+}
+
+/// u = sum_i H_pre[i] x_i
+template <typename T>
+void mhcPreForward(const T *x, const T *coef, T *u, int64_t rows, int64_t C, int64_t n) {
+  const int64_t K = n * n + 2 * n;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      T sum = 0;
+      for (int64_t i = 0; i < n; ++i)
+        sum += coef[t * K + i] * x[(t * n + i) * C + c];
+      u[t * C + c] = sum;
+    }
+}
+
+template <typename T>
+void mhcPreBackward(const T *x, const T *coef, const T *du, T *dx, T *dCoef, int64_t rows,
+                    int64_t C, int64_t n) {
+  const int64_t K = n * n + 2 * n;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < n; ++i) {
+      T h = coef[t * K + i], dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dx[(t * n + i) * C + c] += h * du[t * C + c];
+        dot += du[t * C + c] * x[(t * n + i) * C + c];
+      }
+      dCoef[t * K + i] += dot;
+    }
+}
+
+/// x'_i = sum_j H_res[i][j] x_j + H_post[i] y
+template <typename T>
+void mhcPostResForward(const T *x, const T *coef, const T *y, T *out, int64_t rows, int64_t C,
+                       int64_t n) {
+  const int64_t K = n * n + 2 * n;
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *hpost = coef + t * K + n, *hres = coef + t * K + 2 * n;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        T sum = 0;
+        for (int64_t j = 0; j < n; ++j)
+          sum += hres[i * n + j] * x[(t * n + j) * C + c];
+        out[(t * n + i) * C + c] = sum + hpost[i] * y[t * C + c];
+      }
+  }
+}
+
+template <typename T>
+void mhcPostResBackward(const T *x, const T *coef, const T *y, const T *dOut, T *dx, T *dCoef,
+                        T *dy, int64_t rows, int64_t C, int64_t n) {
+  const int64_t K = n * n + 2 * n;
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *hpost = coef + t * K + n, *hres = coef + t * K + 2 * n;
+    T *dpost = dCoef + t * K + n, *dres = dCoef + t * K + 2 * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const T *g = dOut + (t * n + i) * C;
+      T dotY = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dotY += g[c] * y[t * C + c];
+        dy[t * C + c] += hpost[i] * g[c];
+      }
+      dpost[i] += dotY;
+      for (int64_t j = 0; j < n; ++j) {
+        const T *xj = x + (t * n + j) * C;
+        T dot = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          dot += g[c] * xj[c];
+          dx[(t * n + j) * C + c] += hres[i * n + j] * g[c];
+        }
+        dres[i * n + j] += dot;
+      }
+    }
+  }
+}
+
+/// The plain residual of n = 1: x' = x + y.
+template <typename T>
+void residualForward(const T *x, const T *y, T *out, int64_t count) {
+  for (int64_t k = 0; k < count; ++k)
+    out[k] = x[k] + y[k];
+}
+
+template <typename T>
+void residualBackward(const T *dOut, T *dx, T *dy, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) {
+    dx[k] += dOut[k];
+    dy[k] += dOut[k];
+  }
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------
+
+/// y = u / sqrt(mean(u^2) + eps) * g; aux per row: the inverse RMS.
+template <typename T>
+void rmsNormForward(const T *u, const T *gain, T *y, T *aux, int64_t rows, int64_t C, double eps) {
+  for (int64_t t = 0; t < rows; ++t) {
+    T sq = 0;
+    for (int64_t c = 0; c < C; ++c)
+      sq += u[t * C + c] * u[t * C + c];
+    T s = T(1) / std::sqrt(sq / T(C) + T(eps));
+    aux[t] = s;
+    for (int64_t c = 0; c < C; ++c)
+      y[t * C + c] = u[t * C + c] * s * gain[c];
+  }
+}
+
+template <typename T>
+void rmsNormBackward(const T *u, const T *gain, const T *aux, const T *dy, T *du, T *dGain,
+                     int64_t rows, int64_t C) {
+  for (int64_t t = 0; t < rows; ++t) {
+    T s = aux[t], dot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      dot += gain[c] * dy[t * C + c] * u[t * C + c];
+      dGain[c] += dy[t * C + c] * u[t * C + c] * s;
+    }
+    T k = s * s * s / T(C) * dot;
+    for (int64_t c = 0; c < C; ++c)
+      du[t * C + c] += s * gain[c] * dy[t * C + c] - k * u[t * C + c];
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+template <typename T>
+void rotate(T *v, int64_t pos, int64_t headDim, bool inverse) {
+  for (int64_t j = 0; j < headDim / 2; ++j) {
+    double theta = pos * std::pow(kRopeBase, -2.0 * j / headDim);
+    T c = T(std::cos(theta)), s = T(std::sin(theta));
+    if (inverse)
+      s = -s;
+    T a = v[2 * j], b = v[2 * j + 1];
+    v[2 * j] = a * c - b * s;
+    v[2 * j + 1] = a * s + b * c;
+  }
+}
+
+/// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
+/// rotated q, k and v, then [rows, C] attention output o, then [rows, heads]
+/// log-sum-exp of each score row.
+template <typename T>
+void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int64_t rows,
+                      int64_t C, int64_t heads, int64_t seq) {
+  const int64_t d = C / heads;
+  T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
+  matmul(x, wqkv, qkv, rows, C, 3 * C);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      rotate(qkv + t * 3 * C + h * d, t % seq, d, false);
+      rotate(qkv + t * 3 * C + C + h * d, t % seq, d, false);
+    }
+  const T scale = T(1) / std::sqrt(T(d));
+  std::vector<T> p(seq);
+  for (int64_t b = 0; b < rows / seq; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < seq; ++i) {
+        int64_t ti = b * seq + i;
+        const T *q = qkv + ti * 3 * C + h * d;
+        T maxScore = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
+          T s = 0;
+          for (int64_t e = 0; e < d; ++e)
+            s += q[e] * k[e];
+          p[j] = s * scale;
+          maxScore = std::max(maxScore, p[j]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - maxScore);
+          sum += p[j];
+        }
+        lse[ti * heads + h] = maxScore + std::log(sum);
+        T *out = o + ti * C + h * d;
+        std::fill(out, out + d, T(0));
+        for (int64_t j = 0; j <= i; ++j) {
+          const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
+          T w = p[j] / sum;
+          for (int64_t e = 0; e < d; ++e)
+            out[e] += w * v[e];
+        }
+      }
+  matmul(o, wo, y, rows, C, C);
+}
+
+template <typename T>
+void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, const T *dy, T *dx,
+                       T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq) {
+  const int64_t d = C / heads;
+  const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
+  matmulTransAAcc(o, dy, dWo, rows, C, C);
+  std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0)), p(seq), dp(seq);
+  matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
+  const T scale = T(1) / std::sqrt(T(d));
+  for (int64_t b = 0; b < rows / seq; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < seq; ++i) {
+        int64_t ti = b * seq + i;
+        const T *q = qkv + ti * 3 * C + h * d;
+        const T *gO = dO.data() + ti * C + h * d;
+        T rowDot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
+          const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
+          T s = 0, g = 0;
+          for (int64_t e = 0; e < d; ++e) {
+            s += q[e] * k[e];
+            g += gO[e] * v[e];
+          }
+          p[j] = std::exp(s * scale - lse[ti * heads + h]);
+          dp[j] = g;
+          rowDot += p[j] * g;
+        }
+        T *dq = dQkv.data() + ti * 3 * C + h * d;
+        for (int64_t j = 0; j <= i; ++j) {
+          int64_t tj = b * seq + j;
+          const T *k = qkv + tj * 3 * C + C + h * d;
+          T *dk = dQkv.data() + tj * 3 * C + C + h * d;
+          T *dv = dQkv.data() + tj * 3 * C + 2 * C + h * d;
+          T ds = p[j] * (dp[j] - rowDot) * scale;
+          for (int64_t e = 0; e < d; ++e) {
+            dq[e] += ds * k[e];
+            dk[e] += ds * q[e];
+            dv[e] += p[j] * gO[e];
+          }
+        }
+      }
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
+      rotate(dQkv.data() + t * 3 * C + C + h * d, t % seq, d, true);
+    }
+  matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
+  matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * C, C);
+}
+
+// ---- SwiGLU MLP -----------------------------------------------------------------------
+
+/// y = (silu(x Wg) * (x Wu)) Wd; aux: [rows, F] gate pre-activation, then
+/// [rows, F] up projection, then [rows, F] their product.
+template <typename T>
+void swigluForward(const T *x, const T *wg, const T *wu, const T *wd, T *y, T *aux, int64_t rows,
+                   int64_t C, int64_t F) {
+  T *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
+  matmul(x, wg, a, rows, C, F);
+  matmul(x, wu, b, rows, C, F);
+  for (int64_t k = 0; k < rows * F; ++k)
+    hsw[k] = a[k] * sigmoid(a[k]) * b[k];
+  matmul(hsw, wd, y, rows, F, C);
+}
+
+template <typename T>
+void swigluBackward(const T *x, const T *wg, const T *wu, const T *wd, const T *aux, const T *dy,
+                    T *dx, T *dWg, T *dWu, T *dWd, int64_t rows, int64_t C, int64_t F) {
+  const T *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
+  matmulTransAAcc(hsw, dy, dWd, rows, F, C);
+  std::vector<T> dh(rows * F, T(0)), da(rows * F), db(rows * F);
+  matmulTransBAcc(dy, wd, dh.data(), rows, C, F);
+  for (int64_t k = 0; k < rows * F; ++k) {
+    T s = sigmoid(a[k]);
+    T silu = a[k] * s;
+    db[k] = dh[k] * silu;
+    da[k] = dh[k] * b[k] * s * (T(1) + a[k] * (T(1) - s));
+  }
+  matmulTransAAcc(x, da.data(), dWg, rows, C, F);
+  matmulTransAAcc(x, db.data(), dWu, rows, C, F);
+  matmulTransBAcc(da.data(), wg, dx, rows, F, C);
+  matmulTransBAcc(db.data(), wu, dx, rows, F, C);
+}
+
+// ---- projections and loss ---------------------------------------------------------
+
+/// z = [a, b] W with W [2C, N]
+template <typename T>
+void concatProjForward(const T *a, const T *b, const T *w, T *z, int64_t rows, int64_t C,
+                       int64_t N) {
+  matmul(a, w, z, rows, C, N);
+  matmul(b, w + C * N, z, rows, C, N, /*accumulate=*/true);
+}
+
+template <typename T>
+void concatProjBackward(const T *a, const T *b, const T *w, const T *dz, T *da, T *db, T *dW,
+                        int64_t rows, int64_t C, int64_t N) {
+  matmulTransAAcc(a, dz, dW, rows, C, N);
+  matmulTransAAcc(b, dz, dW + C * N, rows, C, N);
+  matmulTransBAcc(dz, w, da, rows, N, C);
+  matmulTransBAcc(dz, w + C * N, db, rows, N, C);
+}
+
+/// Mean over the unmasked rows of -log softmax(logits)[label]; row t's label
+/// is labels[t + shift] of its sequence, masked past the end. aux: lse per row.
+template <typename T>
+T crossEntropyForward(const T *logits, const int32_t *labels, T *aux, int64_t rows, int64_t V,
+                      int64_t shift, int64_t seq) {
+  T total = 0;
+  int64_t counted = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *row = logits + t * V;
+    T maxLogit = row[0];
+    for (int64_t v = 1; v < V; ++v)
+      maxLogit = std::max(maxLogit, row[v]);
+    T sum = 0;
+    for (int64_t v = 0; v < V; ++v)
+      sum += std::exp(row[v] - maxLogit);
+    aux[t] = maxLogit + std::log(sum);
+    if ((t % seq) + shift < seq) {
+      total += aux[t] - row[labels[t + shift]];
+      ++counted;
+    }
+  }
+  return counted ? total / T(counted) : T(0);
+}
+
+/// dlogits += scale * (softmax - onehot) / counted rows
+template <typename T>
+void crossEntropyBackward(const T *logits, const int32_t *labels, const T *aux, T scale,
+                          T *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+  int64_t counted = 0;
+  for (int64_t t = 0; t < rows; ++t)
+    counted += (t % seq) + shift < seq;
+  if (!counted)
+    return;
+  T factor = scale / T(counted);
+  for (int64_t t = 0; t < rows; ++t) {
+    if ((t % seq) + shift >= seq)
+      continue;
+    const T *row = logits + t * V;
+    T *g = dLogits + t * V;
+    for (int64_t v = 0; v < V; ++v)
+      g[v] += factor * std::exp(row[v] - aux[t]);
+    g[labels[t + shift]] -= factor;
+  }
+}
+
+} // namespace mhcc::runtime::kernels
+
+#endif // MHCC_RUNTIME_CPU_KERNELS_H

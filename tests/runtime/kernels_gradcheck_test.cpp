@@ -1,0 +1,300 @@
+// Every CPU kernel's backward against central finite differences, in
+// float64: the objective is <w, forward(inputs)> for a random w, whose exact
+// gradient is backward(dOut = w).
+#include "runtime/cpu/Kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+namespace mhcc::runtime::kernels {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec randomVec(std::mt19937_64 &rng, size_t size, double scale = 1.0) {
+  std::normal_distribution<double> normal(0.0, scale);
+  Vec v(size);
+  for (double &x : v)
+    x = normal(rng);
+  return v;
+}
+
+double dot(const Vec &a, const Vec &b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+/// Checks d objective / d input[k] for every element of `input` (or a
+/// sample of 40 for large inputs) against the analytic gradient.
+void checkGradient(const std::string &what, Vec &input, const Vec &analytic,
+                   const std::function<double()> &objective, double tolerance = 1e-6) {
+  ASSERT_EQ(input.size(), analytic.size()) << what;
+  std::mt19937_64 rng(7);
+  size_t checks = std::min<size_t>(input.size(), 40);
+  double worst = 0;
+  for (size_t c = 0; c < checks; ++c) {
+    size_t k = input.size() <= 40 ? c : rng() % input.size();
+    double saved = input[k], h = 1e-6 * std::max(1.0, std::abs(saved));
+    input[k] = saved + h;
+    double up = objective();
+    input[k] = saved - h;
+    double down = objective();
+    input[k] = saved;
+    double numeric = (up - down) / (2 * h);
+    double error = std::abs(numeric - analytic[k]) / std::max(1.0, std::abs(numeric));
+    worst = std::max(worst, error);
+    EXPECT_LT(error, tolerance) << what << "[" << k << "]: numeric " << numeric << ", analytic "
+                                << analytic[k];
+  }
+  EXPECT_LT(worst, tolerance) << what;
+}
+
+constexpr int64_t kRows = 6, kSeq = 3, kC = 8, kN = 3, kHeads = 2, kF = 5, kV = 7;
+constexpr int64_t kK = kN * kN + 2 * kN;
+
+TEST(GradCheck, Embedding) {
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> tokens = {1, 4, 4, 0, 6, 2};
+  for (int64_t shift : {0, 1}) {
+    Vec table = randomVec(rng, kV * kC), w = randomVec(rng, kRows * kC), out(kRows * kC);
+    auto objective = [&] {
+      embedForward(tokens.data(), table.data(), out.data(), kRows, kC, shift, kSeq);
+      return dot(w, out);
+    };
+    Vec dTable(table.size(), 0.0);
+    embedBackward(tokens.data(), w.data(), dTable.data(), kRows, kC, shift, kSeq);
+    checkGradient("embedding table", table, dTable, objective);
+  }
+}
+
+TEST(GradCheck, ExpandAndContract) {
+  std::mt19937_64 rng(2);
+  Vec h = randomVec(rng, kRows * kC), x = randomVec(rng, kRows * kN * kC);
+  Vec wx = randomVec(rng, kRows * kN * kC), wh = randomVec(rng, kRows * kC);
+  Vec outX(x.size()), outH(h.size());
+  Vec dh(h.size(), 0.0), dx(x.size(), 0.0);
+  expandBackward(wx.data(), dh.data(), kRows, kC, kN);
+  checkGradient("expand", h, dh, [&] {
+    expandForward(h.data(), outX.data(), kRows, kC, kN);
+    return dot(wx, outX);
+  });
+  contractBackward(wh.data(), dx.data(), kRows, kC, kN);
+  checkGradient("contract", x, dx, [&] {
+    contractForward(x.data(), outH.data(), kRows, kC, kN);
+    return dot(wh, outH);
+  });
+}
+
+TEST(GradCheck, SinkhornIsDoublyStochasticAndDifferentiable) {
+  std::mt19937_64 rng(3);
+  for (int64_t iters : {1, 3, 20}) {
+    Vec logits = randomVec(rng, kN * kN, 2.0), w = randomVec(rng, kN * kN), out(kN * kN);
+    sinkhorn(logits.data(), out.data(), kN, iters);
+    for (int64_t j = 0; j < kN; ++j) {
+      double col = 0;
+      for (int64_t i = 0; i < kN; ++i)
+        col += out[i * kN + j];
+      EXPECT_NEAR(col, 1.0, 1e-12); // the last step normalizes columns
+    }
+    if (iters == 20)
+      for (int64_t i = 0; i < kN; ++i) {
+        double row = 0;
+        for (int64_t j = 0; j < kN; ++j)
+          row += out[i * kN + j];
+        EXPECT_NEAR(row, 1.0, 1e-3);
+      }
+    Vec dLogits(logits.size(), 0.0);
+    sinkhornBackward(logits.data(), w.data(), dLogits.data(), kN, iters);
+    checkGradient("sinkhorn K=" + std::to_string(iters), logits, dLogits, [&] {
+      sinkhorn(logits.data(), out.data(), kN, iters);
+      return dot(w, out);
+    });
+  }
+}
+
+TEST(GradCheck, MhcCoefficients) {
+  std::mt19937_64 rng(4);
+  const int64_t width = kN * kC;
+  Vec x = randomVec(rng, kRows * width), wmap = randomVec(rng, width * kK, 0.3);
+  Vec bias = randomVec(rng, kK, 0.5), alpha = {0.7, 1.3, 0.9};
+  Vec w = randomVec(rng, kRows * kK), coef(kRows * kK), aux(kRows * (kK + 1));
+  const int64_t iters = 4;
+  auto objective = [&] {
+    mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(),
+                     kRows, kC, kN, iters);
+    return dot(w, coef);
+  };
+  objective();
+  Vec dx(x.size(), 0.0), dW(wmap.size(), 0.0), dB(kK, 0.0), dA(3, 0.0);
+  mhcCoeffsBackward(x.data(), wmap.data(), alpha.data(), aux.data(), w.data(), dx.data(), dW.data(),
+                    dB.data(), dA.data(), kRows, kC, kN, iters);
+  checkGradient("mhc coeffs x", x, dx, objective);
+  checkGradient("mhc coeffs W_map", wmap, dW, objective);
+  checkGradient("mhc coeffs b", bias, dB, objective);
+  checkGradient("mhc coeffs alpha", alpha, dA, objective);
+}
+
+TEST(GradCheck, MhcPreAndPostRes) {
+  std::mt19937_64 rng(5);
+  Vec x = randomVec(rng, kRows * kN * kC), coef = randomVec(rng, kRows * kK);
+  Vec y = randomVec(rng, kRows * kC);
+  Vec wu = randomVec(rng, kRows * kC), wo = randomVec(rng, kRows * kN * kC);
+  Vec u(kRows * kC), out(kRows * kN * kC);
+  auto pre = [&] {
+    mhcPreForward(x.data(), coef.data(), u.data(), kRows, kC, kN);
+    return dot(wu, u);
+  };
+  Vec dx(x.size(), 0.0), dCoef(coef.size(), 0.0);
+  mhcPreBackward(x.data(), coef.data(), wu.data(), dx.data(), dCoef.data(), kRows, kC, kN);
+  checkGradient("mhc pre x", x, dx, pre);
+  checkGradient("mhc pre coef", coef, dCoef, pre);
+
+  auto post = [&] {
+    mhcPostResForward(x.data(), coef.data(), y.data(), out.data(), kRows, kC, kN);
+    return dot(wo, out);
+  };
+  Vec dx2(x.size(), 0.0), dCoef2(coef.size(), 0.0), dy(y.size(), 0.0);
+  mhcPostResBackward(x.data(), coef.data(), y.data(), wo.data(), dx2.data(), dCoef2.data(),
+                     dy.data(), kRows, kC, kN);
+  checkGradient("mhc post/res x", x, dx2, post);
+  checkGradient("mhc post/res coef", coef, dCoef2, post);
+  checkGradient("mhc post/res y", y, dy, post);
+}
+
+TEST(GradCheck, Residual) {
+  std::mt19937_64 rng(6);
+  Vec x = randomVec(rng, 12), y = randomVec(rng, 12), w = randomVec(rng, 12), out(12);
+  Vec dx(12, 0.0), dy(12, 0.0);
+  residualBackward(w.data(), dx.data(), dy.data(), 12);
+  auto objective = [&] {
+    residualForward(x.data(), y.data(), out.data(), 12);
+    return dot(w, out);
+  };
+  checkGradient("residual x", x, dx, objective);
+  checkGradient("residual y", y, dy, objective);
+}
+
+TEST(GradCheck, RmsNorm) {
+  std::mt19937_64 rng(7);
+  Vec u = randomVec(rng, kRows * kC), gain = randomVec(rng, kC), w = randomVec(rng, kRows * kC);
+  Vec y(u.size()), aux(kRows);
+  auto objective = [&] {
+    rmsNormForward(u.data(), gain.data(), y.data(), aux.data(), kRows, kC, 1e-6);
+    return dot(w, y);
+  };
+  objective();
+  Vec du(u.size(), 0.0), dg(kC, 0.0);
+  rmsNormBackward(u.data(), gain.data(), aux.data(), w.data(), du.data(), dg.data(), kRows, kC);
+  checkGradient("rmsnorm u", u, du, objective);
+  checkGradient("rmsnorm gain", gain, dg, objective);
+}
+
+TEST(GradCheck, CausalAttentionWithRope) {
+  std::mt19937_64 rng(8);
+  Vec x = randomVec(rng, kRows * kC), wqkv = randomVec(rng, kC * 3 * kC, 0.4);
+  Vec wo = randomVec(rng, kC * kC, 0.4), w = randomVec(rng, kRows * kC);
+  Vec y(kRows * kC), aux(kRows * 3 * kC + kRows * kC + kRows * kHeads);
+  auto objective = [&] {
+    attentionForward(x.data(), wqkv.data(), wo.data(), y.data(), aux.data(), kRows, kC, kHeads, kSeq);
+    return dot(w, y);
+  };
+  objective();
+  Vec dx(x.size(), 0.0), dWqkv(wqkv.size(), 0.0), dWo(wo.size(), 0.0);
+  attentionBackward(x.data(), wqkv.data(), wo.data(), aux.data(), w.data(), dx.data(), dWqkv.data(),
+                    dWo.data(), kRows, kC, kHeads, kSeq);
+  checkGradient("attention x", x, dx, objective);
+  checkGradient("attention W_qkv", wqkv, dWqkv, objective);
+  checkGradient("attention W_o", wo, dWo, objective);
+}
+
+TEST(GradCheck, AttentionIsCausal) {
+  // Changing the last token of a sequence must not change earlier outputs.
+  std::mt19937_64 rng(9);
+  Vec x = randomVec(rng, kRows * kC), wqkv = randomVec(rng, kC * 3 * kC, 0.4);
+  Vec wo = randomVec(rng, kC * kC, 0.4);
+  Vec y1(kRows * kC), y2(kRows * kC), aux(kRows * 3 * kC + kRows * kC + kRows * kHeads);
+  attentionForward(x.data(), wqkv.data(), wo.data(), y1.data(), aux.data(), kRows, kC, kHeads, kSeq);
+  for (int64_t c = 0; c < kC; ++c)
+    x[(kSeq - 1) * kC + c] += 1.0;
+  attentionForward(x.data(), wqkv.data(), wo.data(), y2.data(), aux.data(), kRows, kC, kHeads, kSeq);
+  for (int64_t k = 0; k < (kSeq - 1) * kC; ++k)
+    EXPECT_EQ(y1[k], y2[k]);
+  // Rows of the second sequence are untouched too.
+  for (int64_t k = kSeq * kC; k < kRows * kC; ++k)
+    EXPECT_EQ(y1[k], y2[k]);
+}
+
+TEST(GradCheck, SwiGlu) {
+  std::mt19937_64 rng(10);
+  Vec x = randomVec(rng, kRows * kC), wg = randomVec(rng, kC * kF, 0.5);
+  Vec wu = randomVec(rng, kC * kF, 0.5), wd = randomVec(rng, kF * kC, 0.5);
+  Vec w = randomVec(rng, kRows * kC), y(kRows * kC), aux(3 * kRows * kF);
+  auto objective = [&] {
+    swigluForward(x.data(), wg.data(), wu.data(), wd.data(), y.data(), aux.data(), kRows, kC, kF);
+    return dot(w, y);
+  };
+  objective();
+  Vec dx(x.size(), 0.0), dWg(wg.size(), 0.0), dWu(wu.size(), 0.0), dWd(wd.size(), 0.0);
+  swigluBackward(x.data(), wg.data(), wu.data(), wd.data(), aux.data(), w.data(), dx.data(),
+                 dWg.data(), dWu.data(), dWd.data(), kRows, kC, kF);
+  checkGradient("swiglu x", x, dx, objective);
+  checkGradient("swiglu W_gate", wg, dWg, objective);
+  checkGradient("swiglu W_up", wu, dWu, objective);
+  checkGradient("swiglu W_down", wd, dWd, objective);
+}
+
+TEST(GradCheck, LmHeadAndConcatProjection) {
+  std::mt19937_64 rng(11);
+  Vec h = randomVec(rng, kRows * kC), wHead = randomVec(rng, kC * kV), w = randomVec(rng, kRows * kV);
+  Vec logits(kRows * kV);
+  auto head = [&] {
+    matmul(h.data(), wHead.data(), logits.data(), kRows, kC, kV);
+    return dot(w, logits);
+  };
+  Vec dh(h.size(), 0.0), dW(wHead.size(), 0.0);
+  matmulTransAAcc(h.data(), w.data(), dW.data(), kRows, kC, kV);
+  matmulTransBAcc(w.data(), wHead.data(), dh.data(), kRows, kV, kC);
+  checkGradient("lm head h", h, dh, head);
+  checkGradient("lm head W", wHead, dW, head);
+
+  Vec a = randomVec(rng, kRows * kC), b = randomVec(rng, kRows * kC);
+  Vec wp = randomVec(rng, 2 * kC * kC), wz = randomVec(rng, kRows * kC), z(kRows * kC);
+  auto proj = [&] {
+    concatProjForward(a.data(), b.data(), wp.data(), z.data(), kRows, kC, kC);
+    return dot(wz, z);
+  };
+  Vec da(a.size(), 0.0), db(b.size(), 0.0), dWp(wp.size(), 0.0);
+  concatProjBackward(a.data(), b.data(), wp.data(), wz.data(), da.data(), db.data(), dWp.data(),
+                     kRows, kC, kC);
+  checkGradient("concat proj a", a, da, proj);
+  checkGradient("concat proj b", b, db, proj);
+  checkGradient("concat proj W", wp, dWp, proj);
+}
+
+TEST(GradCheck, CrossEntropyWithAndWithoutShift) {
+  std::mt19937_64 rng(12);
+  std::vector<int32_t> labels = {3, 0, 6, 1, 1, 5};
+  for (int64_t shift : {0, 1, 2}) {
+    Vec logits = randomVec(rng, kRows * kV, 2.0), aux(kRows);
+    const double scale = 0.3;
+    auto objective = [&] {
+      return scale * crossEntropyForward(logits.data(), labels.data(), aux.data(), kRows, kV, shift, kSeq);
+    };
+    objective();
+    Vec dLogits(logits.size(), 0.0);
+    crossEntropyBackward(logits.data(), labels.data(), aux.data(), scale, dLogits.data(), kRows, kV,
+                         shift, kSeq);
+    checkGradient("cross entropy shift " + std::to_string(shift), logits, dLogits, objective);
+  }
+  // Uniform logits: the loss is log V.
+  Vec flat(kRows * kV, 0.0), aux(kRows);
+  EXPECT_NEAR(crossEntropyForward(flat.data(), labels.data(), aux.data(), kRows, kV, 0, kSeq),
+              std::log(double(kV)), 1e-12);
+}
+
+} // namespace
+} // namespace mhcc::runtime::kernels
