@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/Importer.h"
+#include "compiler/Lowering.h"
 #include "compiler/InitAll.h"
 #include "compiler/ModelGraph.h"
 #include "compiler/Pipeline.h"
@@ -25,12 +26,17 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <fstream>
+#include <sstream>
+
+#include <xxhash.h>
+
 using namespace mlir;
 
 namespace mhcc {
 namespace {
 
-enum class EmitKind { Summary, Mlir };
+enum class EmitKind { Summary, Mlir, Programs, Artifact };
 
 struct Options {
   llvm::cl::opt<std::string> input{llvm::cl::Positional, llvm::cl::Required,
@@ -42,7 +48,11 @@ struct Options {
       llvm::cl::values(
           clEnumValN(EmitKind::Summary, "summary",
                      "parameters, FLOPs per token, boundary width"),
-          clEnumValN(EmitKind::Mlir, "mlir", "the IR after the last phase run"))};
+          clEnumValN(EmitKind::Mlir, "mlir", "the IR after the last phase run"),
+          clEnumValN(EmitKind::Programs, "programs",
+                     "each stage's forward and (autodiff) backward kernel program"),
+          clEnumValN(EmitKind::Artifact, "artifact",
+                     "the versioned artifact mhcrun executes (needs -o FILE)"))};
   llvm::cl::opt<std::string> compileTo{
       "compile-to",
       llvm::cl::desc("Stop after this phase (" + phaseNames() + ")"),
@@ -126,6 +136,15 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
   return success();
 }
 
+/// XXH3-64 of the model file, in hex: ties an artifact to its source.
+std::string hashFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  std::string text = bytes.str();
+  return llvm::formatv("{0:x16}", XXH3_64bits(text.data(), text.size())).str();
+}
+
 int fail(const std::string &message) {
   llvm::errs() << "mhcc: " << message << "\n";
   return 1;
@@ -148,6 +167,12 @@ int runMhcc(int argc, char **argv) {
   if (!lastPhase)
     return fail("unknown phase '" + options.compileTo + "' for --compile-to; "
                 "phases: " + phaseNames());
+
+  bool needsArtifact = options.emit == EmitKind::Artifact || options.emit == EmitKind::Programs;
+  if (needsArtifact && *lastPhase != Phase::Schedule)
+    return fail("--emit=artifact and --emit=programs need every phase; drop --compile-to");
+  if (options.emit == EmitKind::Artifact && options.output == "-")
+    return fail("--emit=artifact writes a binary file: give it a name with -o FILE");
 
   ModelError error;
   std::optional<ModelGraph> graph = loadModelGraph(options.input, error);
@@ -180,12 +205,28 @@ int runMhcc(int argc, char **argv) {
   if (failed(pm.run(*module)))
     return fail("compilation of " + options.input + " failed (see above)");
 
+  std::optional<runtime::Artifact> artifact;
+  if (needsArtifact) {
+    FailureOr<runtime::Artifact> built = buildArtifact(*module, hashFile(options.input));
+    if (failed(built))
+      return fail("cannot build the artifact of " + options.input + " (see above)");
+    artifact = std::move(*built);
+  }
+  if (options.emit == EmitKind::Artifact) {
+    std::string writeError;
+    if (!runtime::writeArtifact(options.output, *artifact, writeError))
+      return fail(writeError);
+    return 0;
+  }
+
   std::string message;
   std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(options.output, &message);
   if (!out)
     return fail("cannot write '" + options.output + "': " + message);
   if (options.emit == EmitKind::Mlir) {
     module->print(out->os());
+  } else if (options.emit == EmitKind::Programs) {
+    out->os() << formatPrograms(*artifact);
   } else {
     FailureOr<func::FuncOp> func = findModelFunc(*module);
     if (failed(func))

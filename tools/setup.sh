@@ -7,6 +7,7 @@ PACKAGES=(
   nlohmann-json3-dev libgtest-dev
   bazel-bootstrap bazel-rules-java bazel-platforms bazel-skylib
   libopenmpi-dev openmpi-bin
+  libcli11-dev libxxhash-dev
   python3
 )
 missing=()

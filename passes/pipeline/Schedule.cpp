@@ -29,33 +29,6 @@ std::optional<ScheduleKind> parseScheduleKind(const std::string &name) {
   return std::nullopt;
 }
 
-const char *opKindName(OpKind kind) {
-  switch (kind) {
-  case OpKind::Forward: return "FWD";
-  case OpKind::Backward: return "BWD";
-  case OpKind::BackwardInput: return "B";
-  case OpKind::BackwardWeight: return "W";
-  case OpKind::Send: return "SEND";
-  case OpKind::Recv: return "RECV";
-  case OpKind::Free: return "FREE";
-  case OpKind::Optimizer: return "OPTIM";
-  }
-  return "?";
-}
-
-std::string Instr::describe() const {
-  std::ostringstream os;
-  os << opKindName(kind);
-  if (isComm()) {
-    os << " " << (payload == Payload::Activation ? "act" : "grad") << " s" << srcStage
-       << "->s" << dstStage << " mb" << mb << (kind == OpKind::Send ? " to r" : " from r")
-       << peer << " [" << tokens << "x" << width << "]";
-  } else if (kind != OpKind::Optimizer) {
-    os << "(s" << stage << ",mb" << mb << ")";
-  }
-  return os.str();
-}
-
 namespace {
 
 struct ComputeStep {

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/program/Instructions.h"
+
 namespace mhcc::pipeline {
 
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
@@ -28,41 +30,11 @@ enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 const char *scheduleKindName(ScheduleKind kind);
 std::optional<ScheduleKind> parseScheduleKind(const std::string &name);
 
-enum class OpKind {
-  Forward,        // FWD(stage, mb)
-  Backward,       // BWD(stage, mb): input and weight gradients together
-  BackwardInput,  // B(stage, mb) of the zero-bubble split: input gradient
-  BackwardWeight, // W(stage, mb): weight gradient
-  Send,
-  Recv,
-  Free,           // pseudo-deallocation of out(stage, mb) once its send completed
-  Optimizer,
-};
-
-const char *opKindName(OpKind kind);
-
-enum class Payload { Activation, Gradient };
-
-struct Instr {
-  OpKind kind = OpKind::Forward;
-  int64_t stage = -1; // virtual stage
-  int64_t mb = -1;    // microbatch
-  // SEND / RECV only.
-  Payload payload = Payload::Activation;
-  int64_t peer = -1;
-  int64_t srcStage = -1, dstStage = -1; // the message's edge
-  int64_t tokens = 0, width = 0;        // shape [tokens, width]
-  int64_t group = -1;                   // instructions of one group share it
-  int64_t order = -1; // position in this rank's FIFO to/from `peer`, per direction
-
-  bool isComm() const { return kind == OpKind::Send || kind == OpKind::Recv; }
-  bool isCompute() const {
-    return kind == OpKind::Forward || kind == OpKind::Backward ||
-           kind == OpKind::BackwardInput || kind == OpKind::BackwardWeight;
-  }
-  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1`.
-  std::string describe() const;
-};
+// The instruction format belongs to the runtime, which executes it.
+using runtime::Instr;
+using runtime::OpKind;
+using runtime::Payload;
+using runtime::opKindName;
 
 struct StageSpec {
   double forwardTime = 0;     // one microbatch

@@ -1,0 +1,381 @@
+//===- Lowering.cpp - partitioned mhc IR -> artifact --------------------------===//
+#include "compiler/Lowering.h"
+
+#include "dialects/mhc/IR/MhcOps.h"
+#include "dialects/pipe/IR/PipeOps.h"
+#include "passes/PipelineIR.h"
+#include "passes/autodiff/Autodiff.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+using namespace mlir;
+using namespace mhcc::runtime;
+
+namespace mhcc {
+namespace {
+
+class StageLowering {
+public:
+  StageLowering(Artifact &artifact, func::FuncOp func, int64_t numLayers)
+      : artifact_(artifact), func_(func), numLayers_(numLayers) {
+    const ModelInfo &m = artifact.model;
+    tokens_ = m.tokens();
+    artifact.stages.resize(artifact.pp * artifact.vpp);
+    for (size_t s = 0; s < artifact.stages.size(); ++s)
+      artifact.stages[s].stage = s;
+  }
+
+  LogicalResult run() {
+    for (auto embed : func_.getOps<mhc::EmbeddingOp>())
+      embeddingParam_ = embed.getNode().str() + ".weight";
+    for (auto head : func_.getOps<mhc::LmHeadOp>())
+      headParam_ = head.getNode().str() + ".weight";
+    for (Operation &op : func_.getBody().front()) {
+      if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
+        lowerBoundary(boundary);
+        continue;
+      }
+      auto stageAttr = op.getAttrOfType<IntegerAttr>(pipe::kStageAttr);
+      if (isa<func::ReturnOp>(op))
+        continue;
+      if (!stageAttr)
+        return op.emitOpError() << "has no " << pipe::kStageAttr << "; run the pipeline phases first";
+      stage_ = stageAttr.getInt();
+      if (failed(lowerOp(&op)))
+        return failure();
+    }
+    for (StageProgram &program : artifact_.stages) {
+      // An empty stage forwards its input into a buffer of its own.
+      if (program.input >= 0 && program.output == program.input) {
+        stage_ = program.stage;
+        program.output = emit(Prim::Identity, {program.input}, {}, shape(program, program.input), 0);
+      }
+      std::string error = differentiate(program);
+      if (!error.empty())
+        return func_.emitError() << "autodiff of stage " << program.stage << ": " << error;
+    }
+    return success();
+  }
+
+private:
+  using Shape = std::pair<int64_t, int64_t>;
+
+  StageProgram &program() { return artifact_.stages[stage_]; }
+  Shape shape(StageProgram &p, int value) { return {p.values[value].rows, p.values[value].cols}; }
+
+  int newValue(Shape s, std::string tap = "") {
+    program().values.push_back({s.first, s.second, std::move(tap)});
+    return static_cast<int>(program().values.size()) - 1;
+  }
+
+  int valueOf(Value v) {
+    auto it = values_.find({stage_, v.getAsOpaquePointer()});
+    return it == values_.end() ? -1 : it->second;
+  }
+
+  void bind(Value v, int id) { values_[{stage_, v.getAsOpaquePointer()}] = id; }
+
+  /// A parameter slot of the current stage for parameter `name`, created in
+  /// the table on first use anywhere (shared parameters keep one entry).
+  int slot(const std::string &name, int64_t rows, int64_t cols, const std::string &init,
+           double scale, bool decay) {
+    auto it = paramIndex_.find(name);
+    int param;
+    if (it == paramIndex_.end()) {
+      param = static_cast<int>(artifact_.params.size());
+      artifact_.params.push_back({name, rows, cols, init, scale, decay});
+      paramIndex_[name] = param;
+    } else {
+      param = it->second;
+    }
+    program().params.push_back({param, useOrder_++});
+    return static_cast<int>(program().params.size()) - 1;
+  }
+
+  int emit(Prim op, std::vector<int> inputs, std::vector<int> params, Shape out, int64_t aux,
+           std::string tap = "", ForwardInstr attrs = {}) {
+    ForwardInstr instr = attrs;
+    instr.op = op;
+    instr.inputs = std::move(inputs);
+    instr.params = std::move(params);
+    instr.output = newValue(out, std::move(tap));
+    instr.auxSize = aux;
+    if (instr.seqLen <= 1)
+      instr.seqLen = artifact_.model.seqLen;
+    program().forward.push_back(instr);
+    return instr.output;
+  }
+
+  void lowerBoundary(pipe::BoundaryOp boundary) {
+    stage_ = boundary.getSrcStage();
+    int sent = valueOf(boundary.getInput());
+    program().output = sent;
+    stage_ = boundary.getDstStage();
+    auto type = cast<RankedTensorType>(boundary.getInput().getType());
+    int received = newValue({type.getDimSize(0), type.getDimSize(1)});
+    program().input = received;
+    bind(boundary.getResult(), received);
+  }
+
+  ForwardInstr attrs(std::function<void(ForwardInstr &)> set) {
+    ForwardInstr a;
+    set(a);
+    return a;
+  }
+
+  double outputScale() const { return 0.02 / std::sqrt(2.0 * std::max<int64_t>(1, numLayers_)); }
+
+  /// One mHC-wrapped sublayer (or the plain residual of n = 1).
+  int lowerSublayer(const std::string &name, bool attention, int x, double eps) {
+    const ModelInfo &m = artifact_.model;
+    const int64_t T = tokens_, C = m.hidden, n = m.streams, K = n * n + 2 * n;
+    int u = x, coef = -1;
+    if (n > 1) {
+      double bound = std::sqrt(6.0 / double(n * C + K));
+      coef = emit(Prim::MhcCoeffs, {x},
+                  {slot(name + ".w_map", n * C, K, "xavier_uniform", bound, true),
+                   slot(name + ".b", 1, K, "zeros", 0, false),
+                   slot(name + ".alpha", 1, 3, "constant", m.gatingFactor, false)},
+                  {T, K}, T * (K + 1), "",
+                  attrs([&](ForwardInstr &a) {
+                    a.streams = n;
+                    a.sinkhornIterations = m.sinkhornIterations;
+                  }));
+      u = emit(Prim::MhcPre, {x, coef}, {}, {T, C}, 0, "", attrs([&](ForwardInstr &a) { a.streams = n; }));
+    }
+    int normed = emit(Prim::RmsNorm, {u}, {slot(name + ".norm", 1, C, "ones", 0, false)}, {T, C}, T,
+                      "", attrs([&](ForwardInstr &a) { a.eps = eps; }));
+    int y;
+    if (attention)
+      y = emit(Prim::Attention, {normed},
+               {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true),
+                slot(name + ".w_o", C, C, "normal", outputScale(), true)},
+               {T, C}, T * 4 * C + T * m.heads, "",
+               attrs([&](ForwardInstr &a) { a.heads = m.heads; }));
+    else
+      y = emit(Prim::SwiGlu, {normed},
+               {slot(name + ".w_gate", C, m.ffnHidden, "normal", 0.02, true),
+                slot(name + ".w_up", C, m.ffnHidden, "normal", 0.02, true),
+                slot(name + ".w_down", m.ffnHidden, C, "normal", outputScale(), true)},
+               {T, C}, 3 * T * m.ffnHidden, "",
+               attrs([&](ForwardInstr &a) { a.ffn = m.ffnHidden; }));
+    if (n > 1)
+      return emit(Prim::MhcPostRes, {x, coef, y}, {}, {T, n * C}, 0, name,
+                  attrs([&](ForwardInstr &a) { a.streams = n; }));
+    return emit(Prim::Residual, {x, y}, {}, {T, C}, 0, name);
+  }
+
+  int lowerLoss(int logits, const std::string &lossName, double weight, int64_t shift,
+                const std::string &tap) {
+    program().losses.push_back({lossName, weight});
+    int loss = static_cast<int>(program().losses.size()) - 1;
+    return emit(Prim::CrossEntropy, {logits}, {}, {1, 1}, tokens_, tap,
+                attrs([&](ForwardInstr &a) {
+                  a.loss = loss;
+                  a.shift = shift;
+                }));
+  }
+
+  LogicalResult lowerOp(Operation *op) {
+    const ModelInfo &m = artifact_.model;
+    const int64_t T = tokens_, C = m.hidden, n = m.streams, V = m.vocab;
+    auto input = [&](unsigned k) -> int {
+      int id = valueOf(op->getOperand(k));
+      if (id < 0)
+        op->emitOpError() << "reads a value stage " << stage_ << " does not have";
+      return id;
+    };
+    auto nodeOf = [&]() { return op->getAttrOfType<StringAttr>("node").str(); };
+    int result = -1;
+    bool ok = true;
+    llvm::TypeSwitch<Operation *>(op)
+        .Case([&](mhc::EmbeddingOp) {
+          result = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true)},
+                        {T, C}, 0, nodeOf());
+        })
+        .Case([&](mhc::ExpandOp) {
+          int x = input(0);
+          ok = x >= 0;
+          result = ok ? emit(Prim::Expand, {x}, {}, {T, n * C}, 0, nodeOf(),
+                             attrs([&](ForwardInstr &a) { a.streams = n; }))
+                      : -1;
+        })
+        .Case([&](mhc::HyperConnectionOp hc) {
+          int x = input(0);
+          ok = x >= 0;
+          double eps = m.normEps;
+          for (auto norm : hc.getBody().getOps<mhc::RmsNormOp>())
+            eps = norm.getEps().convertToDouble();
+          result = ok ? lowerSublayer(nodeOf(), hc.getSublayerKind() == "attention", x, eps) : -1;
+        })
+        .Case([&](mhc::ContractOp) {
+          int x = input(0);
+          ok = x >= 0;
+          result = ok ? emit(Prim::Contract, {x}, {}, {T, C}, 0, nodeOf(),
+                             attrs([&](ForwardInstr &a) { a.streams = n; }))
+                      : -1;
+        })
+        .Case([&](mhc::RmsNormOp norm) {
+          int x = input(0);
+          ok = x >= 0;
+          result = ok ? emit(Prim::RmsNorm, {x}, {slot(nodeOf() + ".weight", 1, C, "ones", 0, false)},
+                             {T, C}, T, nodeOf(),
+                             attrs([&](ForwardInstr &a) { a.eps = norm.getEps().convertToDouble(); }))
+                      : -1;
+        })
+        .Case([&](mhc::LmHeadOp) {
+          int x = input(0);
+          ok = x >= 0;
+          result = ok ? emit(Prim::LmHead, {x}, {slot(headParam_, C, V, "normal", 0.02, true)}, {T, V},
+                             0, nodeOf())
+                      : -1;
+        })
+        .Case([&](mhc::CrossEntropyOp ce) {
+          int logits = input(0);
+          ok = logits >= 0;
+          result = ok ? lowerLoss(logits, ce.getLossName().str(), 1.0, 0, nodeOf()) : -1;
+        })
+        .Case([&](mhc::MtpOp mtp) {
+          int x = input(0);
+          ok = x >= 0;
+          if (ok)
+            result = lowerMtp(mtp, x);
+        })
+        .Default([&](Operation *other) {
+          other->emitOpError() << "cannot be lowered to a stage program";
+          ok = false;
+        });
+    if (!ok)
+      return failure();
+    bind(op->getResult(0), result);
+    return success();
+  }
+
+  /// DeepSeek-V3-style MTP: contract and normalize the final residual,
+  /// normalize the embedding of the token `depth` ahead, project their
+  /// concatenation, run one mHC layer, the final norm, the shared head, and
+  /// a cross-entropy `depth` tokens further ahead.
+  int lowerMtp(mhc::MtpOp mtp, int x) {
+    const ModelInfo &m = artifact_.model;
+    const int64_t T = tokens_, C = m.hidden, n = m.streams, V = m.vocab;
+    const std::string name = mtp.getNode().str();
+    const int64_t depth = mtp.getDepth();
+    ForwardInstr withStreams = attrs([&](ForwardInstr &a) { a.streams = n; });
+    ForwardInstr withEps = attrs([&](ForwardInstr &a) { a.eps = m.normEps; });
+    int h = emit(Prim::Contract, {x}, {}, {T, C}, 0, "", withStreams);
+    int hn = emit(Prim::RmsNorm, {h}, {slot(name + ".norm_hidden", 1, C, "ones", 0, false)}, {T, C}, T,
+                  "", withEps);
+    int e = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true)}, {T, C}, 0, "",
+                 attrs([&](ForwardInstr &a) { a.shift = depth; }));
+    int en = emit(Prim::RmsNorm, {e}, {slot(name + ".norm_embedding", 1, C, "ones", 0, false)},
+                  {T, C}, T, "", withEps);
+    int z = emit(Prim::ConcatProj, {hn, en}, {slot(name + ".proj", 2 * C, C, "normal", 0.02, true)},
+                 {T, C}, 0);
+    int r = emit(Prim::Expand, {z}, {}, {T, n * C}, 0, "", withStreams);
+    r = lowerSublayer(name + ".attn", true, r, m.normEps);
+    r = lowerSublayer(name + ".mlp", false, r, m.normEps);
+    int c = emit(Prim::Contract, {r}, {}, {T, C}, 0, "", withStreams);
+    int f = emit(Prim::RmsNorm, {c}, {slot(name + ".final_norm", 1, C, "ones", 0, false)}, {T, C}, T,
+                 "", withEps);
+    int logits = emit(Prim::LmHead, {f}, {slot(headParam_, C, V, "normal", 0.02, true)}, {T, V}, 0);
+    return lowerLoss(logits, "mtp loss", mtp.getLossWeight().convertToDouble(), depth, name);
+  }
+
+  Artifact &artifact_;
+  func::FuncOp func_;
+  int64_t numLayers_;
+  int64_t tokens_ = 0;
+  int64_t stage_ = 0;
+  int64_t useOrder_ = 0;
+  std::string embeddingParam_, headParam_;
+  std::map<std::string, int> paramIndex_;
+  std::map<std::pair<int64_t, const void *>, int> values_;
+};
+
+} // namespace
+
+FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
+  FailureOr<func::FuncOp> func = findModelFunc(module);
+  if (failed(func))
+    return failure();
+  auto config = (*func)->getAttrOfType<mhc::ModelConfigAttr>(mhc::kConfigAttrName);
+  auto schedules = llvm::to_vector(module.getOps<pipe::ScheduleOp>());
+  if (schedules.size() != 1)
+    return func->emitError() << "the artifact needs exactly one pipe.schedule (compile through "
+                                "the schedule phase)";
+  FailureOr<pipeline::Layout> layout = layoutOf(*func);
+  if (failed(layout))
+    return failure();
+  Artifact artifact;
+  ModelInfo &m = artifact.model;
+  m.name = func->getSymName().str();
+  m.vocab = config.getVocab();
+  m.hidden = config.getHidden();
+  m.heads = config.getHeads();
+  m.ffnHidden = config.getFfnHidden();
+  m.seqLen = config.getSeqLen();
+  m.microBatch = config.getMicroBatch();
+  m.streams = config.getStreams();
+  m.sinkhornIterations = config.getSinkhornIterations();
+  m.gatingFactor = config.getGatingFactor().getValueAsDouble();
+  m.normEps = config.getNormEps().getValueAsDouble();
+  m.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
+  m.seed = config.getSeed();
+  artifact.modelHash = modelHash.str();
+  pipeline::Schedule schedule = readSchedule(schedules.front());
+  artifact.pp = schedule.pp;
+  artifact.vpp = schedule.vpp;
+  artifact.microbatches = schedule.microbatches;
+  artifact.groupSize = schedule.groupSize;
+  artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);
+  artifact.layout = layout->toString();
+  artifact.ranks = schedule.ranks;
+  if (failed(StageLowering(artifact, *func, modelShapeOf(*func).layers).run()))
+    return failure();
+  std::string problem = validateArtifact(artifact);
+  if (!problem.empty())
+    return func->emitError() << "internal error: the lowered artifact is inconsistent: " << problem;
+  llvm::raw_string_ostream ir(artifact.ir);
+  module.print(ir);
+  return artifact;
+}
+
+std::string formatPrograms(const Artifact &artifact) {
+  std::ostringstream os;
+  for (const StageProgram &p : artifact.stages) {
+    os << "stage " << p.stage << " (rank " << artifact.rankOf(p.stage) << "): input %" << p.input
+       << ", output %" << p.output << ", grad input %" << p.gradInput << ", grad output %"
+       << p.gradOutput << "\n";
+    auto value = [&](int v) {
+      std::ostringstream s;
+      s << "%" << v << "[" << p.values[v].rows << "x" << p.values[v].cols << "]";
+      return s.str();
+    };
+    for (const ForwardInstr &f : p.forward) {
+      os << "  fwd " << value(f.output) << " = " << primName(f.op) << "(";
+      for (size_t k = 0; k < f.inputs.size(); ++k)
+        os << (k ? ", " : "") << value(f.inputs[k]);
+      os << ")";
+      for (int s : f.params)
+        os << " " << artifact.params[p.params[s].param].name;
+      if (!p.values[f.output].tap.empty())
+        os << "  ; " << p.values[f.output].tap;
+      os << "\n";
+    }
+    for (const BackwardInstr &b : p.backward) {
+      const ForwardInstr &f = p.forward[b.forward];
+      os << "  bwd " << primName(f.op) << " #" << b.forward << ": d" << (b.gradOutput >= 0 ? value(b.gradOutput) : std::string("loss"))
+         << " ->";
+      for (int g : b.gradInputs)
+        os << " " << (g >= 0 ? value(g) : std::string("-"));
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+} // namespace mhcc

@@ -1,0 +1,75 @@
+//===- Artifact.h - the compiled artifact mhcrun executes ---------*- C++ -*-===//
+//
+// One versioned file: a fixed header (magic, format version, payload size,
+// XXH3-64 checksum of the payload) followed by a JSON payload with the model
+// sizes, the parameter table and its initialization, the stage programs
+// (forward and backward), every rank's schedule and the final IR. Readers
+// verify the header, the checksum and every index before anything runs, so
+// a truncated or corrupt file is one clear error, never a crash.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_ARTIFACT_ARTIFACT_H
+#define MHCC_RUNTIME_ARTIFACT_ARTIFACT_H
+
+#include "runtime/program/Instructions.h"
+#include "runtime/program/Program.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
+inline constexpr uint32_t kArtifactVersion = 1;
+
+struct ModelInfo {
+  std::string name;
+  int64_t vocab = 0, hidden = 0, heads = 0, ffnHidden = 0, seqLen = 0, microBatch = 1;
+  int64_t streams = 1, sinkhornIterations = 1;
+  double gatingFactor = 0.01, normEps = 1e-6;
+  std::string dtype = "f32";
+  int64_t seed = 0;
+  int64_t tokens() const { return seqLen * microBatch; }
+};
+
+struct ParamInfo {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+  std::string init;  // "normal", "xavier_uniform", "ones", "zeros", "constant"
+  double scale = 0;  // normal: std; constant: the value
+  bool decay = true; // AdamW weight decay applies
+  int64_t count() const { return rows * cols; }
+};
+
+struct Artifact {
+  ModelInfo model;
+  std::string modelHash; // of the model graph the artifact was compiled from
+  int64_t pp = 1, vpp = 1, microbatches = 1, groupSize = 0;
+  std::string scheduleKind, layout;
+  std::vector<ParamInfo> params;
+  std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
+  std::vector<std::vector<Instr>> ranks; // pp instruction lists
+  std::string ir;                        // the final IR, for debugging
+
+  int64_t rankOf(int64_t stage) const { return stage % pp; }
+};
+
+/// Writes atomically (a temporary file renamed into place).
+bool writeArtifact(const std::string &path, const Artifact &artifact, std::string &error);
+
+/// Reads and verifies; on failure `error` is one line naming the file, what
+/// is wrong and what to do.
+std::optional<Artifact> readArtifact(const std::string &path, std::string &error);
+
+/// Serialized bytes (header + payload), and their inverse.
+std::string encodeArtifact(const Artifact &artifact);
+std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &error);
+
+/// Checks every index and shape the executor relies on.
+std::string validateArtifact(const Artifact &artifact);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_ARTIFACT_ARTIFACT_H

@@ -1,0 +1,204 @@
+//===- Validate.cpp - everything the executor indexes, checked up front ------===//
+#include "runtime/artifact/Artifact.h"
+
+#include <sstream>
+
+namespace mhcc::runtime {
+namespace {
+
+struct Shape {
+  int64_t rows, cols;
+  bool operator!=(const Shape &o) const { return rows != o.rows || cols != o.cols; }
+};
+
+std::string str(Shape s) { return "[" + std::to_string(s.rows) + " x " + std::to_string(s.cols) + "]"; }
+
+class Checker {
+public:
+  explicit Checker(const Artifact &a) : a_(a) {}
+
+  std::string run() {
+    const ModelInfo &m = a_.model;
+    if (m.vocab < 2 || m.hidden < 1 || m.heads < 1 || m.hidden % m.heads || m.seqLen < 1 ||
+        m.microBatch < 1 || m.streams < 1 || m.ffnHidden < 1 || m.sinkhornIterations < 1)
+      return "bad model sizes";
+    if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
+      return "bad pipeline sizes";
+    if (static_cast<int64_t>(a_.stages.size()) != a_.pp * a_.vpp)
+      return std::to_string(a_.stages.size()) + " stage programs for pp * vpp = " +
+             std::to_string(a_.pp * a_.vpp);
+    if (static_cast<int64_t>(a_.ranks.size()) != a_.pp)
+      return std::to_string(a_.ranks.size()) + " rank lists for pp = " + std::to_string(a_.pp);
+    for (const ParamInfo &p : a_.params)
+      if (p.rows < 1 || p.cols < 1)
+        return "parameter " + p.name + " has no elements";
+    for (size_t s = 0; s < a_.stages.size(); ++s) {
+      std::string problem = stage(a_.stages[s], static_cast<int64_t>(s));
+      if (!problem.empty())
+        return "stage " + std::to_string(s) + ": " + problem;
+    }
+    for (size_t r = 0; r < a_.ranks.size(); ++r)
+      for (size_t i = 0; i < a_.ranks[r].size(); ++i) {
+        std::string problem = instr(a_.ranks[r][i], static_cast<int64_t>(r));
+        if (!problem.empty())
+          return "rank " + std::to_string(r) + " instruction " + std::to_string(i) + " (" +
+                 a_.ranks[r][i].describe() + "): " + problem;
+      }
+    return "";
+  }
+
+private:
+  std::string stage(const StageProgram &p, int64_t s) {
+    const int64_t last = a_.pp * a_.vpp - 1;
+    int64_t numValues = static_cast<int64_t>(p.values.size());
+    auto valid = [&](int v) { return v >= 0 && v < numValues; };
+    if (p.stage != s)
+      return "labelled stage " + std::to_string(p.stage);
+    for (const ValueInfo &v : p.values)
+      if (v.rows < 1 || v.cols < 1)
+        return "a value has no elements";
+    if ((s == 0) != (p.input < 0) || (p.input >= 0 && (!valid(p.input) || !valid(p.gradInput))))
+      return "bad input value";
+    if ((s == last) != (p.output < 0) || (p.output >= 0 && (!valid(p.output) || !valid(p.gradOutput))))
+      return "bad output value";
+    for (const ParamSlot &slot : p.params)
+      if (slot.param < 0 || slot.param >= static_cast<int64_t>(a_.params.size()))
+        return "a parameter slot names no parameter";
+    for (size_t i = 0; i < p.forward.size(); ++i) {
+      std::string problem = forward(p, p.forward[i]);
+      if (!problem.empty())
+        return "forward " + std::to_string(i) + " (" + primName(p.forward[i].op) + "): " + problem;
+    }
+    for (size_t i = 0; i < p.backward.size(); ++i) {
+      const BackwardInstr &b = p.backward[i];
+      if (b.forward < 0 || b.forward >= static_cast<int>(p.forward.size()))
+        return "backward " + std::to_string(i) + " refers to no forward instruction";
+      const ForwardInstr &f = p.forward[b.forward];
+      if (b.gradInputs.size() != f.inputs.size())
+        return "backward " + std::to_string(i) + " has the wrong number of input gradients";
+      if ((f.op == Prim::CrossEntropy) != (b.gradOutput < 0) ||
+          (b.gradOutput >= 0 && (!valid(b.gradOutput) || shape(p, b.gradOutput) != shape(p, f.output))))
+        return "backward " + std::to_string(i) + " has a bad output gradient";
+      for (size_t k = 0; k < b.gradInputs.size(); ++k)
+        if (b.gradInputs[k] >= 0 &&
+            (!valid(b.gradInputs[k]) || shape(p, b.gradInputs[k]) != shape(p, f.inputs[k])))
+          return "backward " + std::to_string(i) + " has a bad input gradient";
+    }
+    return "";
+  }
+
+  Shape shape(const StageProgram &p, int v) { return {p.values[v].rows, p.values[v].cols}; }
+
+  std::string forward(const StageProgram &p, const ForwardInstr &f) {
+    const ModelInfo &m = a_.model;
+    const int64_t T = m.tokens(), C = m.hidden, n = f.streams, K = n * n + 2 * n;
+    int64_t numValues = static_cast<int64_t>(p.values.size());
+    for (int in : f.inputs)
+      if (in < 0 || in >= numValues)
+        return "an input names no value";
+    if (f.output < 0 || f.output >= numValues)
+      return "the output names no value";
+    for (int slot : f.params)
+      if (slot < 0 || slot >= static_cast<int64_t>(p.params.size()))
+        return "a parameter names no slot";
+    if (f.auxSize < 0 || f.seqLen < 1 || T % f.seqLen || n < 1)
+      return "bad attributes";
+    auto in = [&](size_t k) { return shape(p, f.inputs[k]); };
+    auto param = [&](size_t k) {
+      const ParamInfo &info = a_.params[p.params[f.params[k]].param];
+      return Shape{info.rows, info.cols};
+    };
+    auto expect = [&](size_t inputs, size_t params, std::vector<Shape> inShapes,
+                      std::vector<Shape> paramShapes, Shape out, int64_t aux) -> std::string {
+      if (f.inputs.size() != inputs || f.params.size() != params)
+        return "takes " + std::to_string(inputs) + " inputs and " + std::to_string(params) + " parameters";
+      for (size_t k = 0; k < inputs; ++k)
+        if (in(k) != inShapes[k])
+          return "input " + std::to_string(k) + " is " + str(in(k)) + ", expected " + str(inShapes[k]);
+      for (size_t k = 0; k < params; ++k)
+        if (param(k) != paramShapes[k])
+          return "parameter " + std::to_string(k) + " is " + str(param(k)) + ", expected " +
+                 str(paramShapes[k]);
+      if (shape(p, f.output) != out)
+        return "output is " + str(shape(p, f.output)) + ", expected " + str(out);
+      if (f.auxSize != aux)
+        return "scratch size " + std::to_string(f.auxSize) + ", expected " + std::to_string(aux);
+      return "";
+    };
+    switch (f.op) {
+    case Prim::Identity:
+      return f.inputs.size() != 1 ? "takes one input" : expect(1, 0, {in(0)}, {}, in(0), 0);
+    case Prim::Embed:
+      if (f.shift < 0 || f.shift >= f.seqLen)
+        return "bad shift";
+      return expect(0, 1, {}, {{m.vocab, C}}, {T, C}, 0);
+    case Prim::Expand:
+      return expect(1, 0, {{T, C}}, {}, {T, n * C}, 0);
+    case Prim::Contract:
+      return expect(1, 0, {{T, n * C}}, {}, {T, C}, 0);
+    case Prim::MhcCoeffs:
+      if (f.sinkhornIterations < 1)
+        return "needs at least one Sinkhorn iteration";
+      return expect(1, 3, {{T, n * C}}, {{n * C, K}, {1, K}, {1, 3}}, {T, K}, T * (K + 1));
+    case Prim::MhcPre:
+      return expect(2, 0, {{T, n * C}, {T, K}}, {}, {T, C}, 0);
+    case Prim::MhcPostRes:
+      return expect(3, 0, {{T, n * C}, {T, K}, {T, C}}, {}, {T, n * C}, 0);
+    case Prim::Residual:
+      return expect(2, 0, {{T, C}, {T, C}}, {}, {T, C}, 0);
+    case Prim::RmsNorm:
+      if (!(f.eps > 0))
+        return "eps must be positive";
+      return expect(1, 1, {{T, C}}, {{1, C}}, {T, C}, T);
+    case Prim::Attention:
+      if (f.heads < 1 || C % f.heads || (C / f.heads) % 2)
+        return "bad head count";
+      return expect(1, 2, {{T, C}}, {{C, 3 * C}, {C, C}}, {T, C}, T * 4 * C + T * f.heads);
+    case Prim::SwiGlu:
+      if (f.ffn < 1)
+        return "bad FFN size";
+      return expect(1, 3, {{T, C}}, {{C, f.ffn}, {C, f.ffn}, {f.ffn, C}}, {T, C}, 3 * T * f.ffn);
+    case Prim::LmHead:
+      return expect(1, 1, {{T, C}}, {{C, m.vocab}}, {T, m.vocab}, 0);
+    case Prim::ConcatProj:
+      return expect(2, 1, {{T, C}, {T, C}}, {{2 * C, C}}, {T, C}, 0);
+    case Prim::CrossEntropy:
+      if (f.loss < 0 || f.loss >= static_cast<int>(p.losses.size()))
+        return "names no loss";
+      if (f.shift < 0 || f.shift >= f.seqLen)
+        return "bad shift";
+      return expect(1, 0, {{T, m.vocab}}, {}, {1, 1}, T);
+    }
+    return "unknown kernel";
+  }
+
+  std::string instr(const Instr &i, int64_t rank) {
+    const int64_t stages = a_.pp * a_.vpp;
+    if (i.kind == OpKind::Optimizer)
+      return "";
+    if (i.stage < 0 || i.stage >= stages || i.mb < 0 || i.mb >= a_.microbatches)
+      return "stage or microbatch out of range";
+    if (!i.isComm())
+      return a_.rankOf(i.stage) == rank ? "" : "runs a stage of another rank";
+    if (i.peer < 0 || i.peer >= a_.pp || i.peer == rank)
+      return "bad peer";
+    bool act = i.payload == Payload::Activation;
+    if (i.srcStage < 0 || i.srcStage >= stages || i.dstStage != i.srcStage + (act ? 1 : -1))
+      return "bad edge";
+    const StageProgram &from = a_.stages[act ? i.srcStage : i.dstStage];
+    int boundary = from.output;
+    if (boundary < 0)
+      return "the edge leaves no stage output";
+    if (i.tokens != from.values[boundary].rows || i.width != from.values[boundary].cols)
+      return "shape differs from the stage boundary";
+    return "";
+  }
+
+  const Artifact &a_;
+};
+
+} // namespace
+
+std::string validateArtifact(const Artifact &artifact) { return Checker(artifact).run(); }
+
+} // namespace mhcc::runtime

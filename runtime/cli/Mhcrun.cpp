@@ -1,0 +1,164 @@
+//===- Mhcrun.cpp - the mhcrun command line ---------------------------------===//
+//
+// mhcrun ARTIFACT [--backend auto|cpu|cuda] [--steps N] [--data PATH] ...
+//
+// Prints one Megatron-style line per iteration (lm loss, mtp loss, grad norm,
+// num zeros, tokens/s, time), a progress bar when stderr is a terminal, and
+// JSON lines with --metrics. Every failure is one line and a non-zero exit.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cli/Mhcrun.h"
+
+#include "runtime/gpu/Gpus.h"
+#include "runtime/train/Trainer.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <unistd.h>
+
+namespace mhcc::runtime {
+namespace {
+
+int fail(const std::string &message) {
+  std::cerr << "mhcrun: " << message << "\n";
+  return 1;
+}
+
+std::string timestamp() {
+  std::time_t now = std::time(nullptr);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  return buffer;
+}
+
+std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerStep) {
+  char line[1024];
+  double peakMiB = 0;
+  for (int64_t bytes : r.peakBytes)
+    peakMiB = std::max(peakMiB, bytes / 1048576.0);
+  std::snprintf(line, sizeof line,
+                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration "
+                "(ms): %.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E |%s "
+                "grad norm: %.3f | num zeros: %lld | tokens per second: %.1f | peak memory per rank "
+                "(MiB): %.1f |",
+                timestamp().c_str(), (long long)r.step, (long long)steps,
+                (long long)(r.step * samplesPerStep), r.seconds * 1e3, r.learningRate,
+                (long long)samplesPerStep, r.lmLoss,
+                r.mtpLoss ? (" mtp loss: " + [&] {
+                  char b[32];
+                  std::snprintf(b, sizeof b, "%.6E", *r.mtpLoss);
+                  return std::string(b);
+                }() + " |").c_str()
+                          : "",
+                r.gradNorm, (long long)r.numZeros, r.tokens / r.seconds, peakMiB);
+  return line;
+}
+
+void progress(int64_t done, int64_t total, double lmLoss) {
+  const int width = 30;
+  int filled = static_cast<int>(width * done / std::max<int64_t>(1, total));
+  std::fprintf(stderr, "\r[%s%s] %lld/%lld  lm loss %.4f ", std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), (long long)done, (long long)total, lmLoss);
+  std::fflush(stderr);
+}
+
+} // namespace
+
+int runMhcrun(int argc, char **argv) {
+  CLI::App app{"mhcrun: trains a compiled mhcc artifact (CPU reference backend; CUDA to come)"};
+  std::string artifactPath, backend = "auto", dataPath, metricsPath, optimizer = "adamw";
+  int64_t steps = 20;
+  TrainOptions options;
+  bool noProgress = false;
+  app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
+  app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
+  app.add_option("--data", dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
+  app.add_option("--data-seed", options.dataSeed, "Seed of the microbatch sampler");
+  app.add_option("--lr", options.lr, "Learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", options.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--clip-grad", options.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", options.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", options.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", metricsPath, "Write one JSON line per iteration here");
+  app.add_option("--recv-timeout", options.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
+  app.add_flag("--no-progress", noProgress, "No progress bar, even on a terminal");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(artifactPath, error);
+  if (!artifact)
+    return fail(error);
+  GpuInventory gpus = queryGpus();
+  if (backend == "cuda")
+    return fail("the CUDA backend is not in this build yet; run with --backend cpu (" +
+                std::to_string(gpus.gpus.size()) + " GPU(s) visible)");
+  if (backend == "auto" && !gpus.gpus.empty())
+    std::cerr << "mhcrun: " << gpus.gpus.size()
+              << " GPU(s) visible, but the CUDA backend is not in this build yet: using the CPU backend\n";
+  std::optional<TokenDataset> data = TokenDataset::open(dataPath, error);
+  if (!data)
+    return fail(error);
+  std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen);
+  if (!problem.empty())
+    return fail(problem);
+
+  std::ofstream metrics;
+  if (!metricsPath.empty()) {
+    metrics.open(metricsPath, std::ios::trunc);
+    if (!metrics)
+      return fail("cannot write the metrics file " + metricsPath);
+  }
+  const Artifact &a = *artifact;
+  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend cpu, pp = " << a.pp
+            << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule " << a.scheduleKind
+            << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
+            << data->source() << " (" << data->size() << " tokens)\n";
+  const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
+  CpuTrainer trainer(std::move(*artifact), *data, options);
+  bool bar = !noProgress && isatty(STDERR_FILENO);
+  std::optional<double> first, last;
+  for (int64_t s = 0; s < steps; ++s) {
+    std::optional<StepResult> result = trainer.step(error);
+    if (!result)
+      return fail("iteration " + std::to_string(s + 1) + ": " + error);
+    if (!std::isfinite(result->lmLoss))
+      return fail("iteration " + std::to_string(s + 1) + ": the loss is " + std::to_string(result->lmLoss) +
+                  "; lower --lr or check the data");
+    if (bar)
+      std::fprintf(stderr, "\r%80s\r", "");
+    std::cout << formatLine(*result, steps, samplesPerStep) << std::endl;
+    if (bar)
+      progress(s + 1, steps, result->lmLoss);
+    if (metrics) {
+      nlohmann::json line = {{"iteration", result->step},        {"lm loss", result->lmLoss},
+                             {"grad norm", result->gradNorm},    {"num-zeros", result->numZeros},
+                             {"tokens per second", result->tokens / result->seconds},
+                             {"elapsed ms", result->seconds * 1e3}, {"learning rate", result->learningRate},
+                             {"peak bytes per rank", result->peakBytes}};
+      if (result->mtpLoss)
+        line["mtp loss"] = *result->mtpLoss;
+      metrics << line.dump() << "\n";
+      metrics.flush();
+    }
+    if (!first)
+      first = result->lmLoss;
+    last = result->lmLoss;
+  }
+  if (bar)
+    std::fprintf(stderr, "\n");
+  std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)steps, *first, *last);
+  return 0;
+}
+
+} // namespace mhcc::runtime

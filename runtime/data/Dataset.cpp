@@ -1,0 +1,188 @@
+//===- Dataset.cpp - token streams and deterministic sampling ---------------===//
+#include "runtime/data/Dataset.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace mhcc::runtime {
+namespace {
+
+constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+bool readFile(const std::string &path, std::string &bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return false;
+  std::ostringstream s;
+  s << in.rdbuf();
+  bytes = s.str();
+  return true;
+}
+
+size_t dtypeSize(int code) {
+  switch (code) {
+  case 1: case 2: return 1;      // uint8, int8
+  case 3: case 8: return 2;      // int16, uint16
+  case 4: case 7: return 4;      // int32, float32
+  case 5: case 6: return 8;      // int64, float64
+  default: return 0;
+  }
+}
+
+int64_t readToken(const char *p, int code) {
+  switch (code) {
+  case 1: return *reinterpret_cast<const uint8_t *>(p);
+  case 2: return *reinterpret_cast<const int8_t *>(p);
+  case 3: { int16_t v; std::memcpy(&v, p, 2); return v; }
+  case 8: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+  case 4: { int32_t v; std::memcpy(&v, p, 4); return v; }
+  case 5: { int64_t v; std::memcpy(&v, p, 8); return v; }
+  default: return -1; // float token types are not token ids
+  }
+}
+
+} // namespace
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::optional<TokenDataset> TokenDataset::fromText(const std::string &path, std::string &error) {
+  std::string bytes;
+  if (!readFile(path, bytes)) {
+    error = path + ": cannot open the data file";
+    return std::nullopt;
+  }
+  std::vector<int32_t> tokens(bytes.size());
+  for (size_t i = 0; i < bytes.size(); ++i)
+    tokens[i] = static_cast<unsigned char>(bytes[i]);
+  return TokenDataset(std::move(tokens), path);
+}
+
+std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix, std::string &error) {
+  std::string idx, bin;
+  if (!readFile(prefix + ".idx", idx) || !readFile(prefix + ".bin", bin)) {
+    error = prefix + ".idx/.bin: cannot open the indexed dataset";
+    return std::nullopt;
+  }
+  const size_t header = 9 + 8 + 1 + 8 + 8;
+  if (idx.size() < header || std::memcmp(idx.data(), kIndexMagic, 9) != 0) {
+    error = prefix + ".idx: not a Megatron indexed dataset (bad magic; expected MMIDIDX)";
+    return std::nullopt;
+  }
+  uint64_t version, count, docs;
+  std::memcpy(&version, idx.data() + 9, 8);
+  int code = static_cast<unsigned char>(idx[17]);
+  std::memcpy(&count, idx.data() + 18, 8);
+  std::memcpy(&docs, idx.data() + 26, 8);
+  size_t width = dtypeSize(code);
+  if (version != 1 || width == 0 || code == 6 || code == 7) {
+    error = prefix + ".idx: unsupported version " + std::to_string(version) + " or token dtype " +
+            std::to_string(code);
+    return std::nullopt;
+  }
+  if (count > idx.size() || idx.size() < header + count * 4 + count * 8 + docs * 8) {
+    error = prefix + ".idx: truncated (the header lists " + std::to_string(count) + " sequences)";
+    return std::nullopt;
+  }
+  std::vector<int32_t> tokens;
+  const char *sizes = idx.data() + header;
+  const char *pointers = sizes + count * 4;
+  for (uint64_t s = 0; s < count; ++s) {
+    int32_t length;
+    int64_t offset;
+    std::memcpy(&length, sizes + s * 4, 4);
+    std::memcpy(&offset, pointers + s * 8, 8);
+    if (length < 0 || offset < 0 || static_cast<uint64_t>(offset) + uint64_t(length) * width > bin.size()) {
+      error = prefix + ".bin: sequence " + std::to_string(s) + " lies outside the file";
+      return std::nullopt;
+    }
+    for (int32_t k = 0; k < length; ++k) {
+      int64_t token = readToken(bin.data() + offset + k * width, code);
+      if (token < 0 || token > INT32_MAX) {
+        error = prefix + ".bin: sequence " + std::to_string(s) + " holds the invalid token " +
+                std::to_string(token);
+        return std::nullopt;
+      }
+      tokens.push_back(static_cast<int32_t>(token));
+    }
+  }
+  return TokenDataset(std::move(tokens), prefix);
+}
+
+std::optional<TokenDataset> TokenDataset::open(const std::string &path, std::string &error) {
+  std::ifstream idx(path + ".idx");
+  if (idx.good())
+    return fromIndexed(path, error);
+  return fromText(path, error);
+}
+
+std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
+  if (static_cast<int64_t>(tokens_.size()) < seqLen + 2)
+    return source_ + ": " + std::to_string(tokens_.size()) + " tokens, fewer than one window of " +
+           std::to_string(seqLen + 1) + "; use more data or a shorter seq_len";
+  for (size_t i = 0; i < tokens_.size(); ++i)
+    if (tokens_[i] >= vocab)
+      return source_ + ": token " + std::to_string(tokens_[i]) + " at position " + std::to_string(i) +
+             " does not fit the model's vocabulary of " + std::to_string(vocab);
+  return "";
+}
+
+void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen,
+                          int64_t microBatch, int32_t *tokens, int32_t *labels) const {
+  const uint64_t windows = tokens_.size() - seqLen - 1;
+  for (int64_t b = 0; b < microBatch; ++b) {
+    uint64_t key = mix64(seed ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
+    uint64_t offset = key % (windows + 1);
+    for (int64_t t = 0; t < seqLen; ++t) {
+      tokens[b * seqLen + t] = tokens_[offset + t];
+      labels[b * seqLen + t] = tokens_[offset + t + 1];
+    }
+  }
+}
+
+bool writeIndexedDataset(const std::string &prefix, const std::vector<std::vector<int32_t>> &documents,
+                         int dtypeCode, std::string &error) {
+  size_t width = dtypeSize(dtypeCode);
+  if (width == 0 || dtypeCode == 6 || dtypeCode == 7) {
+    error = "unsupported dtype code " + std::to_string(dtypeCode);
+    return false;
+  }
+  std::string bin, idx(kIndexMagic, 9);
+  auto put = [&](std::string &out, const void *p, size_t n) { out.append(static_cast<const char *>(p), n); };
+  uint64_t version = 1, count = documents.size(), docs = documents.size() + 1;
+  put(idx, &version, 8);
+  idx.push_back(static_cast<char>(dtypeCode));
+  put(idx, &count, 8);
+  put(idx, &docs, 8);
+  std::vector<int64_t> pointers;
+  for (const auto &doc : documents) {
+    int32_t length = static_cast<int32_t>(doc.size());
+    put(idx, &length, 4);
+  }
+  for (const auto &doc : documents) {
+    pointers.push_back(static_cast<int64_t>(bin.size()));
+    for (int32_t token : doc) {
+      int64_t wide = token;
+      put(bin, &wide, width); // little-endian: the low bytes
+    }
+  }
+  for (int64_t p : pointers)
+    put(idx, &p, 8);
+  for (uint64_t d = 0; d < docs; ++d) {
+    int64_t index = static_cast<int64_t>(d);
+    put(idx, &index, 8);
+  }
+  std::ofstream b(prefix + ".bin", std::ios::binary), i(prefix + ".idx", std::ios::binary);
+  if (!b.write(bin.data(), bin.size()) || !i.write(idx.data(), idx.size())) {
+    error = "cannot write " + prefix + ".bin/.idx";
+    return false;
+  }
+  return true;
+}
+
+} // namespace mhcc::runtime

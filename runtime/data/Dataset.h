@@ -1,0 +1,61 @@
+//===- Dataset.h - token streams and deterministic sampling ---------*- C++ -*-===//
+//
+// Training data as one stream of token ids: byte-level text (every byte a
+// token, vocabulary 256) or a Megatron indexed dataset (.bin/.idx, the
+// MMIDIDX format Megatron-LM's preprocess_data.py writes), documents
+// concatenated. Microbatches are windows at offsets drawn from a counter-
+// based hash of (seed, step, microbatch, sequence): the same seed gives the
+// same data on every rank and every pipeline layout.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_DATA_DATASET_H
+#define MHCC_RUNTIME_DATA_DATASET_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+class TokenDataset {
+public:
+  explicit TokenDataset(std::vector<int32_t> tokens, std::string source = "memory")
+      : tokens_(std::move(tokens)), source_(std::move(source)) {}
+
+  /// A text file, one token per byte.
+  static std::optional<TokenDataset> fromText(const std::string &path, std::string &error);
+  /// A Megatron indexed dataset: `prefix.bin` and `prefix.idx`.
+  static std::optional<TokenDataset> fromIndexed(const std::string &prefix, std::string &error);
+  /// `.txt` (or any other file) as bytes; a path whose `.idx` exists as an
+  /// indexed dataset prefix.
+  static std::optional<TokenDataset> open(const std::string &path, std::string &error);
+
+  /// Checks the data fits a model: every id below `vocab`, enough tokens for
+  /// one window of `seqLen + 1`.
+  std::string check(int64_t vocab, int64_t seqLen) const;
+
+  /// Fills `microBatch` sequences of `seqLen` tokens and their next-token
+  /// labels for (step, microbatch).
+  void sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen, int64_t microBatch,
+              int32_t *tokens, int32_t *labels) const;
+
+  size_t size() const { return tokens_.size(); }
+  const std::string &source() const { return source_; }
+
+private:
+  std::vector<int32_t> tokens_;
+  std::string source_;
+};
+
+/// Writes a Megatron indexed dataset (dtype: 1 uint8, 4 int32, 8 uint16) of
+/// the given documents; for tests and for converting text.
+bool writeIndexedDataset(const std::string &prefix, const std::vector<std::vector<int32_t>> &documents,
+                         int dtypeCode, std::string &error);
+
+/// splitmix64: the counter-based hash behind sampling and initialization.
+uint64_t mix64(uint64_t x);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_DATA_DATASET_H

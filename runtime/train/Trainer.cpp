@@ -1,0 +1,555 @@
+//===- Trainer.cpp - training steps on the CPU reference backend ------------===//
+#include "runtime/train/Trainer.h"
+
+#include "runtime/cpu/Kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <xxhash.h>
+
+namespace mhcc::runtime {
+
+namespace k = kernels;
+
+std::vector<float> initialParameter(const ParamInfo &info, int64_t seed) {
+  std::vector<float> values(info.count());
+  const uint64_t stream = mix64(uint64_t(seed) ^ XXH3_64bits(info.name.data(), info.name.size()));
+  auto uniform = [&](uint64_t counter) { // in (0, 1]
+    return (double(mix64(stream + counter) >> 11) + 1.0) * 0x1.0p-53;
+  };
+  for (size_t i = 0; i < values.size(); ++i) {
+    double v = 0;
+    if (info.init == "normal") {
+      double u1 = uniform(2 * i), u2 = uniform(2 * i + 1);
+      v = info.scale * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    } else if (info.init == "xavier_uniform") {
+      v = info.scale * (2.0 * uniform(i) - 1.0);
+    } else if (info.init == "ones") {
+      v = 1.0;
+    } else if (info.init == "constant") {
+      v = info.scale;
+    }
+    values[i] = static_cast<float>(v);
+  }
+  return values;
+}
+
+namespace {
+
+using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
+
+struct Message {
+  Payload payload;
+  int64_t src, dst, mb;
+  std::vector<float> data;
+};
+
+/// A directed pair's FIFO, as NCCL matches one pair's messages in order.
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<Message> queue;
+};
+
+struct StageState {
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> aux;
+};
+
+} // namespace
+
+struct CpuTrainer::Impl {
+  const Artifact &a;
+  const TrainOptions &options;
+  std::vector<std::vector<float>> &weights;
+  std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]
+  std::vector<std::vector<int32_t>> tokens, labels;       // [mb]
+  std::vector<std::vector<double>> losses;                // [mb][loss]
+  std::map<std::pair<int64_t, int64_t>, Channel> channels;
+  std::atomic<bool> aborted{false};
+  std::mutex errorMutex, tapMutex;
+  std::string error;
+  std::map<std::string, std::vector<float>> taps;
+  std::vector<int64_t> peakBytes;
+
+  Impl(const Artifact &artifact, const TrainOptions &opts, std::vector<std::vector<float>> &w)
+      : a(artifact), options(opts), weights(w) {
+    for (int64_t from = 0; from < a.pp; ++from)
+      for (int64_t to = 0; to < a.pp; ++to)
+        if (from != to)
+          channels[{from, to}];
+  }
+
+  void fail(const std::string &message) {
+    {
+      std::lock_guard<std::mutex> lock(errorMutex);
+      if (error.empty())
+        error = message;
+    }
+    aborted = true;
+    for (auto &[key, channel] : channels)
+      channel.ready.notify_all();
+  }
+
+  // ---- one rank ---------------------------------------------------------------
+  struct Rank {
+    Impl &impl;
+    int64_t rank;
+    std::map<Key, StageState> states;
+    std::map<Key, std::vector<float>> actIn, gradIn;
+    int64_t live = 0, peak = 0;
+
+    const StageProgram &program(int64_t s) const { return impl.a.stages[s]; }
+
+    void take(std::vector<float> &buffer, int64_t size) {
+      buffer.assign(size, 0.0f);
+      live += size * 4;
+      peak = std::max(peak, live);
+    }
+    void adopt(std::vector<float> &buffer, std::vector<float> data) {
+      buffer = std::move(data);
+      live += buffer.size() * 4;
+      peak = std::max(peak, live);
+    }
+    void release(std::vector<float> &buffer) {
+      live -= buffer.size() * 4;
+      std::vector<float>().swap(buffer);
+    }
+    void releaseState(Key key) {
+      auto it = states.find(key);
+      if (it == states.end())
+        return;
+      for (auto &v : it->second.values)
+        release(v);
+      for (auto &v : it->second.aux)
+        release(v);
+      states.erase(it);
+    }
+
+    void tap(const ValueInfo &info, const std::vector<float> &data, int64_t mb) {
+      if (!impl.options.recordTaps || info.tap.empty())
+        return;
+      std::lock_guard<std::mutex> lock(impl.tapMutex);
+      impl.taps[info.tap + "@mb" + std::to_string(mb)] = data;
+    }
+
+    float *param(int64_t s, const ForwardInstr &f, size_t k) {
+      return impl.weights[program(s).params[f.params[k]].param].data();
+    }
+    float *paramGrad(int64_t s, const ForwardInstr &f, size_t k) {
+      return impl.slotGrads[s][f.params[k]].data();
+    }
+
+    bool forward(int64_t s, int64_t mb) {
+      const StageProgram &p = program(s);
+      const ModelInfo &m = impl.a.model;
+      const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
+      Key key{s, mb};
+      if (states.count(key))
+        return failAt("FWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") runs twice");
+      StageState &st = states[key];
+      st.values.resize(p.values.size());
+      st.aux.resize(p.forward.size());
+      if (p.input >= 0) {
+        if (impl.a.rankOf(s - 1) == rank) {
+          // The previous chunk ran on this rank: take its output in place of a message.
+          auto prev = states.find({s - 1, mb});
+          if (prev == states.end() || prev->second.values[program(s - 1).output].empty())
+            return failAt("FWD(s" + std::to_string(s) + ") finds no output of stage " + std::to_string(s - 1));
+          std::vector<float> &out = prev->second.values[program(s - 1).output];
+          adopt(st.values[p.input], out);
+          release(out);
+        } else {
+          auto in = actIn.find(key);
+          if (in == actIn.end())
+            return failAt("FWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") before its activation arrived");
+          live -= in->second.size() * 4;
+          adopt(st.values[p.input], std::move(in->second));
+          actIn.erase(in);
+        }
+      }
+      const int32_t *tok = impl.tokens[mb].data(), *lab = impl.labels[mb].data();
+      for (size_t i = 0; i < p.forward.size(); ++i) {
+        const ForwardInstr &f = p.forward[i];
+        std::vector<float> &out = st.values[f.output];
+        take(out, p.values[f.output].rows * p.values[f.output].cols);
+        if (f.auxSize)
+          take(st.aux[i], f.auxSize);
+        auto in = [&](size_t k) { return st.values[f.inputs[k]].data(); };
+        float *aux = st.aux[i].data();
+        const int64_t n = f.streams;
+        switch (f.op) {
+        case Prim::Identity:
+          std::copy(st.values[f.inputs[0]].begin(), st.values[f.inputs[0]].end(), out.begin());
+          break;
+        case Prim::Embed:
+          k::embedForward(tok, param(s, f, 0), out.data(), T, C, f.shift, f.seqLen);
+          break;
+        case Prim::Expand:
+          k::expandForward(in(0), out.data(), T, C, n);
+          break;
+        case Prim::MhcCoeffs:
+          k::mhcCoeffsForward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.data(), aux, T, C,
+                              n, f.sinkhornIterations);
+          break;
+        case Prim::MhcPre:
+          k::mhcPreForward(in(0), in(1), out.data(), T, C, n);
+          break;
+        case Prim::RmsNorm:
+          k::rmsNormForward(in(0), param(s, f, 0), out.data(), aux, T, C, f.eps);
+          break;
+        case Prim::Attention:
+          k::attentionForward(in(0), param(s, f, 0), param(s, f, 1), out.data(), aux, T, C, f.heads, f.seqLen);
+          break;
+        case Prim::SwiGlu:
+          k::swigluForward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.data(), aux, T, C, f.ffn);
+          break;
+        case Prim::MhcPostRes:
+          k::mhcPostResForward(in(0), in(1), in(2), out.data(), T, C, n);
+          break;
+        case Prim::Residual:
+          k::residualForward(in(0), in(1), out.data(), T * C);
+          break;
+        case Prim::Contract:
+          k::contractForward(in(0), out.data(), T, C, n);
+          break;
+        case Prim::LmHead:
+          k::matmul(in(0), param(s, f, 0), out.data(), T, C, V);
+          break;
+        case Prim::ConcatProj:
+          k::concatProjForward(in(0), in(1), param(s, f, 0), out.data(), T, C, C);
+          break;
+        case Prim::CrossEntropy:
+          out[0] = k::crossEntropyForward(in(0), lab, aux, T, V, f.shift, f.seqLen);
+          impl.losses[mb][f.loss] = out[0];
+          break;
+        }
+        tap(p.values[f.output], out, mb);
+      }
+      return true;
+    }
+
+    bool backward(int64_t s, int64_t mb) {
+      const StageProgram &p = program(s);
+      const ModelInfo &m = impl.a.model;
+      const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
+      Key key{s, mb};
+      auto found = states.find(key);
+      if (found == states.end())
+        return failAt("BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") before its FWD");
+      StageState &st = found->second;
+      if (p.gradOutput >= 0) {
+        if (impl.a.rankOf(s + 1) == rank) {
+          auto next = states.find({s + 1, mb});
+          if (next == states.end() || next->second.values[program(s + 1).gradInput].empty())
+            return failAt("BWD(s" + std::to_string(s) + ") finds no input gradient of stage " + std::to_string(s + 1));
+          std::vector<float> &g = next->second.values[program(s + 1).gradInput];
+          adopt(st.values[p.gradOutput], g);
+          releaseState({s + 1, mb});
+        } else {
+          auto in = gradIn.find(key);
+          if (in == gradIn.end())
+            return failAt("BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") before its gradient arrived");
+          live -= in->second.size() * 4;
+          adopt(st.values[p.gradOutput], std::move(in->second));
+          gradIn.erase(in);
+        }
+        tap(p.values[p.gradOutput], st.values[p.gradOutput], mb);
+      }
+      const int32_t *tok = impl.tokens[mb].data(), *lab = impl.labels[mb].data();
+      auto grad = [&](int id) -> float * {
+        std::vector<float> &g = st.values[id];
+        if (g.empty())
+          take(g, p.values[id].rows * p.values[id].cols);
+        return g.data();
+      };
+      for (const BackwardInstr &b : p.backward) {
+        const ForwardInstr &f = p.forward[b.forward];
+        for (int in : f.inputs)
+          if (st.values[in].empty())
+            return failAt("BWD(s" + std::to_string(s) + ") reads a freed value");
+        auto in = [&](size_t k) { return st.values[f.inputs[k]].data(); };
+        auto din = [&](size_t k) { return grad(b.gradInputs[k]); };
+        const float *dOut = b.gradOutput >= 0 ? grad(b.gradOutput) : nullptr;
+        const float *aux = st.aux[b.forward].data();
+        const int64_t n = f.streams;
+        switch (f.op) {
+        case Prim::Identity: {
+          float *d = din(0);
+          for (int64_t e = 0; e < p.values[f.output].rows * p.values[f.output].cols; ++e)
+            d[e] += dOut[e];
+          break;
+        }
+        case Prim::Embed:
+          k::embedBackward(tok, dOut, paramGrad(s, f, 0), T, C, f.shift, f.seqLen);
+          break;
+        case Prim::Expand:
+          k::expandBackward(dOut, din(0), T, C, n);
+          break;
+        case Prim::MhcCoeffs:
+          k::mhcCoeffsBackward(in(0), param(s, f, 0), param(s, f, 2), aux, dOut, din(0), paramGrad(s, f, 0),
+                               paramGrad(s, f, 1), paramGrad(s, f, 2), T, C, n, f.sinkhornIterations);
+          break;
+        case Prim::MhcPre:
+          k::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T, C, n);
+          break;
+        case Prim::RmsNorm:
+          k::rmsNormBackward(in(0), param(s, f, 0), aux, dOut, din(0), paramGrad(s, f, 0), T, C);
+          break;
+        case Prim::Attention:
+          k::attentionBackward(in(0), param(s, f, 0), param(s, f, 1), aux, dOut, din(0), paramGrad(s, f, 0),
+                               paramGrad(s, f, 1), T, C, f.heads, f.seqLen);
+          break;
+        case Prim::SwiGlu:
+          k::swigluBackward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), aux, dOut, din(0),
+                            paramGrad(s, f, 0), paramGrad(s, f, 1), paramGrad(s, f, 2), T, C, f.ffn);
+          break;
+        case Prim::MhcPostRes:
+          k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T, C, n);
+          break;
+        case Prim::Residual:
+          k::residualBackward(dOut, din(0), din(1), T * C);
+          break;
+        case Prim::Contract:
+          k::contractBackward(dOut, din(0), T, C, n);
+          break;
+        case Prim::LmHead:
+          k::matmulTransAAcc(in(0), dOut, paramGrad(s, f, 0), T, C, V);
+          k::matmulTransBAcc(dOut, param(s, f, 0), din(0), T, V, C);
+          break;
+        case Prim::ConcatProj:
+          k::concatProjBackward(in(0), in(1), param(s, f, 0), dOut, din(0), din(1), paramGrad(s, f, 0), T, C, C);
+          break;
+        case Prim::CrossEntropy: {
+          // Loss normalized by token count: each microbatch's mean, averaged
+          // over the m microbatches, weighted per loss.
+          float scale = static_cast<float>(p.losses[f.loss].weight / double(impl.a.microbatches));
+          k::crossEntropyBackward(in(0), lab, aux, scale, din(0), T, V, f.shift, f.seqLen);
+          break;
+        }
+        }
+      }
+      // Keep only the input gradient (to send back or hand over); the rest dies.
+      for (size_t v = 0; v < st.values.size(); ++v) {
+        const ValueInfo &info = p.values[v];
+        if (static_cast<int>(v) != p.gradInput && !st.values[v].empty() &&
+            info.tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput)
+          tap(info, st.values[v], mb);
+        if (static_cast<int>(v) != p.gradInput)
+          release(st.values[v]);
+      }
+      for (auto &v : st.aux)
+        release(v);
+      if (p.gradInput < 0)
+        states.erase(key);
+      return true;
+    }
+
+    bool send(const Instr &i) {
+      Key key{i.payload == Payload::Activation ? i.srcStage : i.srcStage, i.mb};
+      auto it = states.find(key);
+      const StageProgram &p = program(i.srcStage);
+      int value = i.payload == Payload::Activation ? p.output : p.gradInput;
+      if (it == states.end() || it->second.values[value].empty())
+        return failAt(i.describe() + ": nothing to send (computed? freed?)");
+      Message message{i.payload, i.srcStage, i.dstStage, i.mb, it->second.values[value]};
+      if (i.payload == Payload::Gradient)
+        releaseState(key); // the input gradient was all that was left
+      Channel &channel = impl.channels[{rank, i.peer}];
+      {
+        std::lock_guard<std::mutex> lock(channel.mutex);
+        channel.queue.push_back(std::move(message));
+      }
+      channel.ready.notify_all();
+      return true;
+    }
+
+    bool receive(const Instr &i) {
+      Channel &channel = impl.channels[{i.peer, rank}];
+      std::unique_lock<std::mutex> lock(channel.mutex);
+      auto deadline = std::chrono::steady_clock::now() +
+                      std::chrono::duration<double>(impl.options.recvTimeoutSeconds);
+      while (channel.queue.empty()) {
+        if (impl.aborted)
+          return false;
+        if (channel.ready.wait_until(lock, deadline) == std::cv_status::timeout && channel.queue.empty())
+          return failAt(i.describe() + ": no message from rank " + std::to_string(i.peer) + " within " +
+                        std::to_string(int(impl.options.recvTimeoutSeconds)) + " s");
+      }
+      Message message = std::move(channel.queue.front());
+      channel.queue.pop_front();
+      lock.unlock();
+      if (message.payload != i.payload || message.src != i.srcStage || message.dst != i.dstStage ||
+          message.mb != i.mb || int64_t(message.data.size()) != i.tokens * i.width)
+        return failAt(i.describe() + ": received a different message (s" + std::to_string(message.src) +
+                      "->s" + std::to_string(message.dst) + " mb" + std::to_string(message.mb) + ")");
+      auto &slot = (i.payload == Payload::Activation ? actIn : gradIn)[{i.dstStage, i.mb}];
+      adopt(slot, std::move(message.data));
+      return true;
+    }
+
+    std::string where;
+    bool failAt(const std::string &message) {
+      impl.fail("rank " + std::to_string(rank) + " " + where + ": " + message);
+      return false;
+    }
+
+    void run() {
+      const auto &list = impl.a.ranks[rank];
+      for (size_t index = 0; index < list.size() && !impl.aborted; ++index) {
+        const Instr &i = list[index];
+        where = "instruction #" + std::to_string(index);
+        bool ok = true;
+        switch (i.kind) {
+        case OpKind::Forward: ok = forward(i.stage, i.mb); break;
+        case OpKind::Backward:
+        case OpKind::BackwardInput: ok = backward(i.stage, i.mb); break;
+        case OpKind::BackwardWeight: break; // the CPU backend computes W inside B
+        case OpKind::Send: ok = send(i); break;
+        case OpKind::Recv: ok = receive(i); break;
+        case OpKind::Free: {
+          auto it = states.find({i.stage, i.mb});
+          if (it != states.end())
+            release(it->second.values[program(i.stage).output]);
+          break;
+        }
+        case OpKind::Optimizer: break; // applied by the trainer once every rank is done
+        }
+        if (!ok)
+          return;
+      }
+      impl.peakBytes[rank] = peak;
+    }
+  };
+};
+
+CpuTrainer::CpuTrainer(Artifact artifact, const TokenDataset &data, TrainOptions options)
+    : artifact_(std::move(artifact)), data_(data), options_(std::move(options)) {
+  for (const ParamInfo &info : artifact_.params) {
+    weights_.push_back(initialParameter(info, artifact_.model.seed));
+    adamM_.emplace_back(info.count(), 0.0f);
+    adamV_.emplace_back(info.count(), 0.0f);
+  }
+}
+
+CpuTrainer::~CpuTrainer() = default;
+
+std::optional<StepResult> CpuTrainer::step(std::string &error) {
+  const Artifact &a = artifact_;
+  const ModelInfo &m = a.model;
+  auto start = std::chrono::steady_clock::now();
+  Impl impl(a, options_, weights_);
+  impl.slotGrads.resize(a.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (const ParamSlot &slot : a.stages[s].params)
+      impl.slotGrads[s].emplace_back(a.params[slot.param].count(), 0.0f);
+  impl.tokens.assign(a.microbatches, std::vector<int32_t>(m.tokens()));
+  impl.labels.assign(a.microbatches, std::vector<int32_t>(m.tokens()));
+  for (int64_t mb = 0; mb < a.microbatches; ++mb)
+    data_.sample(options_.dataSeed, stepsDone_, mb, m.seqLen, m.microBatch, impl.tokens[mb].data(),
+                 impl.labels[mb].data());
+  const StageProgram &last = a.stages.back();
+  impl.losses.assign(a.microbatches, std::vector<double>(last.losses.size(), 0.0));
+  impl.peakBytes.assign(a.pp, 0);
+
+  std::vector<Impl::Rank> ranks;
+  for (int64_t r = 0; r < a.pp; ++r)
+    ranks.push_back(Impl::Rank{impl, r, {}, {}, {}, 0, 0, ""});
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < a.pp; ++r)
+    threads.emplace_back([&ranks, r] { ranks[r].run(); });
+  for (std::thread &t : threads)
+    t.join();
+  if (!impl.error.empty()) {
+    error = impl.error;
+    return std::nullopt;
+  }
+
+  StepResult result;
+  result.step = ++stepsDone_;
+  // Losses: microbatch order, then the mean.
+  int lmCount = 0, mtpCount = 0;
+  double lm = 0, mtp = 0;
+  for (int64_t mb = 0; mb < a.microbatches; ++mb)
+    for (size_t l = 0; l < last.losses.size(); ++l) {
+      if (last.losses[l].name == "mtp loss") {
+        mtp += impl.losses[mb][l];
+        ++mtpCount;
+      } else {
+        lm += impl.losses[mb][l];
+        ++lmCount;
+      }
+    }
+  result.lmLoss = lmCount ? lm / lmCount : 0;
+  if (mtpCount)
+    result.mtpLoss = mtp / mtpCount;
+
+  // Reduce each parameter's gradient over its uses in model order (the same
+  // order for every layout), then clip by the global norm and update.
+  std::vector<std::vector<std::pair<int64_t, const std::vector<float> *>>> uses(a.params.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (size_t k = 0; k < a.stages[s].params.size(); ++k) {
+      const ParamSlot &slot = a.stages[s].params[k];
+      uses[slot.param].push_back({slot.useOrder, &impl.slotGrads[s][k]});
+    }
+  std::vector<std::vector<float>> grads(a.params.size());
+  double squares = 0;
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    std::sort(uses[p].begin(), uses[p].end(),
+              [](const auto &x, const auto &y) { return x.first < y.first; });
+    grads[p].assign(a.params[p].count(), 0.0f);
+    for (size_t u = 0; u < uses[p].size(); ++u)
+      for (size_t e = 0; e < grads[p].size(); ++e)
+        grads[p][e] = u == 0 ? (*uses[p][u].second)[e] : grads[p][e] + (*uses[p][u].second)[e];
+    for (float g : grads[p]) {
+      squares += double(g) * double(g);
+      result.numZeros += g == 0.0f;
+    }
+    if (options_.recordTaps)
+      result.paramGrads[a.params[p].name] = grads[p];
+  }
+  result.gradNorm = std::sqrt(squares);
+  float clip = 1.0f;
+  if (options_.clipGrad > 0 && result.gradNorm > options_.clipGrad)
+    clip = static_cast<float>(options_.clipGrad / (result.gradNorm + 1e-6));
+  double lr = options_.lr;
+  if (options_.warmupSteps > 0)
+    lr *= std::min(1.0, double(result.step) / double(options_.warmupSteps));
+  result.learningRate = lr;
+  const float lrF = static_cast<float>(lr);
+  if (options_.optimizer == "sgd") {
+    for (size_t p = 0; p < a.params.size(); ++p)
+      for (size_t e = 0; e < grads[p].size(); ++e)
+        weights_[p][e] -= lrF * (grads[p][e] * clip);
+  } else {
+    const float b1 = float(options_.beta1), b2 = float(options_.beta2), eps = float(options_.adamEps);
+    const float c1 = float(1.0 - std::pow(options_.beta1, double(result.step)));
+    const float c2 = float(1.0 - std::pow(options_.beta2, double(result.step)));
+    for (size_t p = 0; p < a.params.size(); ++p) {
+      const float decay = a.params[p].decay ? float(options_.weightDecay) : 0.0f;
+      for (size_t e = 0; e < grads[p].size(); ++e) {
+        float g = grads[p][e] * clip;
+        float &mm = adamM_[p][e], &vv = adamV_[p][e], &w = weights_[p][e];
+        mm = b1 * mm + (1.0f - b1) * g;
+        vv = b2 * vv + (1.0f - b2) * g * g;
+        float update = (mm / c1) / (std::sqrt(vv / c2) + eps);
+        w -= lrF * (update + decay * w);
+      }
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.tokens = a.microbatches * m.tokens();
+  result.peakBytes = impl.peakBytes;
+  if (options_.recordTaps)
+    result.taps = std::move(impl.taps);
+  return result;
+}
+
+} // namespace mhcc::runtime
