@@ -1,0 +1,140 @@
+// The data readers (byte text, Megatron indexed datasets), deterministic
+// sampling, and the artifact's encode / decode / validation.
+#include "runtime/artifact/Artifact.h"
+#include "runtime/data/Dataset.h"
+#include "runtime/train/Trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+namespace mhcc::runtime {
+namespace {
+
+std::string tempPath(const std::string &name) {
+  const char *dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+TEST(Dataset, IndexedDatasetRoundTripsEveryDtype) {
+  std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {250, 7}, {}, {9, 9, 9, 9}};
+  std::vector<int32_t> flat = {1, 2, 3, 250, 7, 9, 9, 9, 9};
+  for (int code : {1, 4, 8}) {
+    std::string prefix = tempPath("docs" + std::to_string(code)), error;
+    ASSERT_TRUE(writeIndexedDataset(prefix, docs, code, error)) << error;
+    std::optional<TokenDataset> data = TokenDataset::open(prefix, error);
+    ASSERT_TRUE(data) << error;
+    ASSERT_EQ(data->size(), flat.size());
+    std::vector<int32_t> tokens(1), labels(1);
+    // Every window of one token starts somewhere in the stream.
+    for (int64_t step = 0; step < 20; ++step) {
+      data->sample(1, step, 0, 1, 1, tokens.data(), labels.data());
+      auto it = std::search(flat.begin(), flat.end(), tokens.begin(), tokens.end());
+      ASSERT_NE(it, flat.end());
+    }
+  }
+}
+
+TEST(Dataset, RejectsBadIndexFiles) {
+  std::string prefix = tempPath("bad"), error;
+  std::ofstream(prefix + ".idx") << "NOTMMIDIDX-------------------------------";
+  std::ofstream(prefix + ".bin") << "x";
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("not a Megatron indexed dataset"), std::string::npos) << error;
+  // A valid index whose pointers run past the .bin file.
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2, 3, 4}}, 4, error));
+  std::ofstream(prefix + ".bin", std::ios::trunc) << "ab";
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("lies outside the file"), std::string::npos) << error;
+}
+
+TEST(Dataset, SamplingIsDeterministicAndSeedDependent) {
+  std::vector<int32_t> stream(5000);
+  for (size_t i = 0; i < stream.size(); ++i)
+    stream[i] = static_cast<int32_t>((i * 7919) % 256);
+  TokenDataset data(stream);
+  std::vector<int32_t> a(64), b(64), c(64), la(64), lb(64), lc(64);
+  data.sample(5, 3, 1, 32, 2, a.data(), la.data());
+  data.sample(5, 3, 1, 32, 2, b.data(), lb.data());
+  data.sample(6, 3, 1, 32, 2, c.data(), lc.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(la, lb);
+  EXPECT_NE(a, c);
+  // Labels are the next tokens.
+  for (int t = 0; t + 1 < 32; ++t)
+    EXPECT_EQ(la[t], a[t + 1]);
+  EXPECT_EQ(data.check(256, 32), "");
+  EXPECT_NE(data.check(100, 32).find("does not fit the model's vocabulary of 100"), std::string::npos);
+}
+
+Artifact smallArtifact() {
+  Artifact a;
+  a.model = {"m", 16, 8, 2, 24, 4, 1, 1, 3, 0.01, 1e-6, "f32", 7};
+  a.params = {{"embed.weight", 16, 8, "normal", 0.02, true}};
+  StageProgram p;
+  p.values = {{4, 8, "embed"}, {4, 8, "grad:embed"}};
+  ForwardInstr embed;
+  embed.op = Prim::Embed;
+  embed.params = {0};
+  embed.output = 0;
+  embed.seqLen = 4;
+  p.forward = {embed};
+  p.params = {{0, 0}};
+  a.stages = {p};
+  a.ranks = {{Instr{}}};
+  a.ranks[0][0].kind = OpKind::Optimizer;
+  a.ir = "module {}";
+  return a;
+}
+
+TEST(Artifact, EncodeDecodeRoundTrip) {
+  Artifact a = smallArtifact();
+  std::string error;
+  std::optional<Artifact> b = decodeArtifact(encodeArtifact(a), error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(encodeArtifact(*b), encodeArtifact(a));
+  EXPECT_EQ(b->params[0].name, "embed.weight");
+  EXPECT_EQ(b->stages[0].forward[0].op, Prim::Embed);
+}
+
+TEST(Artifact, ValidationCatchesBadIndicesAndShapes) {
+  Artifact a = smallArtifact();
+  EXPECT_EQ(validateArtifact(a), "");
+  Artifact badValue = a;
+  badValue.stages[0].forward[0].output = 9;
+  EXPECT_NE(validateArtifact(badValue).find("the output names no value"), std::string::npos);
+  Artifact badShape = a;
+  badShape.params[0].cols = 9;
+  EXPECT_NE(validateArtifact(badShape).find("expected [16 x 8]"), std::string::npos)
+      << validateArtifact(badShape);
+  Artifact badRank = a;
+  badRank.ranks.push_back({});
+  EXPECT_NE(validateArtifact(badRank).find("2 rank lists for pp = 1"), std::string::npos);
+  std::string error;
+  EXPECT_FALSE(decodeArtifact(encodeArtifact(badValue), error));
+  EXPECT_NE(error.find("inconsistent artifact"), std::string::npos) << error;
+}
+
+TEST(Artifact, InitializationDependsOnNameAndSeedOnly) {
+  ParamInfo w{"layer0.attn.w_qkv", 8, 24, "normal", 0.02, true};
+  std::vector<float> a = initialParameter(w, 1), b = initialParameter(w, 1), c = initialParameter(w, 2);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  double mean = 0, var = 0;
+  for (float v : a)
+    mean += v / a.size();
+  for (float v : a)
+    var += (v - mean) * (v - mean) / a.size();
+  EXPECT_NEAR(std::sqrt(var), 0.02, 0.004);
+  ParamInfo xavier{"w_map", 32, 24, "xavier_uniform", 0.5, true};
+  for (float v : initialParameter(xavier, 3))
+    EXPECT_LE(std::abs(v), 0.5f);
+  ParamInfo alpha{"alpha", 1, 3, "constant", 0.01, false};
+  EXPECT_EQ(initialParameter(alpha, 3), std::vector<float>(3, 0.01f));
+}
+
+} // namespace
+} // namespace mhcc::runtime
