@@ -1,7 +1,7 @@
 //===- Trainer.cpp - training steps on the CPU reference backend ------------===//
 #include "runtime/train/Trainer.h"
 
-#include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/StageExecutor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,8 +15,6 @@
 #include <xxhash.h>
 
 namespace mhcc::runtime {
-
-namespace k = kernels;
 
 std::vector<float> initialParameter(const ParamInfo &info, int64_t seed) {
   std::vector<float> values(info.count());
@@ -58,10 +56,7 @@ struct Channel {
   std::deque<Message> queue;
 };
 
-struct StageState {
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> aux;
-};
+using StageState = StageBuffers<float>;
 
 } // namespace
 
@@ -140,17 +135,22 @@ struct CpuTrainer::Impl {
       impl.taps[info.tap + "@mb" + std::to_string(mb)] = data;
     }
 
-    float *param(int64_t s, const ForwardInstr &f, size_t k) {
-      return impl.weights[program(s).params[f.params[k]].param].data();
+    StageContext<float> contextFor(int64_t s, int64_t mb) {
+      StageContext<float> c{program(s), impl.a.model};
+      c.microbatches = impl.a.microbatches;
+      c.tokens = impl.tokens[mb].data();
+      c.labels = impl.labels[mb].data();
+      c.param = [this, s](int slot) { return impl.weights[program(s).params[slot].param].data(); };
+      c.paramGrad = [this, s](int slot) { return impl.slotGrads[s][slot].data(); };
+      c.allocate = [this](std::vector<float> &buffer, int64_t size) { take(buffer, size); };
+      return c;
     }
-    float *paramGrad(int64_t s, const ForwardInstr &f, size_t k) {
-      return impl.slotGrads[s][f.params[k]].data();
-    }
+
+    /// StageState and StageBuffers hold the same two lists.
+    static StageBuffers<float> &buffers(StageState &st) { return st; }
 
     bool forward(int64_t s, int64_t mb) {
       const StageProgram &p = program(s);
-      const ModelInfo &m = impl.a.model;
-      const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
       Key key{s, mb};
       if (states.count(key))
         return failAt("FWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") runs twice");
@@ -175,71 +175,16 @@ struct CpuTrainer::Impl {
           actIn.erase(in);
         }
       }
-      const int32_t *tok = impl.tokens[mb].data(), *lab = impl.labels[mb].data();
-      for (size_t i = 0; i < p.forward.size(); ++i) {
-        const ForwardInstr &f = p.forward[i];
-        std::vector<float> &out = st.values[f.output];
-        take(out, p.values[f.output].rows * p.values[f.output].cols);
-        if (f.auxSize)
-          take(st.aux[i], f.auxSize);
-        auto in = [&](size_t k) { return st.values[f.inputs[k]].data(); };
-        float *aux = st.aux[i].data();
-        const int64_t n = f.streams;
-        switch (f.op) {
-        case Prim::Identity:
-          std::copy(st.values[f.inputs[0]].begin(), st.values[f.inputs[0]].end(), out.begin());
-          break;
-        case Prim::Embed:
-          k::embedForward(tok, param(s, f, 0), out.data(), T, C, f.shift, f.seqLen);
-          break;
-        case Prim::Expand:
-          k::expandForward(in(0), out.data(), T, C, n);
-          break;
-        case Prim::MhcCoeffs:
-          k::mhcCoeffsForward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.data(), aux, T, C,
-                              n, f.sinkhornIterations);
-          break;
-        case Prim::MhcPre:
-          k::mhcPreForward(in(0), in(1), out.data(), T, C, n);
-          break;
-        case Prim::RmsNorm:
-          k::rmsNormForward(in(0), param(s, f, 0), out.data(), aux, T, C, f.eps);
-          break;
-        case Prim::Attention:
-          k::attentionForward(in(0), param(s, f, 0), param(s, f, 1), out.data(), aux, T, C, f.heads, f.seqLen);
-          break;
-        case Prim::SwiGlu:
-          k::swigluForward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.data(), aux, T, C, f.ffn);
-          break;
-        case Prim::MhcPostRes:
-          k::mhcPostResForward(in(0), in(1), in(2), out.data(), T, C, n);
-          break;
-        case Prim::Residual:
-          k::residualForward(in(0), in(1), out.data(), T * C);
-          break;
-        case Prim::Contract:
-          k::contractForward(in(0), out.data(), T, C, n);
-          break;
-        case Prim::LmHead:
-          k::matmul(in(0), param(s, f, 0), out.data(), T, C, V);
-          break;
-        case Prim::ConcatProj:
-          k::concatProjForward(in(0), in(1), param(s, f, 0), out.data(), T, C, C);
-          break;
-        case Prim::CrossEntropy:
-          out[0] = k::crossEntropyForward(in(0), lab, aux, T, V, f.shift, f.seqLen);
-          impl.losses[mb][f.loss] = out[0];
-          break;
-        }
-        tap(p.values[f.output], out, mb);
-      }
+      StageContext<float> context = contextFor(s, mb);
+      std::vector<double> losses;
+      runForward(context, buffers(st), losses, [&](int value) { tap(p.values[value], st.values[value], mb); });
+      for (size_t l = 0; l < losses.size(); ++l)
+        impl.losses[mb][l] = losses[l];
       return true;
     }
 
     bool backward(int64_t s, int64_t mb) {
       const StageProgram &p = program(s);
-      const ModelInfo &m = impl.a.model;
-      const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
       Key key{s, mb};
       auto found = states.find(key);
       if (found == states.end())
@@ -263,79 +208,10 @@ struct CpuTrainer::Impl {
         }
         tap(p.values[p.gradOutput], st.values[p.gradOutput], mb);
       }
-      const int32_t *tok = impl.tokens[mb].data(), *lab = impl.labels[mb].data();
-      auto grad = [&](int id) -> float * {
-        std::vector<float> &g = st.values[id];
-        if (g.empty())
-          take(g, p.values[id].rows * p.values[id].cols);
-        return g.data();
-      };
-      for (const BackwardInstr &b : p.backward) {
-        const ForwardInstr &f = p.forward[b.forward];
-        for (int in : f.inputs)
-          if (st.values[in].empty())
-            return failAt("BWD(s" + std::to_string(s) + ") reads a freed value");
-        auto in = [&](size_t k) { return st.values[f.inputs[k]].data(); };
-        auto din = [&](size_t k) { return grad(b.gradInputs[k]); };
-        const float *dOut = b.gradOutput >= 0 ? grad(b.gradOutput) : nullptr;
-        const float *aux = st.aux[b.forward].data();
-        const int64_t n = f.streams;
-        switch (f.op) {
-        case Prim::Identity: {
-          float *d = din(0);
-          for (int64_t e = 0; e < p.values[f.output].rows * p.values[f.output].cols; ++e)
-            d[e] += dOut[e];
-          break;
-        }
-        case Prim::Embed:
-          k::embedBackward(tok, dOut, paramGrad(s, f, 0), T, C, f.shift, f.seqLen);
-          break;
-        case Prim::Expand:
-          k::expandBackward(dOut, din(0), T, C, n);
-          break;
-        case Prim::MhcCoeffs:
-          k::mhcCoeffsBackward(in(0), param(s, f, 0), param(s, f, 2), aux, dOut, din(0), paramGrad(s, f, 0),
-                               paramGrad(s, f, 1), paramGrad(s, f, 2), T, C, n, f.sinkhornIterations);
-          break;
-        case Prim::MhcPre:
-          k::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T, C, n);
-          break;
-        case Prim::RmsNorm:
-          k::rmsNormBackward(in(0), param(s, f, 0), aux, dOut, din(0), paramGrad(s, f, 0), T, C);
-          break;
-        case Prim::Attention:
-          k::attentionBackward(in(0), param(s, f, 0), param(s, f, 1), aux, dOut, din(0), paramGrad(s, f, 0),
-                               paramGrad(s, f, 1), T, C, f.heads, f.seqLen);
-          break;
-        case Prim::SwiGlu:
-          k::swigluBackward(in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), aux, dOut, din(0),
-                            paramGrad(s, f, 0), paramGrad(s, f, 1), paramGrad(s, f, 2), T, C, f.ffn);
-          break;
-        case Prim::MhcPostRes:
-          k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T, C, n);
-          break;
-        case Prim::Residual:
-          k::residualBackward(dOut, din(0), din(1), T * C);
-          break;
-        case Prim::Contract:
-          k::contractBackward(dOut, din(0), T, C, n);
-          break;
-        case Prim::LmHead:
-          k::matmulTransAAcc(in(0), dOut, paramGrad(s, f, 0), T, C, V);
-          k::matmulTransBAcc(dOut, param(s, f, 0), din(0), T, V, C);
-          break;
-        case Prim::ConcatProj:
-          k::concatProjBackward(in(0), in(1), param(s, f, 0), dOut, din(0), din(1), paramGrad(s, f, 0), T, C, C);
-          break;
-        case Prim::CrossEntropy: {
-          // Loss normalized by token count: each microbatch's mean, averaged
-          // over the m microbatches, weighted per loss.
-          float scale = static_cast<float>(p.losses[f.loss].weight / double(impl.a.microbatches));
-          k::crossEntropyBackward(in(0), lab, aux, scale, din(0), T, V, f.shift, f.seqLen);
-          break;
-        }
-        }
-      }
+      StageContext<float> context = contextFor(s, mb);
+      std::string problem = runBackward(context, buffers(st));
+      if (!problem.empty())
+        return failAt("BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + "): " + problem);
       // Keep only the input gradient (to send back or hand over); the rest dies.
       for (size_t v = 0; v < st.values.size(); ++v) {
         const ValueInfo &info = p.values[v];
