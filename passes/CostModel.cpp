@@ -1,6 +1,8 @@
 //===- CostModel.cpp - parameters, FLOPs and bytes per model unit -----------===//
 #include "passes/CostModel.h"
 
+#include <cstdio>
+
 namespace mhcc {
 
 const char *unitKindName(UnitKind kind) {
@@ -140,6 +142,18 @@ ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &d) {
   }
   totals.layers = sublayers / 2;
   return totals;
+}
+
+std::string humanBytes(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.1f %s", bytes, units[unit]);
+  return buffer;
 }
 
 } // namespace mhcc

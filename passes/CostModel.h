@@ -77,6 +77,9 @@ struct ModelTotals {
 
 ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &dims);
 
+/// "8.0 MiB": bytes in binary units with one decimal.
+std::string humanBytes(double bytes);
+
 } // namespace mhcc
 
 #endif // MHCC_PASSES_COSTMODEL_H

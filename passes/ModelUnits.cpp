@@ -74,15 +74,6 @@ std::string withSeparators(int64_t value) {
   return out;
 }
 
-std::string humanBytes(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 4) {
-    bytes /= 1024;
-    ++unit;
-  }
-  return llvm::formatv("{0:F1} {1}", bytes, units[unit]).str();
-}
 } // namespace
 
 std::string formatModelSummary(const ModelUnits &model) {

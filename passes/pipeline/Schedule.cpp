@@ -1,6 +1,8 @@
 //===- Schedule.cpp - static per-rank pipeline schedules --------------------===//
 #include "passes/pipeline/Schedule.h"
 
+#include "passes/CostModel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -785,18 +787,6 @@ private:
   std::map<std::pair<int64_t, int64_t>, std::deque<Posted>> sends_, recvs_;
   SimulationResult *result_ = nullptr;
 };
-
-std::string humanBytes(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 4) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.1f %s", bytes, units[unit]);
-  return buffer;
-}
 
 } // namespace
 
