@@ -1,0 +1,110 @@
+//===- DeviceKernels.h - CUDA kernels for stage programs ------------*- C++ -*-===//
+//
+// The GPU versions of runtime/cpu/Kernels.h, same math and conventions
+// (row-major, backward adds into its outputs), in fp32. Deterministic: no
+// atomics; every reduction runs in a fixed order (weight gradients over
+// tokens ascending, as on the CPU), and matrix products go through cuBLAS
+// without TF32, whose results are bit-reproducible for fixed shapes on one
+// GPU architecture. All pointers are device pointers; every launch is on
+// `stream`.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
+#define MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
+
+#include <cstdint>
+#include <string>
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct cublasContext *cublasHandle_t;
+
+namespace mhcc::runtime::cuda {
+
+/// Returns "" or the CUDA / cuBLAS error of the last launches.
+std::string lastError(const char *what);
+
+// c[M,N] (+)= a[M,K] b[K,N]
+void matmul(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M, int64_t K,
+            int64_t N, bool accumulate);
+// c[K,N] += a[M,K]^T b[M,N]
+void matmulTransAAcc(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M,
+                     int64_t K, int64_t N);
+// c[M,K] += a[M,N] b[K,N]^T
+void matmulTransBAcc(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M,
+                     int64_t N, int64_t K);
+
+void fill(float *p, int64_t count, float value, cudaStream_t s);
+void addInto(float *dst, const float *src, int64_t count, cudaStream_t s);
+
+/// tokens are device ids; `positions` / `offsets` (device) list, per vocab
+/// row, the rows t reading it in ascending t (CSR), for the deterministic
+/// backward.
+void embedForward(const int32_t *tokens, const float *table, float *out, int64_t rows, int64_t C,
+                  int64_t shift, int64_t seq, cudaStream_t s);
+void embedBackward(const int32_t *offsets, const int32_t *positions, int64_t vocab,
+                   const float *dOut, float *dTable, int64_t C, cudaStream_t s);
+
+void expandForward(const float *h, float *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void expandBackward(const float *dx, float *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void contractForward(const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void contractBackward(const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+
+/// scratch: rows * K floats (the projection p = x W_map).
+void mhcCoeffsForward(cublasHandle_t h, const float *x, const float *wmap, const float *bias,
+                      const float *alpha, float *coef, float *aux, float *scratch, int64_t rows,
+                      int64_t C, int64_t n, int64_t iters, cudaStream_t s);
+/// scratch: 3 * rows * K + rows floats.
+void mhcCoeffsBackward(cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
+                       const float *aux, const float *dCoef, float *dx, float *dWmap, float *dBias,
+                       float *dAlpha, float *scratch, int64_t rows, int64_t C, int64_t n,
+                       int64_t iters, cudaStream_t s);
+void mhcPreForward(const float *x, const float *coef, float *u, int64_t rows, int64_t C, int64_t n,
+                   cudaStream_t s);
+void mhcPreBackward(const float *x, const float *coef, const float *du, float *dx, float *dCoef,
+                    int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void mhcPostResForward(const float *x, const float *coef, const float *y, float *out, int64_t rows,
+                       int64_t C, int64_t n, cudaStream_t s);
+void mhcPostResBackward(const float *x, const float *coef, const float *y, const float *dOut,
+                        float *dx, float *dCoef, float *dy, int64_t rows, int64_t C, int64_t n,
+                        cudaStream_t s);
+void residualForward(const float *x, const float *y, float *out, int64_t count, cudaStream_t s);
+void residualBackward(const float *dOut, float *dx, float *dy, int64_t count, cudaStream_t s);
+
+void rmsNormForward(const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
+                    double eps, cudaStream_t s);
+void rmsNormBackward(const float *u, const float *gain, const float *aux, const float *dy, float *du,
+                     float *dGain, int64_t rows, int64_t C, cudaStream_t s);
+
+/// aux layout as on the CPU: [rows, 3C] rotated q, k, v; [rows, C] o;
+/// [rows, heads] log-sum-exp. scratch (backward): 4 * rows * C + rows * heads.
+void attentionForward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
+                      float *aux, int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s);
+void attentionBackward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
+                       const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
+                       float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                       cudaStream_t s);
+
+/// scratch (backward): 3 * rows * F.
+void swigluForward(cublasHandle_t h, const float *x, const float *wg, const float *wu, const float *wd,
+                   float *y, float *aux, int64_t rows, int64_t C, int64_t F, cudaStream_t s);
+void swigluBackward(cublasHandle_t h, const float *x, const float *wg, const float *wu,
+                    const float *wd, const float *aux, const float *dy, float *dx, float *dWg,
+                    float *dWu, float *dWd, float *scratch, int64_t rows, int64_t C, int64_t F,
+                    cudaStream_t s);
+
+void concatProjForward(cublasHandle_t h, const float *a, const float *b, const float *w, float *z,
+                       int64_t rows, int64_t C, int64_t N);
+void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const float *w,
+                        const float *dz, float *da, float *db, float *dW, int64_t rows, int64_t C,
+                        int64_t N);
+
+/// loss: one device float (mean over unmasked rows).
+void crossEntropyForward(const float *logits, const int32_t *labels, float *aux, float *loss,
+                         int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s);
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *aux, float scale,
+                          float *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
+                          cudaStream_t s);
+
+} // namespace mhcc::runtime::cuda
+
+#endif // MHCC_RUNTIME_CUDA_DEVICEKERNELS_H

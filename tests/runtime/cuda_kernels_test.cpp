@@ -1,0 +1,255 @@
+// Every CUDA kernel against its CPU twin on random data (fp32; relative
+// error of the whole output under 1e-4, differences come from summation
+// order only), and every GPU result bit-identical when run twice. Skips
+// cleanly where no GPU is visible.
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/DeviceKernels.h"
+#include "runtime/gpu/Gpus.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+
+namespace mhcc::runtime {
+namespace {
+
+namespace k = kernels;
+
+class CudaKernels : public ::testing::Test {
+protected:
+  void SetUp() override {
+    GpuInventory gpus = queryGpus();
+    if (gpus.gpus.empty())
+      GTEST_SKIP() << gpus.unavailableReason;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH);
+  }
+  void TearDown() override {
+    for (void *p : allocations_)
+      cudaFree(p);
+    if (handle_)
+      cublasDestroy(handle_);
+  }
+
+  template <typename T> T *upload(const std::vector<T> &host) {
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, host.size()) * sizeof(T)), cudaSuccess);
+    allocations_.push_back(p);
+    cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return static_cast<T *>(p);
+  }
+  std::vector<float> download(const float *device, size_t count) {
+    std::vector<float> host(count);
+    cudaDeviceSynchronize();
+    cudaMemcpy(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost);
+    return host;
+  }
+  std::vector<float> random(size_t count, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> v(count);
+    for (float &x : v)
+      x = normal(rng_);
+    return v;
+  }
+
+  /// Runs `gpu` twice on fresh copies of `outputs` and compares with `cpu`.
+  void check(const std::string &what, std::vector<std::vector<float>> outputs,
+             const std::function<void(std::vector<std::vector<float>> &)> &cpu,
+             const std::function<void(std::vector<float *> &)> &gpu) {
+    std::vector<std::vector<float>> expected = outputs;
+    cpu(expected);
+    std::vector<std::vector<float>> runs[2];
+    for (auto &run : runs) {
+      std::vector<float *> device;
+      for (auto &o : outputs)
+        device.push_back(upload(o));
+      gpu(device);
+      ASSERT_EQ(cuda::lastError(what.c_str()), "");
+      for (size_t i = 0; i < outputs.size(); ++i)
+        run.push_back(download(device[i], outputs[i].size()));
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      double maxDiff = 0, maxRef = 0;
+      for (size_t e = 0; e < expected[i].size(); ++e) {
+        ASSERT_TRUE(std::isfinite(runs[0][i][e])) << what << " output " << i << "[" << e << "]";
+        maxDiff = std::max(maxDiff, double(std::abs(runs[0][i][e] - expected[i][e])));
+        maxRef = std::max(maxRef, double(std::abs(expected[i][e])));
+      }
+      EXPECT_LT(maxDiff / std::max(maxRef, 1e-30), 1e-4) << what << " output " << i;
+      EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * 4), 0)
+          << what << " output " << i << " differs between two runs";
+    }
+  }
+
+  cublasHandle_t handle_ = nullptr;
+  std::vector<void *> allocations_;
+  std::mt19937 rng_{42};
+};
+
+constexpr int64_t T = 96, S = 48, C = 64, N = 4, H = 4, F = 96, V = 53, K = N * N + 2 * N;
+
+TEST_F(CudaKernels, MatrixProducts) {
+  auto a = random(T * C), b = random(C * F), dy = random(T * F);
+  float *da = upload(a), *db = upload(b), *ddy = upload(dy);
+  check("matmul", {std::vector<float>(T * F, 0.5f)},
+        [&](auto &o) { k::matmul(a.data(), b.data(), o[0].data(), T, C, F); },
+        [&](auto &o) { cuda::matmul(handle_, da, db, o[0], T, C, F, false); });
+  check("matmulTransAAcc", {random(C * F)},
+        [&](auto &o) { k::matmulTransAAcc(a.data(), dy.data(), o[0].data(), T, C, F); },
+        [&](auto &o) { cuda::matmulTransAAcc(handle_, da, ddy, o[0], T, C, F); });
+  check("matmulTransBAcc", {random(T * C)},
+        [&](auto &o) { k::matmulTransBAcc(dy.data(), b.data(), o[0].data(), T, F, C); },
+        [&](auto &o) { cuda::matmulTransBAcc(handle_, ddy, db, o[0], T, F, C); });
+}
+
+TEST_F(CudaKernels, EmbeddingExpandContract) {
+  std::vector<int32_t> tokens(T);
+  for (auto &t : tokens)
+    t = rng_() % V;
+  auto table = random(V * C), dOut = random(T * C), x = random(T * N * C);
+  for (int64_t shift : {0, 2}) {
+    check("embed", {std::vector<float>(T * C)},
+          [&](auto &o) { k::embedForward(tokens.data(), table.data(), o[0].data(), T, C, shift, S); },
+          [&](auto &o) { cuda::embedForward(upload(tokens), upload(table), o[0], T, C, shift, S, nullptr); });
+    // CSR of the rows reading each vocabulary entry, ascending.
+    std::vector<int32_t> offsets(V + 1, 0), positions;
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t t = 0; t < T; ++t)
+        if (tokens[k::shiftedRow(t, shift, S)] == v)
+          positions.push_back(int32_t(t));
+      offsets[v + 1] = int32_t(positions.size());
+    }
+    check("embed backward", {random(V * C)},
+          [&](auto &o) { k::embedBackward(tokens.data(), dOut.data(), o[0].data(), T, C, shift, S); },
+          [&](auto &o) { cuda::embedBackward(upload(offsets), upload(positions), V, upload(dOut), o[0], C, nullptr); });
+  }
+  float *dx = upload(x), *dh = upload(dOut);
+  check("expand", {std::vector<float>(T * N * C)}, [&](auto &o) { k::expandForward(dOut.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::expandForward(dh, o[0], T, C, N, nullptr); });
+  check("expand backward", {random(T * C)}, [&](auto &o) { k::expandBackward(x.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::expandBackward(dx, o[0], T, C, N, nullptr); });
+  check("contract", {std::vector<float>(T * C)}, [&](auto &o) { k::contractForward(x.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::contractForward(dx, o[0], T, C, N, nullptr); });
+  check("contract backward", {random(T * N * C)}, [&](auto &o) { k::contractBackward(dOut.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::contractBackward(dh, o[0], T, C, N, nullptr); });
+}
+
+TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
+  auto x = random(T * N * C), wmap = random(N * C * K, 0.05f), bias = random(K, 0.3f);
+  std::vector<float> alpha = {0.8f, 1.1f, 0.9f};
+  const int64_t iters = 20;
+  std::vector<float> aux(T * (K + 1));
+  float *dxp = upload(x), *dw = upload(wmap), *dbias = upload(bias), *dalpha = upload(alpha);
+  float *scratch = upload(std::vector<float>(3 * T * K + T));
+  check("mhc coeffs", {std::vector<float>(T * K), std::vector<float>(T * (K + 1))},
+        [&](auto &o) {
+          k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
+        },
+        [&](auto &o) {
+          cuda::mhcCoeffsForward(handle_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, iters, nullptr);
+        });
+  std::vector<float> coef(T * K);
+  k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(), T, C, N, iters);
+  auto dCoef = random(T * K);
+  float *daux = upload(aux), *ddc = upload(dCoef), *dcoef = upload(coef);
+  check("mhc coeffs backward", {random(T * N * C), random(N * C * K), random(K), random(3)},
+        [&](auto &o) {
+          k::mhcCoeffsBackward(x.data(), wmap.data(), alpha.data(), aux.data(), dCoef.data(), o[0].data(), o[1].data(),
+                               o[2].data(), o[3].data(), T, C, N, iters);
+        },
+        [&](auto &o) {
+          cuda::mhcCoeffsBackward(handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], scratch, T, C, N, iters,
+                                  nullptr);
+        });
+  auto y = random(T * C), du = random(T * C), dOut = random(T * N * C);
+  float *dy = upload(y), *ddu = upload(du), *ddo = upload(dOut);
+  check("mhc pre", {std::vector<float>(T * C)}, [&](auto &o) { k::mhcPreForward(x.data(), coef.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::mhcPreForward(dxp, dcoef, o[0], T, C, N, nullptr); });
+  check("mhc pre backward", {random(T * N * C), random(T * K)},
+        [&](auto &o) { k::mhcPreBackward(x.data(), coef.data(), du.data(), o[0].data(), o[1].data(), T, C, N); },
+        [&](auto &o) { cuda::mhcPreBackward(dxp, dcoef, ddu, o[0], o[1], T, C, N, nullptr); });
+  check("mhc post/res", {std::vector<float>(T * N * C)},
+        [&](auto &o) { k::mhcPostResForward(x.data(), coef.data(), y.data(), o[0].data(), T, C, N); },
+        [&](auto &o) { cuda::mhcPostResForward(dxp, dcoef, dy, o[0], T, C, N, nullptr); });
+  check("mhc post/res backward", {random(T * N * C), random(T * K), random(T * C)},
+        [&](auto &o) {
+          k::mhcPostResBackward(x.data(), coef.data(), y.data(), dOut.data(), o[0].data(), o[1].data(), o[2].data(), T, C, N);
+        },
+        [&](auto &o) { cuda::mhcPostResBackward(dxp, dcoef, dy, ddo, o[0], o[1], o[2], T, C, N, nullptr); });
+}
+
+TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
+  auto u = random(T * C), gain = random(C), dy = random(T * C);
+  float *du_ = upload(u), *dg = upload(gain), *ddy = upload(dy);
+  std::vector<float> aux(T);
+  k::rmsNormForward(u.data(), gain.data(), std::vector<float>(T * C).data(), aux.data(), T, C, 1e-6);
+  check("rmsnorm", {std::vector<float>(T * C), std::vector<float>(T)},
+        [&](auto &o) { k::rmsNormForward(u.data(), gain.data(), o[0].data(), o[1].data(), T, C, 1e-6); },
+        [&](auto &o) { cuda::rmsNormForward(du_, dg, o[0], o[1], T, C, 1e-6, nullptr); });
+  float *daux = upload(aux);
+  check("rmsnorm backward", {random(T * C), random(C)},
+        [&](auto &o) { k::rmsNormBackward(u.data(), gain.data(), aux.data(), dy.data(), o[0].data(), o[1].data(), T, C); },
+        [&](auto &o) { cuda::rmsNormBackward(du_, dg, daux, ddy, o[0], o[1], T, C, nullptr); });
+
+  auto wqkv = random(C * 3 * C, 0.1f), wo = random(C * C, 0.1f);
+  float *dwqkv = upload(wqkv), *dwo = upload(wo);
+  const int64_t attnAux = T * 4 * C + T * H;
+  std::vector<float> attn(attnAux);
+  k::attentionForward(u.data(), wqkv.data(), wo.data(), std::vector<float>(T * C).data(), attn.data(), T, C, H, S);
+  check("attention", {std::vector<float>(T * C), std::vector<float>(attnAux)},
+        [&](auto &o) { k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), T, C, H, S); },
+        [&](auto &o) { cuda::attentionForward(handle_, du_, dwqkv, dwo, o[0], o[1], T, C, H, S, nullptr); });
+  float *dattn = upload(attn), *scratch = upload(std::vector<float>(4 * T * C + T * H + 3 * T * F));
+  check("attention backward", {random(T * C), random(C * 3 * C), random(C * C)},
+        [&](auto &o) {
+          k::attentionBackward(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(), o[1].data(),
+                               o[2].data(), T, C, H, S);
+        },
+        [&](auto &o) {
+          cuda::attentionBackward(handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], scratch, T, C, H, S, nullptr);
+        });
+
+  auto wg = random(C * F, 0.1f), wu = random(C * F, 0.1f), wd = random(F * C, 0.1f);
+  float *dwg = upload(wg), *dwu = upload(wu), *dwd = upload(wd);
+  std::vector<float> sw(3 * T * F);
+  k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), std::vector<float>(T * C).data(), sw.data(), T, C, F);
+  check("swiglu", {std::vector<float>(T * C), std::vector<float>(3 * T * F)},
+        [&](auto &o) { k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), o[0].data(), o[1].data(), T, C, F); },
+        [&](auto &o) { cuda::swigluForward(handle_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
+  float *dsw = upload(sw);
+  check("swiglu backward", {random(T * C), random(C * F), random(C * F), random(F * C)},
+        [&](auto &o) {
+          k::swigluBackward(u.data(), wg.data(), wu.data(), wd.data(), sw.data(), dy.data(), o[0].data(), o[1].data(),
+                            o[2].data(), o[3].data(), T, C, F);
+        },
+        [&](auto &o) {
+          cuda::swigluBackward(handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], scratch, T, C, F, nullptr);
+        });
+
+  auto logits = random(T * V, 2.0f);
+  std::vector<int32_t> labels(T);
+  for (auto &l : labels)
+    l = rng_() % V;
+  float *dl = upload(logits);
+  int32_t *dlab = upload(labels);
+  for (int64_t shift : {0, 1}) {
+    std::vector<float> lse(T);
+    float loss = k::crossEntropyForward(logits.data(), labels.data(), lse.data(), T, V, shift, S);
+    check("cross entropy", {std::vector<float>(T), std::vector<float>(1)},
+          [&](auto &o) { o[1][0] = k::crossEntropyForward(logits.data(), labels.data(), o[0].data(), T, V, shift, S); },
+          [&](auto &o) { cuda::crossEntropyForward(dl, dlab, o[0], o[1], T, V, shift, S, nullptr); });
+    (void)loss;
+    float *dlse = upload(lse);
+    check("cross entropy backward", {random(T * V)},
+          [&](auto &o) { k::crossEntropyBackward(logits.data(), labels.data(), lse.data(), 0.25f, o[0].data(), T, V, shift, S); },
+          [&](auto &o) { cuda::crossEntropyBackward(dl, dlab, dlse, 0.25f, o[0], T, V, shift, S, nullptr); });
+  }
+}
+
+} // namespace
+} // namespace mhcc::runtime
