@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
 # Bazel labels of the GPU tests; each binary lands in .gpu_bundle/ by name.
-GPU_TESTS=(//tests:gpu_test)
+GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test)
 
 case "${1:-}" in
 bundle)

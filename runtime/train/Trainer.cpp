@@ -2,6 +2,7 @@
 #include "runtime/train/Trainer.h"
 
 #include "runtime/cpu/StageExecutor.h"
+#include "runtime/train/Optimizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -350,76 +351,18 @@ std::optional<StepResult> CpuTrainer::step(std::string &error) {
 
   StepResult result;
   result.step = ++stepsDone_;
-  // Losses: microbatch order, then the mean.
-  int lmCount = 0, mtpCount = 0;
-  double lm = 0, mtp = 0;
-  for (int64_t mb = 0; mb < a.microbatches; ++mb)
-    for (size_t l = 0; l < last.losses.size(); ++l) {
-      if (last.losses[l].name == "mtp loss") {
-        mtp += impl.losses[mb][l];
-        ++mtpCount;
-      } else {
-        lm += impl.losses[mb][l];
-        ++lmCount;
-      }
-    }
-  result.lmLoss = lmCount ? lm / lmCount : 0;
-  if (mtpCount)
-    result.mtpLoss = mtp / mtpCount;
-
-  // Reduce each parameter's gradient over its uses in model order (the same
-  // order for every layout), then clip by the global norm and update.
-  std::vector<std::vector<std::pair<int64_t, const std::vector<float> *>>> uses(a.params.size());
+  summarizeLosses(last, impl.losses, result);
+  std::vector<std::vector<const float *>> slotGrads(a.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s)
-    for (size_t k = 0; k < a.stages[s].params.size(); ++k) {
-      const ParamSlot &slot = a.stages[s].params[k];
-      uses[slot.param].push_back({slot.useOrder, &impl.slotGrads[s][k]});
-    }
-  std::vector<std::vector<float>> grads(a.params.size());
-  double squares = 0;
-  for (size_t p = 0; p < a.params.size(); ++p) {
-    std::sort(uses[p].begin(), uses[p].end(),
-              [](const auto &x, const auto &y) { return x.first < y.first; });
-    grads[p].assign(a.params[p].count(), 0.0f);
-    for (size_t u = 0; u < uses[p].size(); ++u)
-      for (size_t e = 0; e < grads[p].size(); ++e)
-        grads[p][e] = u == 0 ? (*uses[p][u].second)[e] : grads[p][e] + (*uses[p][u].second)[e];
-    for (float g : grads[p]) {
-      squares += double(g) * double(g);
-      result.numZeros += g == 0.0f;
-    }
-    if (options_.recordTaps)
-      result.paramGrads[a.params[p].name] = grads[p];
-  }
-  result.gradNorm = std::sqrt(squares);
-  float clip = 1.0f;
-  if (options_.clipGrad > 0 && result.gradNorm > options_.clipGrad)
-    clip = static_cast<float>(options_.clipGrad / (result.gradNorm + 1e-6));
-  double lr = options_.lr;
-  if (options_.warmupSteps > 0)
-    lr *= std::min(1.0, double(result.step) / double(options_.warmupSteps));
-  result.learningRate = lr;
-  const float lrF = static_cast<float>(lr);
-  if (options_.optimizer == "sgd") {
+    for (const std::vector<float> &g : impl.slotGrads[s])
+      slotGrads[s].push_back(g.data());
+  ReducedGradients reduced = reduceGradients(a, slotGrads);
+  result.gradNorm = reduced.norm;
+  result.numZeros = reduced.numZeros;
+  if (options_.recordTaps)
     for (size_t p = 0; p < a.params.size(); ++p)
-      for (size_t e = 0; e < grads[p].size(); ++e)
-        weights_[p][e] -= lrF * (grads[p][e] * clip);
-  } else {
-    const float b1 = float(options_.beta1), b2 = float(options_.beta2), eps = float(options_.adamEps);
-    const float c1 = float(1.0 - std::pow(options_.beta1, double(result.step)));
-    const float c2 = float(1.0 - std::pow(options_.beta2, double(result.step)));
-    for (size_t p = 0; p < a.params.size(); ++p) {
-      const float decay = a.params[p].decay ? float(options_.weightDecay) : 0.0f;
-      for (size_t e = 0; e < grads[p].size(); ++e) {
-        float g = grads[p][e] * clip;
-        float &mm = adamM_[p][e], &vv = adamV_[p][e], &w = weights_[p][e];
-        mm = b1 * mm + (1.0f - b1) * g;
-        vv = b2 * vv + (1.0f - b2) * g * g;
-        float update = (mm / c1) / (std::sqrt(vv / c2) + eps);
-        w -= lrF * (update + decay * w);
-      }
-    }
-  }
+      result.paramGrads[a.params[p].name] = reduced.grads[p];
+  result.learningRate = applyOptimizer(a, options_, result.step, reduced, weights_, adamM_, adamV_);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.tokens = a.microbatches * m.tokens();
   result.peakBytes = impl.peakBytes;

@@ -1,0 +1,90 @@
+//===- Optimizer.cpp - gradient reduction and the optimizer step -------------===//
+#include "runtime/train/Optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mhcc::runtime {
+
+ReducedGradients reduceGradients(const Artifact &a,
+                                 const std::vector<std::vector<const float *>> &slotGrads) {
+  std::vector<std::vector<std::pair<int64_t, const float *>>> uses(a.params.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (size_t k = 0; k < a.stages[s].params.size(); ++k) {
+      const ParamSlot &slot = a.stages[s].params[k];
+      uses[slot.param].push_back({slot.useOrder, slotGrads[s][k]});
+    }
+  ReducedGradients reduced;
+  reduced.grads.resize(a.params.size());
+  double squares = 0;
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    std::sort(uses[p].begin(), uses[p].end(),
+              [](const auto &x, const auto &y) { return x.first < y.first; });
+    std::vector<float> &g = reduced.grads[p];
+    g.assign(a.params[p].count(), 0.0f);
+    for (size_t u = 0; u < uses[p].size(); ++u)
+      for (size_t e = 0; e < g.size(); ++e)
+        g[e] = u == 0 ? uses[p][u].second[e] : g[e] + uses[p][u].second[e];
+    for (float v : g) {
+      squares += double(v) * double(v);
+      reduced.numZeros += v == 0.0f;
+    }
+  }
+  reduced.norm = std::sqrt(squares);
+  return reduced;
+}
+
+double applyOptimizer(const Artifact &a, const TrainOptions &options, int64_t step,
+                      ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
+                      std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV) {
+  float clip = 1.0f;
+  if (options.clipGrad > 0 && reduced.norm > options.clipGrad)
+    clip = static_cast<float>(options.clipGrad / (reduced.norm + 1e-6));
+  double lr = options.lr;
+  if (options.warmupSteps > 0)
+    lr *= std::min(1.0, double(step) / double(options.warmupSteps));
+  const float lrF = static_cast<float>(lr);
+  auto &grads = reduced.grads;
+  if (options.optimizer == "sgd") {
+    for (size_t p = 0; p < a.params.size(); ++p)
+      for (size_t e = 0; e < grads[p].size(); ++e)
+        weights[p][e] -= lrF * (grads[p][e] * clip);
+    return lr;
+  }
+  const float b1 = float(options.beta1), b2 = float(options.beta2), eps = float(options.adamEps);
+  const float c1 = float(1.0 - std::pow(options.beta1, double(step)));
+  const float c2 = float(1.0 - std::pow(options.beta2, double(step)));
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    const float decay = a.params[p].decay ? float(options.weightDecay) : 0.0f;
+    for (size_t e = 0; e < grads[p].size(); ++e) {
+      float g = grads[p][e] * clip;
+      float &mm = adamM[p][e], &vv = adamV[p][e], &w = weights[p][e];
+      mm = b1 * mm + (1.0f - b1) * g;
+      vv = b2 * vv + (1.0f - b2) * g * g;
+      float update = (mm / c1) / (std::sqrt(vv / c2) + eps);
+      w -= lrF * (update + decay * w);
+    }
+  }
+  return lr;
+}
+
+void summarizeLosses(const StageProgram &last, const std::vector<std::vector<double>> &losses,
+                     StepResult &result) {
+  int lmCount = 0, mtpCount = 0;
+  double lm = 0, mtp = 0;
+  for (const auto &perMicrobatch : losses)
+    for (size_t l = 0; l < last.losses.size(); ++l) {
+      if (last.losses[l].name == "mtp loss") {
+        mtp += perMicrobatch[l];
+        ++mtpCount;
+      } else {
+        lm += perMicrobatch[l];
+        ++lmCount;
+      }
+    }
+  result.lmLoss = lmCount ? lm / lmCount : 0;
+  if (mtpCount)
+    result.mtpLoss = mtp / mtpCount;
+}
+
+} // namespace mhcc::runtime

@@ -1,0 +1,42 @@
+//===- Optimizer.h - gradient reduction and the optimizer step -----*- C++ -*-===//
+//
+// Shared by every backend so that all of them update weights identically:
+// each parameter's gradient is the sum of its uses' gradients in model order
+// (layout-independent), the global norm is accumulated in double in table
+// order, clipping and AdamW / SGD run in fp32 on the host.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_TRAIN_OPTIMIZER_H
+#define MHCC_RUNTIME_TRAIN_OPTIMIZER_H
+
+#include "runtime/artifact/Artifact.h"
+#include "runtime/train/Trainer.h"
+
+#include <vector>
+
+namespace mhcc::runtime {
+
+struct ReducedGradients {
+  std::vector<std::vector<float>> grads; // by parameter
+  double norm = 0;
+  int64_t numZeros = 0;
+};
+
+/// slotGrads[stage][slot]: one host buffer per parameter use.
+ReducedGradients reduceGradients(const Artifact &artifact,
+                                 const std::vector<std::vector<const float *>> &slotGrads);
+
+/// Clips by the global norm and applies AdamW or SGD for step `step`
+/// (1-based). Returns the learning rate used.
+double applyOptimizer(const Artifact &artifact, const TrainOptions &options, int64_t step,
+                      ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
+                      std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV);
+
+/// The step's "lm loss" and "mtp loss": means over microbatches (and MTP
+/// modules) of the last stage's losses[mb][k], summed in microbatch order.
+void summarizeLosses(const StageProgram &last, const std::vector<std::vector<double>> &losses,
+                     StepResult &result);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_TRAIN_OPTIMIZER_H
