@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
+#include "runtime/cuda/GpuTrainer.h"
 #include "runtime/gpu/Gpus.h"
 #include "runtime/train/Trainer.h"
 
@@ -100,12 +101,12 @@ int runMhcrun(int argc, char **argv) {
   if (!artifact)
     return fail(error);
   GpuInventory gpus = queryGpus();
-  if (backend == "cuda")
-    return fail("the CUDA backend is not in this build yet; run with --backend cpu (" +
-                std::to_string(gpus.gpus.size()) + " GPU(s) visible)");
-  if (backend == "auto" && !gpus.gpus.empty())
-    std::cerr << "mhcrun: " << gpus.gpus.size()
-              << " GPU(s) visible, but the CUDA backend is not in this build yet: using the CPU backend\n";
+  if (backend == "auto") {
+    backend = static_cast<int64_t>(gpus.gpus.size()) >= artifact->pp ? "cuda" : "cpu";
+    if (backend == "cpu" && !gpus.gpus.empty())
+      std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << artifact->pp
+                << " pipeline ranks: using the CPU backend\n";
+  }
   std::optional<TokenDataset> data = TokenDataset::open(dataPath, error);
   if (!data)
     return fail(error);
@@ -120,16 +121,24 @@ int runMhcrun(int argc, char **argv) {
       return fail("cannot write the metrics file " + metricsPath);
   }
   const Artifact &a = *artifact;
-  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend cpu, pp = " << a.pp
+  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << ", pp = " << a.pp
             << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule " << a.scheduleKind
             << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
             << data->source() << " (" << data->size() << " tokens)\n";
   const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
-  CpuTrainer trainer(std::move(*artifact), *data, options);
+  std::unique_ptr<CpuTrainer> cpu;
+  std::unique_ptr<GpuTrainer> gpu;
+  if (backend == "cuda") {
+    gpu = GpuTrainer::create(std::move(*artifact), *data, options, error);
+    if (!gpu)
+      return fail(error);
+  } else {
+    cpu = std::make_unique<CpuTrainer>(std::move(*artifact), *data, options);
+  }
   bool bar = !noProgress && isatty(STDERR_FILENO);
   std::optional<double> first, last;
   for (int64_t s = 0; s < steps; ++s) {
-    std::optional<StepResult> result = trainer.step(error);
+    std::optional<StepResult> result = gpu ? gpu->step(error) : cpu->step(error);
     if (!result)
       return fail("iteration " + std::to_string(s + 1) + ": " + error);
     if (!std::isfinite(result->lmLoss))

@@ -1,0 +1,91 @@
+// Shared by the parity tests: train an artifact with every tap recorded, and
+// compare two runs bit for bit (losses, reduced gradients, every tapped
+// activation and gradient, final weights).
+#ifndef MHCC_TESTS_RUNTIME_TRAININGCOMPARE_H
+#define MHCC_TESTS_RUNTIME_TRAININGCOMPARE_H
+
+#include "runtime/train/Trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+namespace mhcc::runtime {
+
+struct TrainingRun {
+  std::vector<StepResult> steps;
+  std::vector<std::vector<float>> weights;
+};
+
+inline std::unique_ptr<CpuTrainer> makeTrainer(CpuTrainer *, Artifact artifact, const TokenDataset &data,
+                                               TrainOptions options, std::string &) {
+  return std::make_unique<CpuTrainer>(std::move(artifact), data, options);
+}
+
+/// Trains `steps` steps with every tap recorded.
+template <typename Trainer>
+TrainingRun train(const std::string &path, const TokenDataset &data, int64_t steps) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(path, error);
+  EXPECT_TRUE(artifact) << error;
+  if (!artifact)
+    return {};
+  TrainOptions options;
+  options.recordTaps = true;
+  std::unique_ptr<Trainer> trainer = makeTrainer(static_cast<Trainer *>(nullptr), std::move(*artifact), data,
+                                                 options, error);
+  EXPECT_TRUE(trainer) << error;
+  if (!trainer)
+    return {};
+  TrainingRun run;
+  for (int64_t s = 0; s < steps; ++s) {
+    std::optional<StepResult> result = trainer->step(error);
+    EXPECT_TRUE(result) << path << ": " << error;
+    if (!result)
+      return run;
+    run.steps.push_back(std::move(*result));
+  }
+  run.weights = trainer->parameters();
+  return run;
+}
+
+inline bool sameBits(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+inline bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+inline void expectIdentical(const TrainingRun &reference, const TrainingRun &run, const std::string &what) {
+  ASSERT_EQ(reference.steps.size(), run.steps.size()) << what;
+  for (size_t s = 0; s < run.steps.size(); ++s) {
+    const StepResult &a = reference.steps[s], &b = run.steps[s];
+    std::string at = what + ", step " + std::to_string(s + 1);
+    EXPECT_TRUE(sameBits(a.lmLoss, b.lmLoss)) << at << ": lm loss " << a.lmLoss << " vs " << b.lmLoss;
+    ASSERT_EQ(a.mtpLoss.has_value(), b.mtpLoss.has_value()) << at;
+    if (a.mtpLoss) {
+      EXPECT_TRUE(sameBits(*a.mtpLoss, *b.mtpLoss)) << at << ": mtp loss";
+    }
+    EXPECT_TRUE(sameBits(a.gradNorm, b.gradNorm)) << at << ": grad norm";
+    EXPECT_EQ(a.numZeros, b.numZeros) << at;
+    ASSERT_EQ(a.paramGrads.size(), b.paramGrads.size()) << at;
+    for (const auto &[name, grad] : a.paramGrads) {
+      auto it = b.paramGrads.find(name);
+      ASSERT_NE(it, b.paramGrads.end()) << at << ": no gradient of " << name;
+      EXPECT_TRUE(sameBits(grad, it->second)) << at << ": gradient of " << name << " differs";
+    }
+    ASSERT_EQ(a.taps.size(), b.taps.size()) << at << ": different tensors recorded";
+    for (const auto &[key, value] : a.taps) {
+      auto it = b.taps.find(key);
+      ASSERT_NE(it, b.taps.end()) << at << ": " << key << " not recorded";
+      EXPECT_TRUE(sameBits(value, it->second)) << at << ": " << key << " differs";
+    }
+  }
+  ASSERT_EQ(reference.weights.size(), run.weights.size()) << what;
+  for (size_t p = 0; p < run.weights.size(); ++p)
+    EXPECT_TRUE(sameBits(reference.weights[p], run.weights[p])) << what << ": weights of parameter " << p;
+}
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_TESTS_RUNTIME_TRAININGCOMPARE_H

@@ -1,0 +1,81 @@
+// The CUDA backend end to end: deterministic run to run, bit-identical
+// across pipeline layouts (PP1 reference against PP2 and PP2/VPP2 when two
+// GPUs are visible), and within 1e-5 relative of the CPU backend on the
+// losses. Skips cleanly without a GPU.
+//
+// usage: gpu_training_test DATA CPU_REFERENCE GPU_REFERENCE OTHER...
+#include "runtime/cuda/GpuTrainer.h"
+#include "runtime/gpu/Gpus.h"
+#include "tests/runtime/TrainingCompare.h"
+
+#include <cmath>
+
+namespace mhcc::runtime {
+
+inline std::unique_ptr<GpuTrainer> makeTrainer(GpuTrainer *, Artifact artifact, const TokenDataset &data,
+                                               TrainOptions options, std::string &error) {
+  return GpuTrainer::create(std::move(artifact), data, options, error);
+}
+
+namespace {
+
+std::string gData;
+std::vector<std::string> gArtifacts;
+
+TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
+  GpuInventory gpus = queryGpus();
+  if (gpus.gpus.empty())
+    GTEST_SKIP() << gpus.unavailableReason;
+  std::string error;
+  std::optional<TokenDataset> data = TokenDataset::open(gData, error);
+  ASSERT_TRUE(data) << error;
+
+  TrainingRun cpu = train<CpuTrainer>(gArtifacts[0], *data, 2);
+  TrainingRun gpu = train<GpuTrainer>(gArtifacts[1], *data, 2);
+  ASSERT_EQ(gpu.steps.size(), 2u);
+  TrainingRun again = train<GpuTrainer>(gArtifacts[1], *data, 2);
+  expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
+  for (size_t s = 0; s < 2; ++s) {
+    double lm = std::abs(gpu.steps[s].lmLoss - cpu.steps[s].lmLoss) / cpu.steps[s].lmLoss;
+    double mtp = std::abs(*gpu.steps[s].mtpLoss - *cpu.steps[s].mtpLoss) / *cpu.steps[s].mtpLoss;
+    EXPECT_LT(lm, 1e-5) << "step " << s + 1 << ": GPU lm loss " << gpu.steps[s].lmLoss << ", CPU "
+                        << cpu.steps[s].lmLoss;
+    EXPECT_LT(mtp, 1e-5) << "step " << s + 1;
+    RecordProperty("lm_loss_relative_difference_step" + std::to_string(s + 1), std::to_string(lm));
+    std::printf("step %zu: lm loss GPU %.9f CPU %.9f (relative %.2e), grad norm GPU %.6f CPU %.6f\n", s + 1,
+                gpu.steps[s].lmLoss, cpu.steps[s].lmLoss, lm, gpu.steps[s].gradNorm, cpu.steps[s].gradNorm);
+  }
+  for (size_t i = 2; i < gArtifacts.size(); ++i) {
+    std::optional<Artifact> artifact = readArtifact(gArtifacts[i], error);
+    ASSERT_TRUE(artifact) << error;
+    if (static_cast<int64_t>(gpus.gpus.size()) < artifact->pp) {
+      std::printf("%s needs %lld GPUs; %zu visible: not run\n", gArtifacts[i].c_str(), (long long)artifact->pp,
+                  gpus.gpus.size());
+      continue;
+    }
+    TrainingRun first = train<GpuTrainer>(gArtifacts[i], *data, 2);
+    expectIdentical(gpu, first, gArtifacts[i] + " on GPUs");
+    TrainingRun second = train<GpuTrainer>(gArtifacts[i], *data, 2);
+    expectIdentical(first, second, gArtifacts[i] + " on GPUs (rerun)");
+    std::printf("%s: bit-identical to PP1 on the GPU, twice\n", gArtifacts[i].c_str());
+  }
+}
+
+} // namespace
+} // namespace mhcc::runtime
+
+int main(int argc, char **argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s DATA CPU_REFERENCE GPU_REFERENCE [OTHER...]\n", argv[0]);
+    return 2;
+  }
+  mhcc::runtime::gData = argv[1];
+  for (int i = 2; i < argc; ++i)
+    mhcc::runtime::gArtifacts.push_back(argv[i]);
+  if (mhcc::runtime::gArtifacts.size() < 2) {
+    std::fprintf(stderr, "need a CPU reference and a GPU reference artifact\n");
+    return 2;
+  }
+  return RUN_ALL_TESTS();
+}
