@@ -78,7 +78,7 @@ run)
   done
   # Benchmarks: 5 iterations each, the median of the last 4.
   gpus=$(nvidia-smi --list-gpus | wc -l)
-  for name in small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2; do
+  for name in ${GPU_SUITE_BENCH:-small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2}; do
     case "$name" in *pp2*) [ "$gpus" -ge 2 ] || continue ;; esac
     if timeout 400 ./mhcrun "$name.mhcc" --backend cuda --data corpus.txt --steps 5 --no-progress \
         --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then

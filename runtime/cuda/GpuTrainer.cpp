@@ -157,6 +157,25 @@ struct GpuTrainer::Impl {
       cudaStreamCreateWithFlags(&ranks[pair.first].sendStream[pair.second], cudaStreamNonBlocking);
       cudaSetDevice(ranks[pair.second].device);
       cudaStreamCreateWithFlags(&ranks[pair.second].recvStream[pair.first], cudaStreamNonBlocking);
+      // Connect now: NCCL otherwise connects peers lazily at their first
+      // message, a host-side handshake that would block a rank thread.
+      float *probe[2] = {nullptr, nullptr};
+      for (int k = 0; k < 2; ++k) {
+        cudaSetDevice(devices[k]);
+        cudaMalloc(&probe[k], sizeof(float));
+      }
+      ncclGroupStart();
+      ncclSend(probe[0], 1, ncclFloat, 1, comms[0], ranks[pair.first].sendStream[pair.second]);
+      ncclRecv(probe[1], 1, ncclFloat, 0, comms[1], ranks[pair.second].recvStream[pair.first]);
+      status = ncclGroupEnd();
+      for (int k = 0; k < 2; ++k) {
+        cudaSetDevice(devices[k]);
+        cudaDeviceSynchronize();
+        cudaFree(probe[k]);
+      }
+      if (status != ncclSuccess)
+        return "NCCL connection between ranks " + std::to_string(pair.first) + " and " +
+               std::to_string(pair.second) + " failed: " + ncclGetErrorString(status);
     }
     return uploadWeights();
   }
@@ -188,6 +207,9 @@ struct GpuTrainer::Impl {
     std::vector<std::vector<double>> *losses = nullptr;
     /// Loss scalars stay on the device until the step ends: (mb, loss index).
     std::vector<std::pair<std::pair<int64_t, size_t>, DeviceTensor>> lossBuffers;
+    std::vector<std::pair<std::string, DeviceTensor>> tapBuffers;
+    /// Embedding-backward CSRs, uploaded before the step: (mb, shift) -> device.
+    std::map<std::pair<int64_t, int64_t>, std::pair<int32_t *, int32_t *>> csrs;
 
     Rank &rank() { return impl.ranks[r]; }
     const StageProgram &program(int64_t s) { return impl.a.stages[s]; }
@@ -223,14 +245,15 @@ struct GpuTrainer::Impl {
       t = {};
     }
 
+    /// Copies a tapped tensor aside on the device; nothing here may block
+    /// the host (a blocked host can deadlock the pipeline), so the copies
+    /// are downloaded after the step.
     void tap(const ValueInfo &info, const DeviceTensor &t, int64_t mb) {
       if (!taps || info.tap.empty())
         return;
-      std::vector<float> host(t.count);
-      cudaStreamSynchronize(rank().compute);
-      cudaMemcpy(host.data(), t.ptr, t.count * sizeof(float), cudaMemcpyDeviceToHost);
-      std::lock_guard<std::mutex> lock(*tapMutex);
-      (*taps)[info.tap + "@mb" + std::to_string(mb)] = std::move(host);
+      DeviceTensor copy{allocate(t.count, rank().compute, false), t.count};
+      cudaMemcpyAsync(copy.ptr, t.ptr, t.count * sizeof(float), cudaMemcpyDeviceToDevice, rank().compute);
+      tapBuffers.push_back({info.tap + "@mb" + std::to_string(mb), copy});
     }
 
     float *param(int64_t s, const ForwardInstr &f, size_t k) {
@@ -241,26 +264,32 @@ struct GpuTrainer::Impl {
     }
 
     /// Rows reading each vocabulary entry, ascending, for the embedding
-    /// backward without atomics (cached per microbatch and shift).
-    std::pair<int32_t *, int32_t *> csr(int64_t mb, int64_t shift, const std::vector<int32_t> &tokens) {
+    /// backward without atomics; built and uploaded before the step starts.
+    void prepareCsrs(const std::vector<std::vector<int32_t>> &tokens) {
       const ModelInfo &m = impl.a.model;
-      std::vector<int32_t> offsets(m.vocab + 1, 0), positions(m.tokens());
-      for (int64_t t = 0; t < m.tokens(); ++t)
-        ++offsets[tokens[kernels::shiftedRow(t, shift, m.seqLen)] + 1];
-      for (int64_t v = 0; v < m.vocab; ++v)
-        offsets[v + 1] += offsets[v];
-      std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
-      for (int64_t t = 0; t < m.tokens(); ++t)
-        positions[cursor[tokens[kernels::shiftedRow(t, shift, m.seqLen)]]++] = int32_t(t);
-      int32_t *dOffsets = nullptr, *dPositions = nullptr;
-      cudaMallocAsync(reinterpret_cast<void **>(&dOffsets), offsets.size() * 4, rank().compute);
-      cudaMallocAsync(reinterpret_cast<void **>(&dPositions), positions.size() * 4, rank().compute);
-      cudaMemcpyAsync(dOffsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice, rank().compute);
-      cudaMemcpyAsync(dPositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice, rank().compute);
-      cudaStreamSynchronize(rank().compute); // the host vectors die here
-      scratchToFree.push_back(reinterpret_cast<float *>(dOffsets));
-      scratchToFree.push_back(reinterpret_cast<float *>(dPositions));
-      return {dOffsets, dPositions};
+      for (size_t s = r; s < impl.a.stages.size(); s += impl.a.pp)
+        for (const ForwardInstr &f : impl.a.stages[s].forward) {
+          if (f.op != Prim::Embed)
+            continue;
+          for (int64_t mb = 0; mb < impl.a.microbatches; ++mb) {
+            if (csrs.count({mb, f.shift}))
+              continue;
+            std::vector<int32_t> offsets(m.vocab + 1, 0), positions(m.tokens());
+            for (int64_t t = 0; t < m.tokens(); ++t)
+              ++offsets[tokens[mb][kernels::shiftedRow(t, f.shift, m.seqLen)] + 1];
+            for (int64_t v = 0; v < m.vocab; ++v)
+              offsets[v + 1] += offsets[v];
+            std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
+            for (int64_t t = 0; t < m.tokens(); ++t)
+              positions[cursor[tokens[mb][kernels::shiftedRow(t, f.shift, m.seqLen)]]++] = int32_t(t);
+            int32_t *dOffsets = nullptr, *dPositions = nullptr;
+            cudaMalloc(&dOffsets, offsets.size() * 4);
+            cudaMalloc(&dPositions, positions.size() * 4);
+            cudaMemcpy(dOffsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
+            cudaMemcpy(dPositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
+            csrs[{mb, f.shift}] = {dOffsets, dPositions};
+          }
+        }
     }
 
     bool forward(int64_t s, int64_t mb, const std::vector<int32_t> &hostTokens) {
@@ -422,7 +451,7 @@ struct GpuTrainer::Impl {
           cuda::addInto(din(0), dOut, p.values[f.output].rows * p.values[f.output].cols, stream);
           break;
         case Prim::Embed: {
-          auto [offsets, positions] = csr(mb, f.shift, hostTokens);
+          auto [offsets, positions] = csrs.at({mb, f.shift});
           cuda::embedBackward(offsets, positions, V, dOut, paramGrad(s, f, 0), C, stream);
           break;
         }
@@ -572,6 +601,7 @@ struct GpuTrainer::Impl {
 
     void run(const std::vector<std::vector<int32_t>> &hostTokens) {
       cudaSetDevice(rank().device);
+      prepareCsrs(hostTokens);
       const auto &list = impl.a.ranks[r];
       for (size_t index = 0; index < list.size() && error.empty(); ++index) {
         const Instr &i = list[index];
@@ -648,6 +678,19 @@ struct GpuTrainer::Impl {
         release(tensor, rank().compute);
       }
       lossBuffers.clear();
+      for (auto &[key, tensor] : tapBuffers) {
+        std::vector<float> host(tensor.count);
+        cudaMemcpy(host.data(), tensor.ptr, tensor.count * sizeof(float), cudaMemcpyDeviceToHost);
+        release(tensor, rank().compute);
+        std::lock_guard<std::mutex> lock(*tapMutex);
+        (*taps)[key] = std::move(host);
+      }
+      tapBuffers.clear();
+      for (auto &[key, pointers] : csrs) {
+        cudaFree(pointers.first);
+        cudaFree(pointers.second);
+      }
+      csrs.clear();
       for (auto it = states.begin(); it != states.end();)
         releaseState((it++)->first);
       cudaStreamSynchronize(rank().compute);
