@@ -72,6 +72,7 @@ void progress(int64_t done, int64_t total, double lmLoss) {
 } // namespace
 
 int runMhcrun(int argc, char **argv) {
+  prepareCudaEnvironment(); // before any CUDA call
   CLI::App app{"mhcrun: trains a compiled mhcc artifact (CPU reference backend; CUDA to come)"};
   std::string artifactPath, backend = "auto", dataPath, metricsPath, optimizer = "adamw";
   int64_t steps = 20;

@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -779,6 +780,12 @@ struct GpuTrainer::Impl {
     return result;
   }
 };
+
+void prepareCudaEnvironment() {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
+  setenv("NCCL_LAUNCH_MODE", "GROUP", /*overwrite=*/0);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+}
 
 GpuTrainer::GpuTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuTrainer::~GpuTrainer() = default;

@@ -19,6 +19,12 @@
 
 namespace mhcc::runtime {
 
+/// Sets the process environment the CUDA backend needs, unless the user
+/// set it: CUDA_DEVICE_MAX_CONNECTIONS=1 and NCCL_LAUNCH_MODE=GROUP. Found on
+/// H200s: with one host thread per GPU and the CUDA defaults, PP2 hung in its
+/// first step; with these it runs. Call before the first CUDA call.
+void prepareCudaEnvironment();
+
 class GpuTrainer {
 public:
   /// Fails (nullptr and `error`) when fewer GPUs are visible than the

@@ -65,6 +65,7 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
 } // namespace mhcc::runtime
 
 int main(int argc, char **argv) {
+  mhcc::runtime::prepareCudaEnvironment();
   testing::InitGoogleTest(&argc, argv);
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s DATA CPU_REFERENCE GPU_REFERENCE [OTHER...]\n", argv[0]);
