@@ -745,7 +745,6 @@ struct GpuTrainer::Impl {
 
     StepResult result;
     result.step = ++stepsDone;
-    summarizeLosses(last, losses, result);
     // Gradients to the host, reduced and applied as on the CPU backend.
     std::vector<std::vector<std::vector<float>>> hostGrads(a.stages.size());
     std::vector<std::vector<const float *>> slotGrads(a.stages.size());
@@ -759,13 +758,7 @@ struct GpuTrainer::Impl {
       for (auto &g : hostGrads[s])
         slotGrads[s].push_back(g.data());
     }
-    ReducedGradients reduced = reduceGradients(a, slotGrads);
-    result.gradNorm = reduced.norm;
-    result.numZeros = reduced.numZeros;
-    if (options.recordTaps)
-      for (size_t p = 0; p < a.params.size(); ++p)
-        result.paramGrads[a.params[p].name] = reduced.grads[p];
-    result.learningRate = applyOptimizer(a, options, result.step, reduced, weights, adamM, adamV);
+    completeStep(a, options, losses, slotGrads, weights, adamM, adamV, result);
     std::string problem = uploadWeights();
     if (!problem.empty()) {
       error = problem;

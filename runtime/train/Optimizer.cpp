@@ -87,4 +87,18 @@ void summarizeLosses(const StageProgram &last, const std::vector<std::vector<dou
     result.mtpLoss = mtp / mtpCount;
 }
 
+void completeStep(const Artifact &a, const TrainOptions &options, const std::vector<std::vector<double>> &losses,
+                  const std::vector<std::vector<const float *>> &slotGrads, std::vector<std::vector<float>> &weights,
+                  std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV,
+                  StepResult &result) {
+  summarizeLosses(a.stages.back(), losses, result);
+  ReducedGradients reduced = reduceGradients(a, slotGrads);
+  result.gradNorm = reduced.norm;
+  result.numZeros = reduced.numZeros;
+  if (options.recordTaps)
+    for (size_t p = 0; p < a.params.size(); ++p)
+      result.paramGrads[a.params[p].name] = reduced.grads[p];
+  result.learningRate = applyOptimizer(a, options, result.step, reduced, weights, adamM, adamV);
+}
+
 } // namespace mhcc::runtime

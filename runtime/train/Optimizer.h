@@ -32,6 +32,15 @@ double applyOptimizer(const Artifact &artifact, const TrainOptions &options, int
                       ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
                       std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV);
 
+/// Everything a backend does once its ranks finished step `result.step`:
+/// losses into `result`, gradients reduced (and recorded with recordTaps),
+/// norm, zeros, then the optimizer update of `weights`.
+void completeStep(const Artifact &artifact, const TrainOptions &options,
+                  const std::vector<std::vector<double>> &losses,
+                  const std::vector<std::vector<const float *>> &slotGrads,
+                  std::vector<std::vector<float>> &weights, std::vector<std::vector<float>> &adamM,
+                  std::vector<std::vector<float>> &adamV, StepResult &result);
+
 /// The step's "lm loss" and "mtp loss": means over microbatches (and MTP
 /// modules) of the last stage's losses[mb][k], summed in microbatch order.
 void summarizeLosses(const StageProgram &last, const std::vector<std::vector<double>> &losses,

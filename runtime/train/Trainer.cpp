@@ -351,18 +351,11 @@ std::optional<StepResult> CpuTrainer::step(std::string &error) {
 
   StepResult result;
   result.step = ++stepsDone_;
-  summarizeLosses(last, impl.losses, result);
   std::vector<std::vector<const float *>> slotGrads(a.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s)
     for (const std::vector<float> &g : impl.slotGrads[s])
       slotGrads[s].push_back(g.data());
-  ReducedGradients reduced = reduceGradients(a, slotGrads);
-  result.gradNorm = reduced.norm;
-  result.numZeros = reduced.numZeros;
-  if (options_.recordTaps)
-    for (size_t p = 0; p < a.params.size(); ++p)
-      result.paramGrads[a.params[p].name] = reduced.grads[p];
-  result.learningRate = applyOptimizer(a, options_, result.step, reduced, weights_, adamM_, adamV_);
+  completeStep(a, options_, impl.losses, slotGrads, weights_, adamM_, adamV_, result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.tokens = a.microbatches * m.tokens();
   result.peakBytes = impl.peakBytes;
