@@ -1,7 +1,9 @@
 //===- Validate.cpp - everything the executor indexes, checked up front ------===//
 #include "runtime/artifact/Artifact.h"
 
+#include <map>
 #include <sstream>
+#include <tuple>
 
 namespace mhcc::runtime {
 namespace {
@@ -44,6 +46,38 @@ public:
           return "rank " + std::to_string(r) + " instruction " + std::to_string(i) + " (" +
                  a_.ranks[r][i].describe() + "): " + problem;
       }
+    return messagesMatch();
+  }
+
+  /// Every directed pair's receives expect exactly the messages its sends
+  /// issue, in the same order (the compiler's verifier proves more; this
+  /// catches an edited artifact before it could wait for a message that
+  /// never comes).
+  std::string messagesMatch() {
+    using Message = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>;
+    std::map<std::pair<int64_t, int64_t>, std::vector<Message>> sent, expected;
+    for (size_t r = 0; r < a_.ranks.size(); ++r)
+      for (const Instr &i : a_.ranks[r]) {
+        if (!i.isComm())
+          continue;
+        Message m{int(i.payload), i.srcStage, i.dstStage, i.mb, i.tokens, i.width};
+        if (i.kind == OpKind::Send)
+          sent[{int64_t(r), i.peer}].push_back(m);
+        else
+          expected[{i.peer, int64_t(r)}].push_back(m);
+      }
+    for (const auto &[pair, list] : expected) {
+      const std::vector<Message> &issued = sent[pair];
+      for (size_t k = 0; k < list.size(); ++k)
+        if (k >= issued.size() || issued[k] != list[k])
+          return "rank " + std::to_string(pair.second) + "'s receive #" + std::to_string(k) + " from rank " +
+                 std::to_string(pair.first) + " matches no send in order";
+    }
+    for (const auto &[pair, list] : sent)
+      if (list.size() != expected[pair].size())
+        return "rank " + std::to_string(pair.first) + " sends " + std::to_string(list.size()) +
+               " messages to rank " + std::to_string(pair.second) + ", which receives " +
+               std::to_string(expected[pair].size());
     return "";
   }
 

@@ -118,6 +118,28 @@ TEST(Artifact, ValidationCatchesBadIndicesAndShapes) {
   EXPECT_NE(error.find("inconsistent artifact"), std::string::npos) << error;
 }
 
+TEST(Artifact, ValidationMatchesEveryReceiveWithASend) {
+  // A compiled PP2 artifact whose rank 1 expects its two messages swapped.
+  const char *path = std::getenv("PP2_ARTIFACT");
+  ASSERT_NE(path, nullptr);
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(path, error);
+  ASSERT_TRUE(artifact) << error;
+  EXPECT_EQ(validateArtifact(*artifact), "");
+  std::vector<Instr *> receives;
+  for (Instr &i : artifact->ranks[1])
+    if (i.kind == OpKind::Recv)
+      receives.push_back(&i);
+  ASSERT_GE(receives.size(), 2u);
+  std::swap(receives[0]->mb, receives[1]->mb);
+  EXPECT_NE(validateArtifact(*artifact).find("rank 1's receive #0 from rank 0 matches no send in order"),
+            std::string::npos)
+      << validateArtifact(*artifact);
+  artifact->ranks[1].erase(std::find_if(artifact->ranks[1].begin(), artifact->ranks[1].end(),
+                                        [](const Instr &i) { return i.kind == OpKind::Recv; }));
+  EXPECT_NE(validateArtifact(*artifact), "");
+}
+
 TEST(Artifact, InitializationDependsOnNameAndSeedOnly) {
   ParamInfo w{"layer0.attn.w_qkv", 8, 24, "normal", 0.02, true};
   std::vector<float> a = initialParameter(w, 1), b = initialParameter(w, 1), c = initialParameter(w, 2);
