@@ -44,6 +44,9 @@ bundle)
     bazel-bin/compiler/mhcc ${BENCH[$name]} --microbatches 8 --emit=artifact -o "$bundle/$name.mhcc"
   done
   cp data/corpus.txt tools/metrics_to_golden.py "$bundle/"
+  for recipe in tiny tiny_pp2_vpp2; do
+    [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
+  done
   git rev-parse HEAD > "$bundle/COMMIT"
   echo "bundled into $bundle (commit $(cat $bundle/COMMIT)): $(ls $bundle | tr '\n' ' ')"
   ;;
@@ -71,6 +74,13 @@ run)
         --metrics "$logs/$name.jsonl" > "$logs/golden_$name.log" 2>&1; then
       python3 metrics_to_golden.py "$logs/$name.jsonl" > "$logs/golden_values_h200_$name.json"
       result=PASS
+      # An existing H200 golden must be reproduced exactly.
+      if [ -f "golden_h200_$name.json" ] && ! python3 -c "
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+sys.exit(0 if a == b else 1)" "golden_h200_$name.json" "$logs/golden_values_h200_$name.json"; then
+        result=FAIL; failed=$((failed + 1))
+      fi
     else
       result=FAIL; failed=$((failed + 1))
     fi

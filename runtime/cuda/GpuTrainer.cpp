@@ -293,7 +293,7 @@ struct GpuTrainer::Impl {
         }
     }
 
-    bool forward(int64_t s, int64_t mb, const std::vector<int32_t> &hostTokens) {
+    bool forward(int64_t s, int64_t mb) {
       const StageProgram &p = program(s);
       const ModelInfo &m = impl.a.model;
       const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
@@ -391,11 +391,10 @@ struct GpuTrainer::Impl {
           return false;
         tap(p.values[f.output], out, mb);
       }
-      (void)hostTokens;
       return true;
     }
 
-    bool backward(int64_t s, int64_t mb, const std::vector<int32_t> &hostTokens) {
+    bool backward(int64_t s, int64_t mb) {
       const StageProgram &p = program(s);
       const ModelInfo &m = impl.a.model;
       const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
@@ -609,11 +608,11 @@ struct GpuTrainer::Impl {
         where = "instruction #" + std::to_string(index) + " " + i.describe();
         switch (i.kind) {
         case OpKind::Forward:
-          forward(i.stage, i.mb, hostTokens[i.mb]);
+          forward(i.stage, i.mb);
           break;
         case OpKind::Backward:
         case OpKind::BackwardInput:
-          backward(i.stage, i.mb, hostTokens[i.mb]);
+          backward(i.stage, i.mb);
           break;
         case OpKind::BackwardWeight:
           break; // computed inside B, as on the CPU backend
