@@ -11,6 +11,11 @@
 // their gradients in the order the backward program runs. Loops run in a
 // fixed order and accumulate in T: results are bit-identical run to run.
 //
+// Backwards with parameters compute two halves that the zero-bubble split
+// runs separately: pass nullptr for the input gradient to compute only the
+// weight gradients (W), or nullptr for the weight gradients to compute only
+// the input gradient (B). Either half gives the same bits as the whole.
+//
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CPU_KERNELS_H
 #define MHCC_RUNTIME_CPU_KERNELS_H
@@ -273,12 +278,17 @@ void mhcCoeffsBackward(const T *x, const T *wmap, const T *alpha, const T *aux, 
       T a = alpha[group];
       dp[k] = dh[k] * r * a;
       dr += dh[k] * p[k] * a;
-      dAlpha[group] += dh[k] * r * p[k];
-      dBias[k] += dh[k];
+      if (dWmap) {
+        dAlpha[group] += dh[k] * r * p[k];
+        dBias[k] += dh[k];
+      }
     }
     // p = x W_map
+    if (dWmap)
+      matmulTransAAcc(xr, dp.data(), dWmap, 1, width, K);
+    if (!dx)
+      continue;
     matmulTransBAcc(dp.data(), wmap, dx + t * width, 1, K, width);
-    matmulTransAAcc(xr, dp.data(), dWmap, 1, width, K);
     // r = 1 / (rms + eps), rms = sqrt(mean(x^2)): dr/dx = -r^2 x / (width rms)
     T sq = 0;
     for (int64_t k = 0; k < width; ++k)
@@ -403,8 +413,11 @@ void rmsNormBackward(const T *u, const T *gain, const T *aux, const T *dy, T *du
     T s = aux[t], dot = 0;
     for (int64_t c = 0; c < C; ++c) {
       dot += gain[c] * dy[t * C + c] * u[t * C + c];
-      dGain[c] += dy[t * C + c] * u[t * C + c] * s;
+      if (dGain)
+        dGain[c] += dy[t * C + c] * u[t * C + c] * s;
     }
+    if (!du)
+      continue;
     T k = s * s * s / T(C) * dot;
     for (int64_t c = 0; c < C; ++c)
       du[t * C + c] += s * gain[c] * dy[t * C + c] - k * u[t * C + c];
@@ -479,7 +492,8 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
                        T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq) {
   const int64_t d = C / heads;
   const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
-  matmulTransAAcc(o, dy, dWo, rows, C, C);
+  if (dWo)
+    matmulTransAAcc(o, dy, dWo, rows, C, C);
   std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0)), p(seq), dp(seq);
   matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
   const T scale = T(1) / std::sqrt(T(d));
@@ -521,8 +535,10 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
       rotate(dQkv.data() + t * 3 * C + C + h * d, t % seq, d, true);
     }
-  matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
-  matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * C, C);
+  if (dWqkv)
+    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
+  if (dx)
+    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * C, C);
 }
 
 // ---- SwiGLU MLP -----------------------------------------------------------------------
@@ -544,7 +560,8 @@ template <typename T>
 void swigluBackward(const T *x, const T *wg, const T *wu, const T *wd, const T *aux, const T *dy,
                     T *dx, T *dWg, T *dWu, T *dWd, int64_t rows, int64_t C, int64_t F) {
   const T *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
-  matmulTransAAcc(hsw, dy, dWd, rows, F, C);
+  if (dWd)
+    matmulTransAAcc(hsw, dy, dWd, rows, F, C);
   std::vector<T> dh(rows * F, T(0)), da(rows * F), db(rows * F);
   matmulTransBAcc(dy, wd, dh.data(), rows, C, F);
   for (int64_t k = 0; k < rows * F; ++k) {
@@ -553,10 +570,14 @@ void swigluBackward(const T *x, const T *wg, const T *wu, const T *wd, const T *
     db[k] = dh[k] * silu;
     da[k] = dh[k] * b[k] * s * (T(1) + a[k] * (T(1) - s));
   }
-  matmulTransAAcc(x, da.data(), dWg, rows, C, F);
-  matmulTransAAcc(x, db.data(), dWu, rows, C, F);
-  matmulTransBAcc(da.data(), wg, dx, rows, F, C);
-  matmulTransBAcc(db.data(), wu, dx, rows, F, C);
+  if (dWg) {
+    matmulTransAAcc(x, da.data(), dWg, rows, C, F);
+    matmulTransAAcc(x, db.data(), dWu, rows, C, F);
+  }
+  if (dx) {
+    matmulTransBAcc(da.data(), wg, dx, rows, F, C);
+    matmulTransBAcc(db.data(), wu, dx, rows, F, C);
+  }
 }
 
 // ---- projections and loss ---------------------------------------------------------
@@ -572,10 +593,14 @@ void concatProjForward(const T *a, const T *b, const T *w, T *z, int64_t rows, i
 template <typename T>
 void concatProjBackward(const T *a, const T *b, const T *w, const T *dz, T *da, T *db, T *dW,
                         int64_t rows, int64_t C, int64_t N) {
-  matmulTransAAcc(a, dz, dW, rows, C, N);
-  matmulTransAAcc(b, dz, dW + C * N, rows, C, N);
-  matmulTransBAcc(dz, w, da, rows, N, C);
-  matmulTransBAcc(dz, w + C * N, db, rows, N, C);
+  if (dW) {
+    matmulTransAAcc(a, dz, dW, rows, C, N);
+    matmulTransAAcc(b, dz, dW + C * N, rows, C, N);
+  }
+  if (da) {
+    matmulTransBAcc(dz, w, da, rows, N, C);
+    matmulTransBAcc(dz, w + C * N, db, rows, N, C);
+  }
 }
 
 /// Mean over the unmasked rows of -log softmax(logits)[label]; row t's label

@@ -104,9 +104,16 @@ void runForward(StageContext<T> &c, StageBuffers<T> &st, std::vector<double> &lo
   }
 }
 
+/// Which half of the backward to run: both (BWD), the input gradients only
+/// (the zero-bubble B) or the weight gradients only (W, after B, from the
+/// output gradients B left in place).
+enum class BackwardPart { Both, Input, Weight };
+
 /// Runs the backward list. The output gradient (if the stage has an output)
 /// must already be in st.values[program.gradOutput]. Returns an error, or "".
-template <typename T> std::string runBackward(StageContext<T> &c, StageBuffers<T> &st) {
+template <typename T>
+std::string runBackward(StageContext<T> &c, StageBuffers<T> &st, BackwardPart part = BackwardPart::Both) {
+  const bool wantInput = part != BackwardPart::Weight, wantWeight = part != BackwardPart::Input;
   namespace k = kernels;
   const StageProgram &p = c.program;
   const int64_t T_ = c.model.tokens(), C = c.model.hidden, V = c.model.vocab;
@@ -118,13 +125,15 @@ template <typename T> std::string runBackward(StageContext<T> &c, StageBuffers<T
   };
   for (const BackwardInstr &b : p.backward) {
     const ForwardInstr &f = p.forward[b.forward];
+    if (!wantInput && f.params.empty())
+      continue; // W: only instructions with weights
     for (int input : f.inputs)
       if (st.values[input].empty())
         return std::string("the backward of ") + primName(f.op) + " reads a freed value";
     auto in = [&](size_t j) { return st.values[f.inputs[j]].data(); };
-    auto din = [&](size_t j) { return grad(b.gradInputs[j]); };
+    auto din = [&](size_t j) { return wantInput ? grad(b.gradInputs[j]) : nullptr; };
     auto w = [&](size_t j) { return c.param(f.params[j]); };
-    auto dw = [&](size_t j) { return c.paramGrad(f.params[j]); };
+    auto dw = [&](size_t j) { return wantWeight ? c.paramGrad(f.params[j]) : nullptr; };
     const T *dOut = b.gradOutput >= 0 ? grad(b.gradOutput) : nullptr;
     const T *aux = st.aux[b.forward].data();
     const int64_t n = f.streams;
@@ -136,14 +145,15 @@ template <typename T> std::string runBackward(StageContext<T> &c, StageBuffers<T
       break;
     }
     case Prim::Embed:
-      k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen);
+      if (wantWeight)
+        k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen);
       break;
     case Prim::Expand:
       k::expandBackward(dOut, din(0), T_, C, n);
       break;
     case Prim::MhcCoeffs:
-      k::mhcCoeffsBackward(in(0), w(0), w(2), aux, dOut, din(0), dw(0), dw(1), dw(2), T_, C, n,
-                           f.sinkhornIterations);
+      k::mhcCoeffsBackward(in(0), w(0), w(2), aux, dOut, din(0), dw(0), dw(1),
+                           dw(2), T_, C, n, f.sinkhornIterations);
       break;
     case Prim::MhcPre:
       k::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T_, C, n);
@@ -152,10 +162,12 @@ template <typename T> std::string runBackward(StageContext<T> &c, StageBuffers<T
       k::rmsNormBackward(in(0), w(0), aux, dOut, din(0), dw(0), T_, C);
       break;
     case Prim::Attention:
-      k::attentionBackward(in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), T_, C, f.heads, f.seqLen);
+      k::attentionBackward(in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), T_, C,
+                           f.heads, f.seqLen);
       break;
     case Prim::SwiGlu:
-      k::swigluBackward(in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1), dw(2), T_, C, f.ffn);
+      k::swigluBackward(in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1),
+                        dw(2), T_, C, f.ffn);
       break;
     case Prim::MhcPostRes:
       k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T_, C, n);
@@ -167,8 +179,10 @@ template <typename T> std::string runBackward(StageContext<T> &c, StageBuffers<T
       k::contractBackward(dOut, din(0), T_, C, n);
       break;
     case Prim::LmHead:
-      k::matmulTransAAcc(in(0), dOut, dw(0), T_, C, V);
-      k::matmulTransBAcc(dOut, w(0), din(0), T_, V, C);
+      if (wantWeight)
+        k::matmulTransAAcc(in(0), dOut, dw(0), T_, C, V);
+      if (wantInput)
+        k::matmulTransBAcc(dOut, w(0), din(0), T_, V, C);
       break;
     case Prim::ConcatProj:
       k::concatProjBackward(in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T_, C, C);

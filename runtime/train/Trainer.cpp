@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <xxhash.h>
@@ -184,14 +185,20 @@ struct CpuTrainer::Impl {
       return true;
     }
 
-    bool backward(int64_t s, int64_t mb) {
+    /// Microbatches whose B ran and whose W has not: their state stays.
+    std::set<Key> weightPending;
+
+    bool backward(int64_t s, int64_t mb, BackwardPart part) {
       const StageProgram &p = program(s);
       Key key{s, mb};
       auto found = states.find(key);
       if (found == states.end())
         return failAt("BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") before its FWD");
       StageState &st = found->second;
-      if (p.gradOutput >= 0) {
+      if (part == BackwardPart::Weight) {
+        if (!weightPending.erase(key))
+          return failAt("W(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ") before its B");
+      } else if (p.gradOutput >= 0) {
         if (impl.a.rankOf(s + 1) == rank) {
           auto next = states.find({s + 1, mb});
           if (next == states.end() || next->second.values[program(s + 1).gradInput].empty())
@@ -210,9 +217,27 @@ struct CpuTrainer::Impl {
         tap(p.values[p.gradOutput], st.values[p.gradOutput], mb);
       }
       StageContext<float> context = contextFor(s, mb);
-      std::string problem = runBackward(context, buffers(st));
+      std::string problem = runBackward(context, buffers(st), part);
       if (!problem.empty())
         return failAt("BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + "): " + problem);
+      if (part == BackwardPart::Input) {
+        // B leaves everything W needs: inputs, scratch, output gradients.
+        weightPending.insert(key);
+        for (size_t v = 0; v < st.values.size(); ++v)
+          if (p.values[v].tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput &&
+              !st.values[v].empty())
+            tap(p.values[v], st.values[v], mb);
+        return true;
+      }
+      if (part == BackwardPart::Weight) {
+        // The input gradient was sent (or handed over) after B.
+        for (auto &v : st.values)
+          release(v);
+        for (auto &v : st.aux)
+          release(v);
+        states.erase(key);
+        return true;
+      }
       // Keep only the input gradient (to send back or hand over); the rest dies.
       for (size_t v = 0; v < st.values.size(); ++v) {
         const ValueInfo &info = p.values[v];
@@ -237,8 +262,12 @@ struct CpuTrainer::Impl {
       if (it == states.end() || it->second.values[value].empty())
         return failAt(i.describe() + ": nothing to send (computed? freed?)");
       Message message{i.payload, i.srcStage, i.dstStage, i.mb, it->second.values[value]};
-      if (i.payload == Payload::Gradient)
-        releaseState(key); // the input gradient was all that was left
+      if (i.payload == Payload::Gradient) {
+        if (weightPending.count(key))
+          release(it->second.values[value]); // W still needs the rest
+        else
+          releaseState(key); // the input gradient was all that was left
+      }
       Channel &channel = impl.channels[{rank, i.peer}];
       {
         std::lock_guard<std::mutex> lock(channel.mutex);
@@ -286,9 +315,9 @@ struct CpuTrainer::Impl {
         bool ok = true;
         switch (i.kind) {
         case OpKind::Forward: ok = forward(i.stage, i.mb); break;
-        case OpKind::Backward:
-        case OpKind::BackwardInput: ok = backward(i.stage, i.mb); break;
-        case OpKind::BackwardWeight: break; // the CPU backend computes W inside B
+        case OpKind::Backward: ok = backward(i.stage, i.mb, BackwardPart::Both); break;
+        case OpKind::BackwardInput: ok = backward(i.stage, i.mb, BackwardPart::Input); break;
+        case OpKind::BackwardWeight: ok = backward(i.stage, i.mb, BackwardPart::Weight); break;
         case OpKind::Send: ok = send(i); break;
         case OpKind::Recv: ok = receive(i); break;
         case OpKind::Free: {
@@ -338,7 +367,7 @@ std::optional<StepResult> CpuTrainer::step(std::string &error) {
 
   std::vector<Impl::Rank> ranks;
   for (int64_t r = 0; r < a.pp; ++r)
-    ranks.push_back(Impl::Rank{impl, r, {}, {}, {}, 0, 0, ""});
+    ranks.push_back(Impl::Rank{impl, r});
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < a.pp; ++r)
     threads.emplace_back([&ranks, r] { ranks[r].run(); });

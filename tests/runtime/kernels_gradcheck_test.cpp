@@ -298,3 +298,80 @@ TEST(GradCheck, CrossEntropyWithAndWithoutShift) {
 
 } // namespace
 } // namespace mhcc::runtime::kernels
+
+namespace mhcc::runtime::kernels {
+namespace {
+
+using FVec = std::vector<float>;
+
+FVec randomFloats(std::mt19937_64 &rng, size_t size, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  FVec v(size);
+  for (float &x : v)
+    x = normal(rng);
+  return v;
+}
+
+/// The zero-bubble split: B (input gradient only) then W (weight gradients
+/// only) must give the same bits as the whole backward.
+TEST(SplitBackward, HalvesEqualTheWholeBitForBit) {
+  std::mt19937_64 rng(21);
+  // Attention.
+  FVec x = randomFloats(rng, kRows * kC), wqkv = randomFloats(rng, kC * 3 * kC, 0.4f);
+  FVec wo = randomFloats(rng, kC * kC, 0.4f), dy = randomFloats(rng, kRows * kC);
+  FVec y(kRows * kC), aux(kRows * 4 * kC + kRows * kHeads);
+  attentionForward(x.data(), wqkv.data(), wo.data(), y.data(), aux.data(), kRows, kC, kHeads, kSeq);
+  FVec dx1(x.size()), dq1(wqkv.size()), do1(wo.size()), dx2(x.size()), dq2(wqkv.size()), do2(wo.size());
+  attentionBackward(x.data(), wqkv.data(), wo.data(), aux.data(), dy.data(), dx1.data(), dq1.data(), do1.data(),
+                    kRows, kC, kHeads, kSeq);
+  attentionBackward<float>(x.data(), wqkv.data(), wo.data(), aux.data(), dy.data(), dx2.data(), nullptr, nullptr,
+                           kRows, kC, kHeads, kSeq);
+  attentionBackward<float>(x.data(), wqkv.data(), wo.data(), aux.data(), dy.data(), nullptr, dq2.data(), do2.data(),
+                           kRows, kC, kHeads, kSeq);
+  EXPECT_EQ(dx1, dx2);
+  EXPECT_EQ(dq1, dq2);
+  EXPECT_EQ(do1, do2);
+  // SwiGLU.
+  FVec wg = randomFloats(rng, kC * kF, 0.5f), wu = randomFloats(rng, kC * kF, 0.5f), wd = randomFloats(rng, kF * kC, 0.5f);
+  FVec sw(3 * kRows * kF);
+  swigluForward(x.data(), wg.data(), wu.data(), wd.data(), y.data(), sw.data(), kRows, kC, kF);
+  FVec a1(x.size()), g1(wg.size()), u1(wu.size()), d1(wd.size()), a2(x.size()), g2(wg.size()), u2(wu.size()), d2(wd.size());
+  swigluBackward(x.data(), wg.data(), wu.data(), wd.data(), sw.data(), dy.data(), a1.data(), g1.data(), u1.data(),
+                 d1.data(), kRows, kC, kF);
+  swigluBackward<float>(x.data(), wg.data(), wu.data(), wd.data(), sw.data(), dy.data(), a2.data(), nullptr, nullptr,
+                        nullptr, kRows, kC, kF);
+  swigluBackward<float>(x.data(), wg.data(), wu.data(), wd.data(), sw.data(), dy.data(), nullptr, g2.data(), u2.data(),
+                        d2.data(), kRows, kC, kF);
+  EXPECT_EQ(a1, a2);
+  EXPECT_EQ(g1, g2);
+  EXPECT_EQ(u1, u2);
+  EXPECT_EQ(d1, d2);
+  // mHC coefficients.
+  const int64_t width = kN * kC;
+  FVec xr = randomFloats(rng, kRows * width), wmap = randomFloats(rng, width * kK, 0.3f), bias = randomFloats(rng, kK);
+  FVec alpha = {0.7f, 1.3f, 0.9f}, coef(kRows * kK), maux(kRows * (kK + 1)), dc = randomFloats(rng, kRows * kK);
+  mhcCoeffsForward(xr.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), maux.data(), kRows, kC, kN, 5);
+  FVec mx1(xr.size()), mw1(wmap.size()), mb1(kK), ma1(3), mx2(xr.size()), mw2(wmap.size()), mb2(kK), ma2(3);
+  mhcCoeffsBackward(xr.data(), wmap.data(), alpha.data(), maux.data(), dc.data(), mx1.data(), mw1.data(), mb1.data(),
+                    ma1.data(), kRows, kC, kN, 5);
+  mhcCoeffsBackward<float>(xr.data(), wmap.data(), alpha.data(), maux.data(), dc.data(), mx2.data(), nullptr, nullptr,
+                           nullptr, kRows, kC, kN, 5);
+  mhcCoeffsBackward<float>(xr.data(), wmap.data(), alpha.data(), maux.data(), dc.data(), nullptr, mw2.data(),
+                           mb2.data(), ma2.data(), kRows, kC, kN, 5);
+  EXPECT_EQ(mx1, mx2);
+  EXPECT_EQ(mw1, mw2);
+  EXPECT_EQ(mb1, mb2);
+  EXPECT_EQ(ma1, ma2);
+  // RMSNorm.
+  FVec gain = randomFloats(rng, kC), raux(kRows), ry(kRows * kC);
+  rmsNormForward(x.data(), gain.data(), ry.data(), raux.data(), kRows, kC, 1e-6);
+  FVec ru1(x.size()), rg1(kC), ru2(x.size()), rg2(kC);
+  rmsNormBackward(x.data(), gain.data(), raux.data(), dy.data(), ru1.data(), rg1.data(), kRows, kC);
+  rmsNormBackward<float>(x.data(), gain.data(), raux.data(), dy.data(), ru2.data(), nullptr, kRows, kC);
+  rmsNormBackward<float>(x.data(), gain.data(), raux.data(), dy.data(), nullptr, rg2.data(), kRows, kC);
+  EXPECT_EQ(ru1, ru2);
+  EXPECT_EQ(rg1, rg2);
+}
+
+} // namespace
+} // namespace mhcc::runtime::kernels
