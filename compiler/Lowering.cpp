@@ -3,6 +3,7 @@
 
 #include "dialects/mhc/IR/MhcOps.h"
 #include "dialects/pipe/IR/PipeOps.h"
+#include "passes/ModelUnits.h"
 #include "passes/PipelineIR.h"
 #include "passes/autodiff/Autodiff.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -325,6 +326,10 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   m.normEps = config.getNormEps().getValueAsDouble();
   m.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
   m.seed = config.getSeed();
+  FailureOr<ModelUnits> units = collectModelUnits(*func);
+  if (failed(units))
+    return failure();
+  m.trainingFlopsPerToken = totalCost(units->units, units->dims).trainingFlopsPerToken();
   artifact.modelHash = modelHash.str();
   pipeline::Schedule schedule = readSchedule(schedules.front());
   artifact.pp = schedule.pp;

@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 declare -a NAMES=(pp1 pp2_vpp2 pp4_vpp2)
 declare -A FLAGS=([pp1]="--pp 1" [pp2_vpp2]="--pp 2 --vpp 2 --layout Et|t|t|tmL"
                   [pp4_vpp2]="--pp 4 --vpp 2 --layout Et|t|t||||t|mL")
-printf '%-10s %14s %12s %14s %s\n' layout "ms/iteration" "tokens/s" "final lm loss" "peak MiB per rank"
+printf '%-10s %14s %12s %10s %14s %s\n' layout "ms/iteration" "tokens/s" "GFLOP/s" "final lm loss" "peak MiB per rank"
 for name in "${NAMES[@]}"; do
   # shellcheck disable=SC2086
   bazel-bin/compiler/mhcc models/tiny.json --microbatches 4 ${FLAGS[$name]} --emit=artifact -o "$work/$name.mhcc"
@@ -22,7 +22,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ms = statistics.median(r["elapsed ms"] for r in rows)
 tps = statistics.median(r["tokens per second"] for r in rows)
+gflops = statistics.median(r["tflops"] for r in rows) * 1e3
 peak = " ".join(f'{b / 2**20:.1f}' for b in rows[-1]["peak bytes per rank"])
-print(f'{sys.argv[2]:<10} {ms:14.1f} {tps:12.1f} {rows[-1]["lm loss"]:14.6f} {peak}')
+print(f'{sys.argv[2]:<10} {ms:14.1f} {tps:12.1f} {gflops:10.2f} {rows[-1]["lm loss"]:14.6f} {peak}')
 PY
 done

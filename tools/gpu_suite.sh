@@ -95,8 +95,8 @@ sys.exit(0 if a == b else 1)" "golden_h200_$name.json" "$logs/golden_values_h200
       numbers=$(python3 -c "
 import json, statistics, sys
 rows = [json.loads(l) for l in open('$logs/bench_$name.jsonl')][1:]
-print('%.1f ms/iter, %.0f tokens/s, peak MiB %s' % (statistics.median(r['elapsed ms'] for r in rows),
-      statistics.median(r['tokens per second'] for r in rows),
+print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, peak MiB %s' % (statistics.median(r['elapsed ms'] for r in rows),
+      statistics.median(r['tokens per second'] for r in rows), statistics.median(r['tflops'] for r in rows),
       ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank'])))")
       result=PASS
     else

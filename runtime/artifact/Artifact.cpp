@@ -152,7 +152,7 @@ json toJson(const Artifact &a) {
             {"ffn_hidden", m.ffnHidden}, {"seq_len", m.seqLen}, {"micro_batch", m.microBatch},
             {"streams", m.streams}, {"sinkhorn_iterations", m.sinkhornIterations},
             {"gating_factor", m.gatingFactor}, {"norm_eps", m.normEps}, {"dtype", m.dtype},
-            {"seed", m.seed}}},
+            {"seed", m.seed}, {"training_flops_per_token", m.trainingFlopsPerToken}}},
           {"model_hash", a.modelHash},
           {"pipeline",
            {{"pp", a.pp}, {"vpp", a.vpp}, {"microbatches", a.microbatches},
@@ -179,6 +179,7 @@ Artifact artifactFromJson(const json &j) {
   a.model.normEps = m.at("norm_eps");
   a.model.dtype = m.at("dtype");
   a.model.seed = m.at("seed");
+  a.model.trainingFlopsPerToken = m.value("training_flops_per_token", 0.0);
   a.modelHash = j.at("model_hash");
   const json &p = j.at("pipeline");
   a.pp = p.at("pp");

@@ -31,6 +31,9 @@ struct ModelInfo {
   double gatingFactor = 0.01, normEps = 1e-6;
   std::string dtype = "f32";
   int64_t seed = 0;
+  /// Model FLOPs per trained token (forward + backward, the compiler's cost
+  /// model; recompute not counted): what TFLOP/s and MFU are computed from.
+  double trainingFlopsPerToken = 0;
   int64_t tokens() const { return seqLen * microBatch; }
 };
 

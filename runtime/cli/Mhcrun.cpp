@@ -38,7 +38,8 @@ std::string timestamp() {
   return buffer;
 }
 
-std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerStep) {
+std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerStep, double flopsPerToken,
+                       double peakTflops) {
   char line[1024];
   double peakMiB = 0;
   for (int64_t bytes : r.peakBytes)
@@ -46,8 +47,8 @@ std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerSte
   std::snprintf(line, sizeof line,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration "
                 "(ms): %.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E |%s "
-                "grad norm: %.3f | num zeros: %lld | tokens per second: %.1f | peak memory per rank "
-                "(MiB): %.1f |",
+                "grad norm: %.3f | num zeros: %lld | tokens per second: %.1f | TFLOP/s: %.3f |%s peak "
+                "memory per rank (MiB): %.1f |",
                 timestamp().c_str(), (long long)r.step, (long long)steps,
                 (long long)(r.step * samplesPerStep), r.seconds * 1e3, r.learningRate,
                 (long long)samplesPerStep, r.lmLoss,
@@ -57,7 +58,15 @@ std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerSte
                   return std::string(b);
                 }() + " |").c_str()
                           : "",
-                r.gradNorm, (long long)r.numZeros, r.tokens / r.seconds, peakMiB);
+                r.gradNorm, (long long)r.numZeros, r.tokens / r.seconds,
+                r.tokens / r.seconds * flopsPerToken / 1e12,
+                peakTflops > 0 ? (" MFU: " + [&] {
+                  char b[32];
+                  std::snprintf(b, sizeof b, "%.2f%%", 100.0 * r.tokens / r.seconds * flopsPerToken / 1e12 / peakTflops);
+                  return std::string(b);
+                }() + " |").c_str()
+                               : "",
+                peakMiB);
   return line;
 }
 
@@ -78,6 +87,7 @@ int runMhcrun(int argc, char **argv) {
   int64_t steps = 20;
   TrainOptions options;
   bool noProgress = false;
+  double peakTflops = 0;
   app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
@@ -91,6 +101,9 @@ int runMhcrun(int argc, char **argv) {
   app.add_option("--metrics", metricsPath, "Write one JSON line per iteration here");
   app.add_option("--recv-timeout", options.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
   app.add_flag("--no-progress", noProgress, "No progress bar, even on a terminal");
+  app.add_option("--peak-tflops", peakTflops,
+                 "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -127,6 +140,8 @@ int runMhcrun(int argc, char **argv) {
             << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
             << data->source() << " (" << data->size() << " tokens)\n";
   const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
+  const double flopsPerToken = a.model.trainingFlopsPerToken;
+  const double totalPeak = peakTflops * a.pp; // MFU over every device the run uses
   std::unique_ptr<CpuTrainer> cpu;
   std::unique_ptr<GpuTrainer> gpu;
   if (backend == "cuda") {
@@ -147,13 +162,14 @@ int runMhcrun(int argc, char **argv) {
                   "; lower --lr or check the data");
     if (bar)
       std::fprintf(stderr, "\r%80s\r", "");
-    std::cout << formatLine(*result, steps, samplesPerStep) << std::endl;
+    std::cout << formatLine(*result, steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
     if (bar)
       progress(s + 1, steps, result->lmLoss);
     if (metrics) {
       nlohmann::json line = {{"iteration", result->step},        {"lm loss", result->lmLoss},
                              {"grad norm", result->gradNorm},    {"num-zeros", result->numZeros},
                              {"tokens per second", result->tokens / result->seconds},
+                             {"tflops", result->tokens / result->seconds * flopsPerToken / 1e12},
                              {"elapsed ms", result->seconds * 1e3}, {"learning rate", result->learningRate},
                              {"peak bytes per rank", result->peakBytes}};
       if (result->mtpLoss)
