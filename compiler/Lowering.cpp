@@ -311,25 +311,26 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   FailureOr<pipeline::Layout> layout = layoutOf(*func);
   if (failed(layout))
     return failure();
+  FailureOr<ModelUnits> units = collectModelUnits(*func);
+  if (failed(units))
+    return failure();
+  const ModelDims &d = units->dims;
   Artifact artifact;
   ModelInfo &m = artifact.model;
-  m.name = func->getSymName().str();
-  m.vocab = config.getVocab();
-  m.hidden = config.getHidden();
-  m.heads = config.getHeads();
-  m.ffnHidden = config.getFfnHidden();
-  m.seqLen = config.getSeqLen();
-  m.microBatch = config.getMicroBatch();
-  m.streams = config.getStreams();
-  m.sinkhornIterations = config.getSinkhornIterations();
+  m.name = units->name;
+  m.vocab = d.vocab;
+  m.hidden = d.hidden;
+  m.heads = d.heads;
+  m.ffnHidden = d.ffnHidden;
+  m.seqLen = d.seqLen;
+  m.microBatch = d.microBatch;
+  m.streams = d.streams;
+  m.sinkhornIterations = d.sinkhornIterations;
   m.gatingFactor = config.getGatingFactor().getValueAsDouble();
   m.normEps = config.getNormEps().getValueAsDouble();
   m.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
   m.seed = config.getSeed();
-  FailureOr<ModelUnits> units = collectModelUnits(*func);
-  if (failed(units))
-    return failure();
-  m.trainingFlopsPerToken = totalCost(units->units, units->dims).trainingFlopsPerToken();
+  m.trainingFlopsPerToken = totalCost(units->units, d).trainingFlopsPerToken();
   artifact.modelHash = modelHash.str();
   pipeline::Schedule schedule = readSchedule(schedules.front());
   artifact.pp = schedule.pp;

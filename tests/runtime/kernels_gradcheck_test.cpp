@@ -13,10 +13,11 @@ namespace {
 
 using Vec = std::vector<double>;
 
-Vec randomVec(std::mt19937_64 &rng, size_t size, double scale = 1.0) {
-  std::normal_distribution<double> normal(0.0, scale);
-  Vec v(size);
-  for (double &x : v)
+template <typename T = double>
+std::vector<T> randomVec(std::mt19937_64 &rng, size_t size, T scale = 1) {
+  std::normal_distribution<T> normal(0, scale);
+  std::vector<T> v(size);
+  for (T &x : v)
     x = normal(rng);
   return v;
 }
@@ -305,11 +306,7 @@ namespace {
 using FVec = std::vector<float>;
 
 FVec randomFloats(std::mt19937_64 &rng, size_t size, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  FVec v(size);
-  for (float &x : v)
-    x = normal(rng);
-  return v;
+  return randomVec<float>(rng, size, scale);
 }
 
 /// The zero-bubble split: B (input gradient only) then W (weight gradients
