@@ -131,7 +131,7 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                         result.makespan, simulation.tflops, simulation.linkGBps,
                         result.bubbleFraction);
     if (timeline)
-      os << pipeline::formatTimeline(schedule, *spec, result);
+      os << pipeline::formatTimeline(schedule, result);
   }
   return success();
 }

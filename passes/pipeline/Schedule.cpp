@@ -794,8 +794,7 @@ SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &
   return Simulator(schedule, spec).run();
 }
 
-std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
-                           const SimulationResult &result) {
+std::string formatTimeline(const Schedule &schedule, const SimulationResult &result) {
   std::ostringstream os;
   const int columns = 96;
   double scale = result.makespan > 0 ? columns / result.makespan : 0;
@@ -838,7 +837,6 @@ std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
     os << "  rank " << r << ": peak activations " << humanBytes(result.peakBytes[r])
        << ", at most " << result.peakInFlight[r] << " microbatch-stages in flight, "
        << schedule.ranks[r].size() << " instructions\n";
-  (void)spec;
   return os.str();
 }
 

@@ -91,8 +91,7 @@ struct SimulationResult {
 SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &spec);
 
 /// A per-rank text timeline plus bubble and peak memory, for --print-schedule.
-std::string formatTimeline(const Schedule &schedule, const ScheduleSpec &spec,
-                           const SimulationResult &result);
+std::string formatTimeline(const Schedule &schedule, const SimulationResult &result);
 
 } // namespace mhcc::pipeline
 

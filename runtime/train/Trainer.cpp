@@ -185,6 +185,15 @@ struct CpuTrainer::Impl {
       return true;
     }
 
+    /// Records the tapped gradients the backward computed (the received
+    /// output gradient was recorded on arrival).
+    void tapGradients(const StageProgram &p, const StageState &st, int64_t mb) {
+      for (size_t v = 0; v < st.values.size(); ++v)
+        if (p.values[v].tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput &&
+            !st.values[v].empty())
+          tap(p.values[v], st.values[v], mb);
+    }
+
     /// Microbatches whose B ran and whose W has not: their state stays.
     std::set<Key> weightPending;
 
@@ -223,10 +232,7 @@ struct CpuTrainer::Impl {
       if (part == BackwardPart::Input) {
         // B leaves everything W needs: inputs, scratch, output gradients.
         weightPending.insert(key);
-        for (size_t v = 0; v < st.values.size(); ++v)
-          if (p.values[v].tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput &&
-              !st.values[v].empty())
-            tap(p.values[v], st.values[v], mb);
+        tapGradients(p, st, mb);
         return true;
       }
       if (part == BackwardPart::Weight) {
@@ -239,14 +245,10 @@ struct CpuTrainer::Impl {
         return true;
       }
       // Keep only the input gradient (to send back or hand over); the rest dies.
-      for (size_t v = 0; v < st.values.size(); ++v) {
-        const ValueInfo &info = p.values[v];
-        if (static_cast<int>(v) != p.gradInput && !st.values[v].empty() &&
-            info.tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput)
-          tap(info, st.values[v], mb);
+      tapGradients(p, st, mb);
+      for (size_t v = 0; v < st.values.size(); ++v)
         if (static_cast<int>(v) != p.gradInput)
           release(st.values[v]);
-      }
       for (auto &v : st.aux)
         release(v);
       if (p.gradInput < 0)
@@ -255,7 +257,7 @@ struct CpuTrainer::Impl {
     }
 
     bool send(const Instr &i) {
-      Key key{i.payload == Payload::Activation ? i.srcStage : i.srcStage, i.mb};
+      Key key{i.srcStage, i.mb};
       auto it = states.find(key);
       const StageProgram &p = program(i.srcStage);
       int value = i.payload == Payload::Activation ? p.output : p.gradInput;
