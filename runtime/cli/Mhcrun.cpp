@@ -16,7 +16,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -78,6 +80,20 @@ void progress(int64_t done, int64_t total, double lmLoss) {
   std::fflush(stderr);
 }
 
+/// Device time by rank and primitive, largest first, then the host phases.
+void printProfile(const std::map<std::string, double> &profileMs, int64_t iterations) {
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto &[name, ms] : profileMs)
+    rows.push_back({ms / iterations, name});
+  std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) {
+    bool hostA = a.second.rfind("host:", 0) == 0, hostB = b.second.rfind("host:", 0) == 0;
+    return hostA != hostB ? hostB : a.first > b.first;
+  });
+  std::printf("mhcrun: profile, ms per iteration (mean of %lld)\n", (long long)iterations);
+  for (const auto &[ms, name] : rows)
+    std::printf("  %10.2f  %s\n", ms, name.c_str());
+}
+
 } // namespace
 
 int runMhcrun(int argc, char **argv) {
@@ -101,6 +117,9 @@ int runMhcrun(int argc, char **argv) {
   app.add_option("--metrics", metricsPath, "Write one JSON line per iteration here");
   app.add_option("--recv-timeout", options.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
   app.add_flag("--no-progress", noProgress, "No progress bar, even on a terminal");
+  app.add_flag("--profile", options.profile,
+               "Print where the time goes: device time per rank and primitive, summed over the iterations "
+               "after the first (CUDA backend), and the host phases");
   app.add_option("--peak-tflops", peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);
@@ -153,6 +172,7 @@ int runMhcrun(int argc, char **argv) {
   }
   bool bar = !noProgress && isatty(STDERR_FILENO);
   std::optional<double> first, last;
+  std::map<std::string, double> profileMs; // over the iterations after the first (warm-up)
   for (int64_t s = 0; s < steps; ++s) {
     std::optional<StepResult> result = gpu ? gpu->step(error) : cpu->step(error);
     if (!result)
@@ -177,12 +197,17 @@ int runMhcrun(int argc, char **argv) {
       metrics << line.dump() << "\n";
       metrics.flush();
     }
+    if (s > 0 || steps == 1)
+      for (auto &[name, ms] : result->profileMs)
+        profileMs[name] += ms;
     if (!first)
       first = result->lmLoss;
     last = result->lmLoss;
   }
   if (bar)
     std::fprintf(stderr, "\n");
+  if (options.profile)
+    printProfile(profileMs, steps > 1 ? steps - 1 : 1);
   std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)steps, *first, *last);
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace mhcc::runtime {
 namespace {
@@ -206,9 +207,26 @@ struct GpuTrainer::Impl {
     std::map<std::string, std::vector<float>> *taps = nullptr;
     std::mutex *tapMutex = nullptr;
     std::vector<std::vector<double>> *losses = nullptr;
+    std::map<std::string, double> profileMs;
     /// Loss scalars stay on the device until the step ends: (mb, loss index).
     std::vector<std::pair<std::pair<int64_t, size_t>, DeviceTensor>> lossBuffers;
     std::vector<std::pair<std::string, DeviceTensor>> tapBuffers;
+    /// With profiling: events around each primitive, read after the step.
+    std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> timings;
+    void markStart(cudaEvent_t &startEvent) {
+      if (!impl.options.profile)
+        return;
+      cudaEventCreate(&startEvent);
+      cudaEventRecord(startEvent, rank().compute);
+    }
+    void markEnd(const std::string &name, cudaEvent_t startEvent) {
+      if (!impl.options.profile)
+        return;
+      cudaEvent_t endEvent;
+      cudaEventCreate(&endEvent);
+      cudaEventRecord(endEvent, rank().compute);
+      timings.emplace_back("rank " + std::to_string(r) + " " + name, startEvent, endEvent);
+    }
     /// Embedding-backward CSRs, uploaded before the step: (mb, shift) -> device.
     std::map<std::pair<int64_t, int64_t>, std::pair<int32_t *, int32_t *>> csrs;
 
@@ -335,6 +353,8 @@ struct GpuTrainer::Impl {
         float *aux = st.aux[i].ptr;
         const int64_t n = f.streams;
         cublasHandle_t h = rank().blas;
+        cudaEvent_t started = nullptr;
+        markStart(started);
         switch (f.op) {
         case Prim::Identity:
           cudaMemcpyAsync(out.ptr, in(0), count * 4, cudaMemcpyDeviceToDevice, stream);
@@ -387,6 +407,7 @@ struct GpuTrainer::Impl {
           st.losses[f.loss] = out.ptr;
           break;
         }
+        markEnd(std::string("fwd ") + primName(f.op), started);
         if (!check(primName(f.op)))
           return false;
         tap(p.values[f.output], out, mb);
@@ -446,6 +467,8 @@ struct GpuTrainer::Impl {
           scratchToFree.push_back(ptr);
           return ptr;
         };
+        cudaEvent_t started = nullptr;
+        markStart(started);
         switch (f.op) {
         case Prim::Identity:
           cuda::addInto(din(0), dOut, p.values[f.output].rows * p.values[f.output].cols, stream);
@@ -501,6 +524,7 @@ struct GpuTrainer::Impl {
           break;
         }
         }
+        markEnd(std::string("bwd ") + primName(f.op), started);
         if (!check(primName(f.op)))
           return false;
       }
@@ -686,6 +710,14 @@ struct GpuTrainer::Impl {
         (*taps)[key] = std::move(host);
       }
       tapBuffers.clear();
+      for (auto &[name, startEvent, endEvent] : timings) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, startEvent, endEvent);
+        profileMs[name] += ms;
+        cudaEventDestroy(startEvent);
+        cudaEventDestroy(endEvent);
+      }
+      timings.clear();
       for (auto &[key, pointers] : csrs) {
         cudaFree(pointers.first);
         cudaFree(pointers.second);
@@ -733,6 +765,7 @@ struct GpuTrainer::Impl {
       threads.emplace_back([&runners, &tokens, r] { runners[r].run(tokens); });
     for (std::thread &t : threads)
       t.join();
+    auto pipelineDone = std::chrono::steady_clock::now();
     for (Runner &runner : runners)
       if (!runner.error.empty()) {
         error = runner.error;
@@ -763,7 +796,17 @@ struct GpuTrainer::Impl {
       error = problem;
       return std::nullopt;
     }
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    auto end = std::chrono::steady_clock::now();
+    result.seconds = std::chrono::duration<double>(end - start).count();
+    if (options.profile) {
+      for (Runner &runner : runners)
+        for (auto &[name, ms] : runner.profileMs)
+          result.profileMs[name] += ms;
+      result.profileMs["host: pipeline (all ranks, wall)"] =
+          std::chrono::duration<double, std::milli>(pipelineDone - start).count();
+      result.profileMs["host: gradients, optimizer, upload"] =
+          std::chrono::duration<double, std::milli>(end - pipelineDone).count();
+    }
     result.tokens = a.microbatches * m.tokens();
     for (Rank &rank : ranks)
       result.peakBytes.push_back(rank.peak);

@@ -35,6 +35,9 @@ struct TrainOptions {
   /// hence every pipeline boundary) and the reduced parameter gradients of
   /// each step: what the parity tests compare.
   bool recordTaps = false;
+  /// Time every primitive (CUDA events around each kernel group, per rank)
+  /// and the host phases of a step; costs a little, so only on request.
+  bool profile = false;
 };
 
 struct StepResult {
@@ -50,6 +53,9 @@ struct StepResult {
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
   std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping
+  // With profile: milliseconds by "rank R fwd|bwd PRIM" (device time) and by
+  // host phase ("host: ...").
+  std::map<std::string, double> profileMs;
 };
 
 class CpuTrainer {
