@@ -10,6 +10,7 @@
 #include "runtime/cli/Mhcrun.h"
 
 #include "runtime/cuda/GpuTrainer.h"
+#include "runtime/dist/ProcessGroup.h"
 #include "runtime/gpu/Gpus.h"
 #include "runtime/train/Trainer.h"
 
@@ -21,8 +22,11 @@
 #include <map>
 #include <cstdio>
 #include <ctime>
+#include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -94,16 +98,73 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
     std::printf("  %10.2f  %s\n", ms, name.c_str());
 }
 
+/// `mhcrun --gpus N`: starts one child process per rank on this host (the
+/// same command line, told its rank through MHCC_RANK...), passes the NCCL
+/// ids through a private directory, and waits. When one rank fails, the
+/// others are stopped, so a failure never leaves ranks waiting on a dead
+/// peer. Rank 0 prints; every rank's errors reach stderr.
+int launchRanks(int64_t ranks, char **argv) {
+  char dirTemplate[] = "/tmp/mhcrun.XXXXXX";
+  if (!mkdtemp(dirTemplate))
+    return fail("--gpus: cannot create a bootstrap directory under /tmp");
+  const std::string dir = dirTemplate;
+  std::vector<pid_t> children;
+  for (int64_t r = 0; r < ranks; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t child : children)
+        kill(child, SIGKILL);
+      return fail("--gpus: cannot start rank " + std::to_string(r));
+    }
+    if (pid == 0) {
+      setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCC_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      setenv("MHCC_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCC_BOOTSTRAP_DIR", dir.c_str(), 1);
+      execv("/proc/self/exe", argv);
+      std::perror("mhcrun: exec");
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  int result = 0;
+  size_t running = children.size();
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = wait(&status);
+    if (pid < 0)
+      break;
+    --running;
+    size_t rank = std::find(children.begin(), children.end(), pid) - children.begin();
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && result == 0) {
+      result = 1;
+      std::cerr << "mhcrun: rank " << rank << " "
+                << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                        : "exited with status " + std::to_string(WEXITSTATUS(status)))
+                << "; stopping the other ranks\n";
+      for (size_t k = 0; k < children.size(); ++k)
+        if (k != rank)
+          kill(children[k], SIGTERM);
+    }
+  }
+  std::string cleanup = "rm -rf '" + dir + "'";
+  if (std::system(cleanup.c_str()) != 0)
+    std::cerr << "mhcrun: could not remove " << dir << "\n";
+  return result;
+}
+
 } // namespace
 
 int runMhcrun(int argc, char **argv) {
   prepareCudaEnvironment(); // before any CUDA call
-  CLI::App app{"mhcrun: trains a compiled mhcc artifact (CPU reference backend; CUDA to come)"};
+  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU reference backend"};
   std::string artifactPath, backend = "auto", dataPath, metricsPath, optimizer = "adamw";
   int64_t steps = 20;
   TrainOptions options;
-  bool noProgress = false;
+  bool noProgress = false, inProcess = false;
   double peakTflops = 0;
+  int64_t gpusFlag = -1;
   app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
@@ -117,6 +178,13 @@ int runMhcrun(int argc, char **argv) {
   app.add_option("--metrics", metricsPath, "Write one JSON line per iteration here");
   app.add_option("--recv-timeout", options.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
   app.add_flag("--no-progress", noProgress, "No progress bar, even on a terminal");
+  app.add_option("--gpus", gpusFlag,
+                 "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
+                 "backend). Under mpirun or srun the launcher starts the ranks instead")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--in-process", inProcess,
+               "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
+               "(debugging)");
   app.add_flag("--profile", options.profile,
                "Print where the time goes: device time per rank and primitive, summed over the iterations "
                "after the first (CUDA backend), and the host phases");
@@ -130,10 +198,25 @@ int runMhcrun(int argc, char **argv) {
   }
 
   std::string error;
+  std::optional<ProcessPlacement> placement = detectPlacement(error);
+  if (!error.empty())
+    return fail(error);
+  const std::string rankPrefix = placement ? "rank " + std::to_string(placement->rank) + ": " : "";
   std::optional<Artifact> artifact = readArtifact(artifactPath, error);
   if (!artifact)
-    return fail(error);
+    return fail(rankPrefix + error);
   GpuInventory gpus = queryGpus();
+  if (placement) {
+    if (backend == "cpu")
+      return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
+                  " processes, but the CPU backend runs every rank in one process; start one process");
+    backend = "cuda";
+  }
+  if (gpusFlag > 0) {
+    if (backend == "cpu")
+      return fail("--gpus starts one process per GPU for the CUDA backend; drop --backend cpu or --gpus");
+    backend = "cuda";
+  }
   if (backend == "auto") {
     backend = static_cast<int64_t>(gpus.gpus.size()) >= artifact->pp ? "cuda" : "cpu";
     if (backend == "cpu" && !gpus.gpus.empty())
@@ -142,10 +225,30 @@ int runMhcrun(int argc, char **argv) {
   }
   std::optional<TokenDataset> data = TokenDataset::open(dataPath, error);
   if (!data)
-    return fail(error);
+    return fail(rankPrefix + error);
   std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen);
   if (!problem.empty())
-    return fail(problem);
+    return fail(rankPrefix + problem);
+  if (gpusFlag > 0 && gpusFlag != artifact->pp)
+    return fail("--gpus " + std::to_string(gpusFlag) + ": the artifact has pp = " + std::to_string(artifact->pp) +
+                " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
+                " or recompile with --pp " + std::to_string(gpusFlag));
+  if (backend == "cuda" && !placement) {
+    if (static_cast<int64_t>(gpus.gpus.size()) < artifact->pp)
+      return fail("the artifact has pp = " + std::to_string(artifact->pp) + " pipeline ranks and needs one GPU each, "
+                  "but " + std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
+                  (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
+                  "; recompile with a smaller --pp or run on more GPUs");
+    if (artifact->pp > 1 && !inProcess)
+      return launchRanks(artifact->pp, argv);
+  }
+  // In a multi-process run rank 0 speaks for all (every rank has the step's
+  // numbers after the all-reduce); the others report only errors.
+  const bool speaker = !placement || placement->rank == 0;
+  if (!speaker) {
+    metricsPath.clear();
+    noProgress = true;
+  }
 
   std::ofstream metrics;
   if (!metricsPath.empty()) {
@@ -154,7 +257,8 @@ int runMhcrun(int argc, char **argv) {
       return fail("cannot write the metrics file " + metricsPath);
   }
   const Artifact &a = *artifact;
-  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << ", pp = " << a.pp
+  if (speaker)
+    std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << ", pp = " << a.pp
             << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule " << a.scheduleKind
             << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
             << data->source() << " (" << data->size() << " tokens)\n";
@@ -163,7 +267,15 @@ int runMhcrun(int argc, char **argv) {
   const double totalPeak = peakTflops * a.pp; // MFU over every device the run uses
   std::unique_ptr<CpuTrainer> cpu;
   std::unique_ptr<GpuTrainer> gpu;
-  if (backend == "cuda") {
+  std::unique_ptr<Bootstrap> bootstrap;
+  if (placement) {
+    bootstrap = makeBootstrap(*placement, options.recvTimeoutSeconds, error);
+    if (!bootstrap)
+      return fail(rankPrefix + error);
+    gpu = GpuTrainer::createRank(std::move(*artifact), *data, options, *placement, *bootstrap, error);
+    if (!gpu)
+      return fail(error);
+  } else if (backend == "cuda") {
     gpu = GpuTrainer::create(std::move(*artifact), *data, options, error);
     if (!gpu)
       return fail(error);
@@ -176,10 +288,12 @@ int runMhcrun(int argc, char **argv) {
   for (int64_t s = 0; s < steps; ++s) {
     std::optional<StepResult> result = gpu ? gpu->step(error) : cpu->step(error);
     if (!result)
-      return fail("iteration " + std::to_string(s + 1) + ": " + error);
+      return fail(rankPrefix + "iteration " + std::to_string(s + 1) + ": " + error);
     if (!std::isfinite(result->lmLoss))
       return fail("iteration " + std::to_string(s + 1) + ": the loss is " + std::to_string(result->lmLoss) +
                   "; lower --lr or check the data");
+    if (!speaker)
+      continue;
     if (bar)
       std::fprintf(stderr, "\r%80s\r", "");
     std::cout << formatLine(*result, steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
@@ -206,6 +320,8 @@ int runMhcrun(int argc, char **argv) {
   }
   if (bar)
     std::fprintf(stderr, "\n");
+  if (!speaker)
+    return 0;
   if (options.profile)
     printProfile(profileMs, steps > 1 ? steps - 1 : 1);
   std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)steps, *first, *last);

@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace mhcc::runtime::cuda {
@@ -11,14 +12,114 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxStreams = 8;  // n <= 8: coefficients fit per-thread arrays
-constexpr int kMaxHeadDim = 256;
 constexpr double kRopeBase = 10000.0;
 constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
+// Sinkhorn steps (2 per iteration) of a 4x4 matrix the backward keeps per
+// token instead of recomputing them: 40 iterations at n = 4, 10 at n = 8.
+constexpr int kCachedSinkhornSteps = 80;
 
 inline int blocks(int64_t count) { return static_cast<int>((count + kThreads - 1) / kThreads); }
 
 __device__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---- deterministic reductions -------------------------------------------------------
+// Butterfly sums: every lane ends with the same bits (fp addition commutes),
+// and the association order is fixed by the block shape alone.
+
+__device__ float warpSum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ float warpMax(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+/// Sum over a block of kThreads threads; every thread gets the result.
+__device__ float blockSum(float v) {
+  __shared__ float partial[kThreads / 32];
+  __syncthreads(); // the previous call's readers are done with `partial`
+  v = warpSum(v);
+  if (threadIdx.x % 32 == 0)
+    partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < kThreads / 32; ++w)
+    total += partial[w];
+  return total;
+}
+
+__device__ float blockMax(float v) {
+  __shared__ float partial[kThreads / 32];
+  __syncthreads();
+  v = warpMax(v);
+  if (threadIdx.x % 32 == 0)
+    partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = partial[0];
+  for (int w = 1; w < kThreads / 32; ++w)
+    m = fmaxf(m, partial[w]);
+  return m;
+}
+
+/// One warp per row: out[t] = sum of squares of row t.
+__global__ void rowSquaresKernel(const float *x, float *out, int64_t rows, int64_t width) {
+  int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  if (t >= rows)
+    return;
+  const float *row = x + t * width;
+  float sq = 0;
+  for (int64_t k = lane; k < width; k += 32)
+    sq += row[k] * row[k];
+  sq = warpSum(sq);
+  if (lane == 0)
+    out[t] = sq;
+}
+
+inline int warpBlocks(int64_t rows) { return blocks(rows * 32); }
+
+/// Column sums over rows in two fixed stages, without atomics: partial sums
+/// over chunks of kChunkRows rows (rows ascending), then the chunks in order.
+/// `value(t, c)` gives the summand. The order depends on the shapes alone.
+constexpr int64_t kChunkRows = 64;
+inline int64_t columnChunks(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
+
+template <typename Value>
+__global__ void columnPartialsKernel(Value value, int64_t rows, int64_t cols, float *partial) {
+  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t chunk = blockIdx.y;
+  if (c >= cols)
+    return;
+  float acc = 0;
+  for (int64_t t = chunk * kChunkRows; t < min(rows, (chunk + 1) * kChunkRows); ++t)
+    acc += value(t, c);
+  partial[chunk * cols + c] = acc;
+}
+
+__global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, int64_t cols, float *dst) {
+  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols)
+    return;
+  float acc = 0;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    acc += partial[chunk * cols + c];
+  dst[c] += acc;
+}
+
+/// dst[c] += sum over t of value(t, c); partial: columnChunks(rows) * cols floats.
+template <typename Value>
+void addColumnSums(Value value, int64_t rows, int64_t cols, float *partial, float *dst, cudaStream_t s) {
+  if (rows == 0)
+    return;
+  dim3 grid(unsigned(blocks(cols)), unsigned(columnChunks(rows)));
+  columnPartialsKernel<<<grid, kThreads, 0, s>>>(value, rows, cols, partial);
+  addColumnPartialsKernel<<<blocks(cols), kThreads, 0, s>>>(partial, columnChunks(rows), cols, dst);
+}
 
 // ---- cuBLAS: row-major products through column-major GEMMs ---------------------
 
@@ -27,6 +128,15 @@ void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t 
           float beta) {
   const float one = 1.0f;
   cublasSgemm(h, ta, tb, int(m), int(n), int(k), &one, a, int(lda), b, int(ldb), &beta, c, int(ldc));
+}
+
+/// Column-major strided-batched product (one batch entry per attention head).
+void gemmBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                 float alpha, const float *a, int64_t lda, int64_t strideA, const float *b, int64_t ldb,
+                 int64_t strideB, float *c, int64_t ldc, int64_t strideC, int64_t batch) {
+  const float zero = 0.0f;
+  cublasSgemmStridedBatched(h, ta, tb, int(m), int(n), int(k), &alpha, a, int(lda), strideA, b, int(ldb), strideB,
+                            &zero, c, int(ldc), strideC, int(batch));
 }
 
 // ---- elementwise -------------------------------------------------------------------
@@ -137,7 +247,7 @@ __device__ void sinkhorn(const float *logits, float *out, int n, int iters) {
     out[e] = m[e];
 }
 
-__global__ void mhcCoeffsForwardKernel(const float *x, const float *p, const float *bias,
+__global__ void mhcCoeffsForwardKernel(const float *squares, const float *p, const float *bias,
                                        const float *alpha, float *coef, float *aux, int64_t rows,
                                        int64_t C, int n, int iters) {
   int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -145,11 +255,7 @@ __global__ void mhcCoeffsForwardKernel(const float *x, const float *p, const flo
     return;
   const int64_t width = n * C;
   const int K = n * n + 2 * n;
-  const float *xr = x + t * width;
-  float sq = 0;
-  for (int64_t k = 0; k < width; ++k)
-    sq += xr[k] * xr[k];
-  float rms = sqrtf(sq / float(width));
+  float rms = sqrtf(squares[t] / float(width));
   float r = 1.0f / (rms + kMhcRmsEps);
   float *h = aux + t * (K + 1);
   for (int k = 0; k < K; ++k) {
@@ -167,7 +273,7 @@ __global__ void mhcCoeffsForwardKernel(const float *x, const float *p, const flo
 
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
 /// the scale of the RMS term; the reductions over tokens run afterwards.
-__global__ void mhcCoeffsBackwardKernel(const float *x, const float *p, const float *alpha,
+__global__ void mhcCoeffsBackwardKernel(const float *squares, const float *p, const float *alpha,
                                         const float *aux, const float *dCoef, float *dh, float *dp,
                                         float *rScale, int64_t rows, int64_t C, int n, int iters) {
   int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -200,28 +306,48 @@ __global__ void mhcCoeffsBackwardKernel(const float *x, const float *p, const fl
     float gr[kMaxStreams * kMaxStreams];
     for (int e = 0; e < nn; ++e)
       gr[e] = dc[2 * n + e];
-    // Walk the iterations backwards, recomputing each forward step's input
-    // from m0 (iters is small; this trades work for registers).
+    // Walk the steps backwards. Each step's input matrix comes from one
+    // forward sweep saved in (thread-local) memory; past kCachedSinkhornSteps
+    // steps it is recomputed from m0 instead. Both produce the same bits.
     float xs[kMaxStreams * kMaxStreams];
+    const bool cached = 2 * iters * nn <= kCachedSinkhornSteps * 16;
+    float saved[kCachedSinkhornSteps * 16];
+    auto normalize = [&](float *mat, int step) {
+      bool rowStep = step % 2 == 0;
+      for (int a = 0; a < n; ++a) {
+        float sum = 0;
+        for (int b = 0; b < n; ++b)
+          sum += rowStep ? mat[a * n + b] : mat[b * n + a];
+        sum = fmaxf(sum, kSinkhornClamp);
+        for (int b = 0; b < n; ++b) {
+          if (rowStep)
+            mat[a * n + b] /= sum;
+          else
+            mat[b * n + a] /= sum;
+        }
+      }
+    };
+    if (cached) {
+      for (int e = 0; e < nn; ++e)
+        xs[e] = m0[e];
+      for (int step = 0; step < 2 * iters; ++step) {
+        for (int e = 0; e < nn; ++e)
+          saved[step * nn + e] = xs[e];
+        normalize(xs, step);
+      }
+    }
     for (int it = iters - 1; it >= 0; --it) {
       for (int half = 1; half >= 0; --half) {
         // xs = the matrix entering step (2 it + half)
-        for (int e = 0; e < nn; ++e)
-          xs[e] = m0[e];
-        for (int s2 = 0; s2 < 2 * it + half; ++s2) {
-          bool rowStep = s2 % 2 == 0;
-          for (int a = 0; a < n; ++a) {
-            float sum = 0;
-            for (int b = 0; b < n; ++b)
-              sum += rowStep ? xs[a * n + b] : xs[b * n + a];
-            sum = fmaxf(sum, kSinkhornClamp);
-            for (int b = 0; b < n; ++b) {
-              if (rowStep)
-                xs[a * n + b] /= sum;
-              else
-                xs[b * n + a] /= sum;
-            }
-          }
+        const int step = 2 * it + half;
+        if (cached) {
+          for (int e = 0; e < nn; ++e)
+            xs[e] = saved[step * nn + e];
+        } else {
+          for (int e = 0; e < nn; ++e)
+            xs[e] = m0[e];
+          for (int s2 = 0; s2 < step; ++s2)
+            normalize(xs, s2);
         }
         bool rowStep = half == 0;
         for (int a = 0; a < n; ++a) {
@@ -250,36 +376,29 @@ __global__ void mhcCoeffsBackwardKernel(const float *x, const float *p, const fl
     dp[t * K + k] = g[k] * r * a;
     dr += g[k] * p[t * K + k] * a;
   }
-  const float *xr = x + t * width;
-  float sq = 0;
-  for (int64_t k = 0; k < width; ++k)
-    sq += xr[k] * xr[k];
-  float rms = sqrtf(sq / float(width));
+  float rms = sqrtf(squares[t] / float(width));
   rScale[t] = rms > 0 ? -dr * r * r / (float(width) * rms) : 0.0f;
 }
 
-__global__ void mhcBiasAlphaGradKernel(const float *dh, const float *p, const float *aux,
-                                       float *dBias, float *dAlpha, int64_t rows, int n) {
-  const int K = n * n + 2 * n;
-  int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k < K) {
-    float acc = dBias[k];
-    for (int64_t t = 0; t < rows; ++t)
-      acc += dh[t * K + k];
-    dBias[k] = acc;
-  } else if (k < K + 3) {
-    int group = k - K;
+/// Summands of dBias (column k) and of dAlpha (column g: pre, post, res).
+struct MhcBiasGrad {
+  const float *dh;
+  int K;
+  __device__ float operator()(int64_t t, int64_t k) const { return dh[t * K + k]; }
+};
+struct MhcAlphaGrad {
+  const float *dh, *p, *aux;
+  int n;
+  __device__ float operator()(int64_t t, int64_t group) const {
+    const int K = n * n + 2 * n;
     int from = group == 0 ? 0 : group == 1 ? n : 2 * n;
     int to = group == 0 ? n : group == 1 ? 2 * n : K;
-    float acc = dAlpha[group];
-    for (int64_t t = 0; t < rows; ++t) {
-      float r = aux[t * (K + 1) + K];
-      for (int j = from; j < to; ++j)
-        acc += dh[t * K + j] * r * p[t * K + j];
-    }
-    dAlpha[group] = acc;
+    float r = aux[t * (K + 1) + K], acc = 0;
+    for (int j = from; j < to; ++j)
+      acc += dh[t * K + j] * r * p[t * K + j];
+    return acc;
   }
-}
+};
 
 __global__ void rowScaleAddKernel(const float *x, const float *scale, float *dx, int64_t rows, int64_t width) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -308,16 +427,20 @@ __global__ void mhcPreBackwardXKernel(const float *coef, const float *du, float 
   dx[i] += coef[t * K + s] * du[t * C + c];
 }
 
+/// One warp per (t, s): dCoef[t, s] += <du[t], x[t, s]>.
 __global__ void mhcPreBackwardCoefKernel(const float *x, const float *du, float *dCoef, int64_t rows, int64_t C, int n) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
   if (i >= rows * n)
     return;
   const int K = n * n + 2 * n;
   int64_t t = i / n, s = i % n;
   float dot = 0;
-  for (int64_t c = 0; c < C; ++c)
+  for (int64_t c = lane; c < C; c += 32)
     dot += du[t * C + c] * x[(t * n + s) * C + c];
-  dCoef[t * K + s] += dot;
+  dot = warpSum(dot);
+  if (lane == 0)
+    dCoef[t * K + s] += dot;
 }
 
 __global__ void mhcPostResForwardKernel(const float *x, const float *coef, const float *y, float *out,
@@ -357,24 +480,31 @@ __global__ void mhcPostResBackwardValuesKernel(const float *coef, const float *d
   }
 }
 
+/// One warp per (t, i): dCoef's post entry <dOut[t,i], y[t]> and res row
+/// <dOut[t,i], x[t,j]> for every j.
 __global__ void mhcPostResBackwardCoefKernel(const float *x, const float *y, const float *dOut, float *dCoef,
                                              int64_t rows, int64_t C, int n) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
   if (e >= rows * n)
     return;
   const int K = n * n + 2 * n;
   int64_t t = e / n, i = e % n;
   const float *g = dOut + (t * n + i) * C;
   float dotY = 0;
-  for (int64_t c = 0; c < C; ++c)
+  for (int64_t c = lane; c < C; c += 32)
     dotY += g[c] * y[t * C + c];
-  dCoef[t * K + n + i] += dotY;
+  dotY = warpSum(dotY);
+  if (lane == 0)
+    dCoef[t * K + n + i] += dotY;
   for (int j = 0; j < n; ++j) {
     const float *xj = x + (t * n + j) * C;
     float dot = 0;
-    for (int64_t c = 0; c < C; ++c)
+    for (int64_t c = lane; c < C; c += 32)
       dot += g[c] * xj[c];
-    dCoef[t * K + 2 * n + i * n + j] += dot;
+    dot = warpSum(dot);
+    if (lane == 0)
+      dCoef[t * K + 2 * n + i * n + j] += dot;
   }
 }
 
@@ -394,14 +524,10 @@ __global__ void residualBackwardKernel(const float *dOut, float *dx, float *dy, 
 
 // ---- RMSNorm ----------------------------------------------------------------------------
 
-__global__ void rmsNormStatsKernel(const float *u, float *aux, int64_t rows, int64_t C, float eps) {
+__global__ void rmsNormStatsKernel(const float *squares, float *aux, int64_t rows, int64_t C, float eps) {
   int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= rows)
-    return;
-  float sq = 0;
-  for (int64_t c = 0; c < C; ++c)
-    sq += u[t * C + c] * u[t * C + c];
-  aux[t] = 1.0f / sqrtf(sq / float(C) + eps);
+  if (t < rows)
+    aux[t] = 1.0f / sqrtf(squares[t] / float(C) + eps);
 }
 
 __global__ void rmsNormApplyKernel(const float *u, const float *gain, const float *aux, float *y,
@@ -411,29 +537,27 @@ __global__ void rmsNormApplyKernel(const float *u, const float *gain, const floa
     y[i] = u[i] * aux[i / C] * gain[i % C];
 }
 
+/// One warp per row.
 __global__ void rmsNormBackwardRowKernel(const float *u, const float *gain, const float *aux,
                                          const float *dy, float *du, int64_t rows, int64_t C) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
   if (t >= rows)
     return;
   float s = aux[t], dot = 0;
-  for (int64_t c = 0; c < C; ++c)
+  for (int64_t c = lane; c < C; c += 32)
     dot += gain[c] * dy[t * C + c] * u[t * C + c];
+  dot = warpSum(dot);
   float k = s * s * s / float(C) * dot;
-  for (int64_t c = 0; c < C; ++c)
+  for (int64_t c = lane; c < C; c += 32)
     du[t * C + c] += s * gain[c] * dy[t * C + c] - k * u[t * C + c];
 }
 
-__global__ void rmsNormGainGradKernel(const float *u, const float *aux, const float *dy, float *dGain,
-                                      int64_t rows, int64_t C) {
-  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C)
-    return;
-  float acc = dGain[c];
-  for (int64_t t = 0; t < rows; ++t)
-    acc += dy[t * C + c] * u[t * C + c] * aux[t];
-  dGain[c] = acc;
-}
+struct RmsNormGainGrad {
+  const float *u, *aux, *dy;
+  int64_t C;
+  __device__ float operator()(int64_t t, int64_t c) const { return dy[t * C + c] * u[t * C + c] * aux[t]; }
+};
 
 // ---- attention ---------------------------------------------------------------------------
 
@@ -457,124 +581,41 @@ __global__ void ropeKernel(float *qkv, int64_t rows, int64_t C, int64_t heads, i
   v[1] = a * s + b * c;
 }
 
-__global__ void attentionForwardKernel(const float *qkv, float *o, float *lse, int64_t rows, int64_t C,
-                                       int64_t heads, int64_t seq) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * heads)
-    return;
-  const int64_t d = C / heads;
-  int64_t ti = e / heads, h = e % heads;
-  int64_t b = ti / seq, i = ti % seq;
-  const float scale = rsqrtf(float(d));
-  const float *q = qkv + ti * 3 * C + h * d;
-  float maxScore = -INFINITY;
-  for (int64_t j = 0; j <= i; ++j) {
-    const float *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-    float s = 0;
-    for (int64_t x = 0; x < d; ++x)
-      s += q[x] * k[x];
-    maxScore = fmaxf(maxScore, s * scale);
-  }
-  float acc[kMaxHeadDim];
-  for (int64_t x = 0; x < d; ++x)
-    acc[x] = 0;
+/// One block per score row (head, query i) of one sequence: causal softmax
+/// in place (P, zero above the diagonal) and the row's log-sum-exp.
+__global__ void causalSoftmaxKernel(float *scores, float *lse, int64_t seq, int64_t heads, int64_t lseOffset) {
+  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  float *row = scores + (h * seq + i) * seq;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    m = fmaxf(m, row[j]);
+  m = blockMax(m);
   float sum = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    const float *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-    const float *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
-    float s = 0;
-    for (int64_t x = 0; x < d; ++x)
-      s += q[x] * k[x];
-    float p = expf(s * scale - maxScore);
-    sum += p;
-    for (int64_t x = 0; x < d; ++x)
-      acc[x] += p * v[x];
-  }
-  lse[ti * heads + h] = maxScore + logf(sum);
-  for (int64_t x = 0; x < d; ++x)
-    o[ti * C + h * d + x] = acc[x] / sum;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    sum += expf(row[j] - m);
+  sum = blockSum(sum);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x)
+    row[j] = j <= i ? expf(row[j] - m) * inv : 0.0f;
+  if (threadIdx.x == 0)
+    lse[(lseOffset + i) * heads + h] = m + logf(sum);
 }
 
-/// Per query row: D_i = sum_j p_ij dp_ij, then dq_i.
-__global__ void attentionBackwardQueryKernel(const float *qkv, const float *lse, const float *dO,
-                                             float *dQkv, float *rowDot, int64_t rows, int64_t C,
-                                             int64_t heads, int64_t seq) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * heads)
-    return;
-  const int64_t d = C / heads;
-  int64_t ti = e / heads, h = e % heads;
-  int64_t b = ti / seq, i = ti % seq;
-  const float scale = rsqrtf(float(d));
-  const float *q = qkv + ti * 3 * C + h * d;
-  const float *gO = dO + ti * C + h * d;
-  const float l = lse[ti * heads + h];
-  float D = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    const float *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-    const float *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
-    float s = 0, g = 0;
-    for (int64_t x = 0; x < d; ++x) {
-      s += q[x] * k[x];
-      g += gO[x] * v[x];
-    }
-    D += expf(s * scale - l) * g;
-  }
-  rowDot[ti * heads + h] = D;
-  float dq[kMaxHeadDim];
-  for (int64_t x = 0; x < d; ++x)
-    dq[x] = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    const float *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-    const float *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
-    float s = 0, g = 0;
-    for (int64_t x = 0; x < d; ++x) {
-      s += q[x] * k[x];
-      g += gO[x] * v[x];
-    }
-    float ds = expf(s * scale - l) * (g - D) * scale;
-    for (int64_t x = 0; x < d; ++x)
-      dq[x] += ds * k[x];
-  }
-  for (int64_t x = 0; x < d; ++x)
-    dQkv[ti * 3 * C + h * d + x] = dq[x];
-}
-
-/// Per key row j: dk_j and dv_j over the queries i >= j, in order.
-__global__ void attentionBackwardKeyKernel(const float *qkv, const float *lse, const float *dO,
-                                           const float *rowDot, float *dQkv, int64_t rows, int64_t C,
-                                           int64_t heads, int64_t seq) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * heads)
-    return;
-  const int64_t d = C / heads;
-  int64_t tj = e / heads, h = e % heads;
-  int64_t b = tj / seq, j = tj % seq;
-  const float scale = rsqrtf(float(d));
-  const float *k = qkv + tj * 3 * C + C + h * d;
-  const float *v = qkv + tj * 3 * C + 2 * C + h * d;
-  float dk[kMaxHeadDim], dv[kMaxHeadDim];
-  for (int64_t x = 0; x < d; ++x)
-    dk[x] = dv[x] = 0;
-  for (int64_t i = j; i < seq; ++i) {
-    int64_t ti = b * seq + i;
-    const float *q = qkv + ti * 3 * C + h * d;
-    const float *gO = dO + ti * C + h * d;
-    float s = 0, g = 0;
-    for (int64_t x = 0; x < d; ++x) {
-      s += q[x] * k[x];
-      g += gO[x] * v[x];
-    }
-    float p = expf(s * scale - lse[ti * heads + h]);
-    float ds = p * (g - rowDot[ti * heads + h]) * scale;
-    for (int64_t x = 0; x < d; ++x) {
-      dk[x] += ds * q[x];
-      dv[x] += p * gO[x];
-    }
-  }
-  for (int64_t x = 0; x < d; ++x) {
-    dQkv[tj * 3 * C + C + h * d + x] = dk[x];
-    dQkv[tj * 3 * C + 2 * C + h * d + x] = dv[x];
+/// Backward of one score row: P from the saved log-sum-exp, then
+/// dS = P (dP - <P, dP>) * scale; P replaces the scores, dS replaces dP.
+__global__ void causalSoftmaxBackwardKernel(float *scores, float *dP, const float *lse, int64_t seq,
+                                            int64_t heads, int64_t lseOffset, float scale) {
+  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
+  const float l = lse[(lseOffset + i) * heads + h];
+  float dot = 0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    dot += expf(row[j] - l) * grad[j];
+  dot = blockSum(dot);
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
+    float p = j <= i ? expf(row[j] - l) : 0.0f;
+    row[j] = p;
+    grad[j] = p * (grad[j] - dot) * scale;
   }
 }
 
@@ -598,18 +639,19 @@ __global__ void swigluBackwardGateKernel(const float *a, const float *b, const f
 
 // ---- cross-entropy ------------------------------------------------------------------------
 
+/// One block per row.
 __global__ void logSumExpKernel(const float *logits, float *aux, int64_t rows, int64_t V) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= rows)
-    return;
-  const float *row = logits + t * V;
-  float m = row[0];
-  for (int64_t v = 1; v < V; ++v)
+  const float *row = logits + blockIdx.x * V;
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
     m = fmaxf(m, row[v]);
+  m = blockMax(m);
   float sum = 0;
-  for (int64_t v = 0; v < V; ++v)
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
     sum += expf(row[v] - m);
-  aux[t] = m + logf(sum);
+  sum = blockSum(sum);
+  if (threadIdx.x == 0)
+    aux[blockIdx.x] = m + logf(sum);
 }
 
 __global__ void lossKernel(const float *logits, const int32_t *labels, const float *aux, float *loss,
@@ -641,7 +683,85 @@ __global__ void crossEntropyBackwardKernel(const float *logits, const int32_t *l
   dLogits[i] += g;
 }
 
+// ---- optimizer ------------------------------------------------------------------------------
+
+constexpr int kStatBlocks = 256; // fixed: the sum's association depends on the size alone
+
+/// Per block: the sum of squares (double) and the zero count of a strided slice.
+__global__ void squaresAndZerosKernel(const float *g, int64_t count, double *partials) {
+  __shared__ double squares[kThreads], zeros[kThreads];
+  double sq = 0, z = 0;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < count; i += int64_t(kThreads) * gridDim.x) {
+    double v = g[i];
+    sq += v * v;
+    z += g[i] == 0.0f;
+  }
+  squares[threadIdx.x] = sq;
+  zeros[threadIdx.x] = z;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      squares[threadIdx.x] += squares[threadIdx.x + stride];
+      zeros[threadIdx.x] += zeros[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = squares[0];
+    partials[2 * blockIdx.x + 1] = zeros[0];
+  }
+}
+
+__global__ void finishSquaresAndZerosKernel(const double *partials, int blocksUsed, double *out) {
+  double sq = 0, z = 0;
+  for (int b = 0; b < blocksUsed; ++b) {
+    sq += partials[2 * b];
+    z += partials[2 * b + 1];
+  }
+  out[0] = sq;
+  out[1] = z;
+}
+
+__global__ void adamWKernel(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip,
+                            float b1, float b2, float eps, float c1, float c2, float decay) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count)
+    return;
+  float grad = g[i] * clip;
+  float mm = b1 * m[i] + (1.0f - b1) * grad;
+  float vv = b2 * v[i] + (1.0f - b2) * grad * grad;
+  m[i] = mm;
+  v[i] = vv;
+  float update = (mm / c1) / (sqrtf(vv / c2) + eps);
+  w[i] -= lr * (update + decay * w[i]);
+}
+
+__global__ void sgdKernel(float *w, const float *g, int64_t count, float lr, float clip) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count)
+    w[i] -= lr * (g[i] * clip);
+}
+
 } // namespace
+
+void squaresAndZeros(const float *g, int64_t count, double *out, double *partials, cudaStream_t s) {
+  int used = int(std::min<int64_t>(kStatBlocks, std::max<int64_t>(1, (count + kThreads - 1) / kThreads)));
+  squaresAndZerosKernel<<<used, kThreads, 0, s>>>(g, count, partials);
+  finishSquaresAndZerosKernel<<<1, 1, 0, s>>>(partials, used, out);
+}
+int64_t squaresAndZerosScratch() { return 2 * kStatBlocks; }
+
+void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
+           float beta2, float eps, float correction1, float correction2, float decay, cudaStream_t s) {
+  if (count)
+    adamWKernel<<<blocks(count), kThreads, 0, s>>>(w, g, m, v, count, lr, clip, beta1, beta2, eps, correction1,
+                                                  correction2, decay);
+}
+
+void sgd(float *w, const float *g, int64_t count, float lr, float clip, cudaStream_t s) {
+  if (count)
+    sgdKernel<<<blocks(count), kThreads, 0, s>>>(w, g, count, lr, clip);
+}
 
 std::string lastError(const char *what) {
   cudaError_t status = cudaGetLastError();
@@ -705,9 +825,12 @@ void mhcCoeffsForward(cublasHandle_t h, const float *x, const float *wmap, const
                       const float *alpha, float *coef, float *aux, float *scratch, int64_t rows, int64_t C,
                       int64_t n, int64_t iters, cudaStream_t s) {
   const int64_t K = n * n + 2 * n;
-  matmul(h, x, wmap, scratch, rows, n * C, K, false);
-  mhcCoeffsForwardKernel<<<blocks(rows), kThreads, 0, s>>>(x, scratch, bias, alpha, coef, aux, rows, C,
-                                                           int(n), int(iters));
+  float *p = scratch, *squares = scratch + rows * K;
+  matmul(h, x, wmap, p, rows, n * C, K, false);
+  rowSquaresKernel<<<warpBlocks(rows), kThreads, 0, s>>>(x, squares, rows, n * C);
+  // Few rows per block: each row's Sinkhorn is a long serial loop, spread it over the SMs.
+  mhcCoeffsForwardKernel<<<int((rows + 31) / 32), 32, 0, s>>>(squares, p, bias, alpha, coef, aux, rows, C, int(n),
+                                                              int(iters));
 }
 
 void mhcCoeffsBackward(cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
@@ -716,10 +839,14 @@ void mhcCoeffsBackward(cublasHandle_t h, const float *x, const float *wmap, cons
                        cudaStream_t s) {
   const int64_t K = n * n + 2 * n, width = n * C;
   float *p = scratch, *dh = scratch + rows * K, *dp = scratch + 2 * rows * K, *rScale = scratch + 3 * rows * K;
+  float *squares = rScale + rows, *partial = squares + rows;
   matmul(h, x, wmap, p, rows, width, K, false);
-  mhcCoeffsBackwardKernel<<<blocks(rows), kThreads, 0, s>>>(x, p, alpha, aux, dCoef, dh, dp, rScale, rows,
-                                                            C, int(n), int(iters));
-  mhcBiasAlphaGradKernel<<<blocks(K + 3), kThreads, 0, s>>>(dh, p, aux, dBias, dAlpha, rows, int(n));
+  rowSquaresKernel<<<warpBlocks(rows), kThreads, 0, s>>>(x, squares, rows, width);
+  // Few rows per block: the per-row Sinkhorn backward is long, spread it over SMs.
+  mhcCoeffsBackwardKernel<<<int((rows + 31) / 32), 32, 0, s>>>(squares, p, alpha, aux, dCoef, dh, dp, rScale, rows,
+                                                               C, int(n), int(iters));
+  addColumnSums(MhcBiasGrad{dh, int(K)}, rows, K, partial, dBias, s);
+  addColumnSums(MhcAlphaGrad{dh, p, aux, int(n)}, rows, 3, partial, dAlpha, s);
   matmulTransBAcc(h, dp, wmap, dx, rows, K, width);
   matmulTransAAcc(h, x, dp, dWmap, rows, width, K);
   rowScaleAddKernel<<<blocks(rows * width), kThreads, 0, s>>>(x, rScale, dx, rows, width);
@@ -733,7 +860,7 @@ void mhcPreForward(const float *x, const float *coef, float *u, int64_t rows, in
 void mhcPreBackward(const float *x, const float *coef, const float *du, float *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
   mhcPreBackwardXKernel<<<blocks(rows * n * C), kThreads, 0, s>>>(coef, du, dx, rows, C, int(n));
-  mhcPreBackwardCoefKernel<<<blocks(rows * n), kThreads, 0, s>>>(x, du, dCoef, rows, C, int(n));
+  mhcPreBackwardCoefKernel<<<warpBlocks(rows * n), kThreads, 0, s>>>(x, du, dCoef, rows, C, int(n));
 }
 
 void mhcPostResForward(const float *x, const float *coef, const float *y, float *out, int64_t rows,
@@ -744,7 +871,7 @@ void mhcPostResForward(const float *x, const float *coef, const float *y, float 
 void mhcPostResBackward(const float *x, const float *coef, const float *y, const float *dOut, float *dx,
                         float *dCoef, float *dy, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
   mhcPostResBackwardValuesKernel<<<blocks(rows * n * C), kThreads, 0, s>>>(coef, dOut, dx, dy, rows, C, int(n));
-  mhcPostResBackwardCoefKernel<<<blocks(rows * n), kThreads, 0, s>>>(x, y, dOut, dCoef, rows, C, int(n));
+  mhcPostResBackwardCoefKernel<<<warpBlocks(rows * n), kThreads, 0, s>>>(x, y, dOut, dCoef, rows, C, int(n));
 }
 
 void residualForward(const float *x, const float *y, float *out, int64_t count, cudaStream_t s) {
@@ -757,23 +884,35 @@ void residualBackward(const float *dOut, float *dx, float *dy, int64_t count, cu
 
 void rmsNormForward(const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
                     double eps, cudaStream_t s) {
-  rmsNormStatsKernel<<<blocks(rows), kThreads, 0, s>>>(u, aux, rows, C, float(eps));
+  rowSquaresKernel<<<warpBlocks(rows), kThreads, 0, s>>>(u, aux, rows, C);
+  rmsNormStatsKernel<<<blocks(rows), kThreads, 0, s>>>(aux, aux, rows, C, float(eps));
   rmsNormApplyKernel<<<blocks(rows * C), kThreads, 0, s>>>(u, gain, aux, y, rows, C);
 }
 
 void rmsNormBackward(const float *u, const float *gain, const float *aux, const float *dy, float *du,
-                     float *dGain, int64_t rows, int64_t C, cudaStream_t s) {
-  rmsNormGainGradKernel<<<blocks(C), kThreads, 0, s>>>(u, aux, dy, dGain, rows, C);
-  rmsNormBackwardRowKernel<<<blocks(rows), kThreads, 0, s>>>(u, gain, aux, dy, du, rows, C);
+                     float *dGain, float *scratch, int64_t rows, int64_t C, cudaStream_t s) {
+  addColumnSums(RmsNormGainGrad{u, aux, dy, C}, rows, C, scratch, dGain, s);
+  rmsNormBackwardRowKernel<<<warpBlocks(rows), kThreads, 0, s>>>(u, gain, aux, dy, du, rows, C);
 }
 
 void attentionForward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
-                      float *aux, int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s) {
-  float *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
-  const int64_t pairs = (C / heads) / 2;
+                      float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                      cudaStream_t s) {
+  float *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C, *scores = scratch;
+  const int64_t d = C / heads, pairs = d / 2;
+  const float scale = 1.0f / std::sqrt(float(d));
   matmul(h, x, wqkv, qkv, rows, C, 3 * C, false);
   ropeKernel<<<blocks(rows * 2 * heads * pairs), kThreads, 0, s>>>(qkv, rows, C, heads, seq, false, 3 * C);
-  attentionForwardKernel<<<blocks(rows * heads), kThreads, 0, s>>>(qkv, o, lse, rows, C, heads, seq);
+  // Per sequence, all heads at once (row-major S = scale Q K^T, O = P V
+  // through column-major GEMMs on the strided q / k / v columns).
+  for (int64_t b = 0; b < rows / seq; ++b) {
+    const float *q = qkv + b * seq * 3 * C, *k = q + C, *v = q + 2 * C;
+    gemmBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, scale, k, 3 * C, d, q, 3 * C, d, scores, seq, seq * seq,
+                heads);
+    causalSoftmaxKernel<<<int(heads * seq), kThreads, 0, s>>>(scores, lse, seq, heads, b * seq);
+    gemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, v, 3 * C, d, scores, seq, seq * seq,
+                o + b * seq * C, C, d, heads);
+  }
   matmul(h, o, wo, y, rows, C, C, false);
 }
 
@@ -781,15 +920,30 @@ void attentionBackward(cublasHandle_t h, const float *x, const float *wqkv, cons
                        const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
                        float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s) {
   const float *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
-  float *dO = scratch, *dQkv = scratch + rows * C, *rowDot = dQkv + rows * 3 * C;
-  const int64_t pairs = (C / heads) / 2;
+  float *dO = scratch, *dQkv = scratch + rows * C, *probs = dQkv + rows * 3 * C, *dScores = probs + heads * seq * seq;
+  const int64_t d = C / heads, pairs = d / 2;
+  const float scale = 1.0f / std::sqrt(float(d));
   matmulTransAAcc(h, o, dy, dWo, rows, C, C);
   fill(dO, rows * C, 0.0f, s);
-  matmulTransBAcc(h, dy, wo, dO, rows, C, C);
-  attentionBackwardQueryKernel<<<blocks(rows * heads), kThreads, 0, s>>>(qkv, lse, dO, dQkv, rowDot, rows, C,
-                                                                         heads, seq);
-  attentionBackwardKeyKernel<<<blocks(rows * heads), kThreads, 0, s>>>(qkv, lse, dO, rowDot, dQkv, rows, C,
-                                                                       heads, seq);
+  matmulTransBAcc(h, dy, wo, dO, rows, C, C); // dO = dy Wo^T
+  for (int64_t b = 0; b < rows / seq; ++b) {
+    const float *q = qkv + b * seq * 3 * C, *k = q + C, *v = q + 2 * C, *g = dO + b * seq * C;
+    float *dq = dQkv + b * seq * 3 * C, *dk = dq + C, *dv = dq + 2 * C;
+    // Scores again (the same GEMM as the forward, so the same bits), dP = dO V^T.
+    gemmBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, scale, k, 3 * C, d, q, 3 * C, d, probs, seq, seq * seq,
+                heads);
+    gemmBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, 1.0f, v, 3 * C, d, g, C, d, dScores, seq, seq * seq,
+                heads);
+    causalSoftmaxBackwardKernel<<<int(heads * seq), kThreads, 0, s>>>(probs, dScores, lse, seq, heads, b * seq,
+                                                                     scale);
+    // dQ = dS K, dK = dS^T Q, dV = P^T dO.
+    gemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, k, 3 * C, d, dScores, seq, seq * seq, dq, 3 * C, d,
+                heads);
+    gemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, d, seq, seq, 1.0f, q, 3 * C, d, dScores, seq, seq * seq, dk, 3 * C, d,
+                heads);
+    gemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, d, seq, seq, 1.0f, g, C, d, probs, seq, seq * seq, dv, 3 * C, d,
+                heads);
+  }
   ropeKernel<<<blocks(rows * 2 * heads * pairs), kThreads, 0, s>>>(dQkv, rows, C, heads, seq, true, 3 * C);
   matmulTransAAcc(h, x, dQkv, dWqkv, rows, C, 3 * C);
   matmulTransBAcc(h, dQkv, wqkv, dx, rows, 3 * C, C);
@@ -835,7 +989,7 @@ void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const 
 
 void crossEntropyForward(const float *logits, const int32_t *labels, float *aux, float *loss, int64_t rows,
                          int64_t V, int64_t shift, int64_t seq, cudaStream_t s) {
-  logSumExpKernel<<<blocks(rows), kThreads, 0, s>>>(logits, aux, rows, V);
+  logSumExpKernel<<<int(rows), kThreads, 0, s>>>(logits, aux, rows, V);
   lossKernel<<<1, 1, 0, s>>>(logits, labels, aux, loss, rows, V, shift, seq);
 }
 
@@ -849,6 +1003,17 @@ void crossEntropyBackward(const float *logits, const int32_t *labels, const floa
     return;
   crossEntropyBackwardKernel<<<blocks(rows * V), kThreads, 0, s>>>(logits, labels, aux, scale / float(counted),
                                                                    dLogits, rows, V, shift, seq);
+}
+
+int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
+int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) {
+  const int64_t K = n * n + 2 * n;
+  return 3 * rows * K + 2 * rows + columnChunks(rows) * K;
+}
+int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
+int64_t attentionForwardScratch(int64_t heads, int64_t seq) { return heads * seq * seq; }
+int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq) {
+  return 4 * rows * C + 2 * heads * seq * seq;
 }
 
 } // namespace mhcc::runtime::cuda

@@ -49,11 +49,18 @@ void expandBackward(const float *dx, float *dh, int64_t rows, int64_t C, int64_t
 void contractForward(const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 void contractBackward(const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 
-/// scratch: rows * K floats (the projection p = x W_map).
+/// Scratch each call needs, in floats.
+int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n);
+int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
+int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
+int64_t attentionForwardScratch(int64_t heads, int64_t seq);
+int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq);
+
+/// scratch: mhcCoeffsForwardScratch (the projection p = x W_map, row norms).
 void mhcCoeffsForward(cublasHandle_t h, const float *x, const float *wmap, const float *bias,
                       const float *alpha, float *coef, float *aux, float *scratch, int64_t rows,
                       int64_t C, int64_t n, int64_t iters, cudaStream_t s);
-/// scratch: 3 * rows * K + rows floats.
+/// scratch: mhcCoeffsBackwardScratch.
 void mhcCoeffsBackward(cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
                        const float *aux, const float *dCoef, float *dx, float *dWmap, float *dBias,
                        float *dAlpha, float *scratch, int64_t rows, int64_t C, int64_t n,
@@ -72,13 +79,18 @@ void residualBackward(const float *dOut, float *dx, float *dy, int64_t count, cu
 
 void rmsNormForward(const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
                     double eps, cudaStream_t s);
+/// scratch: rmsNormBackwardScratch (partial column sums of dGain).
 void rmsNormBackward(const float *u, const float *gain, const float *aux, const float *dy, float *du,
-                     float *dGain, int64_t rows, int64_t C, cudaStream_t s);
+                     float *dGain, float *scratch, int64_t rows, int64_t C, cudaStream_t s);
 
 /// aux layout as on the CPU: [rows, 3C] rotated q, k, v; [rows, C] o;
-/// [rows, heads] log-sum-exp. scratch (backward): 4 * rows * C + rows * heads.
+/// [rows, heads] log-sum-exp. Scores and probabilities of one sequence live
+/// in scratch (all heads: heads * seq^2 floats, twice in the backward);
+/// products through cuBLAS strided-batched GEMMs, causal softmax and its
+/// backward one block per row. scratch: attention{Forward,Backward}Scratch.
 void attentionForward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
-                      float *aux, int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s);
+                      float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                      cudaStream_t s);
 void attentionBackward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
                        const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
                        float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
@@ -104,6 +116,16 @@ void crossEntropyForward(const float *logits, const int32_t *labels, float *aux,
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *aux, float scale,
                           float *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
                           cudaStream_t s);
+
+// ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----
+
+/// out[0] = sum of squares (double), out[1] = number of zeros; the summation
+/// order depends on `count` alone. partials: squaresAndZerosScratch() doubles.
+void squaresAndZeros(const float *g, int64_t count, double *out, double *partials, cudaStream_t s);
+int64_t squaresAndZerosScratch();
+void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
+           float beta2, float eps, float correction1, float correction2, float decay, cudaStream_t s);
+void sgd(float *w, const float *g, int64_t count, float lr, float clip, cudaStream_t s);
 
 } // namespace mhcc::runtime::cuda
 

@@ -1,18 +1,24 @@
 //===- GpuTrainer.h - training steps on the CUDA backend ------------*- C++ -*-===//
 //
-// One GPU per pipeline rank, one host thread per rank enqueueing its static
-// instruction list: kernels on a compute stream, NCCL send / recv on one
-// stream and communicator per directed rank pair (the model the schedule
-// verifier checks), stream-ordered memory from a pool that keeps what it
-// has (no cudaMalloc once the first step has run), FREE as a stream-ordered
-// free behind the send. Gradients are reduced and the optimizer applied with
-// the code the CPU backend uses, so the two differ only by the kernels'
-// summation order.
+// One GPU per pipeline rank, either one process per rank (mhcrun --gpus N,
+// mpirun, srun: createRank) or every rank in this process on its own host
+// thread (create: the tests, and mhcrun without a launcher). Each rank
+// enqueues its static instruction list: kernels on a compute stream, NCCL
+// send / recv on one stream and communicator per directed rank pair (the
+// model the schedule verifier checks), stream-ordered memory from a pool
+// that keeps what it has (no cudaMalloc once the first step has run), FREE
+// as a stream-ordered free behind the send. The optimizer runs on the
+// GPUs: each parameter's gradient is reduced on its owner (the rank of its
+// first use) in model order, the global norm comes from one all-reduce of
+// per-parameter statistics, and the owner sends the updated weights to the
+// other ranks holding the parameter, so results do not depend on the
+// layout.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CUDA_GPUTRAINER_H
 #define MHCC_RUNTIME_CUDA_GPUTRAINER_H
 
+#include "runtime/dist/ProcessGroup.h"
 #include "runtime/train/Trainer.h"
 
 #include <memory>
@@ -32,15 +38,23 @@ public:
   /// cuBLAS or NCCL error during setup.
   static std::unique_ptr<GpuTrainer> create(Artifact artifact, const TokenDataset &data,
                                             TrainOptions options, std::string &error);
+  /// This process is rank `placement.rank` of a multi-process run; rank 0's
+  /// NCCL ids reach the others through `bootstrap`. Taps are per rank.
+  static std::unique_ptr<GpuTrainer> createRank(Artifact artifact, const TokenDataset &data,
+                                                TrainOptions options, const ProcessPlacement &placement,
+                                                Bootstrap &bootstrap, std::string &error);
   ~GpuTrainer();
 
   /// nullopt and `error` (naming rank, instruction and call) on failure; the
   /// trainer is unusable afterwards.
   std::optional<StepResult> step(std::string &error);
 
+  /// Parameter values in table order, downloaded from their owners; in a
+  /// multi-process run only this rank's owned parameters are filled.
   const std::vector<std::vector<float>> &parameters() const;
 
   struct Impl;
+  friend class RankWorker;
 
 private:
   explicit GpuTrainer(std::unique_ptr<Impl> impl);

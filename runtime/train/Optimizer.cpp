@@ -34,26 +34,35 @@ ReducedGradients reduceGradients(const Artifact &a,
   return reduced;
 }
 
+OptimizerScalars optimizerScalars(const TrainOptions &options, int64_t step, double gradNorm) {
+  OptimizerScalars k;
+  if (options.clipGrad > 0 && gradNorm > options.clipGrad)
+    k.clip = static_cast<float>(options.clipGrad / (gradNorm + 1e-6));
+  k.lr = options.lr;
+  if (options.warmupSteps > 0)
+    k.lr *= std::min(1.0, double(step) / double(options.warmupSteps));
+  k.sgd = options.optimizer == "sgd";
+  k.beta1 = float(options.beta1);
+  k.beta2 = float(options.beta2);
+  k.eps = float(options.adamEps);
+  k.correction1 = float(1.0 - std::pow(options.beta1, double(step)));
+  k.correction2 = float(1.0 - std::pow(options.beta2, double(step)));
+  return k;
+}
+
 double applyOptimizer(const Artifact &a, const TrainOptions &options, int64_t step,
                       ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
                       std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV) {
-  float clip = 1.0f;
-  if (options.clipGrad > 0 && reduced.norm > options.clipGrad)
-    clip = static_cast<float>(options.clipGrad / (reduced.norm + 1e-6));
-  double lr = options.lr;
-  if (options.warmupSteps > 0)
-    lr *= std::min(1.0, double(step) / double(options.warmupSteps));
-  const float lrF = static_cast<float>(lr);
+  const OptimizerScalars k = optimizerScalars(options, step, reduced.norm);
+  const float lrF = static_cast<float>(k.lr), clip = k.clip;
   auto &grads = reduced.grads;
-  if (options.optimizer == "sgd") {
+  if (k.sgd) {
     for (size_t p = 0; p < a.params.size(); ++p)
       for (size_t e = 0; e < grads[p].size(); ++e)
         weights[p][e] -= lrF * (grads[p][e] * clip);
-    return lr;
+    return k.lr;
   }
-  const float b1 = float(options.beta1), b2 = float(options.beta2), eps = float(options.adamEps);
-  const float c1 = float(1.0 - std::pow(options.beta1, double(step)));
-  const float c2 = float(1.0 - std::pow(options.beta2, double(step)));
+  const float b1 = k.beta1, b2 = k.beta2, eps = k.eps, c1 = k.correction1, c2 = k.correction2;
   for (size_t p = 0; p < a.params.size(); ++p) {
     const float decay = a.params[p].decay ? float(options.weightDecay) : 0.0f;
     for (size_t e = 0; e < grads[p].size(); ++e) {
@@ -65,7 +74,7 @@ double applyOptimizer(const Artifact &a, const TrainOptions &options, int64_t st
       w -= lrF * (update + decay * w);
     }
   }
-  return lr;
+  return k.lr;
 }
 
 void summarizeLosses(const StageProgram &last, const std::vector<std::vector<double>> &losses,

@@ -26,6 +26,17 @@ struct ReducedGradients {
 ReducedGradients reduceGradients(const Artifact &artifact,
                                  const std::vector<std::vector<const float *>> &slotGrads);
 
+/// The per-step scalars of the update, computed once on the host so that
+/// every backend (and every rank) uses the same float values.
+struct OptimizerScalars {
+  float clip = 1.0f;      // multiplies every gradient
+  double lr = 0;          // after warmup
+  float beta1 = 0, beta2 = 0, eps = 0;
+  float correction1 = 1, correction2 = 1; // Adam bias corrections
+  bool sgd = false;
+};
+OptimizerScalars optimizerScalars(const TrainOptions &options, int64_t step, double gradNorm);
+
 /// Clips by the global norm and applies AdamW or SGD for step `step`
 /// (1-based). Returns the learning rate used.
 double applyOptimizer(const Artifact &artifact, const TrainOptions &options, int64_t step,

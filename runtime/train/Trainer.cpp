@@ -24,20 +24,42 @@ std::vector<float> initialParameter(const ParamInfo &info, int64_t seed) {
   auto uniform = [&](uint64_t counter) { // in (0, 1]
     return (double(mix64(stream + counter) >> 11) + 1.0) * 0x1.0p-53;
   };
-  for (size_t i = 0; i < values.size(); ++i) {
-    double v = 0;
-    if (info.init == "normal") {
-      double u1 = uniform(2 * i), u2 = uniform(2 * i + 1);
-      v = info.scale * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-    } else if (info.init == "xavier_uniform") {
-      v = info.scale * (2.0 * uniform(i) - 1.0);
-    } else if (info.init == "ones") {
-      v = 1.0;
-    } else if (info.init == "constant") {
-      v = info.scale;
+  enum { Normal, Xavier, Ones, Constant, Zeros } kind =
+      info.init == "normal" ? Normal : info.init == "xavier_uniform" ? Xavier : info.init == "ones" ? Ones
+      : info.init == "constant" ? Constant : Zeros;
+  // Each element depends on its index alone, so any split gives the same bits.
+  auto fill = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      double v = 0;
+      switch (kind) {
+      case Normal: {
+        double u1 = uniform(2 * i), u2 = uniform(2 * i + 1);
+        v = info.scale * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+        break;
+      }
+      case Xavier:
+        v = info.scale * (2.0 * uniform(i) - 1.0);
+        break;
+      case Ones:
+        v = 1.0;
+        break;
+      case Constant:
+        v = info.scale;
+        break;
+      case Zeros:
+        break;
+      }
+      values[i] = static_cast<float>(v);
     }
-    values[i] = static_cast<float>(v);
-  }
+  };
+  const size_t threads = values.size() < (size_t(1) << 22) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> workers;
+  const size_t chunk = (values.size() + threads - 1) / threads;
+  for (size_t t = 1; t < threads; ++t)
+    workers.emplace_back(fill, std::min(values.size(), t * chunk), std::min(values.size(), (t + 1) * chunk));
+  fill(0, std::min(values.size(), chunk));
+  for (std::thread &w : workers)
+    w.join();
   return values;
 }
 

@@ -49,7 +49,7 @@ struct StepResult {
   double seconds = 0;
   int64_t tokens = 0;     // trained this step
   double learningRate = 0;
-  std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers
+  std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers (CUDA: also weights and optimizer state)
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
   std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping

@@ -86,6 +86,8 @@ protected:
     }
   }
 
+  void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
+
   cublasHandle_t handle_ = nullptr;
   std::vector<void *> allocations_;
   std::mt19937 rng_{42};
@@ -145,7 +147,7 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
   const int64_t iters = 20;
   std::vector<float> aux(T * (K + 1));
   float *dxp = upload(x), *dw = upload(wmap), *dbias = upload(bias), *dalpha = upload(alpha);
-  float *scratch = upload(std::vector<float>(3 * T * K + T));
+  float *scratch = upload(std::vector<float>(cuda::mhcCoeffsBackwardScratch(T, N)));
   check("mhc coeffs", {std::vector<float>(T * K), std::vector<float>(T * (K + 1))},
         [&](auto &o) {
           k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
@@ -183,6 +185,42 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
         [&](auto &o) { cuda::mhcPostResBackward(dxp, dcoef, dy, ddo, o[0], o[1], o[2], T, C, N, nullptr); });
 }
 
+/// Attention forward and backward, against the CPU, for `rows` tokens in
+/// sequences of `seq`, width C and `heads` heads.
+void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads) {
+  auto u = random(rows * width), dy = random(rows * width);
+  auto wqkv = random(width * 3 * width, 0.1f), wo = random(width * width, 0.1f);
+  float *du_ = upload(u), *ddy = upload(dy), *dwqkv = upload(wqkv), *dwo = upload(wo);
+  const int64_t attnAux = rows * 4 * width + rows * heads;
+  std::vector<float> attn(attnAux);
+  k::attentionForward(u.data(), wqkv.data(), wo.data(), std::vector<float>(rows * width).data(), attn.data(), rows,
+                      width, heads, seq);
+  std::string shape = " (rows " + std::to_string(rows) + ", seq " + std::to_string(seq) + ", C " +
+                      std::to_string(width) + ", heads " + std::to_string(heads) + ")";
+  float *forwardScratch = upload(std::vector<float>(cuda::attentionForwardScratch(heads, seq)));
+  check("attention" + shape, {std::vector<float>(rows * width), std::vector<float>(attnAux)},
+        [&](auto &o) {
+          k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), rows, width, heads, seq);
+        },
+        [&](auto &o) {
+          cuda::attentionForward(handle_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
+        });
+  float *dattn = upload(attn);
+  float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq)));
+  check("attention backward" + shape, {random(rows * width), random(width * 3 * width), random(width * width)},
+        [&](auto &o) {
+          k::attentionBackward(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(), o[1].data(),
+                               o[2].data(), rows, width, heads, seq);
+        },
+        [&](auto &o) {
+          cuda::attentionBackward(handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardScratch, rows, width,
+                                  heads, seq, nullptr);
+        });
+}
+
+// Longer rows than a block has threads, head width 128, two sequences.
+TEST_F(CudaKernels, AttentionLongSequencesWideHeads) { checkAttention(2 * 300, 300, 256, 2); }
+
 TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   auto u = random(T * C), gain = random(C), dy = random(T * C);
   float *du_ = upload(u), *dg = upload(gain), *ddy = upload(dy);
@@ -194,25 +232,13 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   float *daux = upload(aux);
   check("rmsnorm backward", {random(T * C), random(C)},
         [&](auto &o) { k::rmsNormBackward(u.data(), gain.data(), aux.data(), dy.data(), o[0].data(), o[1].data(), T, C); },
-        [&](auto &o) { cuda::rmsNormBackward(du_, dg, daux, ddy, o[0], o[1], T, C, nullptr); });
-
-  auto wqkv = random(C * 3 * C, 0.1f), wo = random(C * C, 0.1f);
-  float *dwqkv = upload(wqkv), *dwo = upload(wo);
-  const int64_t attnAux = T * 4 * C + T * H;
-  std::vector<float> attn(attnAux);
-  k::attentionForward(u.data(), wqkv.data(), wo.data(), std::vector<float>(T * C).data(), attn.data(), T, C, H, S);
-  check("attention", {std::vector<float>(T * C), std::vector<float>(attnAux)},
-        [&](auto &o) { k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), T, C, H, S); },
-        [&](auto &o) { cuda::attentionForward(handle_, du_, dwqkv, dwo, o[0], o[1], T, C, H, S, nullptr); });
-  float *dattn = upload(attn), *scratch = upload(std::vector<float>(4 * T * C + T * H + 3 * T * F));
-  check("attention backward", {random(T * C), random(C * 3 * C), random(C * C)},
         [&](auto &o) {
-          k::attentionBackward(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(), o[1].data(),
-                               o[2].data(), T, C, H, S);
-        },
-        [&](auto &o) {
-          cuda::attentionBackward(handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], scratch, T, C, H, S, nullptr);
+          cuda::rmsNormBackward(du_, dg, daux, ddy, o[0], o[1], upload(std::vector<float>(cuda::rmsNormBackwardScratch(T, C))),
+                                T, C, nullptr);
         });
+
+  checkAttention(T, S, C, H);
+  float *scratch = upload(std::vector<float>(3 * T * F));
 
   auto wg = random(C * F, 0.1f), wu = random(C * F, 0.1f), wd = random(F * C, 0.1f);
   float *dwg = upload(wg), *dwu = upload(wu), *dwd = upload(wd);

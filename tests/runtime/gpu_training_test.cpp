@@ -1,9 +1,11 @@
 // The CUDA backend end to end: deterministic run to run, bit-identical
 // across pipeline layouts (PP1 reference against PP2 and PP2/VPP2 when two
-// GPUs are visible), and within 1e-5 relative of the CPU backend on the
-// losses. Skips cleanly without a GPU.
+// GPUs are visible: losses, every reduced gradient, every tapped boundary
+// and activation, final weights), and within 1e-5 relative of the CPU
+// backend on the losses. Skips cleanly without a GPU.
 //
-// usage: gpu_training_test DATA CPU_REFERENCE GPU_REFERENCE OTHER...
+// usage: gpu_training_test DATA CPU_REFERENCE|- GPU_REFERENCE OTHER...
+// ("-": no CPU comparison, for models too large for the CPU backend)
 #include "runtime/cuda/GpuTrainer.h"
 #include "runtime/gpu/Gpus.h"
 #include "tests/runtime/TrainingCompare.h"
@@ -30,17 +32,26 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
   std::optional<TokenDataset> data = TokenDataset::open(gData, error);
   ASSERT_TRUE(data) << error;
 
-  TrainingRun cpu = train<CpuTrainer>(gArtifacts[0], *data, 2);
   TrainingRun gpu = train<GpuTrainer>(gArtifacts[1], *data, 2);
   ASSERT_EQ(gpu.steps.size(), 2u);
-  TrainingRun again = train<GpuTrainer>(gArtifacts[1], *data, 2);
-  expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
-  for (size_t s = 0; s < 2; ++s) {
+  {
+    TrainingRun again = train<GpuTrainer>(gArtifacts[1], *data, 2);
+    expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
+  }
+  TrainingRun cpu;
+  if (gArtifacts[0] != "-")
+    cpu = train<CpuTrainer>(gArtifacts[0], *data, 2);
+  for (size_t s = 0; s < cpu.steps.size(); ++s) {
     double lm = std::abs(gpu.steps[s].lmLoss - cpu.steps[s].lmLoss) / cpu.steps[s].lmLoss;
-    double mtp = std::abs(*gpu.steps[s].mtpLoss - *cpu.steps[s].mtpLoss) / *cpu.steps[s].mtpLoss;
+    ASSERT_EQ(gpu.steps[s].mtpLoss.has_value(), cpu.steps[s].mtpLoss.has_value());
+    double mtp = cpu.steps[s].mtpLoss
+                     ? std::abs(*gpu.steps[s].mtpLoss - *cpu.steps[s].mtpLoss) / *cpu.steps[s].mtpLoss
+                     : 0.0;
     EXPECT_LT(lm, 1e-5) << "step " << s + 1 << ": GPU lm loss " << gpu.steps[s].lmLoss << ", CPU "
                         << cpu.steps[s].lmLoss;
     EXPECT_LT(mtp, 1e-5) << "step " << s + 1;
+    double norm = std::abs(gpu.steps[s].gradNorm - cpu.steps[s].gradNorm) / cpu.steps[s].gradNorm;
+    EXPECT_LT(norm, 1e-5) << "step " << s + 1 << ": grad norm";
     RecordProperty("lm_loss_relative_difference_step" + std::to_string(s + 1), std::to_string(lm));
     std::printf("step %zu: lm loss GPU %.9f CPU %.9f (relative %.2e), grad norm GPU %.6f CPU %.6f\n", s + 1,
                 gpu.steps[s].lmLoss, cpu.steps[s].lmLoss, lm, gpu.steps[s].gradNorm, cpu.steps[s].gradNorm);
@@ -55,8 +66,9 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
     }
     TrainingRun first = train<GpuTrainer>(gArtifacts[i], *data, 2);
     expectIdentical(gpu, first, gArtifacts[i] + " on GPUs");
+    first = {}; // the large cases hold gigabytes of gradients per run
     TrainingRun second = train<GpuTrainer>(gArtifacts[i], *data, 2);
-    expectIdentical(first, second, gArtifacts[i] + " on GPUs (rerun)");
+    expectIdentical(gpu, second, gArtifacts[i] + " on GPUs (rerun)");
     std::printf("%s: bit-identical to PP1 on the GPU, twice\n", gArtifacts[i].c_str());
   }
 }
@@ -68,7 +80,7 @@ int main(int argc, char **argv) {
   mhcc::runtime::prepareCudaEnvironment();
   testing::InitGoogleTest(&argc, argv);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s DATA CPU_REFERENCE GPU_REFERENCE [OTHER...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA CPU_REFERENCE|- GPU_REFERENCE [OTHER...]\n", argv[0]);
     return 2;
   }
   mhcc::runtime::gData = argv[1];

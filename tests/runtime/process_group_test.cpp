@@ -1,0 +1,146 @@
+// Launcher environments and the file bootstrap of `mhcrun --gpus N`: what a
+// rank reads from its environment, and that rank 0's bytes reach the others
+// (real processes, as mhcrun starts them) or time out with a message.
+#include "runtime/dist/ProcessGroup.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace mhcc::runtime {
+namespace {
+
+class Env {
+public:
+  explicit Env(std::vector<std::pair<std::string, std::string>> vars) : vars_(std::move(vars)) {
+    for (auto &[k, v] : vars_)
+      setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~Env() {
+    for (auto &[k, v] : vars_)
+      unsetenv(k.c_str());
+  }
+
+private:
+  std::vector<std::pair<std::string, std::string>> vars_;
+};
+
+TEST(ProcessGroup, NoLauncherMeansOneProcess) {
+  std::string error;
+  EXPECT_FALSE(detectPlacement(error));
+  EXPECT_EQ(error, "");
+  Env slurm({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  EXPECT_FALSE(detectPlacement(error)) << "a one-task Slurm job is not a multi-process run";
+  EXPECT_EQ(error, "");
+}
+
+TEST(ProcessGroup, ReadsEachLauncher) {
+  std::string error;
+  {
+    Env env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+    auto p = detectPlacement(error);
+    ASSERT_TRUE(p) << error;
+    EXPECT_EQ(p->rank, 3);
+    EXPECT_EQ(p->size, 4);
+    EXPECT_EQ(p->localRank, 1);
+    EXPECT_EQ(p->launcher, "mpirun");
+  }
+  {
+    Env env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}});
+    auto p = detectPlacement(error);
+    ASSERT_TRUE(p) << error;
+    EXPECT_EQ(p->rank, 5);
+    EXPECT_EQ(p->localRank, 1);
+    EXPECT_EQ(p->launcher, "srun");
+  }
+  {
+    // mhcrun's own variables win over an enclosing launcher's.
+    Env env({{"MHCC_RANK", "1"}, {"MHCC_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+    auto p = detectPlacement(error);
+    ASSERT_TRUE(p) << error;
+    EXPECT_EQ(p->launcher, "mhcrun --gpus");
+    EXPECT_EQ(p->localRank, 1) << "no local rank given: the rank";
+  }
+}
+
+TEST(ProcessGroup, RejectsMalformedEnvironments) {
+  std::string error;
+  {
+    Env env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+    EXPECT_FALSE(detectPlacement(error));
+    EXPECT_NE(error.find("rank 2 of 2"), std::string::npos) << error;
+  }
+  error.clear();
+  {
+    Env env({{"SLURM_PROCID", "-1"}, {"SLURM_NTASKS", "2"}});
+    EXPECT_FALSE(detectPlacement(error));
+    EXPECT_NE(error.find("SLURM_PROCID='-1'"), std::string::npos) << error;
+  }
+}
+
+TEST(ProcessGroup, PicksOneGpuPerLocalRank) {
+  std::string error;
+  EXPECT_EQ(deviceForRank({5, 8, 1, "srun"}, 2, error), 1);
+  EXPECT_EQ(deviceForRank({5, 8, 1, "srun"}, 1, error), 0) << "one visible GPU per process";
+  EXPECT_EQ(deviceForRank({3, 4, 3, "mpirun"}, 2, error), -1);
+  EXPECT_NE(error.find("only 2 GPU(s) are visible"), std::string::npos) << error;
+}
+
+TEST(ProcessGroup, FileBootstrapReachesEveryRankAcrossProcesses) {
+  char dirTemplate[] = "/tmp/mhcc_bootstrap_test.XXXXXX";
+  ASSERT_TRUE(mkdtemp(dirTemplate));
+  Env env({{"MHCC_BOOTSTRAP_DIR", dirTemplate}});
+  const int ranks = 3;
+  std::vector<pid_t> children;
+  for (int r = 1; r < ranks; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::string error;
+      auto bootstrap = makeBootstrap({r, ranks, r, "mhcrun --gpus"}, 20, error);
+      std::string first, second;
+      bool ok = bootstrap && bootstrap->broadcast(first, error) && bootstrap->broadcast(second, error);
+      // Exit status 0 only when both rounds carried rank 0's bytes.
+      _exit(ok && first == std::string("ids\0of\0rank 0", 13) && second == "round two" ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  std::string error;
+  auto bootstrap = makeBootstrap({0, ranks, 0, "mhcrun --gpus"}, 20, error);
+  ASSERT_TRUE(bootstrap) << error;
+  std::string first("ids\0of\0rank 0", 13), second = "round two";
+  ASSERT_TRUE(bootstrap->broadcast(first, error)) << error;
+  ASSERT_TRUE(bootstrap->broadcast(second, error)) << error;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank did not receive rank 0's bytes";
+  }
+  std::system(("rm -rf " + std::string(dirTemplate)).c_str());
+}
+
+TEST(ProcessGroup, FileBootstrapTimesOutWithAMessage) {
+  char dirTemplate[] = "/tmp/mhcc_bootstrap_test.XXXXXX";
+  ASSERT_TRUE(mkdtemp(dirTemplate));
+  Env env({{"MHCC_BOOTSTRAP_DIR", dirTemplate}});
+  std::string error, bytes;
+  auto bootstrap = makeBootstrap({1, 2, 1, "mhcrun --gpus"}, 0.2, error);
+  ASSERT_TRUE(bootstrap) << error;
+  EXPECT_FALSE(bootstrap->broadcast(bytes, error));
+  EXPECT_NE(error.find("rank 0 did not publish"), std::string::npos) << error;
+  std::system(("rm -rf " + std::string(dirTemplate)).c_str());
+}
+
+TEST(ProcessGroup, MpiWithoutThePluginIsAClearError) {
+  // The test binary has no libmhcc_mpi.so beside it.
+  std::string error;
+  auto bootstrap = makeBootstrap({0, 2, 0, "mpirun"}, 1, error);
+  EXPECT_FALSE(bootstrap);
+  EXPECT_NE(error.find("libmhcc_mpi.so cannot be loaded"), std::string::npos) << error;
+}
+
+} // namespace
+} // namespace mhcc::runtime
