@@ -2,34 +2,63 @@
 # The GPU suite, in two halves.
 #
 #   tools/gpu_suite.sh bundle   (here, no GPU needed) builds every GPU test,
-#                               mhcrun and the artifacts they use, and copies
-#                               them into .gpu_bundle/
+#                               mhcrun, the MPI plugin and the artifacts they
+#                               use, and copies them into .gpu_bundle/
 #   tools/gpu_suite.sh run      (on the lent machine, .gpu_bundle carried)
-#                               runs every GPU check, then the H200 goldens
-#                               and the benchmarks, and prints a table; logs,
-#                               goldens and metrics go to $OUT when it is set
+#                               runs every GPU check, the H200 goldens and
+#                               the benchmarks, and prints a table; logs,
+#                               goldens and metrics go to $OUT as one
+#                               archive (suite_logs.tgz) plus table.txt
+#   tools/gpu_suite.sh adopt-goldens DIR
+#                               (here) copies golden_values_h200_*.json from
+#                               an unpacked suite_logs.tgz into goldens/: the
+#                               one deliberate way to change an H200 golden
+#
+# Environment for `run`: GPU_SUITE_PARTS (default "checks goldens bench"),
+# GPU_SUITE_PARITY (parity groups, default "tiny small c4096 c7168"),
+# GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
+# (artifacts to run with --profile after the benchmarks), GPU_SUITE_GOLDENS=regen
+# (record new goldens without comparing to the committed ones; the run is
+# still compared with its own rerun).
 #
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
-# Bazel labels of the GPU test binaries; each lands in .gpu_bundle/ by name.
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
-ARTIFACTS=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks)
-# name -> "model mhcc-flags": benchmark artifacts (8 microbatches).
-declare -A BENCH=(
-  [small_pp1]="models/small.json --pp 1"
-  [small_n1_pp1]="models/small_n1.json --pp 1"
-  [small_pp2]="models/small.json --pp 2"
-  [small_pp2_vpp2]="models/small.json --pp 2 --vpp 2"
+TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks)
+# name -> "model mhcc-flags"
+declare -A ARTIFACT=(
+  # Layout parity (2 microbatches keep the large cases inside the call).
+  [small_m2_pp1]="models/small.json --microbatches 2 --pp 1"
+  [small_m2_pp2]="models/small.json --microbatches 2 --pp 2"
+  [small_m2_pp2_vpp2]="models/small.json --microbatches 2 --pp 2 --vpp 2"
+  [c4096_pp1]="models/transport_c4096.json --microbatches 2 --pp 1"
+  [c4096_pp2]="models/transport_c4096.json --microbatches 2 --pp 2"
+  [c4096_pp2_vpp2]="models/transport_c4096.json --microbatches 2 --pp 2 --vpp 2"
+  [c7168_pp1]="models/transport_c7168.json --microbatches 2 --pp 1"
+  [c7168_pp2]="models/transport_c7168.json --microbatches 2 --pp 2"
+  [c7168_pp2_vpp2]="models/transport_c7168.json --microbatches 2 --pp 2 --vpp 2"
+  # Benchmarks: 8 microbatches.
+  [small_pp1]="models/small.json --microbatches 8 --pp 1"
+  [small_n1_pp1]="models/small_n1.json --microbatches 8 --pp 1"
+  [small_pp2]="models/small.json --microbatches 8 --pp 2"
+  [small_pp2_vpp2]="models/small.json --microbatches 8 --pp 2 --vpp 2"
+  [1b_pp1]="models/1b.json --microbatches 8 --pp 1"
+  [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
+  [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
+  [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"
 )
+BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2 1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2"
+# H200 SXM fp32 (no tensor cores: the backend runs fp32 without TF32).
+PEAK_TFLOPS=67
 
 case "${1:-}" in
 bundle)
   # Our own libraries linked in statically, so the binaries travel alone
-  # (system libraries: CUDA, cuBLAS, NCCL come from the GPU machine).
-  targets=("${GPU_TESTS[@]}" //tools:mhcrun //compiler:mhcc)
-  for a in "${ARTIFACTS[@]}"; do targets+=("//tests:$a"); done
+  # (system libraries: CUDA, cuBLAS, NCCL, MPI come from the GPU machine).
+  targets=("${GPU_TESTS[@]}" //tools:mhcrun //runtime:libmhcc_mpi.so //compiler:mhcc)
+  for a in "${TINY[@]}"; do targets+=("//tests:$a"); done
   build=(bazel build --dynamic_mode=off "${targets[@]}")
   "${build[@]}" >/dev/null 2>&1 || { "${build[@]}"; exit 1; }
   rm -rf "$bundle" && mkdir -p "$bundle"
@@ -37,79 +66,148 @@ bundle)
     path=${t#//}
     cp "bazel-bin/${path/://}" "$bundle/${t##*:}"
   done
-  cp bazel-bin/tools/mhcrun "$bundle/"
-  for a in "${ARTIFACTS[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
-  for name in "${!BENCH[@]}"; do
+  cp bazel-bin/tools/mhcrun bazel-bin/runtime/libmhcc_mpi.so "$bundle/"
+  for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
+  for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
-    bazel-bin/compiler/mhcc ${BENCH[$name]} --microbatches 8 --emit=artifact -o "$bundle/$name.mhcc"
+    bazel-bin/compiler/mhcc ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
   done
   cp data/corpus.txt tools/metrics_to_golden.py "$bundle/"
   for recipe in tiny tiny_pp2_vpp2; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
   git rev-parse HEAD > "$bundle/COMMIT"
-  echo "bundled into $bundle (commit $(cat $bundle/COMMIT)): $(ls $bundle | tr '\n' ' ')"
+  git status --porcelain | grep -q . && echo "(with uncommitted changes)" >> "$bundle/COMMIT"
+  echo "bundled into $bundle ($(du -sh $bundle | cut -f1), commit $(head -1 $bundle/COMMIT))"
+  ;;
+adopt-goldens)
+  dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
+  for recipe in tiny tiny_pp2_vpp2; do
+    src="$dir/golden_values_h200_$recipe.json"
+    [ -f "$src" ] || { echo "no $src"; exit 1; }
+    cp "$src" "goldens/$recipe/golden_values_h200.json"
+    echo "goldens/$recipe/golden_values_h200.json <- $src"
+  done
   ;;
 run)
   [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first and carry it"; exit 2; }
   export NCCL_NVLS_ENABLE=0
-  logs="${OUT:-/tmp/gpu_suite}"
-  mkdir -p "$logs"
+  out="${OUT:-/tmp/gpu_suite}"
+  logs=/tmp/gpu_suite_logs
+  rm -rf "$logs" && mkdir -p "$logs" "$out"
   cd "$bundle"
+  parts=" ${GPU_SUITE_PARTS:-checks goldens bench} "
+  gpus=$(nvidia-smi --list-gpus | wc -l)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpus.txt"
   failed=0
-  printf '%-28s %-8s %s\n' check result detail > "$logs/table.txt"
-  declare -A ARGS=([gpu_training_test]="corpus.txt tiny_pp1.mhcc tiny_pp1.mhcc tiny_pp2.mhcc tiny_pp2_vpp2.mhcc tiny_edge_chunks.mhcc")
-  for t in "${GPU_TESTS[@]}"; do
-    name=${t##*:}
-    # shellcheck disable=SC2086
-    if timeout 300 "./$name" ${ARGS[$name]:-} > "$logs/$name.log" 2>&1; then result=PASS; else result=FAIL; failed=$((failed + 1)); fi
-    detail=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')
-    printf '%-28s %-8s %s\n' "$name" "$result" "$detail" >> "$logs/table.txt"
-  done
-  # Goldens on this card: 20 iterations per recipe, Megatron's layout.
-  for recipe in tiny:tiny_pp1 tiny_pp2_vpp2:tiny_pp2_vpp2; do
-    name=${recipe%%:*}; artifact=${recipe##*:}
-    if timeout 300 ./mhcrun "$artifact.mhcc" --backend cuda --data corpus.txt --steps 20 --no-progress \
-        --metrics "$logs/$name.jsonl" > "$logs/golden_$name.log" 2>&1; then
-      python3 metrics_to_golden.py "$logs/$name.jsonl" > "$logs/golden_values_h200_$name.json"
-      result=PASS
-      # An existing H200 golden must be reproduced exactly.
-      if [ -f "golden_h200_$name.json" ] && ! python3 -c "
-import json, sys
-a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-sys.exit(0 if a == b else 1)" "golden_h200_$name.json" "$logs/golden_values_h200_$name.json"; then
-        result=FAIL; failed=$((failed + 1))
+  table="$logs/table.txt"
+  printf '%-34s %-6s %s\n' check result detail > "$table"
+  row() { printf '%-34s %-6s %s\n' "$1" "$2" "$3" >> "$table"; [ "$2" = PASS ] || failed=$((failed + 1)); }
+  same_json() { python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])) else 1)" "$1" "$2"; }
+
+  if [[ $parts == *" checks "* ]]; then
+    for name in gpu_test cuda_kernels_test; do
+      if timeout 300 "./$name" > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
+      row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
+    done
+    # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
+    declare -A PARITY=(
+      [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
+      [small]="-:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
+      [c4096]="-:c4096_pp1 c4096_pp2 c4096_pp2_vpp2"
+      [c7168]="-:c7168_pp1 c7168_pp2 c7168_pp2_vpp2"
+    )
+    for name in ${GPU_SUITE_PARITY:-tiny small c4096 c7168}; do
+      rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
+      args="corpus.txt"; [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
+      for a in $list; do args+=" $a.mhcc"; done
+      # shellcheck disable=SC2086
+      if timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then r=PASS; else r=FAIL; fi
+      row "parity $name ($(echo $list | wc -w) layouts, x2)" $r \
+          "$(grep -E '^step [0-9]:|^\[  (PASSED|FAILED|SKIPPED) ' "$logs/parity_$name.log" | tr '\n' ' ' | cut -c1-220)"
+    done
+    # Fewer GPUs than ranks: one message, exit 1, no hang.
+    CUDA_VISIBLE_DEVICES=0 timeout 60 ./mhcrun tiny_pp2.mhcc --backend cuda --data corpus.txt --steps 1 > "$logs/too_few_gpus.log" 2>&1
+    rc=$?
+    if [ $rc = 1 ] && grep -q "needs one GPU each, but 1 GPU(s) are visible" "$logs/too_few_gpus.log"; then r=PASS; else r=FAIL; fi
+    row "too few GPUs refused" $r "exit $rc: $(tail -1 "$logs/too_few_gpus.log" | cut -c1-150)"
+  fi
+
+  if [[ $parts == *" goldens "* ]]; then
+    # 20 iterations per recipe: in-process PP1, one process per GPU
+    # (mhcrun --gpus), and mpirun; each run twice and compared exactly.
+    golden() { # name artifact launcher...
+      local name=$1 artifact=$2; shift 2
+      for k in 1 2; do
+        timeout 300 "$@" ./mhcrun "$artifact.mhcc" --data corpus.txt --steps 20 --no-progress \
+          --metrics "$logs/$name.$k.jsonl" > "$logs/golden_$name.$k.log" 2>&1 || return 1
+        python3 metrics_to_golden.py "$logs/$name.$k.jsonl" > "$logs/golden_values_h200_$name.$k.json" || return 1
+      done
+      same_json "$logs/golden_values_h200_$name.1.json" "$logs/golden_values_h200_$name.2.json" || return 2
+      cp "$logs/golden_values_h200_$name.1.json" "$logs/golden_values_h200_$name.json"
+    }
+    check_golden() { # name committed-name
+      if [ "${GPU_SUITE_GOLDENS:-}" != regen ] && [ -f "golden_h200_$2.json" ] &&
+         ! same_json "golden_h200_$2.json" "$logs/golden_values_h200_$1.json"; then
+        echo "differs from goldens/$2/golden_values_h200.json"; return 1
       fi
-    else
-      result=FAIL; failed=$((failed + 1))
+      echo "same bits on rerun$( [ -f golden_h200_$2.json ] && [ "${GPU_SUITE_GOLDENS:-}" != regen ] && echo ' and as the committed golden')"
+    }
+    if golden tiny tiny_pp1 && detail=$(check_golden tiny tiny); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
+    row "golden tiny (PP1)" $r "$detail; $(tail -1 "$logs/golden_tiny.1.log" | cut -c1-80)"
+    if [ "$gpus" -ge 2 ]; then
+      detail=
+      if golden tiny_pp2_vpp2 tiny_pp2_vpp2 env && detail=$(check_golden tiny_pp2_vpp2 tiny_pp2_vpp2) &&
+         same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json"; then
+        r=PASS; detail+="; equal to PP1's"
+      else r=FAIL; detail="${detail:-run failed}; PP1 vs PP2/VPP2 $(same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json" 2>/dev/null && echo equal || echo differ)"; fi
+      row "golden tiny PP2/VPP2 (--gpus 2)" $r "$detail"
+      # The same model under mpirun: MPI bootstrap, one process per GPU.
+      detail=
+      if golden tiny_pp2_mpirun tiny_pp2 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH &&
+         same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_mpirun.json"; then
+        r=PASS; detail="same bits on rerun; equal to PP1's"
+      else r=FAIL; detail="$(tail -2 "$logs/golden_tiny_pp2_mpirun.1.log" | tr '\n' ' ' | cut -c1-150)"; fi
+      row "golden tiny PP2 (mpirun -np 2)" $r "$detail"
     fi
-    printf '%-28s %-8s %s\n' "golden $name" "$result" "$(tail -1 "$logs/golden_$name.log")" >> "$logs/table.txt"
-  done
-  # Benchmarks: 5 iterations each, the median of the last 4.
-  gpus=$(nvidia-smi --list-gpus | wc -l)
-  for name in ${GPU_SUITE_BENCH:-small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2}; do
-    case "$name" in *pp2*) [ "$gpus" -ge 2 ] || continue ;; esac
-    if timeout 400 ./mhcrun "$name.mhcc" --backend cuda --data corpus.txt --steps 5 --no-progress \
-        --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
-      numbers=$(python3 -c "
-import json, statistics, sys
+    cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json "$out/" 2>/dev/null
+  fi
+
+  if [[ $parts == *" bench "* ]]; then
+    # 5 iterations each, the median of the last 4.
+    for name in ${GPU_SUITE_BENCH:-$BENCH_DEFAULT}; do
+      case "$name" in *pp2*) [ "$gpus" -ge 2 ] || continue ;; esac
+      if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
+          --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
+        numbers=$(python3 -c "
+import json, statistics
 rows = [json.loads(l) for l in open('$logs/bench_$name.jsonl')][1:]
-print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, peak MiB %s' % (statistics.median(r['elapsed ms'] for r in rows),
-      statistics.median(r['tokens per second'] for r in rows), statistics.median(r['tflops'] for r in rows),
+tflops = statistics.median(r['tflops'] for r in rows)
+print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s' % (
+      statistics.median(r['elapsed ms'] for r in rows), statistics.median(r['tokens per second'] for r in rows),
+      tflops, 100 * tflops / ($PEAK_TFLOPS * len(rows[-1]['peak bytes per rank'])),
       ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank'])))")
-      result=PASS
-    else
-      numbers=$(tail -1 "$logs/bench_$name.log"); result=FAIL; failed=$((failed + 1))
-    fi
-    printf '%-28s %-8s %s\n' "bench $name" "$result" "$numbers" >> "$logs/table.txt"
-  done
-  echo "commit $(cat COMMIT), $(date -u +%Y-%m-%dT%H:%MZ)"
-  cat "$logs/table.txt"
+        r=PASS
+      else
+        numbers=$(tail -1 "$logs/bench_$name.log" | cut -c1-150); r=FAIL
+      fi
+      row "bench $name" $r "$numbers"
+    done
+    for name in ${GPU_SUITE_PROFILE:-}; do
+      timeout 200 ./mhcrun "$name.mhcc" --data corpus.txt --steps 3 --no-progress --profile --in-process \
+        > "$logs/profile_$name.log" 2>&1
+    done
+  fi
+
+  echo "commit $(head -1 COMMIT)$(sed -n 2p COMMIT), $(date -u +%Y-%m-%dT%H:%MZ)" | tee -a "$table"
+  cp "$table" "$out/"
+  tar czf "$out/suite_logs.tgz" -C "$logs" .
+  cat "$table"
+  for name in ${GPU_SUITE_PROFILE:-}; do grep -v iteration "$logs/profile_$name.log" | head -16; done
   exit $((failed > 0))
   ;;
 *)
-  echo "usage: tools/gpu_suite.sh bundle|run"
+  echo "usage: tools/gpu_suite.sh bundle|run|adopt-goldens DIR"
   exit 2
   ;;
 esac
