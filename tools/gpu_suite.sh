@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
-TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks)
+TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp4 tiny_pp4_vpp2)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Layout parity (2 microbatches keep the large cases inside the call).
@@ -39,6 +39,13 @@ declare -A ARTIFACT=(
   [c7168_pp1]="models/transport_c7168.json --microbatches 2 --pp 1"
   [c7168_pp2]="models/transport_c7168.json --microbatches 2 --pp 2"
   [c7168_pp2_vpp2]="models/transport_c7168.json --microbatches 2 --pp 2 --vpp 2"
+  # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
+  [small_m4_pp1]="models/small.json --microbatches 4 --pp 1"
+  [small_m4_pp4]="models/small.json --microbatches 4 --pp 4"
+  [small_m4_pp4_vpp2]="models/small.json --microbatches 4 --pp 4 --vpp 2"
+  [c7168_m4_pp1]="models/transport_c7168.json --microbatches 4 --pp 1"
+  [c7168_m4_pp4]="models/transport_c7168.json --microbatches 4 --pp 4"
+  [c7168_m4_pp4_vpp2]="models/transport_c7168.json --microbatches 4 --pp 4 --vpp 2"
   # Benchmarks: 8 microbatches.
   [small_pp1]="models/small.json --microbatches 8 --pp 1"
   [small_n1_pp1]="models/small_n1.json --microbatches 8 --pp 1"
@@ -48,8 +55,13 @@ declare -A ARTIFACT=(
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
   [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"
+  [small_pp4]="models/small.json --microbatches 8 --pp 4"
+  [small_pp4_vpp2]="models/small.json --microbatches 8 --pp 4 --vpp 2"
+  [1b_pp4]="models/1b.json --microbatches 8 --pp 4"
+  [1b_pp4_vpp2]="models/1b.json --microbatches 8 --pp 4 --vpp 2"
 )
-BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2 1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2"
+BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2 small_pp4 small_pp4_vpp2
+               1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2 1b_pp4 1b_pp4_vpp2"
 # H200 SXM fp32 (no tensor cores: the backend runs fp32 without TF32).
 PEAK_TFLOPS=67
 
@@ -73,7 +85,7 @@ bundle)
     bazel-bin/compiler/mhcc ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
   done
   cp data/corpus.txt tools/metrics_to_golden.py "$bundle/"
-  for recipe in tiny tiny_pp2_vpp2; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
   git rev-parse HEAD > "$bundle/COMMIT"
@@ -82,9 +94,10 @@ bundle)
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
-  for recipe in tiny tiny_pp2_vpp2; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2; do
     src="$dir/golden_values_h200_$recipe.json"
-    [ -f "$src" ] || { echo "no $src"; exit 1; }
+    [ -f "$src" ] || { echo "no $src (not run: fewer GPUs?)"; continue; }
+    mkdir -p "goldens/$recipe"
     cp "$src" "goldens/$recipe/golden_values_h200.json"
     echo "goldens/$recipe/golden_values_h200.json <- $src"
   done
@@ -102,7 +115,7 @@ run)
   failed=0
   table="$logs/table.txt"
   printf '%-34s %-6s %s\n' check result detail > "$table"
-  row() { printf '%-34s %-6s %s\n' "$1" "$2" "$3" >> "$table"; [ "$2" = PASS ] || failed=$((failed + 1)); }
+  row() { printf '%-34s %-6s %s\n' "$1" "$2" "$3" >> "$table"; [ "$2" = PASS ] || [ "$2" = SKIP ] || failed=$((failed + 1)); }
   same_json() { python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])) else 1)" "$1" "$2"; }
 
   if [[ $parts == *" checks "* ]]; then
@@ -116,9 +129,15 @@ run)
       [small]="-:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
       [c4096]="-:c4096_pp1 c4096_pp2 c4096_pp2_vpp2"
       [c7168]="-:c7168_pp1 c7168_pp2 c7168_pp2_vpp2"
+      [tiny_pp4]="-:tiny_pp1 tiny_pp4 tiny_pp4_vpp2"
+      [small_pp4]="-:small_m4_pp1 small_m4_pp4 small_m4_pp4_vpp2"
+      [c7168_pp4]="-:c7168_m4_pp1 c7168_m4_pp4 c7168_m4_pp4_vpp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny small c4096 c7168}; do
+    for name in ${GPU_SUITE_PARITY:-tiny small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
+      if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
+        row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
+      fi
       args="corpus.txt"; [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
       for a in $list; do args+=" $a.mhcc"; done
       # shellcheck disable=SC2086
@@ -170,13 +189,27 @@ run)
       else r=FAIL; detail="$(tail -2 "$logs/golden_tiny_pp2_mpirun.1.log" | tr '\n' ' ' | cut -c1-150)"; fi
       row "golden tiny PP2 (mpirun -np 2)" $r "$detail"
     fi
-    cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json "$out/" 2>/dev/null
+    if [ "$gpus" -ge 4 ]; then
+      detail=
+      if golden tiny_pp4_vpp2 tiny_pp4_vpp2 env && detail=$(check_golden tiny_pp4_vpp2 tiny_pp4_vpp2) &&
+         same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp4_vpp2.json"; then
+        r=PASS; detail+="; equal to PP1's"
+      else r=FAIL; detail="${detail:-run failed}"; fi
+      row "golden tiny PP4/VPP2 (--gpus 4)" $r "$detail"
+    else
+      row "golden tiny PP4/VPP2" SKIP "needs 4 GPUs, $gpus visible"
+    fi
+    cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json \
+       "$logs"/golden_values_h200_tiny_pp4_vpp2.json "$out/" 2>/dev/null
   fi
 
   if [[ $parts == *" bench "* ]]; then
     # 5 iterations each, the median of the last 4.
     for name in ${GPU_SUITE_BENCH:-$BENCH_DEFAULT}; do
-      case "$name" in *pp2*) [ "$gpus" -ge 2 ] || continue ;; esac
+      case "$name" in
+        *_pp4*) [ "$gpus" -ge 4 ] || { row "bench $name" SKIP "needs 4 GPUs, $gpus visible"; continue; } ;;
+        *_pp2*) [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
+      esac
       if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
           --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
         numbers=$(python3 -c "
