@@ -22,11 +22,8 @@
 #include <map>
 #include <cstdio>
 #include <ctime>
-#include <csignal>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <sys/wait.h>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -96,62 +93,6 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
   std::printf("mhcrun: profile, ms per iteration (mean of %lld)\n", (long long)iterations);
   for (const auto &[ms, name] : rows)
     std::printf("  %10.2f  %s\n", ms, name.c_str());
-}
-
-/// `mhcrun --gpus N`: starts one child process per rank on this host (the
-/// same command line, told its rank through MHCC_RANK...), passes the NCCL
-/// ids through a private directory, and waits. When one rank fails, the
-/// others are stopped, so a failure never leaves ranks waiting on a dead
-/// peer. Rank 0 prints; every rank's errors reach stderr.
-int launchRanks(int64_t ranks, char **argv) {
-  char dirTemplate[] = "/tmp/mhcrun.XXXXXX";
-  if (!mkdtemp(dirTemplate))
-    return fail("--gpus: cannot create a bootstrap directory under /tmp");
-  const std::string dir = dirTemplate;
-  std::vector<pid_t> children;
-  for (int64_t r = 0; r < ranks; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      for (pid_t child : children)
-        kill(child, SIGKILL);
-      return fail("--gpus: cannot start rank " + std::to_string(r));
-    }
-    if (pid == 0) {
-      setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
-      setenv("MHCC_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-      setenv("MHCC_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("MHCC_BOOTSTRAP_DIR", dir.c_str(), 1);
-      execv("/proc/self/exe", argv);
-      std::perror("mhcrun: exec");
-      _exit(127);
-    }
-    children.push_back(pid);
-  }
-  int result = 0;
-  size_t running = children.size();
-  while (running > 0) {
-    int status = 0;
-    pid_t pid = wait(&status);
-    if (pid < 0)
-      break;
-    --running;
-    size_t rank = std::find(children.begin(), children.end(), pid) - children.begin();
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && result == 0) {
-      result = 1;
-      std::cerr << "mhcrun: rank " << rank << " "
-                << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                        : "exited with status " + std::to_string(WEXITSTATUS(status)))
-                << "; stopping the other ranks\n";
-      for (size_t k = 0; k < children.size(); ++k)
-        if (k != rank)
-          kill(children[k], SIGTERM);
-    }
-  }
-  std::string cleanup = "rm -rf '" + dir + "'";
-  if (std::system(cleanup.c_str()) != 0)
-    std::cerr << "mhcrun: could not remove " << dir << "\n";
-  return result;
 }
 
 } // namespace
@@ -240,7 +181,7 @@ int runMhcrun(int argc, char **argv) {
                   (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
                   "; recompile with a smaller --pp or run on more GPUs");
     if (artifact->pp > 1 && !inProcess)
-      return launchRanks(artifact->pp, argv);
+      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
   }
   // In a multi-process run rank 0 speaks for all (every rank has the step's
   // numbers after the all-reduce); the others report only errors.

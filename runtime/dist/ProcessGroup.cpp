@@ -1,13 +1,18 @@
 //===- ProcessGroup.cpp - launcher environments and rank-0 broadcast ----------===//
 #include "runtime/dist/ProcessGroup.h"
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -171,6 +176,57 @@ std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, doub
     return std::make_unique<FileBootstrap>(placement, dir, timeoutSeconds);
   }
   return MpiBootstrap::load(placement.launcher, error);
+}
+
+int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log) {
+  char dirTemplate[] = "/tmp/mhcrun.XXXXXX";
+  if (!mkdtemp(dirTemplate)) {
+    log << "mhcrun: --gpus: cannot create a bootstrap directory under /tmp\n";
+    return 1;
+  }
+  const std::string dir = dirTemplate;
+  std::vector<pid_t> children;
+  for (int64_t r = 0; r < ranks; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t child : children)
+        kill(child, SIGKILL);
+      log << "mhcrun: --gpus: cannot start rank " << r << "\n";
+      return 1;
+    }
+    if (pid == 0) {
+      setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCC_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      setenv("MHCC_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCC_BOOTSTRAP_DIR", dir.c_str(), 1);
+      execv(program.c_str(), argv);
+      std::perror("mhcrun: exec");
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  int result = 0;
+  for (size_t running = children.size(); running > 0; --running) {
+    int status = 0;
+    pid_t pid = wait(&status);
+    if (pid < 0)
+      break;
+    size_t rank = std::find(children.begin(), children.end(), pid) - children.begin();
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && result == 0) {
+      result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      log << "mhcrun: rank " << rank << " "
+          << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                  : "exited with status " + std::to_string(WEXITSTATUS(status)))
+          << "; stopping the other ranks\n";
+      for (size_t k = 0; k < children.size(); ++k)
+        if (k != rank)
+          kill(children[k], SIGTERM);
+    }
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return result;
 }
 
 int deviceForRank(const ProcessPlacement &placement, int visibleGpus, std::string &error) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 
 namespace mhcc::runtime {
@@ -44,6 +45,14 @@ public:
 
 std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, double timeoutSeconds,
                                          std::string &error);
+
+/// `mhcrun --gpus N` on one host: starts `program` with `argv` once per
+/// rank, each told its rank through MHCC_RANK, MHCC_WORLD_SIZE,
+/// MHCC_LOCAL_RANK and a private MHCC_BOOTSTRAP_DIR, and waits. When a rank
+/// fails, the others are stopped (SIGTERM), so no rank is left waiting on a
+/// dead peer. Returns 0 when every rank exited with 0; else reports the
+/// first failure on `log` and returns its exit status (1 if signalled).
+int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log);
 
 /// The GPU a rank uses: its local rank, or 0 when the launcher gave each
 /// process exactly one visible GPU. -1 and `error` when there is none.

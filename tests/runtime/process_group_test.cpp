@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <fstream>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -140,6 +142,30 @@ TEST(ProcessGroup, MpiWithoutThePluginIsAClearError) {
   auto bootstrap = makeBootstrap({0, 2, 0, "mpirun"}, 1, error);
   EXPECT_FALSE(bootstrap);
   EXPECT_NE(error.find("libmhcc_mpi.so cannot be loaded"), std::string::npos) << error;
+}
+
+TEST(ProcessGroup, LauncherGivesEachRankItsPlace) {
+  // Every rank checks its own environment; all must exit 0.
+  char program[] = "/bin/sh";
+  char flag[] = "-c";
+  char script[] = "[ \"$MHCC_WORLD_SIZE\" = 3 ] && [ \"$MHCC_RANK\" = \"$MHCC_LOCAL_RANK\" ] && [ -d \"$MHCC_BOOTSTRAP_DIR\" ]";
+  char *argv[] = {program, flag, script, nullptr};
+  std::ostringstream log;
+  EXPECT_EQ(launchRanks(3, "/bin/sh", argv, log), 0) << log.str();
+}
+
+TEST(ProcessGroup, LauncherStopsTheOtherRanksWhenOneFails) {
+  // Rank 1 fails at once; ranks 0 and 2 would wait a minute for it.
+  char program[] = "/bin/sh";
+  char flag[] = "-c";
+  char script[] = "if [ \"$MHCC_RANK\" = 1 ]; then exit 3; fi; exec sleep 60";
+  char *argv[] = {program, flag, script, nullptr};
+  std::ostringstream log;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(launchRanks(3, "/bin/sh", argv, log), 3);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30) << "the waiting ranks were not stopped";
+  EXPECT_NE(log.str().find("rank 1 exited with status 3; stopping the other ranks"), std::string::npos) << log.str();
 }
 
 } // namespace
