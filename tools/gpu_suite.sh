@@ -213,14 +213,17 @@ run)
       if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
           --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
         numbers=$(python3 -c "
-import json, statistics
+import json, statistics, sys
 rows = [json.loads(l) for l in open('$logs/bench_$name.jsonl')][1:]
 tflops = statistics.median(r['tflops'] for r in rows)
-print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s' % (
+# No device allocation after the first step: the pool holds the same bytes from step 2 on.
+steady = all(r['pool reserved bytes per rank'] == rows[0]['pool reserved bytes per rank'] for r in rows)
+print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s, pool %s' % (
       statistics.median(r['elapsed ms'] for r in rows), statistics.median(r['tokens per second'] for r in rows),
       tflops, 100 * tflops / ($PEAK_TFLOPS * len(rows[-1]['peak bytes per rank'])),
-      ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank'])))")
-        r=PASS
+      ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank']),
+      'steady' if steady else 'GREW after step 2'))
+sys.exit(0 if steady else 1)") && r=PASS || r=FAIL
       else
         numbers=$(tail -1 "$logs/bench_$name.log" | cut -c1-150); r=FAIL
       fi

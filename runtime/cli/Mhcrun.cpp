@@ -249,6 +249,8 @@ int runMhcrun(int argc, char **argv) {
                              {"peak bytes per rank", result->peakBytes}};
       if (result->mtpLoss)
         line["mtp loss"] = *result->mtpLoss;
+      if (!result->poolReservedBytes.empty())
+        line["pool reserved bytes per rank"] = result->poolReservedBytes;
       metrics << line.dump() << "\n";
       metrics.flush();
     }

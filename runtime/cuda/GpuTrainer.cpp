@@ -492,7 +492,7 @@ private:
       return false;
     // 3. One all-reduce: [squares, zeros] per parameter, losses, peak bytes per rank.
     const size_t L = a.stages.back().losses.size();
-    std::vector<double> stats(2 * P + a.microbatches * L + a.pp, 0.0);
+    std::vector<double> stats(2 * P + a.microbatches * L + 2 * a.pp, 0.0);
     if (!waitStreams({dev.compute}, "the gradient statistics"))
       return false;
     cudaMemcpy(stats.data(), dev.stats, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
@@ -500,6 +500,13 @@ private:
       for (size_t l = 0; l < L; ++l)
         stats[2 * P + mb * L + l] = losses[mb][l];
     stats[2 * P + a.microbatches * L + r] = double(dev.peak);
+    // What the pool holds once the pipeline ran: constant from the second
+    // step on when no step needs a new device allocation (the GPU suite checks).
+    cudaMemPool_t pool;
+    uint64_t reserved = 0;
+    cudaDeviceGetDefaultMemPool(&pool, dev.device);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    stats[2 * P + a.microbatches * L + a.pp + r] = double(reserved);
     double *shared = nullptr;
     cudaMallocAsync(reinterpret_cast<void **>(&shared), stats.size() * sizeof(double), dev.compute);
     cudaMemcpyAsync(shared, stats.data(), stats.size() * sizeof(double), cudaMemcpyHostToDevice, dev.compute);
@@ -525,6 +532,8 @@ private:
     result.numZeros = zeros;
     for (int64_t k = 0; k < a.pp; ++k)
       result.peakBytes.push_back(int64_t(stats[2 * P + a.microbatches * L + k]));
+    for (int64_t k = 0; k < a.pp; ++k)
+      result.poolReservedBytes.push_back(int64_t(stats[2 * P + a.microbatches * L + a.pp + k]));
     if (options.recordTaps)
       for (size_t p = 0; p < P; ++p)
         if (gradient[p]) {

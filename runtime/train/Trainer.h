@@ -50,6 +50,9 @@ struct StepResult {
   int64_t tokens = 0;     // trained this step
   double learningRate = 0;
   std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers (CUDA: also weights and optimizer state)
+  /// CUDA, per rank: device memory the stream-ordered pool holds after the
+  /// pipeline; steady from the second step when steps allocate nothing new.
+  std::vector<int64_t> poolReservedBytes;
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
   std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping
