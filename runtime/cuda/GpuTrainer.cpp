@@ -176,7 +176,7 @@ public:
     cudaSetDevice(dev.device);
     cudaMemPool_t pool;
     cudaDeviceGetDefaultMemPool(&pool, dev.device);
-    uint64_t keep = UINT64_MAX; // the pool keeps what it has: no cudaMalloc after warm-up
+    uint64_t keep = UINT64_MAX; // the pool keeps what it has, for the next steps to reuse
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     if (cudaStreamCreateWithFlags(&dev.compute, cudaStreamNonBlocking) != cudaSuccess ||
         cublasCreate(&dev.blas) != CUBLAS_STATUS_SUCCESS)

@@ -6,7 +6,9 @@
 // enqueues its static instruction list: kernels on a compute stream, NCCL
 // send / recv on one stream and communicator per directed rank pair (the
 // model the schedule verifier checks), stream-ordered memory from a pool
-// that keeps what it has (no cudaMalloc once the first step has run), FREE
+// that keeps what it has (steady after the first step at PP1; with several
+// ranks, frees on the communication streams can keep it growing: a static
+// memory plan is still to come), FREE
 // as a stream-ordered free behind the send. The optimizer runs on the
 // GPUs: each parameter's gradient is reduced on its owner (the rank of its
 // first use) in model order, the global norm comes from one all-reduce of
