@@ -127,8 +127,8 @@ int runMhcrun(int argc, char **argv) {
                "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
                "(debugging)");
   app.add_flag("--profile", options.profile,
-               "Print where the time goes: device time per rank and primitive, summed over the iterations "
-               "after the first (CUDA backend), and the host phases");
+               "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
+               "on the CUDA backend, thread time on the CPU) and the host phases");
   app.add_option("--peak-tflops", peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);

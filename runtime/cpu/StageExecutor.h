@@ -12,7 +12,9 @@
 #include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
 
+#include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,29 @@ template <typename T> struct StageContext {
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
   std::function<void(std::vector<T> &, int64_t)> allocate; // zero-filled
+  /// When set, seconds per "<profilePrefix>fwd|bwd <primitive>" are added here.
+  std::map<std::string, double> *profile = nullptr;
+  std::string profilePrefix;
+};
+
+/// Times one primitive into c.profile (a no-op without one).
+template <typename T> class PrimitiveTimer {
+public:
+  PrimitiveTimer(const StageContext<T> &c, const char *phase, Prim op) : c_(c), phase_(phase), op_(op) {
+    if (c_.profile)
+      start_ = std::chrono::steady_clock::now();
+  }
+  ~PrimitiveTimer() {
+    if (c_.profile)
+      (*c_.profile)[c_.profilePrefix + phase_ + " " + primName(op_)] +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+private:
+  const StageContext<T> &c_;
+  const char *phase_;
+  Prim op_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 /// Runs the forward list; `losses[k]` receives loss k of the stage.
@@ -54,6 +79,7 @@ void runForward(StageContext<T> &c, StageBuffers<T> &st, std::vector<double> &lo
     auto w = [&](size_t j) { return c.param(f.params[j]); };
     T *aux = st.aux[i].data();
     const int64_t n = f.streams;
+    PrimitiveTimer<T> timer(c, "fwd", f.op);
     switch (f.op) {
     case Prim::Identity:
       std::copy(st.values[f.inputs[0]].begin(), st.values[f.inputs[0]].end(), out.begin());
@@ -137,6 +163,7 @@ std::string runBackward(StageContext<T> &c, StageBuffers<T> &st, BackwardPart pa
     const T *dOut = b.gradOutput >= 0 ? grad(b.gradOutput) : nullptr;
     const T *aux = st.aux[b.forward].data();
     const int64_t n = f.streams;
+    PrimitiveTimer<T> timer(c, part == BackwardPart::Weight ? "bwd-weight" : "bwd", f.op);
     switch (f.op) {
     case Prim::Identity: {
       T *d = din(0);

@@ -124,6 +124,7 @@ struct CpuTrainer::Impl {
     std::map<Key, StageState> states;
     std::map<Key, std::vector<float>> actIn, gradIn;
     int64_t live = 0, peak = 0;
+    std::map<std::string, double> profileMs; // with options.profile
 
     const StageProgram &program(int64_t s) const { return impl.a.stages[s]; }
 
@@ -167,6 +168,10 @@ struct CpuTrainer::Impl {
       c.param = [this, s](int slot) { return impl.weights[program(s).params[slot].param].data(); };
       c.paramGrad = [this, s](int slot) { return impl.slotGrads[s][slot].data(); };
       c.allocate = [this](std::vector<float> &buffer, int64_t size) { take(buffer, size); };
+      if (impl.options.profile) {
+        c.profile = &profileMs;
+        c.profilePrefix = "rank " + std::to_string(rank) + " ";
+      }
       return c;
     }
 
@@ -401,6 +406,7 @@ std::optional<StepResult> CpuTrainer::step(std::string &error) {
     error = impl.error;
     return std::nullopt;
   }
+  auto pipelineDone = std::chrono::steady_clock::now();
 
   StepResult result;
   result.step = ++stepsDone_;
@@ -409,7 +415,17 @@ std::optional<StepResult> CpuTrainer::step(std::string &error) {
     for (const std::vector<float> &g : impl.slotGrads[s])
       slotGrads[s].push_back(g.data());
   completeStep(a, options_, impl.losses, slotGrads, weights_, adamM_, adamV_, result);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto end = std::chrono::steady_clock::now();
+  result.seconds = std::chrono::duration<double>(end - start).count();
+  if (options_.profile) {
+    for (const Impl::Rank &r : ranks)
+      for (const auto &[name, ms] : r.profileMs)
+        result.profileMs[name] += ms;
+    result.profileMs["host: pipeline (all ranks, wall)"] =
+        std::chrono::duration<double, std::milli>(pipelineDone - start).count();
+    result.profileMs["host: gradient reduction and optimizer"] =
+        std::chrono::duration<double, std::milli>(end - pipelineDone).count();
+  }
   result.tokens = a.microbatches * m.tokens();
   result.peakBytes = impl.peakBytes;
   if (options_.recordTaps)

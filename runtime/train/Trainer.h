@@ -35,8 +35,9 @@ struct TrainOptions {
   /// hence every pipeline boundary) and the reduced parameter gradients of
   /// each step: what the parity tests compare.
   bool recordTaps = false;
-  /// Time every primitive (CUDA events around each kernel group, per rank)
-  /// and the host phases of a step; costs a little, so only on request.
+  /// Time every primitive (CUDA: events around each kernel group; CPU: the
+  /// rank thread's clock), per rank, and the host phases of a step; costs a
+  /// little, so only on request.
   bool profile = false;
 };
 
