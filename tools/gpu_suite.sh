@@ -17,7 +17,9 @@
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens bench"),
 # GPU_SUITE_PARITY (parity groups, default "tiny small c4096 c7168"),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
-# (artifacts to run with --profile after the benchmarks), GPU_SUITE_GOLDENS=regen
+# (artifacts to run with --profile after the benchmarks), GPU_SUITE_MHCRUN_FLAGS
+# (extra mhcrun flags for the goldens and benchmarks, e.g. "--memory-plan
+# static": the goldens must still match exactly), GPU_SUITE_GOLDENS=regen
 # (record new goldens without comparing to the committed ones; the run is
 # still compared with its own rerun).
 #
@@ -158,7 +160,8 @@ run)
     golden() { # name artifact launcher...
       local name=$1 artifact=$2; shift 2
       for k in 1 2; do
-        timeout 300 "$@" ./mhcrun "$artifact.mhcc" --data corpus.txt --steps 20 --no-progress \
+        # shellcheck disable=SC2086
+        timeout 300 "$@" ./mhcrun "$artifact.mhcc" --data corpus.txt --steps 20 --no-progress ${GPU_SUITE_MHCRUN_FLAGS:-} \
           --metrics "$logs/$name.$k.jsonl" > "$logs/golden_$name.$k.log" 2>&1 || return 1
         python3 metrics_to_golden.py "$logs/$name.$k.jsonl" > "$logs/golden_values_h200_$name.$k.json" || return 1
       done
@@ -210,7 +213,8 @@ run)
         *_pp4*) [ "$gpus" -ge 4 ] || { row "bench $name" SKIP "needs 4 GPUs, $gpus visible"; continue; } ;;
         *_pp2*) [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
       esac
-      if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
+      # shellcheck disable=SC2086
+      if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS ${GPU_SUITE_MHCRUN_FLAGS:-} \
           --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
         numbers=$(python3 -c "
 import json, statistics, sys

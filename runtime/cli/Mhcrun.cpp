@@ -106,6 +106,7 @@ int runMhcrun(int argc, char **argv) {
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
   int64_t gpusFlag = -1;
+  std::string memoryPlan = "pool";
   app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
@@ -123,6 +124,10 @@ int runMhcrun(int argc, char **argv) {
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
                  "backend). Under mpirun or srun the launcher starts the ranks instead")
       ->check(CLI::PositiveNumber);
+  app.add_option("--memory-plan", memoryPlan,
+                 "CUDA backend: 'pool' (stream-ordered pool, the default) or 'static' (the first step is recorded, "
+                 "later steps use fixed offsets in one arena; experimental, not yet run on a GPU)")
+      ->check(CLI::IsMember({"pool", "static"}));
   app.add_flag("--in-process", inProcess,
                "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
                "(debugging)");
@@ -138,6 +143,7 @@ int runMhcrun(int argc, char **argv) {
     return app.exit(e);
   }
 
+  options.staticMemoryPlan = memoryPlan == "static";
   std::string error;
   std::optional<ProcessPlacement> placement = detectPlacement(error);
   if (!error.empty())
@@ -221,6 +227,8 @@ int runMhcrun(int argc, char **argv) {
     if (!gpu)
       return fail(error);
   } else {
+    if (options.staticMemoryPlan)
+      std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
     cpu = std::make_unique<CpuTrainer>(std::move(*artifact), *data, options);
   }
   bool bar = !noProgress && isatty(STDERR_FILENO);

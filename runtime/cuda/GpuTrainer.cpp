@@ -4,6 +4,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/gpu/Gpus.h"
+#include "runtime/memory/MemoryPlan.h"
 #include "runtime/train/Optimizer.h"
 
 #include <cublas_v2.h>
@@ -161,6 +162,11 @@ public:
       cudaFree(p);
     cudaFree(dev.stats);
     cudaFree(dev.statPartials);
+    cudaFree(dev.sharedStats);
+    cudaFree(arena);
+    for (cudaEvent_t event : freeEvents)
+      if (event)
+        cudaEventDestroy(event);
     if (dev.blas)
       cublasDestroy(dev.blas);
   }
@@ -225,8 +231,10 @@ public:
           cudaMalloc(&dev.labels[mb], a.model.tokens() * sizeof(int32_t)) != cudaSuccess)
         return fail("out of GPU memory for the token ids");
     dev.staticBytes += 2 * a.microbatches * a.model.tokens() * int64_t(sizeof(int32_t));
+    const size_t sharedCount = 2 * a.params.size() + a.microbatches * a.stages.back().losses.size() + 2 * a.pp;
     if (cudaMalloc(&dev.stats, 2 * a.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
-        cudaMalloc(&dev.statPartials, cuda::squaresAndZerosScratch() * sizeof(double)) != cudaSuccess)
+        cudaMalloc(&dev.statPartials, cuda::squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
+        cudaMalloc(&dev.sharedStats, sharedCount * sizeof(double)) != cudaSuccess)
       return fail("out of GPU memory for the gradient statistics");
     return check("setup");
   }
@@ -293,12 +301,21 @@ public:
     losses.assign(a.microbatches, std::vector<double>(a.stages.back().losses.size(), 0.0));
     taps.clear();
     profileMs.clear();
+    recording = options.staticMemoryPlan && !planner.planned();
     auto start = std::chrono::steady_clock::now();
     if (!runPipeline(tokens))
       return false;
     auto pipelineDone = std::chrono::steady_clock::now();
     if (!optimizerStep(stepNumber, result))
       return false;
+    if (recording && !adoptMemoryPlan())
+      return false;
+    if (planner.planned() && !recording) {
+      std::string problem;
+      if (!planner.endStep(problem))
+        return fail(problem);
+    }
+    recording = false;
     if (options.profile) {
       result.profileMs = profileMs;
       result.profileMs["host: rank " + std::to_string(r) + " pipeline"] =
@@ -342,7 +359,7 @@ private:
     std::map<int64_t, ncclComm_t> sendComm, recvComm;     // by peer
     std::map<int64_t, cudaStream_t> sendStream, recvStream;
     std::vector<int32_t *> tokens, labels; // by microbatch
-    double *stats = nullptr, *statPartials = nullptr;
+    double *stats = nullptr, *statPartials = nullptr, *sharedStats = nullptr;
     int64_t staticBytes = 0; // weights, gradients, optimizer state, token ids
     int64_t live = 0, peak = 0; // staticBytes plus what the step allocates
   };
@@ -354,6 +371,14 @@ private:
   std::vector<ParamPlan> plans;
   std::vector<Pair> pairs;
   DeviceRank dev;
+  // --memory-plan static: the first step is recorded through the pool, then
+  // every step's buffers live at fixed offsets of one arena.
+  PlannedAllocator planner;
+  bool recording = false;
+  char *arena = nullptr;
+  std::vector<cudaEvent_t> freeEvents; // by recorded buffer, where a later one waits for its free
+  std::map<cudaStream_t, int> streamIds;
+  std::vector<cudaStream_t> streamById;
   ncclComm_t world = nullptr;
   std::vector<ncclComm_t> comms;
   bool aborted = false;
@@ -506,9 +531,10 @@ private:
     uint64_t reserved = 0;
     cudaDeviceGetDefaultMemPool(&pool, dev.device);
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    if (planner.planned())
+      reserved += uint64_t(planner.plan().arenaBytes);
     stats[2 * P + a.microbatches * L + a.pp + r] = double(reserved);
-    double *shared = nullptr;
-    cudaMallocAsync(reinterpret_cast<void **>(&shared), stats.size() * sizeof(double), dev.compute);
+    double *shared = dev.sharedStats;
     cudaMemcpyAsync(shared, stats.data(), stats.size() * sizeof(double), cudaMemcpyHostToDevice, dev.compute);
     if (ncclResult_t status = ncclAllReduce(shared, shared, stats.size(), ncclDouble, ncclSum, world, dev.compute);
         status != ncclSuccess)
@@ -516,7 +542,6 @@ private:
     if (!waitStreams({dev.compute}, "the all-reduce of the step statistics"))
       return false;
     cudaMemcpy(stats.data(), shared, stats.size() * sizeof(double), cudaMemcpyDeviceToHost);
-    cudaFreeAsync(shared, dev.compute);
     double squares = 0;
     int64_t zeros = 0;
     for (size_t p = 0; p < P; ++p) {
@@ -590,12 +615,36 @@ private:
     return e.empty() || fail(e);
   }
 
+  int streamId(cudaStream_t stream) {
+    auto [it, added] = streamIds.try_emplace(stream, static_cast<int>(streamById.size()));
+    if (added)
+      streamById.push_back(stream);
+    return it->second;
+  }
+  PlannedAllocator::Hooks planHooks() {
+    return {[this](int buffer, int stream) { cudaEventRecord(freeEvents[buffer], streamById[stream]); },
+            [this](int stream, int buffer) { cudaStreamWaitEvent(streamById[stream], freeEvents[buffer], 0); }};
+  }
+
   float *allocate(int64_t count, cudaStream_t stream, bool zero = true) {
+    const int64_t bytes = std::max<int64_t>(1, count) * int64_t(sizeof(float));
     void *p = nullptr;
-    cudaError_t status = cudaMallocAsync(&p, std::max<int64_t>(1, count) * sizeof(float), stream);
-    if (status != cudaSuccess) {
-      fail("out of GPU memory allocating " + std::to_string(count * 4) + " bytes (" + cudaWhat(status) + ")");
-      return nullptr;
+    if (planner.planned()) {
+      std::string problem;
+      int64_t offset = planner.alloc(bytes, streamId(stream), planHooks(), problem);
+      if (offset < 0) {
+        fail(problem);
+        return nullptr;
+      }
+      p = arena + offset;
+    } else {
+      cudaError_t status = cudaMallocAsync(&p, bytes, stream);
+      if (status != cudaSuccess) {
+        fail("out of GPU memory allocating " + std::to_string(count * 4) + " bytes (" + cudaWhat(status) + ")");
+        return nullptr;
+      }
+      if (recording)
+        planner.recordAlloc(bytes, streamId(stream), reinterpret_cast<uintptr_t>(p));
     }
     if (zero)
       cudaMemsetAsync(p, 0, count * sizeof(float), stream);
@@ -606,9 +655,38 @@ private:
   void release(DeviceTensor &t, cudaStream_t stream) {
     if (!t.ptr)
       return;
-    cudaFreeAsync(t.ptr, stream);
+    std::string problem;
+    if (planner.planned()) {
+      if (!planner.free(reinterpret_cast<char *>(t.ptr) - arena, streamId(stream), planHooks(), problem))
+        fail(problem);
+    } else {
+      cudaFreeAsync(t.ptr, stream);
+      if (recording && !planner.recordFree(reinterpret_cast<uintptr_t>(t.ptr), streamId(stream), problem))
+        fail(problem);
+    }
     dev.live -= t.count * 4;
     t = {};
+  }
+
+  /// After the recorded first step: plan, hand the pool's memory back, and
+  /// take one arena for every later step.
+  bool adoptMemoryPlan() {
+    where = "memory plan";
+    std::string problem;
+    if (!planner.finishRecording(256, problem))
+      return fail(problem);
+    cudaDeviceSynchronize();
+    cudaMemPool_t pool;
+    cudaDeviceGetDefaultMemPool(&pool, dev.device);
+    cudaMemPoolTrimTo(pool, 0);
+    const MemoryPlan &plan = planner.plan();
+    if (cudaMalloc(&arena, std::max<int64_t>(plan.arenaBytes, 256)) != cudaSuccess)
+      return fail("out of GPU memory for the planned arena of " + std::to_string(plan.arenaBytes) + " bytes");
+    freeEvents.assign(plan.freeIsWaitedOn.size(), nullptr);
+    for (size_t b = 0; b < freeEvents.size(); ++b)
+      if (plan.freeIsWaitedOn[b])
+        cudaEventCreateWithFlags(&freeEvents[b], cudaEventDisableTiming);
+    return check("memory plan");
   }
 
   /// Copies a tapped tensor aside on the device; nothing here may block

@@ -39,6 +39,10 @@ struct TrainOptions {
   /// rank thread's clock), per rank, and the host phases of a step; costs a
   /// little, so only on request.
   bool profile = false;
+  /// CUDA: record the first step's buffers, then give them fixed offsets in
+  /// one arena (runtime/memory/MemoryPlan.h) instead of the stream-ordered
+  /// pool. Not yet run on a GPU: off by default.
+  bool staticMemoryPlan = false;
 };
 
 struct StepResult {
