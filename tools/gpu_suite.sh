@@ -15,7 +15,8 @@
 #                               one deliberate way to change an H200 golden
 #
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens bench"),
-# GPU_SUITE_PARITY (parity groups, default "tiny small c4096 c7168"),
+# GPU_SUITE_PARITY (parity groups, default "tiny tiny_static small c4096 c7168"
+# and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
 # (artifacts to run with --profile after the benchmarks), GPU_SUITE_MHCRUN_FLAGS
 # (extra mhcrun flags for the goldens and benchmarks, e.g. "--memory-plan
@@ -134,16 +135,20 @@ run)
       [tiny_pp4]="-:tiny_pp1 tiny_pp4 tiny_pp4_vpp2"
       [small_pp4]="-:small_m4_pp1 small_m4_pp4 small_m4_pp4_vpp2"
       [c7168_pp4]="-:c7168_m4_pp1 c7168_m4_pp4 c7168_m4_pp4_vpp2"
+      # The same tiny layouts with --memory-plan static (recorded step 1, replayed step 2).
+      [tiny_static]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_static small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
       fi
       args="corpus.txt"; [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
       for a in $list; do args+=" $a.mhcc"; done
+      plan=pool; [[ $name == *_static ]] && plan=static
       # shellcheck disable=SC2086
-      if timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then r=PASS; else r=FAIL; fi
+      if MHCC_TEST_MEMORY_PLAN=$plan timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
+        r=PASS; else r=FAIL; fi
       row "parity $name ($(echo $list | wc -w) layouts, x2)" $r \
           "$(grep -E '^step [0-9]:|^\[  (PASSED|FAILED|SKIPPED) ' "$logs/parity_$name.log" | tr '\n' ' ' | cut -c1-220)"
     done

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -33,6 +34,9 @@ TrainingRun train(const std::string &path, const TokenDataset &data, int64_t ste
     return {};
   TrainOptions options;
   options.recordTaps = true;
+  // The GPU suite reruns the GPU parity test with the static memory plan.
+  if (const char *plan = std::getenv("MHCC_TEST_MEMORY_PLAN"))
+    options.staticMemoryPlan = std::string(plan) == "static";
   std::unique_ptr<Trainer> trainer = makeTrainer(static_cast<Trainer *>(nullptr), std::move(*artifact), data,
                                                  options, error);
   EXPECT_TRUE(trainer) << error;
