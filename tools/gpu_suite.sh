@@ -129,7 +129,7 @@ run)
     # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
     declare -A PARITY=(
       [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
-      [small]="-:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
+      [small]="small_m2_pp1:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
       [c4096]="-:c4096_pp1 c4096_pp2 c4096_pp2_vpp2"
       [c7168]="-:c7168_pp1 c7168_pp2 c7168_pp2_vpp2"
       [tiny_pp4]="-:tiny_pp1 tiny_pp4 tiny_pp4_vpp2"

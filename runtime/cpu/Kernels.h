@@ -20,6 +20,8 @@
 #ifndef MHCC_RUNTIME_CPU_KERNELS_H
 #define MHCC_RUNTIME_CPU_KERNELS_H
 
+#include "runtime/cpu/Parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,41 +40,48 @@ template <typename T>
 void matmul(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N, bool accumulate = false) {
   if (!accumulate)
     std::fill(c, c + M * N, T(0));
-  for (int64_t i = 0; i < M; ++i) {
-    T *crow = c + i * N;
-    for (int64_t k = 0; k < K; ++k) {
-      T aik = a[i * K + k];
-      const T *brow = b + k * N;
-      for (int64_t j = 0; j < N; ++j)
-        crow[j] += aik * brow[j];
+  parallelFor(M, K * N, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T *crow = c + i * N;
+      for (int64_t k = 0; k < K; ++k) {
+        T aik = a[i * K + k];
+        const T *brow = b + k * N;
+        for (int64_t j = 0; j < N; ++j)
+          crow[j] += aik * brow[j];
+      }
     }
-  }
+  });
 }
 
 /// c[K,N] += a[M,K]^T b[M,N]  (weight gradients; rows summed in order)
 template <typename T>
 void matmulTransAAcc(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t k = 0; k < K; ++k) {
-      T aik = a[i * K + k];
-      const T *brow = b + i * N;
-      T *crow = c + k * N;
-      for (int64_t j = 0; j < N; ++j)
-        crow[j] += aik * brow[j];
-    }
+  // Split over rows of c; each still sums the M rows in order.
+  parallelFor(K, M * N, [&](int64_t begin, int64_t end) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = begin; k < end; ++k) {
+        T aik = a[i * K + k];
+        const T *brow = b + i * N;
+        T *crow = c + k * N;
+        for (int64_t j = 0; j < N; ++j)
+          crow[j] += aik * brow[j];
+      }
+  });
 }
 
 /// c[M,K] += a[M,N] b[K,N]^T  (input gradients)
 template <typename T>
 void matmulTransBAcc(const T *a, const T *b, T *c, int64_t M, int64_t N, int64_t K) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t k = 0; k < K; ++k) {
-      const T *arow = a + i * N, *brow = b + k * N;
-      T sum = 0;
-      for (int64_t j = 0; j < N; ++j)
-        sum += arow[j] * brow[j];
-      c[i * K + k] += sum;
-    }
+  parallelFor(M, K * N, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const T *arow = a + i * N, *brow = b + k * N;
+        T sum = 0;
+        for (int64_t j = 0; j < N; ++j)
+          sum += arow[j] * brow[j];
+        c[i * K + k] += sum;
+      }
+  });
 }
 
 template <typename T> T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
@@ -454,9 +463,11 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
       rotate(qkv + t * 3 * C + C + h * d, t % seq, d, false);
     }
   const T scale = T(1) / std::sqrt(T(d));
-  std::vector<T> p(seq);
-  for (int64_t b = 0; b < rows / seq; ++b)
-    for (int64_t h = 0; h < heads; ++h)
+  // (sequence, head) pairs are independent: split them over threads.
+  parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(seq);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i;
         const T *q = qkv + ti * 3 * C + h * d;
@@ -484,6 +495,8 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
             out[e] += w * v[e];
         }
       }
+    }
+  });
   matmul(o, wo, y, rows, C, C);
 }
 
@@ -494,11 +507,14 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
   const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
   if (dWo)
     matmulTransAAcc(o, dy, dWo, rows, C, C);
-  std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0)), p(seq), dp(seq);
+  std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0));
   matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
   const T scale = T(1) / std::sqrt(T(d));
-  for (int64_t b = 0; b < rows / seq; ++b)
-    for (int64_t h = 0; h < heads; ++h)
+  // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
+  parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(seq), dp(seq);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i;
         const T *q = qkv + ti * 3 * C + h * d;
@@ -530,6 +546,8 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
           }
         }
       }
+    }
+  });
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
