@@ -72,7 +72,7 @@ case "${1:-}" in
 bundle)
   # Our own libraries linked in statically, so the binaries travel alone
   # (system libraries: CUDA, cuBLAS, NCCL, MPI come from the GPU machine).
-  targets=("${GPU_TESTS[@]}" //tools:mhcrun //runtime:libmhcc_mpi.so //compiler:mhcc)
+  targets=("${GPU_TESTS[@]}" //tools:mhcrun //tools:libmhcc_mpi.so //compiler:mhcc)
   for a in "${TINY[@]}"; do targets+=("//tests:$a"); done
   build=(bazel build --dynamic_mode=off "${targets[@]}")
   "${build[@]}" >/dev/null 2>&1 || { "${build[@]}"; exit 1; }
@@ -81,7 +81,7 @@ bundle)
     path=${t#//}
     cp "bazel-bin/${path/://}" "$bundle/${t##*:}"
   done
-  cp bazel-bin/tools/mhcrun bazel-bin/runtime/libmhcc_mpi.so "$bundle/"
+  cp bazel-bin/tools/mhcrun bazel-bin/tools/libmhcc_mpi.so "$bundle/"
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086

@@ -94,11 +94,16 @@ public:
       std::string exe(self);
       path = exe.substr(0, exe.rfind('/') + 1) + "libmhcc_mpi.so";
     }
+    // Beside the binary first, then the library path (LD_LIBRARY_PATH).
     void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    std::string besideBinary = handle ? "" : dlerror();
+    if (!handle)
+      handle = dlopen("libmhcc_mpi.so", RTLD_NOW | RTLD_GLOBAL);
     if (!handle) {
       error = "started by " + launcher + ", which needs MPI to connect the ranks, but " + path +
-              " cannot be loaded (" + dlerror() +
-              "); install Open MPI (libmpi.so.40) or start the ranks with 'mhcrun --gpus N' on one host";
+              " cannot be loaded (" + besideBinary +
+              "); keep libmhcc_mpi.so beside mhcrun, install Open MPI (libmpi.so.40), or start the ranks "
+              "with 'mhcrun --gpus N' on one host";
       return nullptr;
     }
     auto broadcast = reinterpret_cast<BroadcastFn>(dlsym(handle, "mhcc_mpi_broadcast"));
