@@ -164,6 +164,10 @@ public:
     cudaFree(dev.statPartials);
     cudaFree(dev.sharedStats);
     cudaFree(arena);
+    for (auto &[key, pointers] : csrs) {
+      cudaFree(pointers.first);
+      cudaFree(pointers.second);
+    }
     for (cudaEvent_t event : freeEvents)
       if (event)
         cudaEventDestroy(event);
@@ -397,7 +401,8 @@ private:
   std::vector<std::pair<std::string, DeviceTensor>> tapBuffers;
   /// With profiling: events around each primitive, read after the step.
   std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> timings;
-  /// Embedding-backward CSRs, uploaded before the step: (mb, shift) -> device.
+  /// Embedding-backward CSRs, uploaded before each step into buffers kept
+  /// from the first: (mb, shift) -> device offsets, positions.
   std::map<std::pair<int64_t, int64_t>, std::pair<int32_t *, int32_t *>> csrs;
 
   const StageProgram &program(int64_t s) { return a.stages[s]; }
@@ -711,12 +716,13 @@ private:
   /// backward without atomics; built and uploaded before the step starts.
   void prepareCsrs(const std::vector<std::vector<int32_t>> &tokens) {
     const ModelInfo &m = a.model;
+    std::set<std::pair<int64_t, int64_t>> uploaded;
     for (size_t s = r; s < a.stages.size(); s += a.pp)
       for (const ForwardInstr &f : a.stages[s].forward) {
         if (f.op != Prim::Embed)
           continue;
         for (int64_t mb = 0; mb < a.microbatches; ++mb) {
-          if (csrs.count({mb, f.shift}))
+          if (!uploaded.insert({mb, f.shift}).second)
             continue;
           std::vector<int32_t> offsets(m.vocab + 1, 0), positions(m.tokens());
           for (int64_t t = 0; t < m.tokens(); ++t)
@@ -726,12 +732,14 @@ private:
           std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
           for (int64_t t = 0; t < m.tokens(); ++t)
             positions[cursor[tokens[mb][kernels::shiftedRow(t, f.shift, m.seqLen)]]++] = int32_t(t);
-          int32_t *dOffsets = nullptr, *dPositions = nullptr;
-          cudaMalloc(&dOffsets, offsets.size() * 4);
-          cudaMalloc(&dPositions, positions.size() * 4);
+          // Device buffers of a fixed size, taken at the first step and kept.
+          auto &[dOffsets, dPositions] = csrs[{mb, f.shift}];
+          if (!dOffsets) {
+            cudaMalloc(&dOffsets, offsets.size() * 4);
+            cudaMalloc(&dPositions, positions.size() * 4);
+          }
           cudaMemcpy(dOffsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
           cudaMemcpy(dPositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
-          csrs[{mb, f.shift}] = {dOffsets, dPositions};
         }
       }
   }
@@ -1126,11 +1134,6 @@ private:
       cudaEventDestroy(endEvent);
     }
     timings.clear();
-    for (auto &[key, pointers] : csrs) {
-      cudaFree(pointers.first);
-      cudaFree(pointers.second);
-    }
-    csrs.clear();
     for (auto it = states.begin(); it != states.end();)
       releaseState((it++)->first);
     return check("end of the pipeline");
