@@ -19,11 +19,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -181,11 +181,8 @@ int runMhcrun(int argc, char **argv) {
                 " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
                 " or recompile with --pp " + std::to_string(gpusFlag));
   if (backend == "cuda" && !placement) {
-    if (static_cast<int64_t>(gpus.gpus.size()) < artifact->pp)
-      return fail("the artifact has pp = " + std::to_string(artifact->pp) + " pipeline ranks and needs one GPU each, "
-                  "but " + std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
-                  (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
-                  "; recompile with a smaller --pp or run on more GPUs");
+    if (std::string missing = missingGpus(gpus, artifact->pp); !missing.empty())
+      return fail(missing);
     if (artifact->pp > 1 && !inProcess)
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
   }

@@ -1159,16 +1159,16 @@ struct GpuTrainer::Impl {
         worker->abort();
   }
 
-  /// Runs `body(worker)` for every worker, each on its own thread when there
+  /// Runs `body(worker, index)` for every worker, each on its own thread when there
   /// are several (the ranks block on each other inside NCCL).
   template <typename Body> bool forEachWorker(Body body) {
     if (workers.size() == 1)
-      return body(*workers[0]) || (failed = true, false);
+      return body(*workers[0], 0) || (failed = true, false);
     std::vector<std::thread> threads;
     std::vector<char> ok(workers.size(), 0);
     for (size_t k = 0; k < workers.size(); ++k)
       threads.emplace_back([&, k] {
-        ok[k] = body(*workers[k]);
+        ok[k] = body(*workers[k], k);
         if (!ok[k])
           failed = true;
       });
@@ -1211,11 +1211,7 @@ struct GpuTrainer::Impl {
       data.sample(options.dataSeed, stepsDone, mb, m.seqLen, m.microBatch, tokens[mb].data(), labels[mb].data());
     const int64_t stepNumber = stepsDone + 1;
     std::vector<StepResult> results(workers.size());
-    std::vector<RankWorker *> order;
-    for (auto &w : workers)
-      order.push_back(w.get());
-    bool ok = forEachWorker([&](RankWorker &worker) {
-      size_t k = std::find(order.begin(), order.end(), &worker) - order.begin();
+    bool ok = forEachWorker([&](RankWorker &worker, size_t k) {
       return worker.step(stepNumber, tokens, labels, results[k]);
     });
     if (!ok) {
@@ -1249,14 +1245,9 @@ std::unique_ptr<GpuTrainer> GpuTrainer::create(Artifact artifact, const TokenDat
                                                std::string &error) {
   auto impl = std::make_unique<Impl>(std::move(artifact), data, std::move(options));
   const Artifact &a = impl->a;
-  GpuInventory gpus = queryGpus();
-  if (static_cast<int64_t>(gpus.gpus.size()) < a.pp) {
-    error = "the artifact has pp = " + std::to_string(a.pp) + " pipeline ranks and needs one GPU each, but " +
-            std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
-            (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
-            "; recompile with a smaller --pp or run on more GPUs";
+  error = missingGpus(queryGpus(), a.pp);
+  if (!error.empty())
     return nullptr;
-  }
   for (int64_t r = 0; r < a.pp; ++r)
     impl->workers.push_back(
         std::make_unique<RankWorker>(a, impl->options, r, static_cast<int>(r), &impl->failed));
@@ -1269,7 +1260,7 @@ std::unique_ptr<GpuTrainer> GpuTrainer::create(Artifact artifact, const TokenDat
   error = makeCommIds(impl->workers[0]->communicating().size(), ids);
   if (!error.empty())
     return nullptr;
-  if (!impl->forEachWorker([&](RankWorker &worker) { return worker.setupComms(ids); })) {
+  if (!impl->forEachWorker([&](RankWorker &worker, size_t) { return worker.setupComms(ids); })) {
     error = impl->fail();
     return nullptr;
   }

@@ -44,6 +44,15 @@ GpuInventory queryGpus() {
   return inventory;
 }
 
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks) {
+  if (static_cast<int64_t>(gpus.gpus.size()) >= ranks)
+    return "";
+  return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks and needs one GPU each, but " +
+         std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
+         (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
+         "; recompile with a smaller --pp or run on more GPUs";
+}
+
 std::string gpuSelfTest(int device) {
   std::string where = "GPU " + std::to_string(device) + ": ";
   cudaError_t status = cudaSetDevice(device);

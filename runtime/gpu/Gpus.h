@@ -9,6 +9,7 @@
 #define MHCC_RUNTIME_GPU_GPUS_H
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct GpuInventory {
 /// Lists the visible GPUs. Never fails: with no driver or no device it
 /// returns an empty list and the reason.
 GpuInventory queryGpus();
+
+/// "" when `gpus` has one GPU per pipeline rank; else the one-line refusal
+/// (how many are visible, why none, and the fix).
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks);
 
 /// The compute capability our kernels are compiled for (sm_90: Hopper).
 inline constexpr int kKernelComputeMajor = 9;
