@@ -56,7 +56,6 @@ public:
   const std::vector<std::vector<float>> &parameters() const;
 
   struct Impl;
-  friend class RankWorker;
 
 private:
   explicit GpuTrainer(std::unique_ptr<Impl> impl);
