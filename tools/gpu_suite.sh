@@ -15,12 +15,12 @@
 #                               one deliberate way to change an H200 golden
 #
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens bench"),
-# GPU_SUITE_PARITY (parity groups, default "tiny tiny_static small c4096 c7168"
+# GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
 # and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
 # (artifacts to run with --profile after the benchmarks), GPU_SUITE_MHCRUN_FLAGS
 # (extra mhcrun flags for the goldens and benchmarks, e.g. "--memory-plan
-# static": the goldens must still match exactly), GPU_SUITE_GOLDENS=regen
+# pool": the goldens must still match exactly), GPU_SUITE_GOLDENS=regen
 # (record new goldens without comparing to the committed ones; the run is
 # still compared with its own rerun).
 #
@@ -135,17 +135,17 @@ run)
       [tiny_pp4]="-:tiny_pp1 tiny_pp4 tiny_pp4_vpp2"
       [small_pp4]="-:small_m4_pp1 small_m4_pp4 small_m4_pp4_vpp2"
       [c7168_pp4]="-:c7168_m4_pp1 c7168_m4_pp4 c7168_m4_pp4_vpp2"
-      # The same tiny layouts with --memory-plan static (recorded step 1, replayed step 2).
-      [tiny_static]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
+      # The same tiny layouts with --memory-plan pool (the static plan is the default).
+      [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_static small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
       fi
       args="corpus.txt"; [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
       for a in $list; do args+=" $a.mhcc"; done
-      plan=pool; [[ $name == *_static ]] && plan=static
+      plan=static; [[ $name == *_pool ]] && plan=pool
       # shellcheck disable=SC2086
       if MHCC_TEST_MEMORY_PLAN=$plan timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
         r=PASS; else r=FAIL; fi
@@ -225,9 +225,9 @@ run)
 import json, statistics, sys
 rows = [json.loads(l) for l in open('$logs/bench_$name.jsonl')][1:]
 tflops = statistics.median(r['tflops'] for r in rows)
-# No device allocation after the first step: the pool holds the same bytes from step 2 on.
-steady = all(r['pool reserved bytes per rank'] == rows[0]['pool reserved bytes per rank'] for r in rows)
-print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s, pool %s' % (
+# No device allocation after the first step: the same bytes reserved from step 2 on.
+steady = all(r['device reserved bytes per rank'] == rows[0]['device reserved bytes per rank'] for r in rows)
+print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s, memory %s' % (
       statistics.median(r['elapsed ms'] for r in rows), statistics.median(r['tokens per second'] for r in rows),
       tflops, 100 * tflops / ($PEAK_TFLOPS * len(rows[-1]['peak bytes per rank'])),
       ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank']),

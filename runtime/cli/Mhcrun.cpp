@@ -106,7 +106,7 @@ int runMhcrun(int argc, char **argv) {
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
   int64_t gpusFlag = -1;
-  std::string memoryPlan = "pool";
+  std::string memoryPlan = "static";
   app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
@@ -124,9 +124,9 @@ int runMhcrun(int argc, char **argv) {
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
                  "backend). Under mpirun or srun the launcher starts the ranks instead")
       ->check(CLI::PositiveNumber);
-  app.add_option("--memory-plan", memoryPlan,
-                 "CUDA backend: 'pool' (stream-ordered pool, the default) or 'static' (the first step is recorded, "
-                 "later steps use fixed offsets in one arena; experimental, not yet run on a GPU)")
+  CLI::Option *memoryPlanOption = app.add_option("--memory-plan", memoryPlan,
+                 "CUDA backend: 'static' (the default: the first step is recorded, later steps use fixed offsets in one "
+                 "arena, no allocation inside a step) or 'pool' (stream-ordered pool every step)")
       ->check(CLI::IsMember({"pool", "static"}));
   app.add_flag("--in-process", inProcess,
                "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
@@ -204,7 +204,7 @@ int runMhcrun(int argc, char **argv) {
   if (speaker)
     std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << ", pp = " << a.pp
             << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule " << a.scheduleKind
-            << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
+            << (backend == "cuda" ? ", memory plan " + memoryPlan : std::string()) << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
             << data->source() << " (" << data->size() << " tokens)\n";
   const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
   const double flopsPerToken = a.model.trainingFlopsPerToken;
@@ -224,7 +224,7 @@ int runMhcrun(int argc, char **argv) {
     if (!gpu)
       return fail(error);
   } else {
-    if (options.staticMemoryPlan)
+    if (memoryPlanOption->count() > 0)
       std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
     cpu = std::make_unique<CpuTrainer>(std::move(*artifact), *data, options);
   }
@@ -254,8 +254,8 @@ int runMhcrun(int argc, char **argv) {
                              {"peak bytes per rank", result->peakBytes}};
       if (result->mtpLoss)
         line["mtp loss"] = *result->mtpLoss;
-      if (!result->poolReservedBytes.empty())
-        line["pool reserved bytes per rank"] = result->poolReservedBytes;
+      if (!result->deviceReservedBytes.empty())
+        line["device reserved bytes per rank"] = result->deviceReservedBytes;
       metrics << line.dump() << "\n";
       metrics.flush();
     }

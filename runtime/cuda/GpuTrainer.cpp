@@ -562,7 +562,7 @@ private:
     for (int64_t k = 0; k < a.pp; ++k)
       result.peakBytes.push_back(int64_t(stats[2 * P + a.microbatches * L + k]));
     for (int64_t k = 0; k < a.pp; ++k)
-      result.poolReservedBytes.push_back(int64_t(stats[2 * P + a.microbatches * L + a.pp + k]));
+      result.deviceReservedBytes.push_back(int64_t(stats[2 * P + a.microbatches * L + a.pp + k]));
     if (options.recordTaps)
       for (size_t p = 0; p < P; ++p)
         if (gradient[p]) {

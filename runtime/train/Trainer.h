@@ -40,9 +40,9 @@ struct TrainOptions {
   /// little, so only on request.
   bool profile = false;
   /// CUDA: record the first step's buffers, then give them fixed offsets in
-  /// one arena (runtime/memory/MemoryPlan.h) instead of the stream-ordered
-  /// pool. Not yet run on a GPU: off by default.
-  bool staticMemoryPlan = false;
+  /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
+  /// nothing; false: the stream-ordered pool in every step.
+  bool staticMemoryPlan = true;
 };
 
 struct StepResult {
@@ -55,9 +55,10 @@ struct StepResult {
   int64_t tokens = 0;     // trained this step
   double learningRate = 0;
   std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers (CUDA: also weights and optimizer state)
-  /// CUDA, per rank: device memory the stream-ordered pool holds after the
-  /// pipeline; steady from the second step when steps allocate nothing new.
-  std::vector<int64_t> poolReservedBytes;
+  /// CUDA, per rank: device memory held for step buffers after the pipeline
+  /// (the static plan's arena plus what the stream-ordered pool holds);
+  /// steady from the second step when steps allocate nothing new.
+  std::vector<int64_t> deviceReservedBytes;
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
   std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping
