@@ -1,11 +1,13 @@
 //===- Driver.cpp - the mhcc command line -------------------------------------===//
 //
-// mhcc MODEL.json [-o OUT] [--emit=summary|mlir] [--compile-to=PHASE]
+// mhcc MODEL.json [-o OUT] [--emit=summary|mlir|programs|cuda|artifact]
+//      [--compile-to=PHASE] [--cuda-arch=auto|none|sm_XY] [--nvcc=PATH]
 //
 // Every failure prints one line naming the file and the place, and exits 1;
 // output files are only written (atomically) once the compile succeeded.
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/codegen/CudaCodegen.h"
 #include "compiler/Importer.h"
 #include "compiler/Lowering.h"
 #include "compiler/InitAll.h"
@@ -36,7 +38,7 @@ using namespace mlir;
 namespace mhcc {
 namespace {
 
-enum class EmitKind { Summary, Mlir, Programs, Artifact };
+enum class EmitKind { Summary, Mlir, Programs, Cuda, Artifact };
 
 struct Options {
   llvm::cl::opt<std::string> input{llvm::cl::Positional, llvm::cl::Required,
@@ -51,12 +53,26 @@ struct Options {
           clEnumValN(EmitKind::Mlir, "mlir", "the IR after the last phase run"),
           clEnumValN(EmitKind::Programs, "programs",
                      "each stage's forward and (autodiff) backward kernel program"),
+          clEnumValN(EmitKind::Cuda, "cuda",
+                     "the model's generated CUDA kernels (the source nvcc compiles)"),
           clEnumValN(EmitKind::Artifact, "artifact",
                      "the versioned artifact mhcrun executes (needs -o FILE)"))};
   llvm::cl::opt<std::string> compileTo{
       "compile-to",
       llvm::cl::desc("Stop after this phase (" + phaseNames() + ")"),
       llvm::cl::value_desc("phase"), llvm::cl::init(allPhases().back().name)};
+
+  llvm::cl::OptionCategory cudaCategory{"CUDA kernels"};
+  llvm::cl::opt<std::string> cudaArch{
+      "cuda-arch",
+      llvm::cl::desc("GPU architecture the artifact's kernels are compiled for: sm_90 (H100, H200), "
+                     "another sm_XY, none (CPU backend only), or auto (sm_90 when nvcc is found, "
+                     "else none with a note)"),
+      llvm::cl::init("auto"), llvm::cl::cat(cudaCategory)};
+  llvm::cl::opt<std::string> nvcc{
+      "nvcc", llvm::cl::desc("nvcc to compile the kernels with (default: $CUDA_HOME/bin, "
+                             "/usr/local/cuda/bin, PATH)"),
+      llvm::cl::value_desc("path"), llvm::cl::cat(cudaCategory)};
 
   llvm::cl::OptionCategory pipelineCategory{"Pipeline parallelism"};
   llvm::cl::opt<int64_t> pp{"pp", llvm::cl::desc("Pipeline ranks p"), llvm::cl::init(1),
@@ -159,18 +175,25 @@ int runMhcc(int argc, char **argv) {
   registerPassManagerCLOptions();
   registerDefaultTimingManagerCLOptions();
   Options options;
+  // MHCC_OPTIONS holds default options, read before the command line's.
   llvm::cl::ParseCommandLineOptions(
       argc, argv,
-      "mhcc: compiles mHC transformer model graphs for pipelined training\n");
+      "mhcc: compiles mHC transformer model graphs for pipelined training\n", nullptr, nullptr,
+      "MHCC_OPTIONS");
 
   std::optional<Phase> lastPhase = parsePhase(options.compileTo);
   if (!lastPhase)
     return fail("unknown phase '" + options.compileTo + "' for --compile-to; "
                 "phases: " + phaseNames());
 
-  bool needsArtifact = options.emit == EmitKind::Artifact || options.emit == EmitKind::Programs;
+  bool needsArtifact = options.emit == EmitKind::Artifact || options.emit == EmitKind::Programs ||
+                       options.emit == EmitKind::Cuda;
   if (needsArtifact && *lastPhase != Phase::Schedule)
-    return fail("--emit=artifact and --emit=programs need every phase; drop --compile-to");
+    return fail("--emit=artifact, programs and cuda need every phase; drop --compile-to");
+  const std::string cudaArch = options.cudaArch;
+  if (cudaArch != "auto" && cudaArch != "none" && !codegen::isCudaArch(cudaArch))
+    return fail("--cuda-arch " + cudaArch + " is not a GPU architecture; use sm_90 (H100, H200), another "
+                "sm_XY, none or auto");
   if (options.emit == EmitKind::Artifact && options.output == "-")
     return fail("--emit=artifact writes a binary file: give it a name with -o FILE");
 
@@ -212,6 +235,26 @@ int runMhcc(int argc, char **argv) {
       return fail("cannot build the artifact of " + options.input + " (see above)");
     artifact = std::move(*built);
   }
+  if (options.emit == EmitKind::Artifact && cudaArch != "none") {
+    std::string nvccError;
+    std::optional<std::string> nvcc = codegen::findNvcc(options.nvcc, nvccError);
+    if (!nvcc && (cudaArch != "auto" || !options.nvcc.empty()))
+      return fail(nvccError + "; the CUDA kernels for " + cudaArch +
+                  " need it: install the CUDA toolkit, pass --nvcc PATH, or --cuda-arch none for a "
+                  "CPU-only artifact");
+    if (!nvcc) {
+      llvm::errs() << "mhcc: note: " << nvccError << ": the artifact runs on the CPU backend only; "
+                   << "pass --nvcc PATH for GPU kernels, or --cuda-arch none to silence this\n";
+    } else {
+      std::string codegenError;
+      std::optional<runtime::DeviceCode> code = codegen::compileModelKernels(
+          artifact->model, codegen::emitModelKernels(artifact->model, artifact->modelHash), *nvcc,
+          cudaArch == "auto" ? "sm_90" : cudaArch, codegenError);
+      if (!code)
+        return fail(codegenError);
+      artifact->deviceCode = std::move(*code);
+    }
+  }
   if (options.emit == EmitKind::Artifact) {
     std::string writeError;
     if (!runtime::writeArtifact(options.output, *artifact, writeError))
@@ -227,6 +270,8 @@ int runMhcc(int argc, char **argv) {
     module->print(out->os());
   } else if (options.emit == EmitKind::Programs) {
     out->os() << formatPrograms(*artifact);
+  } else if (options.emit == EmitKind::Cuda) {
+    out->os() << codegen::emitModelKernels(artifact->model, artifact->modelHash);
   } else {
     FailureOr<func::FuncOp> func = findModelFunc(*module);
     if (failed(func))

@@ -16,3 +16,9 @@ config.environment["PATH"] = tools_path + os.pathsep + os.environ.get("PATH", ""
 source_root = os.environ.get("MHCC_SOURCE_ROOT", os.path.dirname(config.test_source_root))
 config.substitutions.append(("%models", os.path.join(source_root, "models")))
 config.substitutions.append(("%corpus", os.path.join(source_root, "data", "corpus.txt")))
+
+# Artifacts in lit tests skip the nvcc step unless a test asks for it with
+# --cuda-arch (the command line overrides MHCC_OPTIONS); GPU kernels are
+# covered by codegen.test, //tests:codegen_test and the artifacts the GPU
+# tests use.
+config.environment["MHCC_OPTIONS"] = "--cuda-arch=none"

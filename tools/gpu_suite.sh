@@ -33,6 +33,9 @@ TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp4 tiny_pp4_vpp2)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Layout parity (2 microbatches keep the large cases inside the call).
+  # Refusals: kernels for another GPU architecture, and none at all.
+  [tiny_sm80]="models/tiny.json --microbatches 2 --cuda-arch sm_80"
+  [tiny_no_kernels]="models/tiny.json --microbatches 2 --cuda-arch none"
   [small_m2_pp1]="models/small.json --microbatches 2 --pp 1"
   [small_m2_pp2]="models/small.json --microbatches 2 --pp 2"
   [small_m2_pp2_vpp2]="models/small.json --microbatches 2 --pp 2 --vpp 2"
@@ -85,7 +88,7 @@ bundle)
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
-    bazel-bin/compiler/mhcc ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
+    bazel-bin/compiler/mhcc --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
   done
   cp data/corpus.txt tools/metrics_to_golden.py "$bundle/"
   for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2; do
@@ -122,8 +125,10 @@ run)
   same_json() { python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])) else 1)" "$1" "$2"; }
 
   if [[ $parts == *" checks "* ]]; then
+    declare -A CHECK_ARGS=([gpu_test]="" [cuda_kernels_test]="tiny_pp1.mhcc")
     for name in gpu_test cuda_kernels_test; do
-      if timeout 300 "./$name" > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
+      # shellcheck disable=SC2086
+      if timeout 300 "./$name" ${CHECK_ARGS[$name]} > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
       row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
     done
     # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
@@ -157,6 +162,14 @@ run)
     rc=$?
     if [ $rc = 1 ] && grep -q "needs one GPU each, but 1 GPU(s) are visible" "$logs/too_few_gpus.log"; then r=PASS; else r=FAIL; fi
     row "too few GPUs refused" $r "exit $rc: $(tail -1 "$logs/too_few_gpus.log" | cut -c1-150)"
+    # Kernels for another architecture, or none: one message, exit 1.
+    for case in "tiny_sm80:compiled for sm_80, but this GPU is sm_90" "tiny_no_kernels:carries no CUDA kernels"; do
+      name=${case%%:*}; expect=${case#*:}
+      timeout 60 ./mhcrun "$name.mhcc" --backend cuda --data corpus.txt --steps 1 > "$logs/$name.log" 2>&1
+      rc=$?
+      if [ $rc = 1 ] && grep -q "$expect" "$logs/$name.log"; then r=PASS; else r=FAIL; fi
+      row "$name refused" $r "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-150)"
+    done
   fi
 
   if [[ $parts == *" goldens "* ]]; then

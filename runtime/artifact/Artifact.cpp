@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -15,6 +16,55 @@ namespace {
 using json = nlohmann::json;
 
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8 + 8; // magic, version, reserved, size, checksum
+
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64Encode(const std::string &bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size())
+      v |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size())
+      v |= uint32_t(uint8_t(bytes[i + 2]));
+    out += kBase64[(v >> 18) & 63];
+    out += kBase64[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kBase64[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kBase64[v & 63] : '=';
+  }
+  return out;
+}
+
+std::string base64Decode(const std::string &text) {
+  if (text.size() % 4)
+    throw std::runtime_error("device code image: base64 length " + std::to_string(text.size()) +
+                             " is not a multiple of 4");
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t v = 0;
+    int padding = 0;
+    for (int k = 0; k < 4; ++k) {
+      char c = text[i + k];
+      const char *at = c ? std::strchr(kBase64, c) : nullptr;
+      if (c == '=' && i + 4 == text.size() && k >= 2) {
+        ++padding;
+        v <<= 6;
+        continue;
+      }
+      if (!at || padding)
+        throw std::runtime_error("device code image: bad base64 at offset " + std::to_string(i + k));
+      v = (v << 6) | uint32_t(at - kBase64);
+    }
+    out += char((v >> 16) & 255);
+    if (padding < 2)
+      out += char((v >> 8) & 255);
+    if (padding < 1)
+      out += char(v & 255);
+  }
+  return out;
+}
 
 template <typename T> void put(std::string &out, T value) {
   out.append(reinterpret_cast<const char *>(&value), sizeof value);
@@ -160,7 +210,14 @@ json toJson(const Artifact &a) {
           {"params", params},
           {"stages", stages},
           {"ranks", ranks},
-          {"ir", a.ir}};
+          {"ir", a.ir},
+          {"device_code", a.deviceCode ? json{{"arch", a.deviceCode->arch},
+                                               {"compiler", a.deviceCode->compiler},
+                                               {"streams", a.deviceCode->streams},
+                                               {"sinkhorn_iterations", a.deviceCode->sinkhornIterations},
+                                               {"source", a.deviceCode->source},
+                                               {"image", base64Encode(a.deviceCode->image)}}
+                                        : json(nullptr)}};
 }
 
 Artifact artifactFromJson(const json &j) {
@@ -200,6 +257,16 @@ Artifact artifactFromJson(const json &j) {
     a.ranks.push_back(std::move(list));
   }
   a.ir = j.at("ir");
+  if (auto code = j.find("device_code"); code != j.end() && !code->is_null()) {
+    DeviceCode d;
+    d.arch = code->at("arch");
+    d.compiler = code->at("compiler");
+    d.streams = code->at("streams");
+    d.sinkhornIterations = code->at("sinkhorn_iterations");
+    d.source = code->at("source");
+    d.image = base64Decode(code->at("image"));
+    a.deviceCode = std::move(d);
+  }
   return a;
 }
 

@@ -3,7 +3,8 @@
 // One versioned file: a fixed header (magic, format version, payload size,
 // XXH3-64 checksum of the payload) followed by a JSON payload with the model
 // sizes, the parameter table and its initialization, the stage programs
-// (forward and backward), every rank's schedule and the final IR. Readers
+// (forward and backward), every rank's schedule, the final IR and the
+// model's compiled CUDA kernels (base64). Readers
 // verify the header, the checksum and every index before anything runs, so
 // a truncated or corrupt file is one clear error, never a crash.
 //
@@ -46,6 +47,16 @@ struct ParamInfo {
   int64_t count() const { return rows * cols; }
 };
 
+/// The model's CUDA kernels, generated and compiled by mhcc
+/// (compiler/codegen): what the CUDA backend loads (runtime/cuda/ModelKernels.h).
+struct DeviceCode {
+  std::string arch;     // "sm_90": the one architecture the image runs on
+  std::string compiler; // nvcc's version line, for the record
+  int64_t streams = 0, sinkhornIterations = 0; // the model constants compiled in
+  std::string source;   // the CUDA source nvcc compiled (for reading and debugging)
+  std::string image;    // the cubin
+};
+
 struct Artifact {
   ModelInfo model;
   std::string modelHash; // of the model graph the artifact was compiled from
@@ -55,6 +66,8 @@ struct Artifact {
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
   std::vector<std::vector<Instr>> ranks; // pp instruction lists
   std::string ir;                        // the final IR, for debugging
+  /// Absent when compiled with --cuda-arch none: the CPU backend only.
+  std::optional<DeviceCode> deviceCode;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
 };

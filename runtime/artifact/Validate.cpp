@@ -26,6 +26,14 @@ public:
       return "bad model sizes";
     if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
       return "bad pipeline sizes";
+    if (const auto &code = a_.deviceCode) {
+      if (code->streams != m.streams || code->sinkhornIterations != m.sinkhornIterations)
+        return "the CUDA kernels were generated for n = " + std::to_string(code->streams) + " streams and " +
+               std::to_string(code->sinkhornIterations) + " Sinkhorn iterations, the model has " +
+               std::to_string(m.streams) + " and " + std::to_string(m.sinkhornIterations);
+      if (code->arch.rfind("sm_", 0) != 0 || code->image.empty())
+        return "the CUDA kernels have no image for a GPU architecture (arch '" + code->arch + "')";
+    }
     if (static_cast<int64_t>(a_.stages.size()) != a_.pp * a_.vpp)
       return std::to_string(a_.stages.size()) + " stage programs for pp * vpp = " +
              std::to_string(a_.pp * a_.vpp);
@@ -126,6 +134,14 @@ private:
   std::string forward(const StageProgram &p, const ForwardInstr &f) {
     const ModelInfo &m = a_.model;
     const int64_t T = m.tokens(), C = m.hidden, n = f.streams, K = n * n + 2 * n;
+    const bool usesStreams = f.op == Prim::Expand || f.op == Prim::Contract || f.op == Prim::MhcCoeffs ||
+                             f.op == Prim::MhcPre || f.op == Prim::MhcPostRes;
+    if (a_.deviceCode && usesStreams && f.streams != a_.deviceCode->streams)
+      return "n = " + std::to_string(f.streams) + " streams, but the CUDA kernels are compiled for n = " +
+             std::to_string(a_.deviceCode->streams);
+    if (a_.deviceCode && f.op == Prim::MhcCoeffs && f.sinkhornIterations != a_.deviceCode->sinkhornIterations)
+      return std::to_string(f.sinkhornIterations) + " Sinkhorn iterations, but the CUDA kernels are compiled for " +
+             std::to_string(a_.deviceCode->sinkhornIterations);
     int64_t numValues = static_cast<int64_t>(p.values.size());
     for (int in : f.inputs)
       if (in < 0 || in >= numValues)

@@ -1,7 +1,9 @@
 //===- DeviceKernels.h - CUDA kernels for stage programs ------------*- C++ -*-===//
 //
 // The GPU versions of runtime/cpu/Kernels.h, same math and conventions
-// (row-major, backward adds into its outputs), in fp32. Deterministic: no
+// (row-major, backward adds into its outputs), in fp32: cuBLAS for the
+// products, the artifact's generated kernels (`k`, ModelKernels.h) for the
+// rest; fills, additions and the optimizer are here. Deterministic: no
 // atomics; every reduction runs in a fixed order (weight gradients over
 // tokens ascending, as on the CPU), and matrix products go through cuBLAS
 // without TF32, whose results are bit-reproducible for fixed shapes on one
@@ -19,6 +21,8 @@ typedef struct CUstream_st *cudaStream_t;
 typedef struct cublasContext *cublasHandle_t;
 
 namespace mhcc::runtime::cuda {
+
+class ModelKernels;
 
 /// Returns "" or the CUDA / cuBLAS error of the last launches.
 std::string lastError(const char *what);
@@ -39,15 +43,15 @@ void addInto(float *dst, const float *src, int64_t count, cudaStream_t s);
 /// tokens are device ids; `positions` / `offsets` (device) list, per vocab
 /// row, the rows t reading it in ascending t (CSR), for the deterministic
 /// backward.
-void embedForward(const int32_t *tokens, const float *table, float *out, int64_t rows, int64_t C,
+void embedForward(const ModelKernels &k, const int32_t *tokens, const float *table, float *out, int64_t rows, int64_t C,
                   int64_t shift, int64_t seq, cudaStream_t s);
-void embedBackward(const int32_t *offsets, const int32_t *positions, int64_t vocab,
+void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t *positions, int64_t vocab,
                    const float *dOut, float *dTable, int64_t C, cudaStream_t s);
 
-void expandForward(const float *h, float *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void expandBackward(const float *dx, float *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void contractForward(const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void contractBackward(const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void expandForward(const ModelKernels &k, const float *h, float *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void expandBackward(const ModelKernels &k, const float *dx, float *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void contractForward(const ModelKernels &k, const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+void contractBackward(const ModelKernels &k, const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 
 /// Scratch each call needs, in floats.
 int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n);
@@ -57,30 +61,30 @@ int64_t attentionForwardScratch(int64_t heads, int64_t seq);
 int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq);
 
 /// scratch: mhcCoeffsForwardScratch (the projection p = x W_map, row norms).
-void mhcCoeffsForward(cublasHandle_t h, const float *x, const float *wmap, const float *bias,
+void mhcCoeffsForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *bias,
                       const float *alpha, float *coef, float *aux, float *scratch, int64_t rows,
-                      int64_t C, int64_t n, int64_t iters, cudaStream_t s);
+                      int64_t C, int64_t n, cudaStream_t s);
 /// scratch: mhcCoeffsBackwardScratch.
-void mhcCoeffsBackward(cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
+void mhcCoeffsBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
                        const float *aux, const float *dCoef, float *dx, float *dWmap, float *dBias,
                        float *dAlpha, float *scratch, int64_t rows, int64_t C, int64_t n,
-                       int64_t iters, cudaStream_t s);
-void mhcPreForward(const float *x, const float *coef, float *u, int64_t rows, int64_t C, int64_t n,
+                       cudaStream_t s);
+void mhcPreForward(const ModelKernels &k, const float *x, const float *coef, float *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);
-void mhcPreBackward(const float *x, const float *coef, const float *du, float *dx, float *dCoef,
+void mhcPreBackward(const ModelKernels &k, const float *x, const float *coef, const float *du, float *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void mhcPostResForward(const float *x, const float *coef, const float *y, float *out, int64_t rows,
+void mhcPostResForward(const ModelKernels &k, const float *x, const float *coef, const float *y, float *out, int64_t rows,
                        int64_t C, int64_t n, cudaStream_t s);
-void mhcPostResBackward(const float *x, const float *coef, const float *y, const float *dOut,
+void mhcPostResBackward(const ModelKernels &k, const float *x, const float *coef, const float *y, const float *dOut,
                         float *dx, float *dCoef, float *dy, int64_t rows, int64_t C, int64_t n,
                         cudaStream_t s);
-void residualForward(const float *x, const float *y, float *out, int64_t count, cudaStream_t s);
-void residualBackward(const float *dOut, float *dx, float *dy, int64_t count, cudaStream_t s);
+void residualForward(const ModelKernels &k, const float *x, const float *y, float *out, int64_t count, cudaStream_t s);
+void residualBackward(const ModelKernels &k, const float *dOut, float *dx, float *dy, int64_t count, cudaStream_t s);
 
-void rmsNormForward(const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
+void rmsNormForward(const ModelKernels &k, const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
                     double eps, cudaStream_t s);
 /// scratch: rmsNormBackwardScratch (partial column sums of dGain).
-void rmsNormBackward(const float *u, const float *gain, const float *aux, const float *dy, float *du,
+void rmsNormBackward(const ModelKernels &k, const float *u, const float *gain, const float *aux, const float *dy, float *du,
                      float *dGain, float *scratch, int64_t rows, int64_t C, cudaStream_t s);
 
 /// aux layout as on the CPU: [rows, 3C] rotated q, k, v; [rows, C] o;
@@ -88,18 +92,18 @@ void rmsNormBackward(const float *u, const float *gain, const float *aux, const 
 /// in scratch (all heads: heads * seq^2 floats, twice in the backward);
 /// products through cuBLAS strided-batched GEMMs, causal softmax and its
 /// backward one block per row. scratch: attention{Forward,Backward}Scratch.
-void attentionForward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
+void attentionForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
                       float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
                       cudaStream_t s);
-void attentionBackward(cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
+void attentionBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
                        const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
                        float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
                        cudaStream_t s);
 
 /// scratch (backward): 3 * rows * F.
-void swigluForward(cublasHandle_t h, const float *x, const float *wg, const float *wu, const float *wd,
+void swigluForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu, const float *wd,
                    float *y, float *aux, int64_t rows, int64_t C, int64_t F, cudaStream_t s);
-void swigluBackward(cublasHandle_t h, const float *x, const float *wg, const float *wu,
+void swigluBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu,
                     const float *wd, const float *aux, const float *dy, float *dx, float *dWg,
                     float *dWu, float *dWd, float *scratch, int64_t rows, int64_t C, int64_t F,
                     cudaStream_t s);
@@ -111,9 +115,9 @@ void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const 
                         int64_t N);
 
 /// loss: one device float (mean over unmasked rows).
-void crossEntropyForward(const float *logits, const int32_t *labels, float *aux, float *loss,
+void crossEntropyForward(const ModelKernels &k, const float *logits, const int32_t *labels, float *aux, float *loss,
                          int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s);
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *aux, float scale,
+void crossEntropyBackward(const ModelKernels &k, const float *logits, const int32_t *labels, const float *aux, float scale,
                           float *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
                           cudaStream_t s);
 

@@ -3,6 +3,7 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/ModelKernels.h"
 #include "runtime/gpu/Gpus.h"
 #include "runtime/memory/MemoryPlan.h"
 #include "runtime/train/Optimizer.h"
@@ -192,6 +193,12 @@ public:
       return fail("cannot create a stream or a cuBLAS handle on GPU " + std::to_string(dev.device));
     cublasSetStream(dev.blas, dev.compute);
     cublasSetMathMode(dev.blas, CUBLAS_PEDANTIC_MATH); // fp32, no TF32
+    if (!a.deviceCode)
+      return fail("the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc was not "
+                  "found); recompile it with 'mhcc --cuda-arch sm_90', or run it with --backend cpu");
+    std::string loadError;
+    if (!(dev.kernels = cuda::ModelKernels::load(*a.deviceCode, dev.device, loadError)))
+      return fail(loadError);
     auto deviceBuffer = [&](size_t bytes, const std::string &what) -> float * {
       void *ptr = nullptr;
       if (cudaMalloc(&ptr, std::max<size_t>(bytes, 4)) != cudaSuccess) {
@@ -357,6 +364,7 @@ private:
     int device = 0;
     cudaStream_t compute = nullptr;
     cublasHandle_t blas = nullptr;
+    std::unique_ptr<cuda::ModelKernels> kernels; // the artifact's generated kernels, loaded on this device
     std::map<int, float *> weights, adamM, adamV, reduced; // by parameter
     std::map<std::pair<int64_t, int>, float *> slotGrads; // (stage, slot)
     std::map<int64_t, ncclComm_t> sendComm, recvComm;     // by peer
@@ -615,7 +623,9 @@ private:
     return false;
   }
   bool check(const char *what) {
-    std::string e = cuda::lastError(what);
+    std::string e = dev.kernels ? dev.kernels->takeError() : std::string();
+    if (e.empty())
+      e = cuda::lastError(what);
     return e.empty() || fail(e);
   }
 
@@ -792,45 +802,45 @@ private:
         cudaMemcpyAsync(out.ptr, in(0), count * 4, cudaMemcpyDeviceToDevice, stream);
         break;
       case Prim::Embed:
-        cuda::embedForward(tok, param(s, f, 0), out.ptr, T, C, f.shift, f.seqLen, stream);
+        cuda::embedForward(*dev.kernels, tok, param(s, f, 0), out.ptr, T, C, f.shift, f.seqLen, stream);
         break;
       case Prim::Expand:
-        cuda::expandForward(in(0), out.ptr, T, C, n, stream);
+        cuda::expandForward(*dev.kernels, in(0), out.ptr, T, C, n, stream);
         break;
       case Prim::MhcCoeffs: {
         DeviceTensor scratch{allocate(cuda::mhcCoeffsForwardScratch(T, n), stream, false),
                              cuda::mhcCoeffsForwardScratch(T, n)};
-        cuda::mhcCoeffsForward(h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.ptr, aux,
-                               scratch.ptr, T, C, n, f.sinkhornIterations, stream);
+        cuda::mhcCoeffsForward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.ptr, aux,
+                               scratch.ptr, T, C, n, stream);
         release(scratch, stream);
         break;
       }
       case Prim::MhcPre:
-        cuda::mhcPreForward(in(0), in(1), out.ptr, T, C, n, stream);
+        cuda::mhcPreForward(*dev.kernels, in(0), in(1), out.ptr, T, C, n, stream);
         break;
       case Prim::RmsNorm:
-        cuda::rmsNormForward(in(0), param(s, f, 0), out.ptr, aux, T, C, f.eps, stream);
+        cuda::rmsNormForward(*dev.kernels, in(0), param(s, f, 0), out.ptr, aux, T, C, f.eps, stream);
         break;
       case Prim::Attention: {
         int64_t size = cuda::attentionForwardScratch(f.heads, f.seqLen);
         DeviceTensor scratch{allocate(size, stream, false), size};
-        cuda::attentionForward(h, in(0), param(s, f, 0), param(s, f, 1), out.ptr, aux, scratch.ptr, T, C, f.heads,
+        cuda::attentionForward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 1), out.ptr, aux, scratch.ptr, T, C, f.heads,
                                f.seqLen, stream);
         release(scratch, stream);
         break;
       }
       case Prim::SwiGlu:
-        cuda::swigluForward(h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.ptr, aux, T, C, f.ffn,
+        cuda::swigluForward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), out.ptr, aux, T, C, f.ffn,
                             stream);
         break;
       case Prim::MhcPostRes:
-        cuda::mhcPostResForward(in(0), in(1), in(2), out.ptr, T, C, n, stream);
+        cuda::mhcPostResForward(*dev.kernels, in(0), in(1), in(2), out.ptr, T, C, n, stream);
         break;
       case Prim::Residual:
-        cuda::residualForward(in(0), in(1), out.ptr, T * C, stream);
+        cuda::residualForward(*dev.kernels, in(0), in(1), out.ptr, T * C, stream);
         break;
       case Prim::Contract:
-        cuda::contractForward(in(0), out.ptr, T, C, n, stream);
+        cuda::contractForward(*dev.kernels, in(0), out.ptr, T, C, n, stream);
         break;
       case Prim::LmHead:
         cuda::matmul(h, in(0), param(s, f, 0), out.ptr, T, C, V, false);
@@ -839,7 +849,7 @@ private:
         cuda::concatProjForward(h, in(0), in(1), param(s, f, 0), out.ptr, T, C, C);
         break;
       case Prim::CrossEntropy:
-        cuda::crossEntropyForward(in(0), lab, aux, out.ptr, T, V, f.shift, f.seqLen, stream);
+        cuda::crossEntropyForward(*dev.kernels, in(0), lab, aux, out.ptr, T, V, f.shift, f.seqLen, stream);
         st.losses[f.loss] = out.ptr;
         break;
       }
@@ -910,42 +920,42 @@ private:
         break;
       case Prim::Embed: {
         auto [offsets, positions] = csrs.at({mb, f.shift});
-        cuda::embedBackward(offsets, positions, V, dOut, paramGrad(s, f, 0), C, stream);
+        cuda::embedBackward(*dev.kernels, offsets, positions, V, dOut, paramGrad(s, f, 0), C, stream);
         break;
       }
       case Prim::Expand:
-        cuda::expandBackward(dOut, din(0), T, C, n, stream);
+        cuda::expandBackward(*dev.kernels, dOut, din(0), T, C, n, stream);
         break;
       case Prim::MhcCoeffs:
-        cuda::mhcCoeffsBackward(h, in(0), param(s, f, 0), param(s, f, 2), aux, dOut, din(0), paramGrad(s, f, 0),
+        cuda::mhcCoeffsBackward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 2), aux, dOut, din(0), paramGrad(s, f, 0),
                                 paramGrad(s, f, 1), paramGrad(s, f, 2), scratch(cuda::mhcCoeffsBackwardScratch(T, n)), T, C, n,
-                                f.sinkhornIterations, stream);
+                                stream);
         break;
       case Prim::MhcPre:
-        cuda::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T, C, n, stream);
+        cuda::mhcPreBackward(*dev.kernels, in(0), in(1), dOut, din(0), din(1), T, C, n, stream);
         break;
       case Prim::RmsNorm:
-        cuda::rmsNormBackward(in(0), param(s, f, 0), aux, dOut, din(0), paramGrad(s, f, 0),
+        cuda::rmsNormBackward(*dev.kernels, in(0), param(s, f, 0), aux, dOut, din(0), paramGrad(s, f, 0),
                               scratch(cuda::rmsNormBackwardScratch(T, C)), T, C, stream);
         break;
       case Prim::Attention:
-        cuda::attentionBackward(h, in(0), param(s, f, 0), param(s, f, 1), aux, dOut, din(0), paramGrad(s, f, 0),
+        cuda::attentionBackward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 1), aux, dOut, din(0), paramGrad(s, f, 0),
                                 paramGrad(s, f, 1), scratch(cuda::attentionBackwardScratch(T, C, f.heads, f.seqLen)), T, C, f.heads, f.seqLen,
                                 stream);
         break;
       case Prim::SwiGlu:
-        cuda::swigluBackward(h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), aux, dOut, din(0),
+        cuda::swigluBackward(*dev.kernels, h, in(0), param(s, f, 0), param(s, f, 1), param(s, f, 2), aux, dOut, din(0),
                              paramGrad(s, f, 0), paramGrad(s, f, 1), paramGrad(s, f, 2), scratch(3 * T * f.ffn), T,
                              C, f.ffn, stream);
         break;
       case Prim::MhcPostRes:
-        cuda::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T, C, n, stream);
+        cuda::mhcPostResBackward(*dev.kernels, in(0), in(1), in(2), dOut, din(0), din(1), din(2), T, C, n, stream);
         break;
       case Prim::Residual:
-        cuda::residualBackward(dOut, din(0), din(1), T * C, stream);
+        cuda::residualBackward(*dev.kernels, dOut, din(0), din(1), T * C, stream);
         break;
       case Prim::Contract:
-        cuda::contractBackward(dOut, din(0), T, C, n, stream);
+        cuda::contractBackward(*dev.kernels, dOut, din(0), T, C, n, stream);
         break;
       case Prim::LmHead:
         cuda::matmulTransAAcc(h, in(0), dOut, paramGrad(s, f, 0), T, C, V);
@@ -956,7 +966,7 @@ private:
         break;
       case Prim::CrossEntropy: {
         float scale = static_cast<float>(p.losses[f.loss].weight / double(a.microbatches));
-        cuda::crossEntropyBackward(in(0), dev.labels[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream);
+        cuda::crossEntropyBackward(*dev.kernels, in(0), dev.labels[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream);
         break;
       }
       }

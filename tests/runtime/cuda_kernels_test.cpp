@@ -1,23 +1,32 @@
 // Every CUDA kernel against its CPU twin on random data (fp32; relative
 // error of the whole output under 1e-4, differences come from summation
-// order only), and every GPU result bit-identical when run twice. Skips
-// cleanly where no GPU is visible.
+// order only), and every GPU result bit-identical when run twice. The
+// model kernels are the ones mhcc generated into the artifact given on the
+// command line (n = 4, 20 Sinkhorn iterations). Skips cleanly where no GPU
+// is visible.
+#include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/ModelKernels.h"
 #include "runtime/gpu/Gpus.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 
 namespace mhcc::runtime {
 namespace {
 
 namespace k = kernels;
+
+const char *gArtifact = nullptr; // from main: an artifact with the model kernels
 
 class CudaKernels : public ::testing::Test {
 protected:
@@ -28,6 +37,14 @@ protected:
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
     cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH);
+    std::string error;
+    std::optional<Artifact> artifact = readArtifact(gArtifact, error);
+    ASSERT_TRUE(artifact) << error;
+    ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
+    ASSERT_EQ(artifact->deviceCode->streams, 4);
+    ASSERT_EQ(artifact->deviceCode->sinkhornIterations, 20);
+    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, error);
+    ASSERT_TRUE(kernels_) << error;
   }
   void TearDown() override {
     for (void *p : allocations_)
@@ -69,6 +86,7 @@ protected:
       for (auto &o : outputs)
         device.push_back(upload(o));
       gpu(device);
+      ASSERT_EQ(kernels_->takeError(), "");
       ASSERT_EQ(cuda::lastError(what.c_str()), "");
       for (size_t i = 0; i < outputs.size(); ++i)
         run.push_back(download(device[i], outputs[i].size()));
@@ -89,6 +107,7 @@ protected:
   void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
 
   cublasHandle_t handle_ = nullptr;
+  std::unique_ptr<cuda::ModelKernels> kernels_;
   std::vector<void *> allocations_;
   std::mt19937 rng_{42};
 };
@@ -117,7 +136,7 @@ TEST_F(CudaKernels, EmbeddingExpandContract) {
   for (int64_t shift : {0, 2}) {
     check("embed", {std::vector<float>(T * C)},
           [&](auto &o) { k::embedForward(tokens.data(), table.data(), o[0].data(), T, C, shift, S); },
-          [&](auto &o) { cuda::embedForward(upload(tokens), upload(table), o[0], T, C, shift, S, nullptr); });
+          [&](auto &o) { cuda::embedForward(*kernels_, upload(tokens), upload(table), o[0], T, C, shift, S, nullptr); });
     // CSR of the rows reading each vocabulary entry, ascending.
     std::vector<int32_t> offsets(V + 1, 0), positions;
     for (int64_t v = 0; v < V; ++v) {
@@ -128,17 +147,17 @@ TEST_F(CudaKernels, EmbeddingExpandContract) {
     }
     check("embed backward", {random(V * C)},
           [&](auto &o) { k::embedBackward(tokens.data(), dOut.data(), o[0].data(), T, C, shift, S); },
-          [&](auto &o) { cuda::embedBackward(upload(offsets), upload(positions), V, upload(dOut), o[0], C, nullptr); });
+          [&](auto &o) { cuda::embedBackward(*kernels_, upload(offsets), upload(positions), V, upload(dOut), o[0], C, nullptr); });
   }
   float *dx = upload(x), *dh = upload(dOut);
   check("expand", {std::vector<float>(T * N * C)}, [&](auto &o) { k::expandForward(dOut.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::expandForward(dh, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::expandForward(*kernels_, dh, o[0], T, C, N, nullptr); });
   check("expand backward", {random(T * C)}, [&](auto &o) { k::expandBackward(x.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::expandBackward(dx, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::expandBackward(*kernels_, dx, o[0], T, C, N, nullptr); });
   check("contract", {std::vector<float>(T * C)}, [&](auto &o) { k::contractForward(x.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::contractForward(dx, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::contractForward(*kernels_, dx, o[0], T, C, N, nullptr); });
   check("contract backward", {random(T * N * C)}, [&](auto &o) { k::contractBackward(dOut.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::contractBackward(dh, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::contractBackward(*kernels_, dh, o[0], T, C, N, nullptr); });
 }
 
 TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
@@ -153,7 +172,7 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
           k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
         },
         [&](auto &o) {
-          cuda::mhcCoeffsForward(handle_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, iters, nullptr);
+          cuda::mhcCoeffsForward(*kernels_, handle_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, nullptr);
         });
   std::vector<float> coef(T * K);
   k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(), T, C, N, iters);
@@ -165,24 +184,23 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
                                o[2].data(), o[3].data(), T, C, N, iters);
         },
         [&](auto &o) {
-          cuda::mhcCoeffsBackward(handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], scratch, T, C, N, iters,
-                                  nullptr);
+          cuda::mhcCoeffsBackward(*kernels_, handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], scratch, T, C, N, nullptr);
         });
   auto y = random(T * C), du = random(T * C), dOut = random(T * N * C);
   float *dy = upload(y), *ddu = upload(du), *ddo = upload(dOut);
   check("mhc pre", {std::vector<float>(T * C)}, [&](auto &o) { k::mhcPreForward(x.data(), coef.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::mhcPreForward(dxp, dcoef, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::mhcPreForward(*kernels_, dxp, dcoef, o[0], T, C, N, nullptr); });
   check("mhc pre backward", {random(T * N * C), random(T * K)},
         [&](auto &o) { k::mhcPreBackward(x.data(), coef.data(), du.data(), o[0].data(), o[1].data(), T, C, N); },
-        [&](auto &o) { cuda::mhcPreBackward(dxp, dcoef, ddu, o[0], o[1], T, C, N, nullptr); });
+        [&](auto &o) { cuda::mhcPreBackward(*kernels_, dxp, dcoef, ddu, o[0], o[1], T, C, N, nullptr); });
   check("mhc post/res", {std::vector<float>(T * N * C)},
         [&](auto &o) { k::mhcPostResForward(x.data(), coef.data(), y.data(), o[0].data(), T, C, N); },
-        [&](auto &o) { cuda::mhcPostResForward(dxp, dcoef, dy, o[0], T, C, N, nullptr); });
+        [&](auto &o) { cuda::mhcPostResForward(*kernels_, dxp, dcoef, dy, o[0], T, C, N, nullptr); });
   check("mhc post/res backward", {random(T * N * C), random(T * K), random(T * C)},
         [&](auto &o) {
           k::mhcPostResBackward(x.data(), coef.data(), y.data(), dOut.data(), o[0].data(), o[1].data(), o[2].data(), T, C, N);
         },
-        [&](auto &o) { cuda::mhcPostResBackward(dxp, dcoef, dy, ddo, o[0], o[1], o[2], T, C, N, nullptr); });
+        [&](auto &o) { cuda::mhcPostResBackward(*kernels_, dxp, dcoef, dy, ddo, o[0], o[1], o[2], T, C, N, nullptr); });
 }
 
 /// Attention forward and backward, against the CPU, for `rows` tokens in
@@ -203,7 +221,7 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
           k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), rows, width, heads, seq);
         },
         [&](auto &o) {
-          cuda::attentionForward(handle_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
+          cuda::attentionForward(*kernels_, handle_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
         });
   float *dattn = upload(attn);
   float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq)));
@@ -213,7 +231,7 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
                                o[2].data(), rows, width, heads, seq);
         },
         [&](auto &o) {
-          cuda::attentionBackward(handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardScratch, rows, width,
+          cuda::attentionBackward(*kernels_, handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardScratch, rows, width,
                                   heads, seq, nullptr);
         });
 }
@@ -228,12 +246,12 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   k::rmsNormForward(u.data(), gain.data(), std::vector<float>(T * C).data(), aux.data(), T, C, 1e-6);
   check("rmsnorm", {std::vector<float>(T * C), std::vector<float>(T)},
         [&](auto &o) { k::rmsNormForward(u.data(), gain.data(), o[0].data(), o[1].data(), T, C, 1e-6); },
-        [&](auto &o) { cuda::rmsNormForward(du_, dg, o[0], o[1], T, C, 1e-6, nullptr); });
+        [&](auto &o) { cuda::rmsNormForward(*kernels_, du_, dg, o[0], o[1], T, C, 1e-6, nullptr); });
   float *daux = upload(aux);
   check("rmsnorm backward", {random(T * C), random(C)},
         [&](auto &o) { k::rmsNormBackward(u.data(), gain.data(), aux.data(), dy.data(), o[0].data(), o[1].data(), T, C); },
         [&](auto &o) {
-          cuda::rmsNormBackward(du_, dg, daux, ddy, o[0], o[1], upload(std::vector<float>(cuda::rmsNormBackwardScratch(T, C))),
+          cuda::rmsNormBackward(*kernels_, du_, dg, daux, ddy, o[0], o[1], upload(std::vector<float>(cuda::rmsNormBackwardScratch(T, C))),
                                 T, C, nullptr);
         });
 
@@ -246,7 +264,7 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), std::vector<float>(T * C).data(), sw.data(), T, C, F);
   check("swiglu", {std::vector<float>(T * C), std::vector<float>(3 * T * F)},
         [&](auto &o) { k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), o[0].data(), o[1].data(), T, C, F); },
-        [&](auto &o) { cuda::swigluForward(handle_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
+        [&](auto &o) { cuda::swigluForward(*kernels_, handle_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
   float *dsw = upload(sw);
   check("swiglu backward", {random(T * C), random(C * F), random(C * F), random(F * C)},
         [&](auto &o) {
@@ -254,7 +272,7 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
                             o[2].data(), o[3].data(), T, C, F);
         },
         [&](auto &o) {
-          cuda::swigluBackward(handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], scratch, T, C, F, nullptr);
+          cuda::swigluBackward(*kernels_, handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], scratch, T, C, F, nullptr);
         });
 
   auto logits = random(T * V, 2.0f);
@@ -268,14 +286,24 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
     float loss = k::crossEntropyForward(logits.data(), labels.data(), lse.data(), T, V, shift, S);
     check("cross entropy", {std::vector<float>(T), std::vector<float>(1)},
           [&](auto &o) { o[1][0] = k::crossEntropyForward(logits.data(), labels.data(), o[0].data(), T, V, shift, S); },
-          [&](auto &o) { cuda::crossEntropyForward(dl, dlab, o[0], o[1], T, V, shift, S, nullptr); });
+          [&](auto &o) { cuda::crossEntropyForward(*kernels_, dl, dlab, o[0], o[1], T, V, shift, S, nullptr); });
     (void)loss;
     float *dlse = upload(lse);
     check("cross entropy backward", {random(T * V)},
           [&](auto &o) { k::crossEntropyBackward(logits.data(), labels.data(), lse.data(), 0.25f, o[0].data(), T, V, shift, S); },
-          [&](auto &o) { cuda::crossEntropyBackward(dl, dlab, dlse, 0.25f, o[0], T, V, shift, S, nullptr); });
+          [&](auto &o) { cuda::crossEntropyBackward(*kernels_, dl, dlab, dlse, 0.25f, o[0], T, V, shift, S, nullptr); });
   }
 }
 
 } // namespace
 } // namespace mhcc::runtime
+
+int main(int argc, char **argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s ARTIFACT (compiled with CUDA kernels, n = 4)\n", argv[0]);
+    return 2;
+  }
+  mhcc::runtime::gArtifact = argv[1];
+  return RUN_ALL_TESTS();
+}

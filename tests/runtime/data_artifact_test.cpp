@@ -100,6 +100,45 @@ TEST(Artifact, EncodeDecodeRoundTrip) {
   EXPECT_EQ(b->stages[0].forward[0].op, Prim::Embed);
 }
 
+TEST(Artifact, DeviceCodeRoundTripsEveryByteAndIsChecked) {
+  Artifact a = smallArtifact();
+  DeviceCode code;
+  code.arch = "sm_90";
+  code.compiler = "nvcc release 13.0";
+  code.streams = a.model.streams;
+  code.sinkhornIterations = a.model.sinkhornIterations;
+  code.source = "constexpr int kStreams = 1;";
+  for (int length : {0, 1, 2, 3, 256, 257}) { // every base64 padding case
+    code.image.clear();
+    for (int i = 0; i < length; ++i)
+      code.image += char(i * 37 % 256);
+    if (code.image.empty())
+      code.image = std::string(1, '\0');
+    a.deviceCode = code;
+    std::string error;
+    std::optional<Artifact> b = decodeArtifact(encodeArtifact(a), error);
+    ASSERT_TRUE(b) << error;
+    ASSERT_TRUE(b->deviceCode);
+    EXPECT_EQ(b->deviceCode->image, code.image) << length << " bytes";
+    EXPECT_EQ(b->deviceCode->source, code.source);
+    EXPECT_EQ(b->deviceCode->arch, "sm_90");
+  }
+  Artifact wrongStreams = a;
+  wrongStreams.deviceCode->streams = a.model.streams + 1;
+  EXPECT_NE(validateArtifact(wrongStreams).find("the CUDA kernels were generated for n = "), std::string::npos)
+      << validateArtifact(wrongStreams);
+  Artifact noImage = a;
+  noImage.deviceCode->image.clear();
+  EXPECT_NE(validateArtifact(noImage).find("no image"), std::string::npos) << validateArtifact(noImage);
+  // Without kernels (--cuda-arch none): decodes, and says so.
+  Artifact none = a;
+  none.deviceCode.reset();
+  std::string error;
+  std::optional<Artifact> c = decodeArtifact(encodeArtifact(none), error);
+  ASSERT_TRUE(c) << error;
+  EXPECT_FALSE(c->deviceCode);
+}
+
 TEST(Artifact, ValidationCatchesBadIndicesAndShapes) {
   Artifact a = smallArtifact();
   EXPECT_EQ(validateArtifact(a), "");

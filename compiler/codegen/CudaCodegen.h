@@ -1,0 +1,41 @@
+//===- CudaCodegen.h - the model's CUDA kernels, generated and compiled -*- C++ -*-===//
+//
+// mhcc specializes the kernel library (ModelKernels.cu: every non-GEMM piece
+// of the forward and backward) to one model by prepending its constants
+// (stream count n, Sinkhorn iterations), then compiles it with nvcc into a
+// cubin for one GPU architecture. The artifact carries source and image; the
+// runtime loads the image through the driver API.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_COMPILER_CODEGEN_CUDACODEGEN_H
+#define MHCC_COMPILER_CODEGEN_CUDACODEGEN_H
+
+#include "runtime/artifact/Artifact.h"
+
+#include <optional>
+#include <string>
+
+namespace mhcc::codegen {
+
+/// The CUDA source of the model's kernels: constants, then the library.
+std::string emitModelKernels(const runtime::ModelInfo &model, const std::string &modelHash);
+
+/// "sm_90"-style names only (what nvcc's -arch and the runtime's check use).
+bool isCudaArch(const std::string &arch);
+
+/// nvcc to use: `requested` if given (must exist), else $CUDA_HOME/bin/nvcc,
+/// /usr/local/cuda/bin/nvcc, then PATH. nullopt when none is found (error
+/// says where it looked).
+std::optional<std::string> findNvcc(const std::string &requested, std::string &error);
+
+/// Compiles `source` with `nvcc` for `arch` into DeviceCode (source, cubin,
+/// nvcc's version). On failure, error names nvcc's first message and where
+/// the source was kept.
+std::optional<runtime::DeviceCode> compileModelKernels(const runtime::ModelInfo &model,
+                                                       const std::string &source,
+                                                       const std::string &nvcc,
+                                                       const std::string &arch, std::string &error);
+
+} // namespace mhcc::codegen
+
+#endif // MHCC_COMPILER_CODEGEN_CUDACODEGEN_H

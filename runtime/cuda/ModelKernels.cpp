@@ -1,0 +1,142 @@
+//===- ModelKernels.cpp - loading the artifact's cubin ------------------------===//
+#include "runtime/cuda/ModelKernels.h"
+
+#include "runtime/artifact/Artifact.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+namespace mhcc::runtime::cuda {
+namespace {
+
+/// The few driver functions we need, resolved through the runtime so that
+/// binaries load on machines without a driver (CI) and never link libcuda.
+struct Driver {
+  CUresult (*moduleLoadData)(CUmodule *, const void *) = nullptr;
+  CUresult (*moduleUnload)(CUmodule) = nullptr;
+  CUresult (*moduleGetFunction)(CUfunction *, CUmodule, const char *) = nullptr;
+  CUresult (*moduleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *) = nullptr;
+  CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void **, void **) = nullptr;
+  CUresult (*getErrorName)(CUresult, const char **) = nullptr;
+  std::string error;
+};
+
+template <typename Fn> void resolve(const char *symbol, Fn &fn, std::string &error) {
+  void *address = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess || !address) {
+    if (error.empty())
+      error = std::string("the CUDA driver does not provide ") + symbol + "; update the NVIDIA driver";
+    return;
+  }
+  fn = reinterpret_cast<Fn>(address);
+}
+
+const Driver &driver() {
+  static const Driver d = [] {
+    Driver d;
+    resolve("cuModuleLoadData", d.moduleLoadData, d.error);
+    resolve("cuModuleUnload", d.moduleUnload, d.error);
+    resolve("cuModuleGetFunction", d.moduleGetFunction, d.error);
+    resolve("cuModuleGetGlobal", d.moduleGetGlobal, d.error);
+    resolve("cuLaunchKernel", d.launchKernel, d.error);
+    resolve("cuGetErrorName", d.getErrorName, d.error);
+    return d;
+  }();
+  return d;
+}
+
+std::string errorName(CUresult status) {
+  const char *name = nullptr;
+  if (driver().getErrorName && driver().getErrorName(status, &name) == CUDA_SUCCESS && name)
+    return name;
+  return "CUresult " + std::to_string(int(status));
+}
+
+const char *const kKernelNames[] = {
+#define MHCC_KERNEL_NAME(id, name) name,
+    MHCC_MODEL_KERNELS(MHCC_KERNEL_NAME)
+#undef MHCC_KERNEL_NAME
+};
+
+} // namespace
+
+std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int device, std::string &error) {
+  const std::string where = "GPU " + std::to_string(device) + ": ";
+  const Driver &d = driver();
+  if (!d.error.empty()) {
+    error = where + d.error;
+    return nullptr;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const std::string arch = "sm_" + std::to_string(major * 10 + minor);
+  if (arch != code.arch) {
+    error = where + "the artifact's kernels are compiled for " + code.arch + ", but this GPU is " + arch +
+            "; recompile the model with 'mhcc --cuda-arch " + arch + "'";
+    return nullptr;
+  }
+  std::unique_ptr<ModelKernels> kernels(new ModelKernels());
+  if (CUresult status = d.moduleLoadData(&kernels->module_, code.image.data()); status != CUDA_SUCCESS) {
+    kernels->module_ = nullptr;
+    error = where + "cannot load the artifact's kernels (" + errorName(status) +
+            "); recompile the model with this CUDA toolkit or update the driver";
+    return nullptr;
+  }
+  for (int k = 0; k < int(ModelKernel::Count); ++k)
+    if (CUresult status = d.moduleGetFunction(&kernels->functions_[k], kernels->module_, kKernelNames[k]);
+        status != CUDA_SUCCESS) {
+      error = where + "the artifact's kernels lack " + kKernelNames[k] + " (" + errorName(status) +
+              "); the artifact is from another mhcc version: recompile the model";
+      return nullptr;
+    }
+  // The image's conventions against ours and the model's.
+  struct Expected {
+    const char *global;
+    int64_t value;
+  } expected[] = {{"mhcc_abi_version", kModelKernelsAbi},
+                  {"mhcc_abi_block_threads", kBlockThreads},
+                  {"mhcc_abi_chunk_rows", kColumnChunkRows},
+                  {"mhcc_abi_streams", code.streams},
+                  {"mhcc_abi_sinkhorn_iterations", code.sinkhornIterations}};
+  for (const Expected &e : expected) {
+    CUdeviceptr address = 0;
+    size_t bytes = 0;
+    int value = 0;
+    if (d.moduleGetGlobal(&address, &bytes, kernels->module_, e.global) != CUDA_SUCCESS || bytes != sizeof(int) ||
+        cudaMemcpy(&value, reinterpret_cast<void *>(address), sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess ||
+        value != e.value) {
+      error = where + "the artifact's kernels disagree with this mhcrun on " + e.global + " (image " +
+              std::to_string(value) + ", expected " + std::to_string(e.value) +
+              "); recompile the model with the mhcc of this release";
+      return nullptr;
+    }
+  }
+  return kernels;
+}
+
+ModelKernels::~ModelKernels() {
+  if (module_)
+    driver().moduleUnload(module_);
+}
+
+void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block,
+                             cudaStream_t stream, void **params) const {
+  if (gridX == 0 || gridY == 0)
+    return;
+  CUresult status = driver().launchKernel(functions_[int(kernel)], gridX, gridY, 1, block, 1, 1, 0,
+                                          reinterpret_cast<CUstream>(stream), params, nullptr);
+  if (status != CUDA_SUCCESS && firstError_.empty())
+    firstError_ = std::string("launch of ") + kKernelNames[int(kernel)] + ": " + errorName(status);
+}
+
+std::string ModelKernels::takeError() const {
+  std::string e;
+  e.swap(firstError_);
+  return e;
+}
+
+} // namespace mhcc::runtime::cuda

@@ -1,0 +1,110 @@
+//===- ModelKernels.h - the artifact's generated CUDA kernels ------*- C++ -*-===//
+//
+// mhcc compiles the model's non-GEMM kernels (compiler/codegen/ModelKernels.cu,
+// specialized to the model's stream count and Sinkhorn iterations) into a
+// cubin inside the artifact. This loads that image on one device through the
+// CUDA driver API (entry points resolved through the runtime, so nothing links
+// libcuda) and launches its kernels by name. One instance per device: a module
+// belongs to the context it was loaded in.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_MODELKERNELS_H
+#define MHCC_RUNTIME_CUDA_MODELKERNELS_H
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+
+namespace mhcc::runtime {
+struct DeviceCode;
+}
+
+namespace mhcc::runtime::cuda {
+
+/// The image's kernels, by their extern "C" names; parameter lists are in
+/// compiler/codegen/ModelKernels.cu.
+#define MHCC_MODEL_KERNELS(X)                                                                     \
+  X(RowSquares, "mhcc_row_squares")                                                               \
+  X(EmbedForward, "mhcc_embed_forward")                                                           \
+  X(EmbedBackward, "mhcc_embed_backward")                                                         \
+  X(ExpandForward, "mhcc_expand_forward")                                                         \
+  X(ExpandBackward, "mhcc_expand_backward")                                                       \
+  X(ContractForward, "mhcc_contract_forward")                                                     \
+  X(ContractBackward, "mhcc_contract_backward")                                                   \
+  X(MhcCoeffsForward, "mhcc_mhc_coeffs_forward")                                                  \
+  X(MhcCoeffsBackward, "mhcc_mhc_coeffs_backward")                                                \
+  X(MhcBiasGradPartials, "mhcc_mhc_bias_grad_partials")                                           \
+  X(MhcAlphaGradPartials, "mhcc_mhc_alpha_grad_partials")                                         \
+  X(RowScaleAdd, "mhcc_row_scale_add")                                                            \
+  X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
+  X(MhcPreBackwardX, "mhcc_mhc_pre_backward_x")                                                   \
+  X(MhcPreBackwardCoef, "mhcc_mhc_pre_backward_coef")                                             \
+  X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
+  X(MhcPostResBackwardValues, "mhcc_mhc_post_res_backward_values")                                \
+  X(MhcPostResBackwardCoef, "mhcc_mhc_post_res_backward_coef")                                    \
+  X(ResidualForward, "mhcc_residual_forward")                                                     \
+  X(ResidualBackward, "mhcc_residual_backward")                                                   \
+  X(RmsNormStats, "mhcc_rms_norm_stats")                                                          \
+  X(RmsNormApply, "mhcc_rms_norm_apply")                                                          \
+  X(RmsNormBackwardRow, "mhcc_rms_norm_backward_row")                                             \
+  X(RmsNormGainGradPartials, "mhcc_rms_norm_gain_grad_partials")                                  \
+  X(Rope, "mhcc_rope")                                                                            \
+  X(CausalSoftmax, "mhcc_causal_softmax")                                                         \
+  X(CausalSoftmaxBackward, "mhcc_causal_softmax_backward")                                        \
+  X(SwigluGate, "mhcc_swiglu_gate")                                                               \
+  X(SwigluBackwardGate, "mhcc_swiglu_backward_gate")                                              \
+  X(LogSumExp, "mhcc_log_sum_exp")                                                                \
+  X(Loss, "mhcc_loss")                                                                            \
+  X(CrossEntropyBackward, "mhcc_cross_entropy_backward")
+
+enum class ModelKernel : int {
+#define MHCC_KERNEL_ENUM(id, name) id,
+  MHCC_MODEL_KERNELS(MHCC_KERNEL_ENUM)
+#undef MHCC_KERNEL_ENUM
+      Count
+};
+
+/// Launch conventions the image must agree with (its mhcc_abi_* globals).
+inline constexpr int kModelKernelsAbi = 1;
+inline constexpr int kBlockThreads = 256;
+inline constexpr int64_t kColumnChunkRows = 64;
+
+class ModelKernels {
+public:
+  /// Loads `code` into the current device's context. On failure, `error` is
+  /// one line naming the device and the fix (a wrong GPU architecture, an
+  /// image from another model, a driver that cannot load it).
+  static std::unique_ptr<ModelKernels> load(const DeviceCode &code, int device, std::string &error);
+  ~ModelKernels();
+  ModelKernels(const ModelKernels &) = delete;
+  ModelKernels &operator=(const ModelKernels &) = delete;
+
+  /// Arguments must have exactly the kernel's parameter types (int64_t
+  /// sizes, float scalars, int flags, pointers).
+  template <typename... Args>
+  void launch(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, cudaStream_t stream,
+              Args... args) const {
+    void *params[] = {static_cast<void *>(&args)..., nullptr};
+    launchRaw(kernel, gridX, gridY, block, stream, params);
+  }
+
+  /// "" or the first failed launch since the last call (then cleared).
+  std::string takeError() const;
+
+private:
+  ModelKernels() = default;
+  void launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, cudaStream_t stream,
+                 void **params) const;
+
+  CUmodule module_ = nullptr;
+  CUfunction functions_[int(ModelKernel::Count)] = {};
+  mutable std::string firstError_;
+};
+
+} // namespace mhcc::runtime::cuda
+
+#endif // MHCC_RUNTIME_CUDA_MODELKERNELS_H

@@ -1,0 +1,103 @@
+// CUDA code generation: the emitted source carries the model's constants and
+// every kernel the runtime launches; nvcc (where installed, as on CI)
+// compiles it into an image that defines each of those kernels and the ABI
+// globals the runtime checks; nvcc's failures come back as one error.
+#include "compiler/codegen/CudaCodegen.h"
+#include "runtime/cuda/ModelKernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace mhcc::codegen {
+namespace {
+
+const char *const kLaunched[] = {
+#define MHCC_KERNEL_NAME(id, name) name,
+    MHCC_MODEL_KERNELS(MHCC_KERNEL_NAME)
+#undef MHCC_KERNEL_NAME
+};
+
+runtime::ModelInfo model(int64_t streams, int64_t iterations) {
+  runtime::ModelInfo m;
+  m.name = "codegen-test";
+  m.vocab = 256;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ffnHidden = 176;
+  m.seqLen = 128;
+  m.streams = streams;
+  m.sinkhornIterations = iterations;
+  return m;
+}
+
+TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
+  std::string source = emitModelKernels(model(6, 13), "0x1234");
+  EXPECT_NE(source.find("constexpr int kStreams = 6;"), std::string::npos);
+  EXPECT_NE(source.find("constexpr int kSinkhornIterations = 13;"), std::string::npos);
+  EXPECT_NE(source.find("model 'codegen-test' (model 0x1234)"), std::string::npos);
+  for (const char *name : kLaunched)
+    EXPECT_NE(source.find(std::string("extern \"C\" __global__ void ") + name + "("), std::string::npos) << name;
+  // Different models, different kernels.
+  EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
+}
+
+TEST(CudaCodegen, ArchitectureNames) {
+  EXPECT_TRUE(isCudaArch("sm_90"));
+  EXPECT_TRUE(isCudaArch("sm_90a"));
+  EXPECT_TRUE(isCudaArch("sm_100"));
+  EXPECT_FALSE(isCudaArch("90"));
+  EXPECT_FALSE(isCudaArch("sm_"));
+  EXPECT_FALSE(isCudaArch("compute_90"));
+  EXPECT_FALSE(isCudaArch("sm_9x"));
+}
+
+class WithNvcc : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::string error;
+    std::optional<std::string> found = findNvcc("", error);
+    if (!found)
+      GTEST_SKIP() << error;
+    nvcc = *found;
+  }
+  std::string nvcc;
+};
+
+TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
+  runtime::ModelInfo m = model(4, 20);
+  std::string error;
+  std::optional<runtime::DeviceCode> code = compileModelKernels(m, emitModelKernels(m, "0x1"), nvcc, "sm_90", error);
+  ASSERT_TRUE(code) << error;
+  EXPECT_EQ(code->arch, "sm_90");
+  EXPECT_EQ(code->streams, 4);
+  EXPECT_EQ(code->sinkhornIterations, 20);
+  EXPECT_NE(code->compiler.find("nvcc release "), std::string::npos) << code->compiler;
+  ASSERT_GT(code->image.size(), 4u);
+  EXPECT_EQ(code->image.substr(0, 4), "\x7f" "ELF"); // a cubin
+  // The image's symbol table names every kernel the runtime looks up.
+  for (const char *name : kLaunched)
+    EXPECT_NE(code->image.find(std::string(name) + '\0'), std::string::npos) << name;
+  for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
+                             "mhcc_abi_block_threads", "mhcc_abi_chunk_rows"})
+    EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
+}
+
+TEST_F(WithNvcc, NvccErrorsComeBackAsOneLineWithTheSourceKept) {
+  std::string error;
+  std::optional<runtime::DeviceCode> code =
+      compileModelKernels(model(4, 20), "this is not CUDA;\n", nvcc, "sm_90", error);
+  EXPECT_FALSE(code);
+  EXPECT_NE(error.find("nvcc failed on the model's kernels for sm_90"), std::string::npos) << error;
+  EXPECT_NE(error.find("the source is kept at "), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+TEST(CudaCodegen, MissingNvccIsNamed) {
+  std::string error;
+  EXPECT_FALSE(findNvcc("/nonexistent/nvcc", error));
+  EXPECT_NE(error.find("--nvcc /nonexistent/nvcc is not an executable file"), std::string::npos) << error;
+}
+
+} // namespace
+} // namespace mhcc::codegen
