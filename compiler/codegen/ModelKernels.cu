@@ -112,7 +112,7 @@ __device__ void columnPartials(Value value, int64_t rows, int64_t cols, float *p
 // ---- elementwise, embedding, stream expand / contract -------------------------------
 
 extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const float *table, float *out, int64_t rows,
-                                   int64_t C, int64_t shift, int64_t seq) {
+                                              int64_t C, int64_t shift, int64_t seq) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * C)
     return;
@@ -122,7 +122,7 @@ extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const float
 }
 
 extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int32_t *positions, int64_t vocab,
-                                    const float *dOut, float *dTable, int64_t C) {
+                                               const float *dOut, float *dTable, int64_t C) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= vocab * C)
     return;
@@ -173,9 +173,8 @@ extern "C" __global__ void mhcc_contract_backward(const float *dh, float *dx, in
 
 // ---- mHC ------------------------------------------------------------------------------
 
-/// Sinkhorn-Knopp on one kStreams x kStreams matrix, as on the CPU.
-__device__ void sinkhorn(const float *logits, float *out) {
-  float m[kStreams * kStreams];
+/// m = exp(logits - row max): the positive matrix Sinkhorn starts from.
+__device__ void sinkhornStart(const float *logits, float *m) {
   for (int i = 0; i < kStreams; ++i) {
     float rowMax = logits[i * kStreams];
     for (int j = 1; j < kStreams; ++j)
@@ -183,31 +182,39 @@ __device__ void sinkhorn(const float *logits, float *out) {
     for (int j = 0; j < kStreams; ++j)
       m[i * kStreams + j] = expf(logits[i * kStreams + j] - rowMax);
   }
-  for (int it = 0; it < kSinkhornIterations; ++it) {
-    for (int i = 0; i < kStreams; ++i) {
-      float sum = 0;
-      for (int j = 0; j < kStreams; ++j)
-        sum += m[i * kStreams + j];
-      sum = fmaxf(sum, kSinkhornClamp);
-      for (int j = 0; j < kStreams; ++j)
-        m[i * kStreams + j] /= sum;
-    }
-    for (int j = 0; j < kStreams; ++j) {
-      float sum = 0;
-      for (int i = 0; i < kStreams; ++i)
-        sum += m[i * kStreams + j];
-      sum = fmaxf(sum, kSinkhornClamp);
-      for (int i = 0; i < kStreams; ++i)
-        m[i * kStreams + j] /= sum;
+}
+
+/// One Sinkhorn step (even steps normalize rows, odd steps columns), each
+/// line summed in index order: the forward and the backward's replay share it.
+__device__ void sinkhornStep(float *mat, int step) {
+  const bool rowStep = step % 2 == 0;
+  for (int a = 0; a < kStreams; ++a) {
+    float sum = 0;
+    for (int b = 0; b < kStreams; ++b)
+      sum += rowStep ? mat[a * kStreams + b] : mat[b * kStreams + a];
+    sum = fmaxf(sum, kSinkhornClamp);
+    for (int b = 0; b < kStreams; ++b) {
+      if (rowStep)
+        mat[a * kStreams + b] /= sum;
+      else
+        mat[b * kStreams + a] /= sum;
     }
   }
+}
+
+/// Sinkhorn-Knopp on one kStreams x kStreams matrix, as on the CPU.
+__device__ void sinkhorn(const float *logits, float *out) {
+  float m[kStreams * kStreams];
+  sinkhornStart(logits, m);
+  for (int step = 0; step < 2 * kSinkhornIterations; ++step)
+    sinkhornStep(m, step);
   for (int e = 0; e < kStreams * kStreams; ++e)
     out[e] = m[e];
 }
 
 extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const float *p, const float *bias,
-                                       const float *alpha, float *coef, float *aux, int64_t rows,
-                                       int64_t C) {
+                                                   const float *alpha, float *coef, float *aux, int64_t rows,
+                                                   int64_t C) {
   int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= rows)
     return;
@@ -232,8 +239,8 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
 /// the scale of the RMS term; the reductions over tokens run afterwards.
 extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const float *p, const float *alpha,
-                                        const float *aux, const float *dCoef, float *dh, float *dp,
-                                        float *rScale, int64_t rows, int64_t C) {
+                                                    const float *aux, const float *dCoef, float *dh, float *dp,
+                                                    float *rScale, int64_t rows, int64_t C) {
   int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= rows)
     return;
@@ -254,13 +261,7 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
     constexpr int nn = kStreams * kStreams;
     const float *logits = h + 2 * kStreams;
     float m0[kStreams * kStreams];
-    for (int i = 0; i < kStreams; ++i) {
-      float rowMax = logits[i * kStreams];
-      for (int j = 1; j < kStreams; ++j)
-        rowMax = fmaxf(rowMax, logits[i * kStreams + j]);
-      for (int j = 0; j < kStreams; ++j)
-        m0[i * kStreams + j] = expf(logits[i * kStreams + j] - rowMax);
-    }
+    sinkhornStart(logits, m0);
     float gr[kStreams * kStreams];
     for (int e = 0; e < nn; ++e)
       gr[e] = dc[2 * kStreams + e];
@@ -270,28 +271,13 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
     float xs[kStreams * kStreams];
     constexpr bool cached = 2 * kSinkhornIterations * nn <= kCachedSinkhornSteps * 16;
     float saved[cached ? 2 * kSinkhornIterations * nn : 1];
-    auto normalize = [&](float *mat, int step) {
-      bool rowStep = step % 2 == 0;
-      for (int a = 0; a < kStreams; ++a) {
-        float sum = 0;
-        for (int b = 0; b < kStreams; ++b)
-          sum += rowStep ? mat[a * kStreams + b] : mat[b * kStreams + a];
-        sum = fmaxf(sum, kSinkhornClamp);
-        for (int b = 0; b < kStreams; ++b) {
-          if (rowStep)
-            mat[a * kStreams + b] /= sum;
-          else
-            mat[b * kStreams + a] /= sum;
-        }
-      }
-    };
     if (cached) {
       for (int e = 0; e < nn; ++e)
         xs[e] = m0[e];
       for (int step = 0; step < 2 * kSinkhornIterations; ++step) {
         for (int e = 0; e < nn; ++e)
           saved[step * nn + e] = xs[e];
-        normalize(xs, step);
+        sinkhornStep(xs, step);
       }
     }
     for (int it = kSinkhornIterations - 1; it >= 0; --it) {
@@ -305,7 +291,7 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
           for (int e = 0; e < nn; ++e)
             xs[e] = m0[e];
           for (int s2 = 0; s2 < step; ++s2)
-            normalize(xs, s2);
+            sinkhornStep(xs, s2);
         }
         bool rowStep = half == 0;
         for (int a = 0; a < kStreams; ++a) {
@@ -367,7 +353,8 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
   columnPartials(MhcAlphaGrad{dh, p, aux}, rows, 3, partial);
 }
 
-extern "C" __global__ void mhcc_row_scale_add(const float *x, const float *scale, float *dx, int64_t rows, int64_t width) {
+extern "C" __global__ void mhcc_row_scale_add(const float *x, const float *scale, float *dx, int64_t rows,
+                                              int64_t width) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < rows * width)
     dx[i] += scale[i / width] * x[i];
@@ -385,7 +372,8 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const float *x, const float *coe
   u[i] = sum;
 }
 
-extern "C" __global__ void mhcc_mhc_pre_backward_x(const float *coef, const float *du, float *dx, int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_mhc_pre_backward_x(const float *coef, const float *du, float *dx, int64_t rows,
+                                                   int64_t C) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * kStreams * C)
     return;
@@ -395,7 +383,8 @@ extern "C" __global__ void mhcc_mhc_pre_backward_x(const float *coef, const floa
 }
 
 /// One warp per (t, s): dCoef[t, s] += <du[t], x[t, s]>.
-extern "C" __global__ void mhcc_mhc_pre_backward_coef(const float *x, const float *du, float *dCoef, int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_mhc_pre_backward_coef(const float *x, const float *du, float *dCoef, int64_t rows,
+                                                      int64_t C) {
   int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (i >= rows * kStreams)
@@ -411,7 +400,7 @@ extern "C" __global__ void mhcc_mhc_pre_backward_coef(const float *x, const floa
 }
 
 extern "C" __global__ void mhcc_mhc_post_res_forward(const float *x, const float *coef, const float *y, float *out,
-                                        int64_t rows, int64_t C) {
+                                                     int64_t rows, int64_t C) {
   int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e >= rows * kStreams * C)
     return;
@@ -426,7 +415,7 @@ extern "C" __global__ void mhcc_mhc_post_res_forward(const float *x, const float
 
 /// dy[t,c] and dx[t,j,c]: sums over the output streams i, in order.
 extern "C" __global__ void mhcc_mhc_post_res_backward_values(const float *coef, const float *dOut, float *dx, float *dy,
-                                               int64_t rows, int64_t C) {
+                                                             int64_t rows, int64_t C) {
   int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int K = kCoefficients;
   if (e < rows * C) {
@@ -449,8 +438,9 @@ extern "C" __global__ void mhcc_mhc_post_res_backward_values(const float *coef, 
 
 /// One warp per (t, i): dCoef's post entry <dOut[t,i], y[t]> and res row
 /// <dOut[t,i], x[t,j]> for every j.
-extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const float *x, const float *y, const float *dOut, float *dCoef,
-                                             int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const float *x, const float *y, const float *dOut,
+                                                           float *dCoef,
+                                                           int64_t rows, int64_t C) {
   int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (e >= rows * kStreams)
@@ -498,7 +488,7 @@ extern "C" __global__ void mhcc_rms_norm_stats(const float *squares, float *aux,
 }
 
 extern "C" __global__ void mhcc_rms_norm_apply(const float *u, const float *gain, const float *aux, float *y,
-                                   int64_t rows, int64_t C) {
+                                               int64_t rows, int64_t C) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < rows * C)
     y[i] = u[i] * aux[i / C] * gain[i % C];
@@ -506,7 +496,7 @@ extern "C" __global__ void mhcc_rms_norm_apply(const float *u, const float *gain
 
 /// One warp per row.
 extern "C" __global__ void mhcc_rms_norm_backward_row(const float *u, const float *gain, const float *aux,
-                                         const float *dy, float *du, int64_t rows, int64_t C) {
+                                                      const float *dy, float *du, int64_t rows, int64_t C) {
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (t >= rows)
@@ -535,7 +525,7 @@ extern "C" __global__ void mhcc_rms_norm_gain_grad_partials(const float *u, cons
 // ---- attention ---------------------------------------------------------------------------
 
 extern "C" __global__ void mhcc_rope(float *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, int inverse,
-                           int64_t rowStride) {
+                                     int64_t rowStride) {
   const int64_t d = C / heads, pairs = d / 2;
   int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e >= rows * 2 * heads * pairs)
@@ -556,7 +546,8 @@ extern "C" __global__ void mhcc_rope(float *qkv, int64_t rows, int64_t C, int64_
 
 /// One block per score row (head, query i) of one sequence: causal softmax
 /// in place (P, zero above the diagonal) and the row's log-sum-exp.
-extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_t seq, int64_t heads, int64_t lseOffset) {
+extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_t seq, int64_t heads,
+                                               int64_t lseOffset) {
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
   float *row = scores + (h * seq + i) * seq;
   float m = -INFINITY;
@@ -577,7 +568,7 @@ extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_
 /// Backward of one score row: P from the saved log-sum-exp, then
 /// dS = P (dP - <P, dP>) * scale; P replaces the scores, dS replaces dP.
 extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse, int64_t seq,
-                                            int64_t heads, int64_t lseOffset, float scale) {
+                                                        int64_t heads, int64_t lseOffset, float scale) {
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
   float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
   const float l = lse[(lseOffset + i) * heads + h];
@@ -601,7 +592,7 @@ extern "C" __global__ void mhcc_swiglu_gate(const float *a, const float *b, floa
 }
 
 extern "C" __global__ void mhcc_swiglu_backward_gate(const float *a, const float *b, const float *dh, float *da,
-                                         float *db, int64_t count) {
+                                                     float *db, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count)
     return;
@@ -628,7 +619,7 @@ extern "C" __global__ void mhcc_log_sum_exp(const float *logits, float *aux, int
 }
 
 extern "C" __global__ void mhcc_loss(const float *logits, const int32_t *labels, const float *aux, float *loss,
-                           int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+                                     int64_t rows, int64_t V, int64_t shift, int64_t seq) {
   if (blockIdx.x * blockDim.x + threadIdx.x != 0)
     return;
   float total = 0;
@@ -642,8 +633,8 @@ extern "C" __global__ void mhcc_loss(const float *logits, const int32_t *labels,
 }
 
 extern "C" __global__ void mhcc_cross_entropy_backward(const float *logits, const int32_t *labels, const float *aux,
-                                           float factor, float *dLogits, int64_t rows, int64_t V,
-                                           int64_t shift, int64_t seq) {
+                                                       float factor, float *dLogits, int64_t rows, int64_t V,
+                                                       int64_t shift, int64_t seq) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * V)
     return;
