@@ -120,7 +120,9 @@ run)
   gpus=$(nvidia-smi --list-gpus | wc -l)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpus.txt"
   failed=0
-  table="$logs/table.txt"
+  # The table lives in $OUT from the first row, so a run cut short by the
+  # call's time limit still brings back what it checked.
+  table="$out/table.txt"
   printf '%-34s %-6s %s\n' check result detail > "$table"
   row() { printf '%-34s %-6s %s\n' "$1" "$2" "$3" >> "$table"; [ "$2" = PASS ] || [ "$2" = SKIP ] || failed=$((failed + 1)); }
   same_json() { python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])) else 1)" "$1" "$2"; }
@@ -262,7 +264,7 @@ sys.exit(0 if steady else 1)") && r=PASS || r=FAIL
   fi
 
   echo "commit $(head -1 COMMIT)$(sed -n 2p COMMIT), $(date -u +%Y-%m-%dT%H:%MZ)" | tee -a "$table"
-  cp "$table" "$out/"
+  cp "$table" "$logs/"
   tar czf "$out/suite_logs.tgz" -C "$logs" .
   cat "$table"
   for name in ${GPU_SUITE_PROFILE:-}; do grep -v iteration "$logs/profile_$name.log" | head -16; done
