@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs missing Debian packages, builds mhcc and mhcrun,
 # compiles a model (default models/tiny.json) into an artifact and trains it
-# for MHCRUN_STEPS iterations (default 20) on the shipped text. It runs on the
-# CPU reference backend (the CUDA backend is not built yet; with GPUs present
-# mhcrun says so and uses the CPU).
+# for MHCRUN_STEPS iterations (default 20) on the shipped text: on the GPUs
+# when each pipeline rank can have one (mhcc compiles the model's CUDA
+# kernels when nvcc is installed), else on the CPU reference backend.
 # usage: tools/run.sh [MODEL.json] [mhcc flags, e.g. --pp 2 --vpp 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -169,6 +169,11 @@ int runMhcrun(int argc, char **argv) {
     if (backend == "cpu" && !gpus.gpus.empty())
       std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << artifact->pp
                 << " pipeline ranks: using the CPU backend\n";
+    if (backend == "cuda" && !artifact->deviceCode) {
+      backend = "cpu";
+      std::cerr << "mhcrun: the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc "
+                   "was not found): using the CPU backend; recompile with 'mhcc --cuda-arch sm_90' for the GPUs\n";
+    }
   }
   std::optional<TokenDataset> data = TokenDataset::open(dataPath, error);
   if (!data)
