@@ -439,8 +439,7 @@ extern "C" __global__ void mhcc_mhc_post_res_backward_values(const float *coef, 
 /// One warp per (t, i): dCoef's post entry <dOut[t,i], y[t]> and res row
 /// <dOut[t,i], x[t,j]> for every j.
 extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const float *x, const float *y, const float *dOut,
-                                                           float *dCoef,
-                                                           int64_t rows, int64_t C) {
+                                                           float *dCoef, int64_t rows, int64_t C) {
   int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (e >= rows * kStreams)
