@@ -34,6 +34,15 @@ constexpr double kMhcRmsEps = 1e-6;
 constexpr double kSinkhornClamp = 1e-6;
 
 // ---- matrix products ---------------------------------------------------------
+// Each output element accumulates its products in ascending order of the
+// summed index, starting from its old value (or from 0 for a b^T's dot
+// products), exactly as the plain triple loop does; the loops are only
+// blocked so that a tile of the operands stays in cache and independent
+// elements vectorize. Same bits as the plain loops, whatever the blocking
+// (//tests:cpu_kernels_test checks against them).
+
+constexpr int64_t kProductRowBlock = 4;    // rows of c sharing one read of b's row
+constexpr int64_t kProductColBlock = 512;  // columns of c kept in cache
 
 /// c[M,N] (+)= a[M,K] b[K,N]
 template <typename T>
@@ -41,13 +50,19 @@ void matmul(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N, bool 
   if (!accumulate)
     std::fill(c, c + M * N, T(0));
   parallelFor(M, K * N, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      T *crow = c + i * N;
-      for (int64_t k = 0; k < K; ++k) {
-        T aik = a[i * K + k];
-        const T *brow = b + k * N;
-        for (int64_t j = 0; j < N; ++j)
-          crow[j] += aik * brow[j];
+    for (int64_t j0 = 0; j0 < N; j0 += kProductColBlock) {
+      const int64_t j1 = std::min(N, j0 + kProductColBlock);
+      for (int64_t i0 = begin; i0 < end; i0 += kProductRowBlock) {
+        const int64_t i1 = std::min(end, i0 + kProductRowBlock);
+        for (int64_t k = 0; k < K; ++k) {
+          const T *brow = b + k * N;
+          for (int64_t i = i0; i < i1; ++i) {
+            const T aik = a[i * K + k];
+            T *crow = c + i * N;
+            for (int64_t j = j0; j < j1; ++j)
+              crow[j] += aik * brow[j];
+          }
+        }
       }
     }
   });
@@ -56,24 +71,34 @@ void matmul(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N, bool 
 /// c[K,N] += a[M,K]^T b[M,N]  (weight gradients; rows summed in order)
 template <typename T>
 void matmulTransAAcc(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N) {
-  // Split over rows of c; each still sums the M rows in order.
+  constexpr int64_t kRowsOfC = 64; // with kProductColBlock columns: a tile of c in L2
+  // Split over rows of c; each element still sums the M rows in order.
   parallelFor(K, M * N, [&](int64_t begin, int64_t end) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = begin; k < end; ++k) {
-        T aik = a[i * K + k];
-        const T *brow = b + i * N;
-        T *crow = c + k * N;
-        for (int64_t j = 0; j < N; ++j)
-          crow[j] += aik * brow[j];
+    for (int64_t k0 = begin; k0 < end; k0 += kRowsOfC) {
+      const int64_t k1 = std::min(end, k0 + kRowsOfC);
+      for (int64_t j0 = 0; j0 < N; j0 += kProductColBlock) {
+        const int64_t j1 = std::min(N, j0 + kProductColBlock);
+        for (int64_t i = 0; i < M; ++i) {
+          const T *brow = b + i * N;
+          for (int64_t k = k0; k < k1; ++k) {
+            const T aik = a[i * K + k];
+            T *crow = c + k * N;
+            for (int64_t j = j0; j < j1; ++j)
+              crow[j] += aik * brow[j];
+          }
+        }
       }
+    }
   });
 }
 
-/// c[M,K] += a[M,N] b[K,N]^T  (input gradients)
+/// c[M,K] += a[M,N] b[K,N]^T  (input gradients): c[i,k] += (sum over j of
+/// a[i,j] b[k,j], j ascending from 0).
 template <typename T>
 void matmulTransBAcc(const T *a, const T *b, T *c, int64_t M, int64_t N, int64_t K) {
-  parallelFor(M, K * N, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
+  if (M < 2 * kProductRowBlock) {
+    // Few rows (the mHC mapping's per-token products): plain dot products.
+    for (int64_t i = 0; i < M; ++i)
       for (int64_t k = 0; k < K; ++k) {
         const T *arow = a + i * N, *brow = b + k * N;
         T sum = 0;
@@ -81,6 +106,37 @@ void matmulTransBAcc(const T *a, const T *b, T *c, int64_t M, int64_t N, int64_t
           sum += arow[j] * brow[j];
         c[i * K + k] += sum;
       }
+    return;
+  }
+  // b transposed once, so that the dot products of one row of c with every
+  // row of b advance together, j by j (each still a sequential sum).
+  std::vector<T> bt(N * K);
+  parallelFor(K, N, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k)
+      for (int64_t j = 0; j < N; ++j)
+        bt[j * K + k] = b[k * N + j];
+  });
+  parallelFor(M, K * N, [&](int64_t begin, int64_t end) {
+    std::vector<T> sums(kProductRowBlock * kProductColBlock);
+    for (int64_t k0 = 0; k0 < K; k0 += kProductColBlock) {
+      const int64_t k1 = std::min(K, k0 + kProductColBlock), width = k1 - k0;
+      for (int64_t i0 = begin; i0 < end; i0 += kProductRowBlock) {
+        const int64_t i1 = std::min(end, i0 + kProductRowBlock);
+        std::fill(sums.begin(), sums.end(), T(0));
+        for (int64_t j = 0; j < N; ++j) {
+          const T *btrow = bt.data() + j * K + k0;
+          for (int64_t i = i0; i < i1; ++i) {
+            const T aij = a[i * N + j];
+            T *sum = sums.data() + (i - i0) * kProductColBlock;
+            for (int64_t k = 0; k < width; ++k)
+              sum[k] += aij * btrow[k];
+          }
+        }
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t k = 0; k < width; ++k)
+            c[i * K + k0 + k] += sums[(i - i0) * kProductColBlock + k];
+      }
+    }
   });
 }
 
@@ -448,6 +504,24 @@ void rotate(T *v, int64_t pos, int64_t headDim, bool inverse) {
   }
 }
 
+/// One head's [seq, d] slice of rows `stride` apart, transposed to [d, seq].
+template <typename T> void transposeHead(const T *rows, int64_t stride, int64_t seq, int64_t d, T *out) {
+  for (int64_t j = 0; j < seq; ++j)
+    for (int64_t e = 0; e < d; ++e)
+      out[e * seq + j] = rows[j * stride + e];
+}
+
+/// dots[j] = sum over e of x[e] * rowsT[e, j] for j <= last, each summed in
+/// ascending e (the bits of one dot product at a time), all j together.
+template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, int64_t d, int64_t last, T *dots) {
+  std::fill(dots, dots + last + 1, T(0));
+  for (int64_t e = 0; e < d; ++e) {
+    const T xe = x[e], *row = rowsT + e * seq;
+    for (int64_t j = 0; j <= last; ++j)
+      dots[j] += xe * row[j];
+  }
+}
+
 /// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
 /// rotated q, k and v, then [rows, C] attention output o, then [rows, heads]
 /// log-sum-exp of each score row.
@@ -465,19 +539,17 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs are independent: split them over threads.
   parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(seq);
+    std::vector<T> p(seq), kt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
+      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i;
         const T *q = qkv + ti * 3 * C + h * d;
+        causalDots(q, kt.data(), seq, d, i, p.data());
         T maxScore = -INFINITY;
         for (int64_t j = 0; j <= i; ++j) {
-          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-          T s = 0;
-          for (int64_t e = 0; e < d; ++e)
-            s += q[e] * k[e];
-          p[j] = s * scale;
+          p[j] = p[j] * scale;
           maxScore = std::max(maxScore, p[j]);
         }
         T sum = 0;
@@ -512,25 +584,21 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
   parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(seq), dp(seq);
+    std::vector<T> p(seq), dp(seq), kt(d * seq), vt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
+      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
+      transposeHead(qkv + b * seq * 3 * C + 2 * C + h * d, 3 * C, seq, d, vt.data());
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i;
         const T *q = qkv + ti * 3 * C + h * d;
         const T *gO = dO.data() + ti * C + h * d;
+        causalDots(q, kt.data(), seq, d, i, p.data());
+        causalDots(gO, vt.data(), seq, d, i, dp.data());
         T rowDot = 0;
         for (int64_t j = 0; j <= i; ++j) {
-          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
-          const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
-          T s = 0, g = 0;
-          for (int64_t e = 0; e < d; ++e) {
-            s += q[e] * k[e];
-            g += gO[e] * v[e];
-          }
-          p[j] = std::exp(s * scale - lse[ti * heads + h]);
-          dp[j] = g;
-          rowDot += p[j] * g;
+          p[j] = std::exp(p[j] * scale - lse[ti * heads + h]);
+          rowDot += p[j] * dp[j];
         }
         T *dq = dQkv.data() + ti * 3 * C + h * d;
         for (int64_t j = 0; j <= i; ++j) {
