@@ -6,6 +6,8 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <algorithm>
+
 using namespace mlir;
 
 namespace mhcc {
@@ -66,10 +68,12 @@ FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp fu
   if (failed(dims))
     return failure();
   pipeline::ModelShape shape = modelShapeOf(func);
-  std::vector<pipeline::PartitionUnit> units(shape.layers + 2);
-  units.front().symbol = 'E';
-  units.back().symbol = 'L';
-  units.back().mtpModules = shape.mtpModules;
+  // Embedding, the layers, the loss (layers >= 0: the verifier counted them).
+  std::vector<pipeline::PartitionUnit> units(static_cast<size_t>(std::max<int64_t>(shape.layers, 0)) + 2);
+  pipeline::PartitionUnit &first = units.front(), &last = units.back();
+  first.symbol = 'E';
+  last.symbol = 'L';
+  last.mtpModules = shape.mtpModules;
   const double tokens = dims->tokens();
   // fp32 master weights, gradients and two Adam moments.
   constexpr double kBytesPerParameter = 16;

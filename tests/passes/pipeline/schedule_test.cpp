@@ -56,10 +56,11 @@ void expectForwardBeforeBackward(const Schedule &schedule) {
     for (const Instr &instr : list) {
       if (instr.kind == OpKind::Forward)
         seen.push_back({instr.stage, instr.mb});
-      if (instr.kind == OpKind::Backward || instr.kind == OpKind::BackwardInput)
+      if (instr.kind == OpKind::Backward || instr.kind == OpKind::BackwardInput) {
         EXPECT_NE(std::find(seen.begin(), seen.end(), std::make_pair(instr.stage, instr.mb)),
                   seen.end())
             << instr.describe();
+      }
     }
   }
 }
