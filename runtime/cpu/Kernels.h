@@ -584,11 +584,16 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
   parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(seq), dp(seq), kt(d * seq), vt(d * seq);
+    std::vector<T> p(seq), dp(seq), ds(seq), kt(d * seq), vt(d * seq), dkt(d * seq), dvt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
       transposeHead(qkv + b * seq * 3 * C + 2 * C + h * d, 3 * C, seq, d, vt.data());
+      // dK and dV of this head accumulate transposed ([d, seq]) so that one
+      // query row updates every key at once; each element still sums over
+      // the queries i in ascending order, from 0 as the zeroed dQkv would.
+      std::fill(dkt.begin(), dkt.end(), T(0));
+      std::fill(dvt.begin(), dvt.end(), T(0));
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i;
         const T *q = qkv + ti * 3 * C + h * d;
@@ -602,16 +607,25 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
         }
         T *dq = dQkv.data() + ti * 3 * C + h * d;
         for (int64_t j = 0; j <= i; ++j) {
-          int64_t tj = b * seq + j;
-          const T *k = qkv + tj * 3 * C + C + h * d;
-          T *dk = dQkv.data() + tj * 3 * C + C + h * d;
-          T *dv = dQkv.data() + tj * 3 * C + 2 * C + h * d;
-          T ds = p[j] * (dp[j] - rowDot) * scale;
-          for (int64_t e = 0; e < d; ++e) {
-            dq[e] += ds * k[e];
-            dk[e] += ds * q[e];
-            dv[e] += p[j] * gO[e];
+          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
+          ds[j] = p[j] * (dp[j] - rowDot) * scale;
+          for (int64_t e = 0; e < d; ++e)
+            dq[e] += ds[j] * k[e];
+        }
+        for (int64_t e = 0; e < d; ++e) {
+          T *dkRow = dkt.data() + e * seq, *dvRow = dvt.data() + e * seq;
+          const T qe = q[e], ge = gO[e];
+          for (int64_t j = 0; j <= i; ++j) {
+            dkRow[j] += ds[j] * qe;
+            dvRow[j] += p[j] * ge;
           }
+        }
+      }
+      for (int64_t j = 0; j < seq; ++j) {
+        T *dk = dQkv.data() + (b * seq + j) * 3 * C + C + h * d, *dv = dk + C;
+        for (int64_t e = 0; e < d; ++e) {
+          dk[e] += dkt[e * seq + j];
+          dv[e] += dvt[e * seq + j];
         }
       }
     }
