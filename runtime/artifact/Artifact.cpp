@@ -76,17 +76,143 @@ template <typename T> T get(const std::string &in, size_t offset) {
   return value;
 }
 
+// ---- one list of (JSON key, member) per struct, read by both directions ----
+// `Model` is the struct, const when writing; `field(key, member)` is the
+// direction. Enumerations and nested lists are converted around these.
+
+template <typename Model, typename Field> void modelFields(Model &m, Field &&field) {
+  field("name", m.name);
+  field("vocab", m.vocab);
+  field("hidden", m.hidden);
+  field("heads", m.heads);
+  field("ffn_hidden", m.ffnHidden);
+  field("seq_len", m.seqLen);
+  field("micro_batch", m.microBatch);
+  field("streams", m.streams);
+  field("sinkhorn_iterations", m.sinkhornIterations);
+  field("gating_factor", m.gatingFactor);
+  field("norm_eps", m.normEps);
+  field("dtype", m.dtype);
+  field("seed", m.seed);
+}
+
+template <typename Pipeline, typename Field> void pipelineFields(Pipeline &a, Field &&field) {
+  field("pp", a.pp);
+  field("vpp", a.vpp);
+  field("microbatches", a.microbatches);
+  field("group_size", a.groupSize);
+  field("schedule", a.scheduleKind);
+  field("layout", a.layout);
+}
+
+template <typename Param, typename Field> void paramFields(Param &p, Field &&field) {
+  field("name", p.name);
+  field("rows", p.rows);
+  field("cols", p.cols);
+  field("init", p.init);
+  field("scale", p.scale);
+  field("decay", p.decay);
+}
+
+template <typename Code, typename Field> void deviceCodeFields(Code &c, Field &&field) {
+  field("arch", c.arch);
+  field("compiler", c.compiler);
+  field("streams", c.streams);
+  field("sinkhorn_iterations", c.sinkhornIterations);
+  field("source", c.source);
+}
+
+/// SEND / RECV fields (the payload is an enumeration, converted apart).
+template <typename Message, typename Field> void messageFields(Message &i, Field &&field) {
+  field("peer", i.peer);
+  field("src", i.srcStage);
+  field("dst", i.dstStage);
+  field("tokens", i.tokens);
+  field("width", i.width);
+  field("group", i.group);
+  field("order", i.order);
+}
+
+template <typename Kernel, typename Field> void forwardFields(Kernel &f, Field &&field) {
+  field("inputs", f.inputs);
+  field("params", f.params);
+  field("output", f.output);
+  field("aux", f.auxSize);
+  field("streams", f.streams);
+  field("heads", f.heads);
+  field("ffn", f.ffn);
+  field("shift", f.shift);
+  field("sinkhorn", f.sinkhornIterations);
+  field("seq", f.seqLen);
+  field("eps", f.eps);
+  field("loss", f.loss);
+}
+
+template <typename Program, typename Field> void programFields(Program &p, Field &&field) {
+  field("stage", p.stage);
+  field("input", p.input);
+  field("output", p.output);
+  field("grad_input", p.gradInput);
+  field("grad_output", p.gradOutput);
+}
+
+template <typename Value, typename Field> void valueFields(Value &v, Field &&field) {
+  field("rows", v.rows);
+  field("cols", v.cols);
+  field("tap", v.tap);
+}
+
+template <typename Backward, typename Field> void backwardFields(Backward &b, Field &&field) {
+  field("forward", b.forward);
+  field("grad_output", b.gradOutput);
+  field("grad_inputs", b.gradInputs);
+}
+
+template <typename Slot, typename Field> void slotFields(Slot &s, Field &&field) {
+  field("param", s.param);
+  field("use_order", s.useOrder);
+}
+
+template <typename Loss, typename Field> void lossFields(Loss &l, Field &&field) {
+  field("name", l.name);
+  field("weight", l.weight);
+}
+
+/// `fields(object, field)` written into a JSON object.
+template <typename T, typename Fields> json write(const T &object, Fields &&fields) {
+  json j = json::object();
+  fields(object, [&](const char *key, const auto &member) { j[key] = member; });
+  return j;
+}
+
+/// The inverse: every key must be present with the member's type.
+template <typename T, typename Fields> T read(const json &j, Fields &&fields, T object = T()) {
+  fields(object, [&](const char *key, auto &member) { member = j.at(key).get<std::decay_t<decltype(member)>>(); });
+  return object;
+}
+
+template <typename T, typename Fields> json writeList(const std::vector<T> &list, Fields &&fields) {
+  json out = json::array();
+  for (const T &item : list)
+    out.push_back(write(item, fields));
+  return out;
+}
+
+template <typename T, typename Fields> std::vector<T> readList(const json &j, Fields &&fields) {
+  std::vector<T> out;
+  for (const json &item : j)
+    out.push_back(read<T>(item, fields));
+  return out;
+}
+
+// Generic lambdas naming each field list (templates cannot be passed as values).
+#define MHCC_FIELDS(list) [](auto &object, auto &&field) { list(object, field); }
+
 json toJson(const Instr &i) {
   json j = {{"kind", opKindName(i.kind)}, {"stage", i.stage}, {"mb", i.mb}};
   if (i.isComm()) {
+    j.update(write(i, MHCC_FIELDS(messageFields)));
     j["payload"] = i.payload == Payload::Activation ? "act" : "grad";
-    j["peer"] = i.peer;
-    j["src"] = i.srcStage;
-    j["dst"] = i.dstStage;
-    j["tokens"] = i.tokens;
-    j["width"] = i.width;
-    j["group"] = i.group;
-    j["order"] = i.order;
   }
   return j;
 }
@@ -104,89 +230,47 @@ Instr instrFromJson(const json &j) {
     if (payload != "act" && payload != "grad")
       throw std::runtime_error("unknown payload " + payload);
     i.payload = payload == "act" ? Payload::Activation : Payload::Gradient;
-    i.peer = j.at("peer");
-    i.srcStage = j.at("src");
-    i.dstStage = j.at("dst");
-    i.tokens = j.at("tokens");
-    i.width = j.at("width");
-    i.group = j.at("group");
-    i.order = j.at("order");
+    i = read(j, MHCC_FIELDS(messageFields), i);
   }
   return i;
 }
 
 json toJson(const StageProgram &p) {
-  json values = json::array();
-  for (const ValueInfo &v : p.values)
-    values.push_back({{"rows", v.rows}, {"cols", v.cols}, {"tap", v.tap}});
   json forward = json::array();
-  for (const ForwardInstr &f : p.forward)
-    forward.push_back({{"op", primName(f.op)}, {"inputs", f.inputs}, {"params", f.params},
-                       {"output", f.output}, {"aux", f.auxSize}, {"streams", f.streams},
-                       {"heads", f.heads}, {"ffn", f.ffn}, {"shift", f.shift},
-                       {"sinkhorn", f.sinkhornIterations}, {"seq", f.seqLen}, {"eps", f.eps},
-                       {"loss", f.loss}});
-  json backward = json::array();
-  for (const BackwardInstr &b : p.backward)
-    backward.push_back({{"forward", b.forward}, {"grad_output", b.gradOutput},
-                        {"grad_inputs", b.gradInputs}});
-  json params = json::array();
-  for (const ParamSlot &s : p.params)
-    params.push_back({{"param", s.param}, {"use_order", s.useOrder}});
-  json losses = json::array();
-  for (const LossInfo &l : p.losses)
-    losses.push_back({{"name", l.name}, {"weight", l.weight}});
-  return {{"stage", p.stage},       {"input", p.input},         {"output", p.output},
-          {"grad_input", p.gradInput}, {"grad_output", p.gradOutput}, {"values", values},
-          {"forward", forward},     {"backward", backward},     {"params", params},
-          {"losses", losses}};
+  for (const ForwardInstr &f : p.forward) {
+    json instr = write(f, MHCC_FIELDS(forwardFields));
+    instr["op"] = primName(f.op);
+    forward.push_back(instr);
+  }
+  json j = write(p, MHCC_FIELDS(programFields));
+  j["values"] = writeList(p.values, MHCC_FIELDS(valueFields));
+  j["forward"] = forward;
+  j["backward"] = writeList(p.backward, MHCC_FIELDS(backwardFields));
+  j["params"] = writeList(p.params, MHCC_FIELDS(slotFields));
+  j["losses"] = writeList(p.losses, MHCC_FIELDS(lossFields));
+  return j;
 }
 
 StageProgram programFromJson(const json &j) {
-  StageProgram p;
-  p.stage = j.at("stage");
-  p.input = j.at("input");
-  p.output = j.at("output");
-  p.gradInput = j.at("grad_input");
-  p.gradOutput = j.at("grad_output");
-  for (const json &v : j.at("values"))
-    p.values.push_back({v.at("rows"), v.at("cols"), v.at("tap")});
+  StageProgram p = read<StageProgram>(j, MHCC_FIELDS(programFields));
+  p.values = readList<ValueInfo>(j.at("values"), MHCC_FIELDS(valueFields));
   for (const json &f : j.at("forward")) {
-    ForwardInstr instr;
+    ForwardInstr instr = read<ForwardInstr>(f, MHCC_FIELDS(forwardFields));
     std::optional<Prim> op = parsePrim(f.at("op").get<std::string>());
     if (!op)
       throw std::runtime_error("unknown kernel " + f.at("op").dump());
     instr.op = *op;
-    instr.inputs = f.at("inputs").get<std::vector<int>>();
-    instr.params = f.at("params").get<std::vector<int>>();
-    instr.output = f.at("output");
-    instr.auxSize = f.at("aux");
-    instr.streams = f.at("streams");
-    instr.heads = f.at("heads");
-    instr.ffn = f.at("ffn");
-    instr.shift = f.at("shift");
-    instr.sinkhornIterations = f.at("sinkhorn");
-    instr.seqLen = f.at("seq");
-    instr.eps = f.at("eps");
-    instr.loss = f.at("loss");
     p.forward.push_back(instr);
   }
-  for (const json &b : j.at("backward"))
-    p.backward.push_back({b.at("forward"), b.at("grad_output"),
-                          b.at("grad_inputs").get<std::vector<int>>()});
-  for (const json &s : j.at("params"))
-    p.params.push_back({s.at("param"), s.at("use_order")});
-  for (const json &l : j.at("losses"))
-    p.losses.push_back({l.at("name"), l.at("weight")});
+  p.backward = readList<BackwardInstr>(j.at("backward"), MHCC_FIELDS(backwardFields));
+  p.params = readList<ParamSlot>(j.at("params"), MHCC_FIELDS(slotFields));
+  p.losses = readList<LossInfo>(j.at("losses"), MHCC_FIELDS(lossFields));
   return p;
 }
 
 json toJson(const Artifact &a) {
-  const ModelInfo &m = a.model;
-  json params = json::array();
-  for (const ParamInfo &p : a.params)
-    params.push_back({{"name", p.name}, {"rows", p.rows}, {"cols", p.cols}, {"init", p.init},
-                      {"scale", p.scale}, {"decay", p.decay}});
+  json model = write(a.model, MHCC_FIELDS(modelFields));
+  model["training_flops_per_token"] = a.model.trainingFlopsPerToken;
   json stages = json::array();
   for (const StageProgram &s : a.stages)
     stages.push_back(toJson(s));
@@ -197,57 +281,28 @@ json toJson(const Artifact &a) {
       rank.push_back(toJson(i));
     ranks.push_back(rank);
   }
-  return {{"model",
-           {{"name", m.name}, {"vocab", m.vocab}, {"hidden", m.hidden}, {"heads", m.heads},
-            {"ffn_hidden", m.ffnHidden}, {"seq_len", m.seqLen}, {"micro_batch", m.microBatch},
-            {"streams", m.streams}, {"sinkhorn_iterations", m.sinkhornIterations},
-            {"gating_factor", m.gatingFactor}, {"norm_eps", m.normEps}, {"dtype", m.dtype},
-            {"seed", m.seed}, {"training_flops_per_token", m.trainingFlopsPerToken}}},
+  json deviceCode = nullptr;
+  if (a.deviceCode) {
+    deviceCode = write(*a.deviceCode, MHCC_FIELDS(deviceCodeFields));
+    deviceCode["image"] = base64Encode(a.deviceCode->image);
+  }
+  return {{"model", model},
           {"model_hash", a.modelHash},
-          {"pipeline",
-           {{"pp", a.pp}, {"vpp", a.vpp}, {"microbatches", a.microbatches},
-            {"group_size", a.groupSize}, {"schedule", a.scheduleKind}, {"layout", a.layout}}},
-          {"params", params},
+          {"pipeline", write(a, MHCC_FIELDS(pipelineFields))},
+          {"params", writeList(a.params, MHCC_FIELDS(paramFields))},
           {"stages", stages},
           {"ranks", ranks},
           {"ir", a.ir},
-          {"device_code", a.deviceCode ? json{{"arch", a.deviceCode->arch},
-                                               {"compiler", a.deviceCode->compiler},
-                                               {"streams", a.deviceCode->streams},
-                                               {"sinkhorn_iterations", a.deviceCode->sinkhornIterations},
-                                               {"source", a.deviceCode->source},
-                                               {"image", base64Encode(a.deviceCode->image)}}
-                                        : json(nullptr)}};
+          {"device_code", deviceCode}};
 }
 
 Artifact artifactFromJson(const json &j) {
-  Artifact a;
-  const json &m = j.at("model");
-  a.model.name = m.at("name");
-  a.model.vocab = m.at("vocab");
-  a.model.hidden = m.at("hidden");
-  a.model.heads = m.at("heads");
-  a.model.ffnHidden = m.at("ffn_hidden");
-  a.model.seqLen = m.at("seq_len");
-  a.model.microBatch = m.at("micro_batch");
-  a.model.streams = m.at("streams");
-  a.model.sinkhornIterations = m.at("sinkhorn_iterations");
-  a.model.gatingFactor = m.at("gating_factor");
-  a.model.normEps = m.at("norm_eps");
-  a.model.dtype = m.at("dtype");
-  a.model.seed = m.at("seed");
-  a.model.trainingFlopsPerToken = m.value("training_flops_per_token", 0.0);
+  Artifact a = read<Artifact>(j.at("pipeline"), MHCC_FIELDS(pipelineFields));
+  a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
+  // Absent in artifacts from before the cost model: no TFLOP/s then.
+  a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);
   a.modelHash = j.at("model_hash");
-  const json &p = j.at("pipeline");
-  a.pp = p.at("pp");
-  a.vpp = p.at("vpp");
-  a.microbatches = p.at("microbatches");
-  a.groupSize = p.at("group_size");
-  a.scheduleKind = p.at("schedule");
-  a.layout = p.at("layout");
-  for (const json &q : j.at("params"))
-    a.params.push_back({q.at("name"), q.at("rows"), q.at("cols"), q.at("init"), q.at("scale"),
-                        q.at("decay")});
+  a.params = readList<ParamInfo>(j.at("params"), MHCC_FIELDS(paramFields));
   for (const json &s : j.at("stages"))
     a.stages.push_back(programFromJson(s));
   for (const json &rank : j.at("ranks")) {
@@ -258,17 +313,14 @@ Artifact artifactFromJson(const json &j) {
   }
   a.ir = j.at("ir");
   if (auto code = j.find("device_code"); code != j.end() && !code->is_null()) {
-    DeviceCode d;
-    d.arch = code->at("arch");
-    d.compiler = code->at("compiler");
-    d.streams = code->at("streams");
-    d.sinkhornIterations = code->at("sinkhorn_iterations");
-    d.source = code->at("source");
+    DeviceCode d = read<DeviceCode>(*code, MHCC_FIELDS(deviceCodeFields));
     d.image = base64Decode(code->at("image"));
     a.deviceCode = std::move(d);
   }
   return a;
 }
+
+#undef MHCC_FIELDS
 
 } // namespace
 
