@@ -41,6 +41,14 @@ constexpr double kSinkhornClamp = 1e-6;
 // elements vectorize. Same bits as the plain loops, whatever the blocking
 // (//tests:cpu_kernels_test checks against them).
 
+/// y[0, count) += alpha * x[0, count), element by element: the update every
+/// product and attention loop here is made of (vectorizes, same bits as the
+/// loop). y and x never overlap (restrict: no runtime alias check per call).
+template <typename T> inline void addScaled(T *__restrict y, const T *__restrict x, T alpha, int64_t count) {
+  for (int64_t e = 0; e < count; ++e)
+    y[e] += alpha * x[e];
+}
+
 constexpr int64_t kProductRowBlock = 4;    // rows of c sharing one read of b's row
 constexpr int64_t kProductColBlock = 512;  // columns of c kept in cache
 
@@ -54,15 +62,9 @@ void matmul(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t N, bool 
       const int64_t j1 = std::min(N, j0 + kProductColBlock);
       for (int64_t i0 = begin; i0 < end; i0 += kProductRowBlock) {
         const int64_t i1 = std::min(end, i0 + kProductRowBlock);
-        for (int64_t k = 0; k < K; ++k) {
-          const T *brow = b + k * N;
-          for (int64_t i = i0; i < i1; ++i) {
-            const T aik = a[i * K + k];
-            T *crow = c + i * N;
-            for (int64_t j = j0; j < j1; ++j)
-              crow[j] += aik * brow[j];
-          }
-        }
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t i = i0; i < i1; ++i)
+            addScaled(c + i * N + j0, b + k * N + j0, a[i * K + k], j1 - j0);
       }
     }
   });
@@ -79,13 +81,8 @@ void matmulTransAAcc(const T *a, const T *b, T *c, int64_t M, int64_t K, int64_t
       for (int64_t j0 = 0; j0 < N; j0 += kProductColBlock) {
         const int64_t j1 = std::min(N, j0 + kProductColBlock);
         for (int64_t i = 0; i < M; ++i) {
-          const T *brow = b + i * N;
-          for (int64_t k = k0; k < k1; ++k) {
-            const T aik = a[i * K + k];
-            T *crow = c + k * N;
-            for (int64_t j = j0; j < j1; ++j)
-              crow[j] += aik * brow[j];
-          }
+          for (int64_t k = k0; k < k1; ++k)
+            addScaled(c + k * N + j0, b + i * N + j0, a[i * K + k], j1 - j0);
         }
       }
     }
@@ -124,13 +121,8 @@ void matmulTransBAcc(const T *a, const T *b, T *c, int64_t M, int64_t N, int64_t
         const int64_t i1 = std::min(end, i0 + kProductRowBlock);
         std::fill(sums.begin(), sums.end(), T(0));
         for (int64_t j = 0; j < N; ++j) {
-          const T *btrow = bt.data() + j * K + k0;
-          for (int64_t i = i0; i < i1; ++i) {
-            const T aij = a[i * N + j];
-            T *sum = sums.data() + (i - i0) * kProductColBlock;
-            for (int64_t k = 0; k < width; ++k)
-              sum[k] += aij * btrow[k];
-          }
+          for (int64_t i = i0; i < i1; ++i)
+            addScaled(sums.data() + (i - i0) * kProductColBlock, bt.data() + j * K + k0, a[i * N + j], width);
         }
         for (int64_t i = i0; i < i1; ++i)
           for (int64_t k = 0; k < width; ++k)
@@ -360,9 +352,7 @@ void mhcCoeffsBackward(const T *x, const T *wmap, const T *alpha, const T *aux, 
       sq += xr[k] * xr[k];
     T rms = std::sqrt(sq / T(width));
     if (rms > T(0)) {
-      T scale = -dr * r * r / (T(width) * rms);
-      for (int64_t k = 0; k < width; ++k)
-        dx[t * width + k] += scale * xr[k];
+      addScaled(dx + t * width, xr, -dr * r * r / (T(width) * rms), width);
     }
   }
 }
@@ -515,11 +505,8 @@ template <typename T> void transposeHead(const T *rows, int64_t stride, int64_t 
 /// ascending e (the bits of one dot product at a time), all j together.
 template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, int64_t d, int64_t last, T *dots) {
   std::fill(dots, dots + last + 1, T(0));
-  for (int64_t e = 0; e < d; ++e) {
-    const T xe = x[e], *row = rowsT + e * seq;
-    for (int64_t j = 0; j <= last; ++j)
-      dots[j] += xe * row[j];
-  }
+  for (int64_t e = 0; e < d; ++e)
+    addScaled(dots, rowsT + e * seq, x[e], last + 1);
 }
 
 /// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
@@ -562,9 +549,7 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
         std::fill(out, out + d, T(0));
         for (int64_t j = 0; j <= i; ++j) {
           const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
-          T w = p[j] / sum;
-          for (int64_t e = 0; e < d; ++e)
-            out[e] += w * v[e];
+          addScaled(out, v, p[j] / sum, d);
         }
       }
     }
@@ -609,8 +594,7 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
         for (int64_t j = 0; j <= i; ++j) {
           const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
           ds[j] = p[j] * (dp[j] - rowDot) * scale;
-          for (int64_t e = 0; e < d; ++e)
-            dq[e] += ds[j] * k[e];
+          addScaled(dq, k, ds[j], d);
         }
         for (int64_t e = 0; e < d; ++e) {
           T *dkRow = dkt.data() + e * seq, *dvRow = dvt.data() + e * seq;
