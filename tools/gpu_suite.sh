@@ -32,10 +32,10 @@ GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp4 tiny_pp4_vpp2)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
-  # Layout parity (2 microbatches keep the large cases inside the call).
   # Refusals: kernels for another GPU architecture, and none at all.
   [tiny_sm80]="models/tiny.json --microbatches 2 --cuda-arch sm_80"
   [tiny_no_kernels]="models/tiny.json --microbatches 2 --cuda-arch none"
+  # Layout parity (2 microbatches keep the large cases inside the call).
   [small_m2_pp1]="models/small.json --microbatches 2 --pp 1"
   [small_m2_pp2]="models/small.json --microbatches 2 --pp 2"
   [small_m2_pp2_vpp2]="models/small.json --microbatches 2 --pp 2 --vpp 2"
