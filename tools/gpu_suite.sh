@@ -29,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
-TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp4 tiny_pp4_vpp2)
+TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Refusals: kernels for another GPU architecture, and none at all.

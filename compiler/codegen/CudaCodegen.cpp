@@ -14,7 +14,7 @@
 namespace mhcc::codegen {
 namespace {
 
-// compiler/codegen/ModelKernels.cu as one string (a genrule wraps it).
+// runtime/cuda/ModelKernels.cu as one string (a genrule wraps it).
 constexpr const char kKernelLibrary[] =
 #include "compiler/codegen/ModelKernelsSource.inc"
     ;

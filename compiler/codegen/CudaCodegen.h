@@ -1,6 +1,7 @@
 //===- CudaCodegen.h - the model's CUDA kernels, generated and compiled -*- C++ -*-===//
 //
-// mhcc specializes the kernel library (ModelKernels.cu: every non-GEMM piece
+// mhcc specializes the kernel library (runtime/cuda/ModelKernels.cu, beside
+// the runtime's launch table for it: every non-GEMM piece
 // of the forward and backward) to one model by prepending its constants
 // (stream count n, Sinkhorn iterations), then compiles it with nvcc into a
 // cubin for one GPU architecture. The artifact carries source and image; the

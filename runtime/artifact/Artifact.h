@@ -24,6 +24,8 @@ namespace mhcc::runtime {
 
 inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
 inline constexpr uint32_t kArtifactVersion = 1;
+/// The mhcc release both tools print with --version.
+inline constexpr char kMhccVersion[] = "0.4.0";
 
 struct ModelInfo {
   std::string name;

@@ -9,9 +9,10 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
-#include "runtime/cuda/GpuTrainer.h"
+#include "runtime/cpu/CpuDevice.h"
+#include "runtime/cuda/CudaDevice.h"
+#include "runtime/cuda/Gpus.h"
 #include "runtime/dist/ProcessGroup.h"
-#include "runtime/gpu/Gpus.h"
 #include "runtime/train/Trainer.h"
 
 #include <CLI/CLI.hpp>
@@ -95,149 +96,132 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
     std::printf("  %10.2f  %s\n", ms, name.c_str());
 }
 
-} // namespace
-
-int runMhcrun(int argc, char **argv) {
-  prepareCudaEnvironment(); // before any CUDA call
-  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU reference backend"};
-  std::string artifactPath, backend = "auto", dataPath, metricsPath, optimizer = "adamw";
-  int64_t steps = 20;
+/// Everything the command line sets.
+struct RunFlags {
+  std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static";
+  int64_t steps = 20, gpus = -1;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
-  int64_t gpusFlag = -1;
-  std::string memoryPlan = "static";
-  app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
-  app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
-  app.add_option("--data", dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
-  app.add_option("--data-seed", options.dataSeed, "Seed of the microbatch sampler");
-  app.add_option("--lr", options.lr, "Learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--optimizer", options.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--clip-grad", options.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--weight-decay", options.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup-steps", options.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
-  app.add_option("--metrics", metricsPath, "Write one JSON line per iteration here");
-  app.add_option("--recv-timeout", options.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
-  app.add_flag("--no-progress", noProgress, "No progress bar, even on a terminal");
-  app.add_option("--gpus", gpusFlag,
+  bool memoryPlanGiven = false;
+};
+
+/// The options, declared once; every default is shown by --help.
+int parseFlags(int argc, char **argv, RunFlags &f) {
+  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU "
+               "reference backend"};
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact format " +
+                                        std::to_string(kArtifactVersion) + ")");
+  TrainOptions &o = f.options;
+  app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
+  app.add_option("--backend", f.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--steps", f.steps, "Training iterations")->check(CLI::PositiveNumber);
+  app.add_option("--data", f.dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
+  app.add_option("--data-seed", o.dataSeed, "Seed of the microbatch sampler");
+  app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
+  app.add_option("--recv-timeout", o.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
+  app.add_flag("--no-progress", f.noProgress, "No progress bar, even on a terminal");
+  app.add_option("--gpus", f.gpus,
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
-                 "backend). Under mpirun or srun the launcher starts the ranks instead")
-      ->check(CLI::PositiveNumber);
-  CLI::Option *memoryPlanOption = app.add_option("--memory-plan", memoryPlan,
-                 "CUDA backend: 'static' (the default: the first step is recorded, later steps use fixed offsets in one "
+                 "backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
+                 "ranks instead");
+  CLI::Option *plan = app.add_option("--memory-plan", f.memoryPlan,
+                 "CUDA backend: 'static' (the first step is recorded, later steps use fixed offsets in one "
                  "arena, no allocation inside a step) or 'pool' (stream-ordered pool every step)")
       ->check(CLI::IsMember({"pool", "static"}));
-  app.add_flag("--in-process", inProcess,
+  app.add_flag("--in-process", f.inProcess,
                "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
                "(debugging)");
-  app.add_flag("--profile", options.profile,
+  app.add_flag("--profile", o.profile,
                "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
                "on the CUDA backend, thread time on the CPU) and the host phases");
-  app.add_option("--peak-tflops", peakTflops,
+  app.add_option("--peak-tflops", f.peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;
   }
+  if (f.gpus == 0 || f.gpus < -1)
+    return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
+  o.staticMemoryPlan = f.memoryPlan == "static";
+  f.memoryPlanGiven = plan->count() > 0;
+  return -1; // go on
+}
 
-  options.staticMemoryPlan = memoryPlan == "static";
-  std::string error;
-  std::optional<ProcessPlacement> placement = detectPlacement(error);
-  if (!error.empty())
-    return fail(error);
-  const std::string rankPrefix = placement ? "rank " + std::to_string(placement->rank) + ": " : "";
-  std::optional<Artifact> artifact = readArtifact(artifactPath, error);
-  if (!artifact)
-    return fail(rankPrefix + error);
-  GpuInventory gpus = queryGpus();
+/// Resolves --backend auto / launchers / --gpus into "cpu" or "cuda"; "" and
+/// `error` when the combination is impossible.
+std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optional<ProcessPlacement> &placement,
+                          const GpuInventory &gpus, std::string &error) {
+  std::string backend = f.backend;
   if (placement) {
-    if (backend == "cpu")
-      return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
-                  " processes, but the CPU backend runs every rank in one process; start one process");
-    backend = "cuda";
-  }
-  if (gpusFlag > 0) {
-    if (backend == "cpu")
-      return fail("--gpus starts one process per GPU for the CUDA backend; drop --backend cpu or --gpus");
-    backend = "cuda";
-  }
-  if (backend == "auto") {
-    backend = static_cast<int64_t>(gpus.gpus.size()) >= artifact->pp ? "cuda" : "cpu";
-    if (backend == "cpu" && !gpus.gpus.empty())
-      std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << artifact->pp
-                << " pipeline ranks: using the CPU backend\n";
-    if (backend == "cuda" && !artifact->deviceCode) {
-      backend = "cpu";
-      std::cerr << "mhcrun: the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc "
-                   "was not found): using the CPU backend; recompile with 'mhcc --cuda-arch sm_90' for the GPUs\n";
+    if (backend == "cpu") {
+      error = placement->launcher + " started " + std::to_string(placement->size) +
+              " processes, but the CPU backend runs every rank in one process; start one process";
+      return "";
     }
+    return "cuda";
   }
-  std::optional<TokenDataset> data = TokenDataset::open(dataPath, error);
-  if (!data)
-    return fail(rankPrefix + error);
-  std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen);
-  if (!problem.empty())
-    return fail(rankPrefix + problem);
-  if (gpusFlag > 0 && gpusFlag != artifact->pp)
-    return fail("--gpus " + std::to_string(gpusFlag) + ": the artifact has pp = " + std::to_string(artifact->pp) +
-                " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
-                " or recompile with --pp " + std::to_string(gpusFlag));
-  if (backend == "cuda" && !placement) {
-    if (std::string missing = missingGpus(gpus, artifact->pp); !missing.empty())
-      return fail(missing);
-    if (artifact->pp > 1 && !inProcess)
-      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
+  if (f.gpus > 0) {
+    if (backend == "cpu") {
+      error = "--gpus starts one process per GPU for the CUDA backend; drop --backend cpu or --gpus";
+      return "";
+    }
+    backend = "cuda";
   }
-  // In a multi-process run rank 0 speaks for all (every rank has the step's
-  // numbers after the all-reduce); the others report only errors.
-  const bool speaker = !placement || placement->rank == 0;
-  if (!speaker) {
-    metricsPath.clear();
-    noProgress = true;
+  if (backend != "auto")
+    return backend;
+  backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
+  if (backend == "cpu" && !gpus.gpus.empty())
+    std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.pp
+              << " pipeline ranks: using the CPU backend\n";
+  if (backend == "cuda" && !a.deviceCode) {
+    std::cerr << "mhcrun: the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc "
+                 "was not found): using the CPU backend; recompile with 'mhcc --cuda-arch sm_90' for the GPUs\n";
+    backend = "cpu";
   }
+  return backend;
+}
 
+nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
+  nlohmann::json line = {{"iteration", r.step},        {"lm loss", r.lmLoss},
+                         {"grad norm", r.gradNorm},    {"num-zeros", r.numZeros},
+                         {"tokens per second", r.tokens / r.seconds},
+                         {"tflops", r.tokens / r.seconds * flopsPerToken / 1e12},
+                         {"elapsed ms", r.seconds * 1e3}, {"learning rate", r.learningRate},
+                         {"peak bytes per rank", r.peakBytes}};
+  if (r.mtpLoss)
+    line["mtp loss"] = *r.mtpLoss;
+  if (!r.deviceReservedBytes.empty())
+    line["device reserved bytes per rank"] = r.deviceReservedBytes;
+  return line;
+}
+
+/// The iterations: one line each (rank 0 speaks for all), metrics, profile.
+int trainLoop(Trainer &trainer, const RunFlags &f, bool speaker, const std::string &rankPrefix) {
+  const Artifact &a = trainer.artifact();
   std::ofstream metrics;
-  if (!metricsPath.empty()) {
-    metrics.open(metricsPath, std::ios::trunc);
+  if (speaker && !f.metricsPath.empty()) {
+    metrics.open(f.metricsPath, std::ios::trunc);
     if (!metrics)
-      return fail("cannot write the metrics file " + metricsPath);
+      return fail("cannot write the metrics file " + f.metricsPath);
   }
-  const Artifact &a = *artifact;
-  if (speaker)
-    std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << ", pp = " << a.pp
-            << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule " << a.scheduleKind
-            << (backend == "cuda" ? ", memory plan " + memoryPlan : std::string()) << ", " << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data "
-            << data->source() << " (" << data->size() << " tokens)\n";
   const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
   const double flopsPerToken = a.model.trainingFlopsPerToken;
-  const double totalPeak = peakTflops * a.pp; // MFU over every device the run uses
-  std::unique_ptr<CpuTrainer> cpu;
-  std::unique_ptr<GpuTrainer> gpu;
-  std::unique_ptr<Bootstrap> bootstrap;
-  if (placement) {
-    bootstrap = makeBootstrap(*placement, options.recvTimeoutSeconds, error);
-    if (!bootstrap)
-      return fail(rankPrefix + error);
-    gpu = GpuTrainer::createRank(std::move(*artifact), *data, options, *placement, *bootstrap, error);
-    if (!gpu)
-      return fail(error);
-  } else if (backend == "cuda") {
-    gpu = GpuTrainer::create(std::move(*artifact), *data, options, error);
-    if (!gpu)
-      return fail(error);
-  } else {
-    if (memoryPlanOption->count() > 0)
-      std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
-    cpu = std::make_unique<CpuTrainer>(std::move(*artifact), *data, options);
-  }
-  bool bar = !noProgress && isatty(STDERR_FILENO);
+  const double totalPeak = f.peakTflops * a.pp; // MFU over every device the run uses
+  const bool bar = speaker && !f.noProgress && isatty(STDERR_FILENO);
   std::optional<double> first, last;
   std::map<std::string, double> profileMs; // over the iterations after the first (warm-up)
-  for (int64_t s = 0; s < steps; ++s) {
-    std::optional<StepResult> result = gpu ? gpu->step(error) : cpu->step(error);
+  std::string error;
+  for (int64_t s = 0; s < f.steps; ++s) {
+    std::optional<StepResult> result = trainer.step(error);
     if (!result)
       return fail(rankPrefix + "iteration " + std::to_string(s + 1) + ": " + error);
     if (!std::isfinite(result->lmLoss))
@@ -247,24 +231,14 @@ int runMhcrun(int argc, char **argv) {
       continue;
     if (bar)
       std::fprintf(stderr, "\r%80s\r", "");
-    std::cout << formatLine(*result, steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
+    std::cout << formatLine(*result, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
     if (bar)
-      progress(s + 1, steps, result->lmLoss);
+      progress(s + 1, f.steps, result->lmLoss);
     if (metrics) {
-      nlohmann::json line = {{"iteration", result->step},        {"lm loss", result->lmLoss},
-                             {"grad norm", result->gradNorm},    {"num-zeros", result->numZeros},
-                             {"tokens per second", result->tokens / result->seconds},
-                             {"tflops", result->tokens / result->seconds * flopsPerToken / 1e12},
-                             {"elapsed ms", result->seconds * 1e3}, {"learning rate", result->learningRate},
-                             {"peak bytes per rank", result->peakBytes}};
-      if (result->mtpLoss)
-        line["mtp loss"] = *result->mtpLoss;
-      if (!result->deviceReservedBytes.empty())
-        line["device reserved bytes per rank"] = result->deviceReservedBytes;
-      metrics << line.dump() << "\n";
+      metrics << metricsLine(*result, flopsPerToken).dump() << "\n";
       metrics.flush();
     }
-    if (s > 0 || steps == 1)
+    if (s > 0 || f.steps == 1)
       for (auto &[name, ms] : result->profileMs)
         profileMs[name] += ms;
     if (!first)
@@ -275,10 +249,73 @@ int runMhcrun(int argc, char **argv) {
     std::fprintf(stderr, "\n");
   if (!speaker)
     return 0;
-  if (options.profile)
-    printProfile(profileMs, steps > 1 ? steps - 1 : 1);
-  std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)steps, *first, *last);
+  if (f.options.profile)
+    printProfile(profileMs, f.steps > 1 ? f.steps - 1 : 1);
+  std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)f.steps, *first, *last);
   return 0;
+}
+
+} // namespace
+
+int runMhcrun(int argc, char **argv) {
+  prepareCudaEnvironment(); // before any CUDA call
+  // A redirected log (Slurm, tee) shows every line as it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  RunFlags f;
+  if (int status = parseFlags(argc, argv, f); status >= 0)
+    return status;
+  std::string error;
+  std::optional<ProcessPlacement> placement = detectPlacement(error);
+  if (!error.empty())
+    return fail(error);
+  const std::string rankPrefix = placement ? "rank " + std::to_string(placement->rank) + ": " : "";
+  std::optional<Artifact> artifact = readArtifact(f.artifactPath, error);
+  if (!artifact)
+    return fail(rankPrefix + error);
+  GpuInventory gpus = queryGpus();
+  const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
+  if (backend.empty())
+    return fail(rankPrefix + error);
+  std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
+  if (!data)
+    return fail(rankPrefix + error);
+  if (std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen); !problem.empty())
+    return fail(rankPrefix + problem);
+  if (f.gpus > 0 && f.gpus != artifact->pp)
+    return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has pp = " + std::to_string(artifact->pp) +
+                " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
+                " or recompile with --pp " + std::to_string(f.gpus));
+  if (backend == "cuda" && !placement) {
+    if (std::string missing = missingGpus(gpus, artifact->pp); !missing.empty())
+      return fail(missing);
+    if (artifact->pp > 1 && !f.inProcess)
+      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
+  }
+  if (backend == "cpu" && f.memoryPlanGiven)
+    std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
+  // In a multi-process run rank 0 speaks for all (every rank has the step's
+  // numbers after the all-reduce); the others report only errors.
+  const bool speaker = !placement || placement->rank == 0;
+  const Artifact &a = *artifact;
+  if (speaker)
+    std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend
+              << ", pp = " << a.pp << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule "
+              << a.scheduleKind << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", "
+              << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data " << data->source()
+              << " (" << data->size() << " tokens)" << std::endl;
+  std::unique_ptr<Bootstrap> bootstrap;
+  DeviceFactory devices;
+  if (placement) {
+    if (!(bootstrap = makeBootstrap(*placement, f.options.recvTimeoutSeconds, error)))
+      return fail(rankPrefix + error);
+    devices = cudaRankDevice(*placement, *bootstrap);
+  } else {
+    devices = backend == "cuda" ? cudaDevices() : cpuDevices();
+  }
+  std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
+  if (!trainer)
+    return fail(error);
+  return trainLoop(*trainer, f, speaker, rankPrefix);
 }
 
 } // namespace mhcc::runtime

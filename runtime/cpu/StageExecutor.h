@@ -1,9 +1,9 @@
 //===- StageExecutor.h - run one stage program's forward / backward -*- C++ -*-===//
 //
-// Interprets a compiled stage program for one microbatch with the CPU
-// kernels. Templated on the scalar: the trainer runs it in float; the
-// end-to-end gradient check runs whole compiled models in double against
-// finite differences.
+// One stage-program instruction's forward or backward with the CPU kernels:
+// the CPU device's launch table. Templated on the scalar: training runs it in
+// float; the end-to-end gradient check runs whole compiled models in double
+// against finite differences (runForward / runBackward below).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CPU_STAGEEXECUTOR_H
@@ -20,11 +20,6 @@
 
 namespace mhcc::runtime {
 
-template <typename T> struct StageBuffers {
-  std::vector<std::vector<T>> values; // by value id (activations and gradients)
-  std::vector<std::vector<T>> aux;    // by forward instruction
-};
-
 template <typename T> struct StageContext {
   const StageProgram &program;
   const ModelInfo &model;
@@ -32,7 +27,6 @@ template <typename T> struct StageContext {
   const int32_t *tokens = nullptr, *labels = nullptr;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
-  std::function<void(std::vector<T> &, int64_t)> allocate; // zero-filled
   /// When set, seconds per "<profilePrefix>fwd|bwd <primitive>" are added here.
   std::map<std::string, double> *profile = nullptr;
   std::string profilePrefix;
@@ -58,172 +52,188 @@ private:
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Runs the forward list; `losses[k]` receives loss k of the stage.
-/// `onValue(id)` is called after each value is written.
+/// Forward instruction `i` of c.program: values[id] and aux[i] point at
+/// allocated buffers (every kernel writes its whole output). Returns the
+/// loss of a CrossEntropy (else 0).
 template <typename T>
-void runForward(StageContext<T> &c, StageBuffers<T> &st, std::vector<double> &losses,
-                const std::function<void(int)> &onValue = {}) {
+double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, size_t i) {
   namespace k = kernels;
   const StageProgram &p = c.program;
   const int64_t T_ = c.model.tokens(), C = c.model.hidden, V = c.model.vocab;
-  st.values.resize(p.values.size());
-  st.aux.resize(p.forward.size());
-  losses.resize(p.losses.size());
-  for (size_t i = 0; i < p.forward.size(); ++i) {
-    const ForwardInstr &f = p.forward[i];
-    std::vector<T> &out = st.values[f.output];
-    c.allocate(out, p.values[f.output].rows * p.values[f.output].cols);
-    if (f.auxSize)
-      c.allocate(st.aux[i], f.auxSize);
-    auto in = [&](size_t j) { return st.values[f.inputs[j]].data(); };
-    auto w = [&](size_t j) { return c.param(f.params[j]); };
-    T *aux = st.aux[i].data();
-    const int64_t n = f.streams;
-    PrimitiveTimer<T> timer(c, "fwd", f.op);
-    switch (f.op) {
-    case Prim::Identity:
-      std::copy(st.values[f.inputs[0]].begin(), st.values[f.inputs[0]].end(), out.begin());
-      break;
-    case Prim::Embed:
-      k::embedForward(c.tokens, w(0), out.data(), T_, C, f.shift, f.seqLen);
-      break;
-    case Prim::Expand:
-      k::expandForward(in(0), out.data(), T_, C, n);
-      break;
-    case Prim::MhcCoeffs:
-      k::mhcCoeffsForward(in(0), w(0), w(1), w(2), out.data(), aux, T_, C, n, f.sinkhornIterations);
-      break;
-    case Prim::MhcPre:
-      k::mhcPreForward(in(0), in(1), out.data(), T_, C, n);
-      break;
-    case Prim::RmsNorm:
-      k::rmsNormForward(in(0), w(0), out.data(), aux, T_, C, f.eps);
-      break;
-    case Prim::Attention:
-      k::attentionForward(in(0), w(0), w(1), out.data(), aux, T_, C, f.heads, f.seqLen);
-      break;
-    case Prim::SwiGlu:
-      k::swigluForward(in(0), w(0), w(1), w(2), out.data(), aux, T_, C, f.ffn);
-      break;
-    case Prim::MhcPostRes:
-      k::mhcPostResForward(in(0), in(1), in(2), out.data(), T_, C, n);
-      break;
-    case Prim::Residual:
-      k::residualForward(in(0), in(1), out.data(), T_ * C);
-      break;
-    case Prim::Contract:
-      k::contractForward(in(0), out.data(), T_, C, n);
-      break;
-    case Prim::LmHead:
-      k::matmul(in(0), w(0), out.data(), T_, C, V);
-      break;
-    case Prim::ConcatProj:
-      k::concatProjForward(in(0), in(1), w(0), out.data(), T_, C, C);
-      break;
-    case Prim::CrossEntropy:
-      out[0] = k::crossEntropyForward(in(0), c.labels, aux, T_, V, f.shift, f.seqLen);
-      losses[f.loss] = out[0];
-      break;
-    }
-    if (onValue)
-      onValue(f.output);
+  const ForwardInstr &f = p.forward[i];
+  T *out = values[f.output];
+  auto in = [&](size_t j) { return values[f.inputs[j]]; };
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  const int64_t n = f.streams;
+  PrimitiveTimer<T> timer(c, "fwd", f.op);
+  switch (f.op) {
+  case Prim::Identity:
+    std::copy(in(0), in(0) + p.values[f.output].rows * p.values[f.output].cols, out);
+    break;
+  case Prim::Embed:
+    k::embedForward(c.tokens, w(0), out, T_, C, f.shift, f.seqLen);
+    break;
+  case Prim::Expand:
+    k::expandForward(in(0), out, T_, C, n);
+    break;
+  case Prim::MhcCoeffs:
+    k::mhcCoeffsForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, n, f.sinkhornIterations);
+    break;
+  case Prim::MhcPre:
+    k::mhcPreForward(in(0), in(1), out, T_, C, n);
+    break;
+  case Prim::RmsNorm:
+    k::rmsNormForward(in(0), w(0), out, aux[i], T_, C, f.eps);
+    break;
+  case Prim::Attention:
+    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen);
+    break;
+  case Prim::SwiGlu:
+    k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn);
+    break;
+  case Prim::MhcPostRes:
+    k::mhcPostResForward(in(0), in(1), in(2), out, T_, C, n);
+    break;
+  case Prim::Residual:
+    k::residualForward(in(0), in(1), out, T_ * C);
+    break;
+  case Prim::Contract:
+    k::contractForward(in(0), out, T_, C, n);
+    break;
+  case Prim::LmHead:
+    k::matmul(in(0), w(0), out, T_, C, V);
+    break;
+  case Prim::ConcatProj:
+    k::concatProjForward(in(0), in(1), w(0), out, T_, C, C);
+    break;
+  case Prim::CrossEntropy:
+    out[0] = k::crossEntropyForward(in(0), c.labels, aux[i], T_, V, f.shift, f.seqLen);
+    return out[0];
   }
+  return 0;
 }
 
-/// Which half of the backward to run: both (BWD), the input gradients only
-/// (the zero-bubble B) or the weight gradients only (W, after B, from the
-/// output gradients B left in place).
-enum class BackwardPart { Both, Input, Weight };
-
-/// Runs the backward list. The output gradient (if the stage has an output)
-/// must already be in st.values[program.gradOutput]. Returns an error, or "".
+/// Backward instruction `b` of c.program, `part` of it (BackwardPart): the
+/// gradients it adds into are allocated and zero-filled in `values`; B
+/// passes no weight gradients to the kernels, W no input gradients, and the
+/// kernels skip what they are not given.
 template <typename T>
-std::string runBackward(StageContext<T> &c, StageBuffers<T> &st, BackwardPart part = BackwardPart::Both) {
+void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, const BackwardInstr &b,
+                   BackwardPart part) {
   const bool wantInput = part != BackwardPart::Weight, wantWeight = part != BackwardPart::Input;
   namespace k = kernels;
   const StageProgram &p = c.program;
   const int64_t T_ = c.model.tokens(), C = c.model.hidden, V = c.model.vocab;
-  auto grad = [&](int id) -> T * {
-    std::vector<T> &g = st.values[id];
-    if (g.empty())
-      c.allocate(g, p.values[id].rows * p.values[id].cols);
-    return g.data();
-  };
-  for (const BackwardInstr &b : p.backward) {
-    const ForwardInstr &f = p.forward[b.forward];
-    if (!wantInput && f.params.empty())
-      continue; // W: only instructions with weights
-    for (int input : f.inputs)
-      if (st.values[input].empty())
-        return std::string("the backward of ") + primName(f.op) + " reads a freed value";
-    auto in = [&](size_t j) { return st.values[f.inputs[j]].data(); };
-    auto din = [&](size_t j) { return wantInput ? grad(b.gradInputs[j]) : nullptr; };
-    auto w = [&](size_t j) { return c.param(f.params[j]); };
-    auto dw = [&](size_t j) { return wantWeight ? c.paramGrad(f.params[j]) : nullptr; };
-    const T *dOut = b.gradOutput >= 0 ? grad(b.gradOutput) : nullptr;
-    const T *aux = st.aux[b.forward].data();
-    const int64_t n = f.streams;
-    PrimitiveTimer<T> timer(c, part == BackwardPart::Weight ? "bwd-weight" : "bwd", f.op);
-    switch (f.op) {
-    case Prim::Identity: {
-      T *d = din(0);
-      for (int64_t e = 0; e < p.values[f.output].rows * p.values[f.output].cols; ++e)
-        d[e] += dOut[e];
-      break;
-    }
-    case Prim::Embed:
-      if (wantWeight)
-        k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen);
-      break;
-    case Prim::Expand:
-      k::expandBackward(dOut, din(0), T_, C, n);
-      break;
-    case Prim::MhcCoeffs:
-      k::mhcCoeffsBackward(in(0), w(0), w(2), aux, dOut, din(0), dw(0), dw(1),
-                           dw(2), T_, C, n, f.sinkhornIterations);
-      break;
-    case Prim::MhcPre:
-      k::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T_, C, n);
-      break;
-    case Prim::RmsNorm:
-      k::rmsNormBackward(in(0), w(0), aux, dOut, din(0), dw(0), T_, C);
-      break;
-    case Prim::Attention:
-      k::attentionBackward(in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), T_, C,
-                           f.heads, f.seqLen);
-      break;
-    case Prim::SwiGlu:
-      k::swigluBackward(in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1),
-                        dw(2), T_, C, f.ffn);
-      break;
-    case Prim::MhcPostRes:
-      k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T_, C, n);
-      break;
-    case Prim::Residual:
-      k::residualBackward(dOut, din(0), din(1), T_ * C);
-      break;
-    case Prim::Contract:
-      k::contractBackward(dOut, din(0), T_, C, n);
-      break;
-    case Prim::LmHead:
-      if (wantWeight)
-        k::matmulTransAAcc(in(0), dOut, dw(0), T_, C, V);
-      if (wantInput)
-        k::matmulTransBAcc(dOut, w(0), din(0), T_, V, C);
-      break;
-    case Prim::ConcatProj:
-      k::concatProjBackward(in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T_, C, C);
-      break;
-    case Prim::CrossEntropy: {
-      // Loss normalized by token count: each microbatch's mean, averaged over
-      // the microbatches, weighted per loss.
-      T scale = static_cast<T>(p.losses[f.loss].weight / double(c.microbatches));
-      k::crossEntropyBackward(in(0), c.labels, aux, scale, din(0), T_, V, f.shift, f.seqLen);
-      break;
-    }
-    }
+  const ForwardInstr &f = p.forward[b.forward];
+  auto in = [&](size_t j) { return values[f.inputs[j]]; };
+  auto din = [&](size_t j) { return wantInput ? values[b.gradInputs[j]] : nullptr; };
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  auto dw = [&](size_t j) { return wantWeight ? c.paramGrad(f.params[j]) : nullptr; };
+  const T *dOut = b.gradOutput >= 0 ? values[b.gradOutput] : nullptr;
+  const T *auxIn = aux[b.forward];
+  const int64_t n = f.streams;
+  PrimitiveTimer<T> timer(c, part == BackwardPart::Weight ? "bwd-weight" : "bwd", f.op);
+  switch (f.op) {
+  case Prim::Identity: {
+    T *d = din(0);
+    for (int64_t e = 0; e < p.values[f.output].rows * p.values[f.output].cols; ++e)
+      d[e] += dOut[e];
+    break;
   }
-  return "";
+  case Prim::Embed:
+    if (wantWeight)
+      k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen);
+    break;
+  case Prim::Expand:
+    k::expandBackward(dOut, din(0), T_, C, n);
+    break;
+  case Prim::MhcCoeffs:
+    k::mhcCoeffsBackward(in(0), w(0), w(2), auxIn, dOut, din(0), dw(0), dw(1),
+                         dw(2), T_, C, n, f.sinkhornIterations);
+    break;
+  case Prim::MhcPre:
+    k::mhcPreBackward(in(0), in(1), dOut, din(0), din(1), T_, C, n);
+    break;
+  case Prim::RmsNorm:
+    k::rmsNormBackward(in(0), w(0), auxIn, dOut, din(0), dw(0), T_, C);
+    break;
+  case Prim::Attention:
+    k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
+                         f.heads, f.seqLen);
+    break;
+  case Prim::SwiGlu:
+    k::swigluBackward(in(0), w(0), w(1), w(2), auxIn, dOut, din(0), dw(0), dw(1),
+                      dw(2), T_, C, f.ffn);
+    break;
+  case Prim::MhcPostRes:
+    k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T_, C, n);
+    break;
+  case Prim::Residual:
+    k::residualBackward(dOut, din(0), din(1), T_ * C);
+    break;
+  case Prim::Contract:
+    k::contractBackward(dOut, din(0), T_, C, n);
+    break;
+  case Prim::LmHead:
+    if (wantWeight)
+      k::matmulTransAAcc(in(0), dOut, dw(0), T_, C, V);
+    if (wantInput)
+      k::matmulTransBAcc(dOut, w(0), din(0), T_, V, C);
+    break;
+  case Prim::ConcatProj:
+    k::concatProjBackward(in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T_, C, C);
+    break;
+  case Prim::CrossEntropy: {
+    // Loss normalized by token count: each microbatch's mean, averaged over
+    // the microbatches, weighted per loss.
+    T scale = static_cast<T>(p.losses[f.loss].weight / double(c.microbatches));
+    k::crossEntropyBackward(in(0), c.labels, auxIn, scale, din(0), T_, V, f.shift, f.seqLen);
+    break;
+  }
+  }
+}
+
+/// Owning buffers for running whole stage programs (the gradient checks).
+template <typename T> struct StageBuffers {
+  std::vector<std::vector<T>> values; // by value id
+  std::vector<std::vector<T>> aux;    // by forward instruction
+};
+
+template <typename T> std::vector<T *> pointersOf(std::vector<std::vector<T>> &list) {
+  std::vector<T *> out;
+  for (std::vector<T> &v : list)
+    out.push_back(v.empty() ? nullptr : v.data());
+  return out;
+}
+
+/// The whole forward list; `losses[k]` receives loss k of the stage.
+template <typename T> void runForward(StageContext<T> &c, StageBuffers<T> &st, std::vector<double> &losses) {
+  const StageProgram &p = c.program;
+  st.values.resize(p.values.size());
+  st.aux.resize(p.forward.size());
+  losses.assign(p.losses.size(), 0.0);
+  for (size_t i = 0; i < p.forward.size(); ++i) {
+    const ForwardInstr &f = p.forward[i];
+    st.values[f.output].assign(p.values[f.output].rows * p.values[f.output].cols, T(0));
+    st.aux[i].assign(f.auxSize, T(0));
+    double loss = forwardInstr(c, pointersOf(st.values).data(), pointersOf(st.aux).data(), i);
+    if (f.op == Prim::CrossEntropy)
+      losses[f.loss] = loss;
+  }
+}
+
+/// The whole backward list (BWD); the output gradient, if the stage has an
+/// output, must be in st.values[program.gradOutput].
+template <typename T> void runBackward(StageContext<T> &c, StageBuffers<T> &st) {
+  const StageProgram &p = c.program;
+  for (const BackwardInstr &b : p.backward) {
+    std::vector<int> written = b.gradInputs;
+    written.push_back(b.gradOutput);
+    for (int id : written)
+      if (id >= 0 && st.values[id].empty())
+        st.values[id].assign(p.values[id].rows * p.values[id].cols, T(0));
+    backwardInstr(c, pointersOf(st.values).data(), pointersOf(st.aux).data(), b, BackwardPart::Both);
+  }
 }
 
 } // namespace mhcc::runtime

@@ -231,21 +231,25 @@ void mhcCoeffsForward(const ModelKernels &k, cublasHandle_t h, const float *x, c
 
 void mhcCoeffsBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap,
                        const float *alpha, const float *aux, const float *dCoef, float *dx, float *dWmap,
-                       float *dBias, float *dAlpha, float *scratch, int64_t rows, int64_t C, int64_t n,
-                       cudaStream_t s) {
+                       float *dBias, float *dAlpha, float *stash, float *scratch, int64_t rows, int64_t C, int64_t n,
+                       GradParts parts, cudaStream_t s) {
   const int64_t K = n * n + 2 * n, width = n * C;
-  float *p = scratch, *dh = scratch + rows * K, *dp = scratch + 2 * rows * K, *rScale = scratch + 3 * rows * K;
-  float *squares = rScale + rows, *partial = squares + rows;
-  matmul(h, x, wmap, p, rows, width, K, false);
-  k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
-  // Few rows per block: the per-row Sinkhorn backward is long, spread it over SMs.
-  k.launch(ModelKernel::MhcCoeffsBackward, unsigned((rows + 31) / 32), 1, 32, s, squares, p, alpha, aux, dCoef, dh,
-           dp, rScale, rows, C);
-  addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
-  addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
-  matmulTransBAcc(h, dp, wmap, dx, rows, K, width);
-  matmulTransAAcc(h, x, dp, dWmap, rows, width, K);
-  k.launch(ModelKernel::RowScaleAdd, blocks(rows * width), 1, kThreads, s, x, rScale, dx, rows, width);
+  float *p = stash, *dh = stash + rows * K, *dp = stash + 2 * rows * K;
+  float *rScale = scratch, *squares = rScale + rows, *partial = squares + rows;
+  if (parts.inputs) {
+    matmul(h, x, wmap, p, rows, width, K, false);
+    k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
+    // Few rows per block: the per-row Sinkhorn backward is long, spread it over SMs.
+    k.launch(ModelKernel::MhcCoeffsBackward, unsigned((rows + 31) / 32), 1, 32, s, squares, p, alpha, aux, dCoef,
+             dh, dp, rScale, rows, C);
+    matmulTransBAcc(h, dp, wmap, dx, rows, K, width);
+    k.launch(ModelKernel::RowScaleAdd, blocks(rows * width), 1, kThreads, s, x, rScale, dx, rows, width);
+  }
+  if (parts.weights) {
+    addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
+    addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
+    matmulTransAAcc(h, x, dp, dWmap, rows, width, K);
+  }
 }
 
 void mhcPreForward(const ModelKernels &k, const float *x, const float *coef, float *u, int64_t rows, int64_t C,
@@ -288,9 +292,12 @@ void rmsNormForward(const ModelKernels &k, const float *u, const float *gain, fl
 }
 
 void rmsNormBackward(const ModelKernels &k, const float *u, const float *gain, const float *aux, const float *dy,
-                     float *du, float *dGain, float *scratch, int64_t rows, int64_t C, cudaStream_t s) {
-  addColumnSums(k, ModelKernel::RmsNormGainGradPartials, rows, C, scratch, dGain, s, u, aux, dy, rows, C);
-  k.launch(ModelKernel::RmsNormBackwardRow, warpBlocks(rows), 1, kThreads, s, u, gain, aux, dy, du, rows, C);
+                     float *du, float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts,
+                     cudaStream_t s) {
+  if (parts.weights)
+    addColumnSums(k, ModelKernel::RmsNormGainGradPartials, rows, C, scratch, dGain, s, u, aux, dy, rows, C);
+  if (parts.inputs)
+    k.launch(ModelKernel::RmsNormBackwardRow, warpBlocks(rows), 1, kThreads, s, u, gain, aux, dy, du, rows, C);
 }
 
 void attentionForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
@@ -316,14 +323,32 @@ void attentionForward(const ModelKernels &k, cublasHandle_t h, const float *x, c
   matmul(h, o, wo, y, rows, C, C, false);
 }
 
+void attentionBackwardCore(const ModelKernels &k, cublasHandle_t h, const float *qkv, const float *lse,
+                           const float *wo, const float *dy, float *dQkv, float *scratch, int64_t rows, int64_t C,
+                           int64_t heads, int64_t seq, cudaStream_t s);
+
 void attentionBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
-                       const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo, float *scratch,
-                       int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s) {
+                       const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo, float *dQkv,
+                       float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
+                       cudaStream_t s) {
   const float *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
-  float *dO = scratch, *dQkv = scratch + rows * C, *probs = dQkv + rows * 3 * C, *dScores = probs + heads * seq * seq;
+  if (parts.inputs) {
+    attentionBackwardCore(k, h, qkv, lse, wo, dy, dQkv, scratch, rows, C, heads, seq, s);
+    matmulTransBAcc(h, dQkv, wqkv, dx, rows, 3 * C, C);
+  }
+  if (parts.weights) {
+    matmulTransAAcc(h, o, dy, dWo, rows, C, C);
+    matmulTransAAcc(h, x, dQkv, dWqkv, rows, C, 3 * C);
+  }
+}
+
+/// dQkv (rows x 3C, RoPE undone) from dy; scratch: rows * C + 2 heads seq^2.
+void attentionBackwardCore(const ModelKernels &k, cublasHandle_t h, const float *qkv, const float *lse,
+                           const float *wo, const float *dy, float *dQkv, float *scratch, int64_t rows, int64_t C,
+                           int64_t heads, int64_t seq, cudaStream_t s) {
+  float *dO = scratch, *probs = scratch + rows * C, *dScores = probs + heads * seq * seq;
   const int64_t d = C / heads, pairs = d / 2, rowStride = 3 * C;
   const float scale = 1.0f / std::sqrt(float(d));
-  matmulTransAAcc(h, o, dy, dWo, rows, C, C);
   fill(dO, rows * C, 0.0f, s);
   matmulTransBAcc(h, dy, wo, dO, rows, C, C); // dO = dy Wo^T
   for (int64_t b = 0; b < rows / seq; ++b) {
@@ -346,8 +371,6 @@ void attentionBackward(const ModelKernels &k, cublasHandle_t h, const float *x, 
   }
   k.launch(ModelKernel::Rope, blocks(rows * 2 * heads * pairs), 1, kThreads, s, dQkv, rows, C, heads, seq, 1,
            rowStride);
-  matmulTransAAcc(h, x, dQkv, dWqkv, rows, C, 3 * C);
-  matmulTransBAcc(h, dQkv, wqkv, dx, rows, 3 * C, C);
 }
 
 void swigluForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu,
@@ -362,18 +385,23 @@ void swigluForward(const ModelKernels &k, cublasHandle_t h, const float *x, cons
 
 void swigluBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu,
                     const float *wd, const float *aux, const float *dy, float *dx, float *dWg, float *dWu,
-                    float *dWd, float *scratch, int64_t rows, int64_t C, int64_t F, cudaStream_t s) {
+                    float *dWd, float *stash, float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts,
+                    cudaStream_t s) {
   const float *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
-  float *dh = scratch, *da = scratch + rows * F, *db = scratch + 2 * rows * F;
+  float *dh = scratch, *da = stash, *db = stash + rows * F;
   const int64_t count = rows * F;
-  matmulTransAAcc(h, hsw, dy, dWd, rows, F, C);
-  fill(dh, count, 0.0f, s);
-  matmulTransBAcc(h, dy, wd, dh, rows, C, F);
-  k.launch(ModelKernel::SwigluBackwardGate, blocks(count), 1, kThreads, s, a, b, dh, da, db, count);
-  matmulTransAAcc(h, x, da, dWg, rows, C, F);
-  matmulTransAAcc(h, x, db, dWu, rows, C, F);
-  matmulTransBAcc(h, da, wg, dx, rows, F, C);
-  matmulTransBAcc(h, db, wu, dx, rows, F, C);
+  if (parts.inputs) {
+    fill(dh, count, 0.0f, s);
+    matmulTransBAcc(h, dy, wd, dh, rows, C, F);
+    k.launch(ModelKernel::SwigluBackwardGate, blocks(count), 1, kThreads, s, a, b, dh, da, db, count);
+    matmulTransBAcc(h, da, wg, dx, rows, F, C);
+    matmulTransBAcc(h, db, wu, dx, rows, F, C);
+  }
+  if (parts.weights) {
+    matmulTransAAcc(h, hsw, dy, dWd, rows, F, C);
+    matmulTransAAcc(h, x, da, dWg, rows, C, F);
+    matmulTransAAcc(h, x, db, dWu, rows, C, F);
+  }
 }
 
 void concatProjForward(cublasHandle_t h, const float *a, const float *b, const float *w, float *z,
@@ -383,11 +411,15 @@ void concatProjForward(cublasHandle_t h, const float *a, const float *b, const f
 }
 
 void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const float *w, const float *dz,
-                        float *da, float *db, float *dW, int64_t rows, int64_t C, int64_t N) {
-  matmulTransAAcc(h, a, dz, dW, rows, C, N);
-  matmulTransAAcc(h, b, dz, dW + C * N, rows, C, N);
-  matmulTransBAcc(h, dz, w, da, rows, N, C);
-  matmulTransBAcc(h, dz, w + C * N, db, rows, N, C);
+                        float *da, float *db, float *dW, int64_t rows, int64_t C, int64_t N, GradParts parts) {
+  if (parts.weights) {
+    matmulTransAAcc(h, a, dz, dW, rows, C, N);
+    matmulTransAAcc(h, b, dz, dW + C * N, rows, C, N);
+  }
+  if (parts.inputs) {
+    matmulTransBAcc(h, dz, w, da, rows, N, C);
+    matmulTransBAcc(h, dz, w + C * N, db, rows, N, C);
+  }
 }
 
 void crossEntropyForward(const ModelKernels &k, const float *logits, const int32_t *labels, float *aux, float *loss,
@@ -409,14 +441,17 @@ void crossEntropyBackward(const ModelKernels &k, const float *logits, const int3
 }
 
 int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
+int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 3 * rows * (n * n + 2 * n); }
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) {
-  const int64_t K = n * n + 2 * n;
-  return 3 * rows * K + 2 * rows + columnChunks(rows) * K;
+  return 2 * rows + columnChunks(rows) * (n * n + 2 * n);
 }
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
 int64_t attentionForwardScratch(int64_t heads, int64_t seq) { return heads * seq * seq; }
+int64_t attentionBackwardStash(int64_t rows, int64_t C) { return 3 * rows * C; }
 int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq) {
-  return 4 * rows * C + 2 * heads * seq * seq;
+  return rows * C + 2 * heads * seq * seq;
 }
+int64_t swigluBackwardStash(int64_t rows, int64_t F) { return 2 * rows * F; }
+int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
 
 } // namespace mhcc::runtime::cuda

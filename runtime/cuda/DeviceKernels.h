@@ -53,22 +53,36 @@ void expandBackward(const ModelKernels &k, const float *dx, float *dh, int64_t r
 void contractForward(const ModelKernels &k, const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 void contractBackward(const ModelKernels &k, const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 
-/// Scratch each call needs, in floats.
+/// Which gradients a backward call computes. The zero-bubble split runs
+/// `inputs` (B: the input gradients, leaving in `stash` what the weight
+/// gradients need) and later `weights` (W: from the stash); one call with
+/// both computes every output with the same operations in the same order,
+/// so the bits equal B then W.
+struct GradParts {
+  bool inputs = true, weights = true;
+};
+
+/// Scratch each call needs for itself, and the stash B leaves for W, in floats.
 int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n);
+int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
 int64_t attentionForwardScratch(int64_t heads, int64_t seq);
+int64_t attentionBackwardStash(int64_t rows, int64_t C);
 int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq);
+int64_t swigluBackwardStash(int64_t rows, int64_t F);
+int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 
 /// scratch: mhcCoeffsForwardScratch (the projection p = x W_map, row norms).
 void mhcCoeffsForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *bias,
                       const float *alpha, float *coef, float *aux, float *scratch, int64_t rows,
                       int64_t C, int64_t n, cudaStream_t s);
-/// scratch: mhcCoeffsBackwardScratch.
+/// stash: mhcCoeffsBackwardStash (the projection, dh, dp); scratch:
+/// mhcCoeffsBackwardScratch.
 void mhcCoeffsBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
                        const float *aux, const float *dCoef, float *dx, float *dWmap, float *dBias,
-                       float *dAlpha, float *scratch, int64_t rows, int64_t C, int64_t n,
-                       cudaStream_t s);
+                       float *dAlpha, float *stash, float *scratch, int64_t rows, int64_t C, int64_t n,
+                       GradParts parts, cudaStream_t s);
 void mhcPreForward(const ModelKernels &k, const float *x, const float *coef, float *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);
 void mhcPreBackward(const ModelKernels &k, const float *x, const float *coef, const float *du, float *dx, float *dCoef,
@@ -85,34 +99,36 @@ void rmsNormForward(const ModelKernels &k, const float *u, const float *gain, fl
                     double eps, cudaStream_t s);
 /// scratch: rmsNormBackwardScratch (partial column sums of dGain).
 void rmsNormBackward(const ModelKernels &k, const float *u, const float *gain, const float *aux, const float *dy, float *du,
-                     float *dGain, float *scratch, int64_t rows, int64_t C, cudaStream_t s);
+                     float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s);
 
 /// aux layout as on the CPU: [rows, 3C] rotated q, k, v; [rows, C] o;
 /// [rows, heads] log-sum-exp. Scores and probabilities of one sequence live
 /// in scratch (all heads: heads * seq^2 floats, twice in the backward);
 /// products through cuBLAS strided-batched GEMMs, causal softmax and its
-/// backward one block per row. scratch: attention{Forward,Backward}Scratch.
+/// backward one block per row. scratch: attention{Forward,Backward}Scratch;
+/// stash (backward): attentionBackwardStash, the gradient of q, k, v.
 void attentionForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
                       float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
                       cudaStream_t s);
 void attentionBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
                        const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
-                       float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                       cudaStream_t s);
+                       float *stash, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                       GradParts parts, cudaStream_t s);
 
-/// scratch (backward): 3 * rows * F.
+/// Backward: stash swigluBackwardStash (the gate and up gradients), scratch
+/// swigluBackwardScratch.
 void swigluForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu, const float *wd,
                    float *y, float *aux, int64_t rows, int64_t C, int64_t F, cudaStream_t s);
 void swigluBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu,
                     const float *wd, const float *aux, const float *dy, float *dx, float *dWg,
-                    float *dWu, float *dWd, float *scratch, int64_t rows, int64_t C, int64_t F,
-                    cudaStream_t s);
+                    float *dWu, float *dWd, float *stash, float *scratch, int64_t rows, int64_t C, int64_t F,
+                    GradParts parts, cudaStream_t s);
 
 void concatProjForward(cublasHandle_t h, const float *a, const float *b, const float *w, float *z,
                        int64_t rows, int64_t C, int64_t N);
 void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const float *w,
                         const float *dz, float *da, float *db, float *dW, int64_t rows, int64_t C,
-                        int64_t N);
+                        int64_t N, GradParts parts);
 
 /// loss: one device float (mean over unmasked rows).
 void crossEntropyForward(const ModelKernels &k, const float *logits, const int32_t *labels, float *aux, float *loss,

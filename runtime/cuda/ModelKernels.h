@@ -1,6 +1,6 @@
 //===- ModelKernels.h - the artifact's generated CUDA kernels ------*- C++ -*-===//
 //
-// mhcc compiles the model's non-GEMM kernels (compiler/codegen/ModelKernels.cu,
+// mhcc compiles the model's non-GEMM kernels (runtime/cuda/ModelKernels.cu,
 // specialized to the model's stream count and Sinkhorn iterations) into a
 // cubin inside the artifact. This loads that image on one device through the
 // CUDA driver API (entry points resolved through the runtime, so nothing links
@@ -26,7 +26,7 @@ struct DeviceCode;
 namespace mhcc::runtime::cuda {
 
 /// The image's kernels, by their extern "C" names; parameter lists are in
-/// compiler/codegen/ModelKernels.cu.
+/// runtime/cuda/ModelKernels.cu.
 #define MHCC_MODEL_KERNELS(X)                                                                     \
   X(RowSquares, "mhcc_row_squares")                                                               \
   X(EmbedForward, "mhcc_embed_forward")                                                           \

@@ -30,6 +30,11 @@ std::optional<OpKind> parseOpKind(const std::string &name);
 
 enum class Payload { Activation, Gradient };
 
+/// Which half of a backward to run: both (BWD), the input gradients only
+/// (the zero-bubble B), or the weight gradients only (W, after B, from what
+/// B left in place).
+enum class BackwardPart { Both, Input, Weight };
+
 struct Instr {
   OpKind kind = OpKind::Forward;
   int64_t stage = -1; // virtual stage

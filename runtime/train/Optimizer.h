@@ -10,7 +10,7 @@
 #define MHCC_RUNTIME_TRAIN_OPTIMIZER_H
 
 #include "runtime/artifact/Artifact.h"
-#include "runtime/train/Trainer.h"
+#include "runtime/exec/StepTypes.h"
 
 #include <vector>
 

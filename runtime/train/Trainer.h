@@ -1,20 +1,25 @@
-//===- Trainer.h - training steps on the CPU reference backend -----*- C++ -*-===//
+//===- Trainer.h - training steps over any backend ------------------*- C++ -*-===//
 //
-// Executes an artifact's per-rank schedules with one thread per pipeline rank
-// and in-memory channels with NCCL's semantics (per directed pair FIFO;
-// sends never block; receives wait, with a timeout instead of a hang), then
-// reduces gradients in a fixed order and applies the optimizer. Same
-// artifact, seed and data: bit-identical losses and gradients, across runs
-// and across pipeline layouts.
+// One trainer for every backend: it samples each step's microbatches, runs
+// every local rank's instruction list through the one Executor over that
+// rank's Device (a thread per rank when this process drives several), then
+// the devices' optimizer step, and merges what the ranks report. The backend
+// is chosen by the device factory alone (runtime/cpu/CpuDevice.h,
+// runtime/cuda/CudaDevice.h). Same artifact, seed and data: bit-identical
+// losses and gradients, across runs and pipeline layouts.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_TRAIN_TRAINER_H
 #define MHCC_RUNTIME_TRAIN_TRAINER_H
 
-#include "runtime/artifact/Artifact.h"
 #include "runtime/data/Dataset.h"
+#include "runtime/exec/Device.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/StepTypes.h"
+#include "runtime/train/Parameters.h"
 
-#include <map>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,76 +27,38 @@
 
 namespace mhcc::runtime {
 
-struct TrainOptions {
-  std::string optimizer = "adamw"; // or "sgd"
-  double lr = 3e-3;
-  double beta1 = 0.9, beta2 = 0.95, adamEps = 1e-8;
-  double weightDecay = 0.1;
-  double clipGrad = 1.0; // global-norm clipping across all stages; 0: off
-  int64_t warmupSteps = 0;
-  uint64_t dataSeed = 1234;
-  double recvTimeoutSeconds = 120;
-  /// Keep every tapped activation and gradient (model-graph node outputs,
-  /// hence every pipeline boundary) and the reduced parameter gradients of
-  /// each step: what the parity tests compare.
-  bool recordTaps = false;
-  /// Time every primitive (CUDA: events around each kernel group; CPU: the
-  /// rank thread's clock), per rank, and the host phases of a step; costs a
-  /// little, so only on request.
-  bool profile = false;
-  /// CUDA: record the first step's buffers, then give them fixed offsets in
-  /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
-  /// nothing; false: the stream-ordered pool in every step.
-  bool staticMemoryPlan = true;
-};
-
-struct StepResult {
-  int64_t step = 0;
-  double lmLoss = 0;
-  std::optional<double> mtpLoss;
-  double gradNorm = 0;
-  int64_t numZeros = 0;   // zero elements among the reduced gradients
-  double seconds = 0;
-  int64_t tokens = 0;     // trained this step
-  double learningRate = 0;
-  std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers (CUDA: also weights and optimizer state)
-  /// CUDA, per rank: device memory held for step buffers after the pipeline
-  /// (the static plan's arena plus what the stream-ordered pool holds);
-  /// steady from the second step when steps allocate nothing new.
-  std::vector<int64_t> deviceReservedBytes;
-  // With recordTaps:
-  std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
-  std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping
-  // With profile: milliseconds by "rank R fwd|bwd PRIM" (device time) and by
-  // host phase ("host: ...").
-  std::map<std::string, double> profileMs;
-};
-
-class CpuTrainer {
+class Trainer {
 public:
-  CpuTrainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
-  ~CpuTrainer();
+  static std::unique_ptr<Trainer> create(Artifact artifact, const TokenDataset &data, TrainOptions options,
+                                         const DeviceFactory &devices, std::string &error);
+  ~Trainer();
 
-  /// Runs one step; nullopt and `error` (naming rank and instruction) on
-  /// failure, after which the trainer must not be used again.
+  /// Runs one step; nullopt and `error` (naming rank, instruction and call)
+  /// on failure, after which the trainer refuses to continue.
   std::optional<StepResult> step(std::string &error);
 
   const Artifact &artifact() const { return artifact_; }
-  /// Parameter values, in the artifact's table order.
-  const std::vector<std::vector<float>> &parameters() const { return weights_; }
+  /// Parameter values in table order; in a multi-process run only this
+  /// process's owned parameters are filled.
+  const std::vector<std::vector<float>> &parameters();
 
 private:
-  struct Impl;
+  Trainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
+  bool runRanks(const StepInputs &inputs, int64_t stepNumber, std::vector<StepResult> &results,
+                std::vector<double> &pipelineMs);
+  std::string firstError() const;
+
   Artifact artifact_;
   const TokenDataset &data_;
   TrainOptions options_;
-  std::vector<std::vector<float>> weights_, adamM_, adamV_;
+  std::atomic<bool> failed_{false};
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<Executor>> executors_; // one per device
+  std::vector<std::string> errors_;                  // per device, this step
+  std::vector<std::vector<float>> weights_;
   int64_t stepsDone_ = 0;
+  bool broken_ = false;
 };
-
-/// Deterministic initial value of every element of parameter `info`, from
-/// the model seed and the parameter's name (not its placement).
-std::vector<float> initialParameter(const ParamInfo &info, int64_t seed);
 
 } // namespace mhcc::runtime
 

@@ -4,6 +4,7 @@
 #ifndef MHCC_TESTS_RUNTIME_TRAININGCOMPARE_H
 #define MHCC_TESTS_RUNTIME_TRAININGCOMPARE_H
 
+#include "runtime/cpu/CpuDevice.h"
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
@@ -19,14 +20,9 @@ struct TrainingRun {
   std::vector<std::vector<float>> weights;
 };
 
-inline std::unique_ptr<CpuTrainer> makeTrainer(CpuTrainer *, Artifact artifact, const TokenDataset &data,
-                                               TrainOptions options, std::string &) {
-  return std::make_unique<CpuTrainer>(std::move(artifact), data, options);
-}
-
-/// Trains `steps` steps with every tap recorded.
-template <typename Trainer>
-TrainingRun train(const std::string &path, const TokenDataset &data, int64_t steps) {
+/// Trains `steps` steps with every tap recorded on the devices `devices` makes.
+inline TrainingRun train(const std::string &path, const TokenDataset &data, int64_t steps,
+                         const DeviceFactory &devices = cpuDevices()) {
   std::string error;
   std::optional<Artifact> artifact = readArtifact(path, error);
   EXPECT_TRUE(artifact) << error;
@@ -38,8 +34,7 @@ TrainingRun train(const std::string &path, const TokenDataset &data, int64_t ste
   // is the default).
   if (const char *plan = std::getenv("MHCC_TEST_MEMORY_PLAN"))
     options.staticMemoryPlan = std::string(plan) != "pool";
-  std::unique_ptr<Trainer> trainer = makeTrainer(static_cast<Trainer *>(nullptr), std::move(*artifact), data,
-                                                 options, error);
+  std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), data, options, devices, error);
   EXPECT_TRUE(trainer) << error;
   if (!trainer)
     return {};

@@ -8,7 +8,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/ModelKernels.h"
-#include "runtime/gpu/Gpus.h"
+#include "runtime/cuda/Gpus.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -104,6 +104,28 @@ protected:
     }
   }
 
+  /// A backward with a zero-bubble split: check() with both parts in one
+  /// call, then B (inputs) followed by W (weights) must give the same bits.
+  void checkParts(const std::string &what, std::vector<std::vector<float>> outputs,
+                  const std::function<void(std::vector<std::vector<float>> &)> &cpu,
+                  const std::function<void(std::vector<float *> &, cuda::GradParts)> &gpu) {
+    check(what, outputs, cpu, [&](std::vector<float *> &o) { gpu(o, cuda::GradParts{}); });
+    std::vector<float *> both, split;
+    for (auto &o : outputs) {
+      both.push_back(upload(o));
+      split.push_back(upload(o));
+    }
+    gpu(both, cuda::GradParts{});
+    gpu(split, cuda::GradParts{true, false});
+    gpu(split, cuda::GradParts{false, true});
+    ASSERT_EQ(cuda::lastError(what.c_str()), "");
+    for (size_t i = 0; i < outputs.size(); ++i)
+      EXPECT_EQ(std::memcmp(download(both[i], outputs[i].size()).data(), download(split[i], outputs[i].size()).data(),
+                            outputs[i].size() * 4),
+                0)
+          << what << " output " << i << ": B then W differs from the whole backward";
+  }
+
   void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
 
   cublasHandle_t handle_ = nullptr;
@@ -166,7 +188,8 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
   const int64_t iters = 20;
   std::vector<float> aux(T * (K + 1));
   float *dxp = upload(x), *dw = upload(wmap), *dbias = upload(bias), *dalpha = upload(alpha);
-  float *scratch = upload(std::vector<float>(cuda::mhcCoeffsBackwardScratch(T, N)));
+  float *scratch = upload(std::vector<float>(cuda::mhcCoeffsForwardScratch(T, N) + cuda::mhcCoeffsBackwardScratch(T, N)));
+  float *stash = upload(std::vector<float>(cuda::mhcCoeffsBackwardStash(T, N)));
   check("mhc coeffs", {std::vector<float>(T * K), std::vector<float>(T * (K + 1))},
         [&](auto &o) {
           k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
@@ -178,13 +201,14 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
   k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(), T, C, N, iters);
   auto dCoef = random(T * K);
   float *daux = upload(aux), *ddc = upload(dCoef), *dcoef = upload(coef);
-  check("mhc coeffs backward", {random(T * N * C), random(N * C * K), random(K), random(3)},
+  checkParts("mhc coeffs backward", {random(T * N * C), random(N * C * K), random(K), random(3)},
         [&](auto &o) {
           k::mhcCoeffsBackward(x.data(), wmap.data(), alpha.data(), aux.data(), dCoef.data(), o[0].data(), o[1].data(),
                                o[2].data(), o[3].data(), T, C, N, iters);
         },
-        [&](auto &o) {
-          cuda::mhcCoeffsBackward(*kernels_, handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], scratch, T, C, N, nullptr);
+        [&](auto &o, cuda::GradParts parts) {
+          cuda::mhcCoeffsBackward(*kernels_, handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], stash, scratch, T,
+                                  C, N, parts, nullptr);
         });
   auto y = random(T * C), du = random(T * C), dOut = random(T * N * C);
   float *dy = upload(y), *ddu = upload(du), *ddo = upload(dOut);
@@ -225,14 +249,15 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
         });
   float *dattn = upload(attn);
   float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq)));
-  check("attention backward" + shape, {random(rows * width), random(width * 3 * width), random(width * width)},
+  float *backwardStash = upload(std::vector<float>(cuda::attentionBackwardStash(rows, width)));
+  checkParts("attention backward" + shape, {random(rows * width), random(width * 3 * width), random(width * width)},
         [&](auto &o) {
           k::attentionBackward(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(), o[1].data(),
                                o[2].data(), rows, width, heads, seq);
         },
-        [&](auto &o) {
-          cuda::attentionBackward(*kernels_, handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardScratch, rows, width,
-                                  heads, seq, nullptr);
+        [&](auto &o, cuda::GradParts parts) {
+          cuda::attentionBackward(*kernels_, handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardStash,
+                                  backwardScratch, rows, width, heads, seq, parts, nullptr);
         });
 }
 
@@ -248,15 +273,16 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
         [&](auto &o) { k::rmsNormForward(u.data(), gain.data(), o[0].data(), o[1].data(), T, C, 1e-6); },
         [&](auto &o) { cuda::rmsNormForward(*kernels_, du_, dg, o[0], o[1], T, C, 1e-6, nullptr); });
   float *daux = upload(aux);
-  check("rmsnorm backward", {random(T * C), random(C)},
+  float *normScratch = upload(std::vector<float>(cuda::rmsNormBackwardScratch(T, C)));
+  checkParts("rmsnorm backward", {random(T * C), random(C)},
         [&](auto &o) { k::rmsNormBackward(u.data(), gain.data(), aux.data(), dy.data(), o[0].data(), o[1].data(), T, C); },
-        [&](auto &o) {
-          cuda::rmsNormBackward(*kernels_, du_, dg, daux, ddy, o[0], o[1], upload(std::vector<float>(cuda::rmsNormBackwardScratch(T, C))),
-                                T, C, nullptr);
+        [&](auto &o, cuda::GradParts parts) {
+          cuda::rmsNormBackward(*kernels_, du_, dg, daux, ddy, o[0], o[1], normScratch, T, C, parts, nullptr);
         });
 
   checkAttention(T, S, C, H);
-  float *scratch = upload(std::vector<float>(3 * T * F));
+  float *scratch = upload(std::vector<float>(cuda::swigluBackwardScratch(T, F)));
+  float *stash = upload(std::vector<float>(cuda::swigluBackwardStash(T, F)));
 
   auto wg = random(C * F, 0.1f), wu = random(C * F, 0.1f), wd = random(F * C, 0.1f);
   float *dwg = upload(wg), *dwu = upload(wu), *dwd = upload(wd);
@@ -266,13 +292,14 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
         [&](auto &o) { k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), o[0].data(), o[1].data(), T, C, F); },
         [&](auto &o) { cuda::swigluForward(*kernels_, handle_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
   float *dsw = upload(sw);
-  check("swiglu backward", {random(T * C), random(C * F), random(C * F), random(F * C)},
+  checkParts("swiglu backward", {random(T * C), random(C * F), random(C * F), random(F * C)},
         [&](auto &o) {
           k::swigluBackward(u.data(), wg.data(), wu.data(), wd.data(), sw.data(), dy.data(), o[0].data(), o[1].data(),
                             o[2].data(), o[3].data(), T, C, F);
         },
-        [&](auto &o) {
-          cuda::swigluBackward(*kernels_, handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], scratch, T, C, F, nullptr);
+        [&](auto &o, cuda::GradParts parts) {
+          cuda::swigluBackward(*kernels_, handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], stash, scratch, T, C,
+                               F, parts, nullptr);
         });
 
   auto logits = random(T * V, 2.0f);

@@ -3,6 +3,7 @@
 // golden_values_cpu.json. Regenerate only with tools/regen_goldens.sh.
 //
 // usage: golden_test DATA ARTIFACT GOLDEN [ARTIFACT GOLDEN...]
+#include "runtime/cpu/CpuDevice.h"
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
@@ -31,9 +32,10 @@ TEST(Goldens, CpuTrainingReproducesEveryValueExactly) {
     ASSERT_GE(steps, 1);
     std::optional<Artifact> artifact = readArtifact(artifactPath, error);
     ASSERT_TRUE(artifact) << error;
-    CpuTrainer trainer(std::move(*artifact), *data, TrainOptions{});
+    std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, TrainOptions{}, cpuDevices(), error);
+    ASSERT_TRUE(trainer) << error;
     for (int64_t s = 1; s <= steps; ++s) {
-      std::optional<StepResult> result = trainer.step(error);
+      std::optional<StepResult> result = trainer->step(error);
       ASSERT_TRUE(result) << error;
       std::string key = std::to_string(s);
       EXPECT_EQ(result->lmLoss, golden["lm loss"]["values"][key].get<double>())

@@ -1,6 +1,6 @@
 // GPU tests skip cleanly where no GPU is visible (CI); on a lent H200 they run
 // a real kernel through the same nvcc-built objects the runtime uses.
-#include "runtime/gpu/Gpus.h"
+#include "runtime/cuda/Gpus.h"
 
 #include <gtest/gtest.h>
 

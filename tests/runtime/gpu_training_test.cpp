@@ -6,18 +6,13 @@
 //
 // usage: gpu_training_test DATA CPU_REFERENCE|- GPU_REFERENCE OTHER...
 // ("-": no CPU comparison, for models too large for the CPU backend)
-#include "runtime/cuda/GpuTrainer.h"
-#include "runtime/gpu/Gpus.h"
+#include "runtime/cuda/CudaDevice.h"
+#include "runtime/cuda/Gpus.h"
 #include "tests/runtime/TrainingCompare.h"
 
 #include <cmath>
 
 namespace mhcc::runtime {
-
-inline std::unique_ptr<GpuTrainer> makeTrainer(GpuTrainer *, Artifact artifact, const TokenDataset &data,
-                                               TrainOptions options, std::string &error) {
-  return GpuTrainer::create(std::move(artifact), data, options, error);
-}
 
 namespace {
 
@@ -32,15 +27,15 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
   std::optional<TokenDataset> data = TokenDataset::open(gData, error);
   ASSERT_TRUE(data) << error;
 
-  TrainingRun gpu = train<GpuTrainer>(gArtifacts[1], *data, 2);
+  TrainingRun gpu = train(gArtifacts[1], *data, 2, cudaDevices());
   ASSERT_EQ(gpu.steps.size(), 2u);
   {
-    TrainingRun again = train<GpuTrainer>(gArtifacts[1], *data, 2);
+    TrainingRun again = train(gArtifacts[1], *data, 2, cudaDevices());
     expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
   }
   TrainingRun cpu;
   if (gArtifacts[0] != "-")
-    cpu = train<CpuTrainer>(gArtifacts[0], *data, 2);
+    cpu = train(gArtifacts[0], *data, 2);
   for (size_t s = 0; s < cpu.steps.size(); ++s) {
     double lm = std::abs(gpu.steps[s].lmLoss - cpu.steps[s].lmLoss) / cpu.steps[s].lmLoss;
     ASSERT_EQ(gpu.steps[s].mtpLoss.has_value(), cpu.steps[s].mtpLoss.has_value());
@@ -64,10 +59,10 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
                   gpus.gpus.size());
       continue;
     }
-    TrainingRun first = train<GpuTrainer>(gArtifacts[i], *data, 2);
+    TrainingRun first = train(gArtifacts[i], *data, 2, cudaDevices());
     expectIdentical(gpu, first, gArtifacts[i] + " on GPUs");
     first = {}; // the large cases hold gigabytes of gradients per run
-    TrainingRun second = train<GpuTrainer>(gArtifacts[i], *data, 2);
+    TrainingRun second = train(gArtifacts[i], *data, 2, cudaDevices());
     expectIdentical(gpu, second, gArtifacts[i] + " on GPUs (rerun)");
     std::printf("%s: bit-identical to PP1 on the GPU, twice\n", gArtifacts[i].c_str());
   }

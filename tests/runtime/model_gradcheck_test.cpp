@@ -52,7 +52,6 @@ TEST(ModelGradCheck, EveryParameterOfTheCompiledModel) {
   context.labels = labels.data();
   context.param = [&](int slot) { return weights[program.params[slot].param].data(); };
   context.paramGrad = [&](int slot) { return slotGrads[slot].data(); };
-  context.allocate = [](std::vector<double> &buffer, int64_t size) { buffer.assign(size, 0.0); };
 
   auto objective = [&] {
     StageBuffers<double> buffers;
@@ -67,7 +66,7 @@ TEST(ModelGradCheck, EveryParameterOfTheCompiledModel) {
   std::vector<double> losses;
   runForward(context, buffers, losses);
   ASSERT_EQ(losses.size(), 2u) << "lm loss and mtp loss";
-  ASSERT_EQ(runBackward(context, buffers), "");
+  runBackward(context, buffers);
 
   // Reduce each parameter's gradient over its uses (embedding and head are
   // used twice: by the main model and by MTP).

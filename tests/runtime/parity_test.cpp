@@ -28,16 +28,16 @@ TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
   ASSERT_FALSE(gFamilies.empty());
   for (const auto &family : gFamilies) {
     ASSERT_GE(family.size(), 2u);
-    TrainingRun reference = train<CpuTrainer>(family[0], *data, 2);
+    TrainingRun reference = train(family[0], *data, 2);
     ASSERT_EQ(reference.steps.size(), 2u);
     // Taps cover every node output and its gradient for every microbatch.
     EXPECT_GT(reference.steps[0].taps.size(), 10u);
-    TrainingRun again = train<CpuTrainer>(family[0], *data, 2);
+    TrainingRun again = train(family[0], *data, 2);
     expectIdentical(reference, again, family[0] + " (rerun)");
     for (size_t i = 1; i < family.size(); ++i) {
-      TrainingRun first = train<CpuTrainer>(family[i], *data, 2);
+      TrainingRun first = train(family[i], *data, 2);
       expectIdentical(reference, first, family[i]);
-      TrainingRun second = train<CpuTrainer>(family[i], *data, 2);
+      TrainingRun second = train(family[i], *data, 2);
       expectIdentical(first, second, family[i] + " (rerun)");
     }
     // Training moved the weights: the comparison is not of untouched values.

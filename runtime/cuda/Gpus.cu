@@ -1,5 +1,5 @@
 //===- Gpus.cu - which GPUs this process can use ----------------------------===//
-#include "runtime/gpu/Gpus.h"
+#include "runtime/cuda/Gpus.h"
 
 #include <cuda_runtime.h>
 

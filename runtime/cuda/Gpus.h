@@ -5,8 +5,8 @@
 // failure deep inside a kernel launch.
 //
 //===----------------------------------------------------------------------===//
-#ifndef MHCC_RUNTIME_GPU_GPUS_H
-#define MHCC_RUNTIME_GPU_GPUS_H
+#ifndef MHCC_RUNTIME_CUDA_GPUS_H
+#define MHCC_RUNTIME_CUDA_GPUS_H
 
 #include <cstddef>
 #include <cstdint>
@@ -48,4 +48,4 @@ std::string gpuSelfTest(int device);
 
 } // namespace mhcc::runtime
 
-#endif // MHCC_RUNTIME_GPU_GPUS_H
+#endif // MHCC_RUNTIME_CUDA_GPUS_H

@@ -1,0 +1,271 @@
+//===- CpuDevice.cpp - the CPU reference backend's Device -------------------===//
+#include "runtime/cpu/CpuDevice.h"
+
+#include "runtime/cpu/StageExecutor.h"
+#include "runtime/train/Optimizer.h"
+#include "runtime/train/Parameters.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+namespace mhcc::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+/// How often a waiting rank looks whether another one failed.
+constexpr auto kWaitSlice = std::chrono::milliseconds(10);
+
+struct Message {
+  Payload payload;
+  int64_t src, dst, mb;
+  std::vector<float> data;
+};
+
+/// A directed pair's FIFO, as NCCL matches one pair's messages in order.
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<Message> queue;
+};
+
+/// What the CPU ranks share.
+struct CpuWorld {
+  const Artifact &a;
+  const TrainOptions &options;
+  std::atomic<bool> &failed;
+  std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
+  std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]
+  std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to)
+
+  // The optimizer barrier: the last rank to arrive runs the update.
+  std::mutex mutex;
+  std::condition_variable done;
+  int64_t arrived = 0;
+  uint64_t generation = 0;
+  std::vector<std::vector<double>> losses; // the last stage's, [mb][loss]
+  std::vector<int64_t> peakBytes;          // by rank
+  StepResult result;
+
+  CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
+      : a(artifact), options(opts), failed(failedFlag), peakBytes(artifact.pp, 0) {
+    for (const ParamInfo &info : a.params) {
+      weights.push_back(initialParameter(info, a.model.seed));
+      adamM.emplace_back(info.count(), 0.0f);
+      adamV.emplace_back(info.count(), 0.0f);
+    }
+    slotGrads.resize(a.stages.size());
+    for (size_t s = 0; s < a.stages.size(); ++s)
+      for (const ParamSlot &slot : a.stages[s].params)
+        slotGrads[s].emplace_back(a.params[slot.param].count(), 0.0f);
+    for (int64_t from = 0; from < a.pp; ++from)
+      for (int64_t to = 0; to < a.pp; ++to)
+        if (from != to)
+          channels[{from, to}];
+  }
+
+  /// Every rank calls this once per step; the last one reduces the
+  /// gradients and updates the weights for all. False when a rank failed.
+  bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
+                    int64_t peak, StepResult &out) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (a.rankOf(int64_t(a.stages.size()) - 1) == rank)
+      losses = rankLosses;
+    peakBytes[rank] = peak;
+    const uint64_t mine = generation;
+    if (++arrived == a.pp) {
+      arrived = 0;
+      result = StepResult();
+      result.step = step;
+      std::vector<std::vector<const float *>> grads(a.stages.size());
+      for (size_t s = 0; s < a.stages.size(); ++s)
+        for (const std::vector<float> &g : slotGrads[s])
+          grads[s].push_back(g.data());
+      runtime::completeStep(a, options, losses, grads, weights, adamM, adamV, result);
+      result.peakBytes = peakBytes;
+      ++generation;
+      done.notify_all();
+    }
+    while (generation == mine)
+      if (failed || (done.wait_for(lock, kWaitSlice), failed.load()))
+        return false;
+    out.lmLoss = result.lmLoss;
+    out.mtpLoss = result.mtpLoss;
+    out.gradNorm = result.gradNorm;
+    out.numZeros = result.numZeros;
+    out.learningRate = result.learningRate;
+    out.peakBytes = result.peakBytes;
+    if (rank == 0)
+      out.paramGrads = std::move(result.paramGrads); // the trainer merges every rank's
+    return true;
+  }
+};
+
+class CpuDevice final : public Device {
+public:
+  CpuDevice(std::shared_ptr<CpuWorld> world, int64_t rank) : world_(std::move(world)), a_(world_->a), rank_(rank) {}
+
+  int64_t rank() const override { return rank_; }
+  const std::string &error() const override { return error_; }
+
+  bool beginStep(const StepInputs &inputs) override {
+    inputs_ = &inputs;
+    for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
+      for (std::vector<float> &g : world_->slotGrads[s])
+        std::fill(g.begin(), g.end(), 0.0f);
+    peak_ = live_;
+    return true;
+  }
+  bool finishPipeline() override { return !world_->failed || fail("stopped: another rank failed"); }
+  bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
+    return world_->completeStep(rank_, step, losses, peak_, result) || fail("stopped: another rank failed");
+  }
+
+  Buffer allocate(int64_t count, Queue, bool) override {
+    // Always zero-filled: fresh pages cost nothing more, and no kernel can
+    // read stale values.
+    auto *data = static_cast<float *>(std::calloc(std::max<int64_t>(count, 1), sizeof(float)));
+    if (!data) {
+      fail("out of host memory allocating " + std::to_string(count * 4) + " bytes");
+      return {};
+    }
+    live_ += count * 4;
+    peak_ = std::max(peak_, live_);
+    return {data, count};
+  }
+  void release(Buffer &buffer, Queue) override {
+    if (!buffer)
+      return;
+    std::free(buffer.data);
+    live_ -= buffer.count * 4;
+    buffer = {};
+  }
+  void copy(Buffer dst, const Buffer &src) override {
+    std::memcpy(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float));
+  }
+  bool download(const Buffer &buffer, float *host) override {
+    std::memcpy(host, buffer.data, buffer.count * sizeof(float));
+    return true;
+  }
+
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    StageContext<float> c = contextFor(stage, mb);
+    forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
+    return true;
+  }
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
+    StageContext<float> c = contextFor(stage, mb);
+    backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), c.program.backward[index], part);
+    return true;
+  }
+
+  bool exchange(std::vector<Transfer> &group) override {
+    // Sends never block, so posting them first is what NCCL's group allows.
+    for (Transfer &t : group)
+      if (t.instr->kind == OpKind::Send) {
+        const Instr &i = *t.instr;
+        Channel &channel = world_->channels[{rank_, i.peer}];
+        {
+          std::lock_guard<std::mutex> lock(channel.mutex);
+          channel.queue.push_back({i.payload, i.srcStage, i.dstStage, i.mb,
+                                   std::vector<float>(t.buffer.data, t.buffer.data + t.buffer.count)});
+        }
+        channel.ready.notify_all();
+      }
+    for (Transfer &t : group)
+      if (t.instr->kind == OpKind::Recv && !receive(t))
+        return false;
+    return true;
+  }
+  void waitFor(Transfer &) override {} // a receive completed inside exchange
+
+  void takeProfile(std::map<std::string, double> &profileMs) override {
+    for (auto &[name, ms] : profile_)
+      profileMs[name] += ms;
+    profile_.clear();
+  }
+  void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->weights; }
+  void abort() override { world_->failed = true; }
+
+private:
+  bool fail(const std::string &message) {
+    if (error_.empty())
+      error_ = message;
+    return false;
+  }
+
+  static std::vector<float *> pointers(const std::vector<Buffer> &buffers) {
+    std::vector<float *> out(buffers.size());
+    for (size_t k = 0; k < buffers.size(); ++k)
+      out[k] = buffers[k].data;
+    return out;
+  }
+
+  StageContext<float> contextFor(int64_t s, int64_t mb) {
+    const StageProgram &p = a_.stages[s];
+    StageContext<float> c{p, a_.model};
+    c.microbatches = a_.microbatches;
+    c.tokens = inputs_->tokens[mb].data();
+    c.labels = inputs_->labels[mb].data();
+    c.param = [this, &p](int slot) { return world_->weights[p.params[slot].param].data(); };
+    c.paramGrad = [this, s](int slot) { return world_->slotGrads[s][slot].data(); };
+    if (world_->options.profile) {
+      c.profile = &profile_;
+      c.profilePrefix = "rank " + std::to_string(rank_) + " ";
+    }
+    return c;
+  }
+
+  bool receive(Transfer &t) {
+    const Instr &i = *t.instr;
+    Channel &channel = world_->channels[{i.peer, rank_}];
+    std::unique_lock<std::mutex> lock(channel.mutex);
+    const double timeout = world_->options.recvTimeoutSeconds;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout);
+    while (channel.queue.empty()) {
+      if (world_->failed)
+        return fail("stopped while waiting for rank " + std::to_string(i.peer) + ": another rank failed");
+      if (Clock::now() > deadline)
+        return fail("no message from rank " + std::to_string(i.peer) + " within " + std::to_string(int(timeout)) +
+                    " s");
+      channel.ready.wait_for(lock, kWaitSlice);
+    }
+    Message message = std::move(channel.queue.front());
+    channel.queue.pop_front();
+    lock.unlock();
+    if (message.payload != i.payload || message.src != i.srcStage || message.dst != i.dstStage ||
+        message.mb != i.mb || int64_t(message.data.size()) != i.tokens * i.width)
+      return fail("received a different message (s" + std::to_string(message.src) + "->s" +
+                  std::to_string(message.dst) + " mb" + std::to_string(message.mb) + ")");
+    t.buffer = allocate(int64_t(message.data.size()), Queue::recvFrom(i.peer), false);
+    if (!t.buffer)
+      return false;
+    std::memcpy(t.buffer.data, message.data.data(), message.data.size() * sizeof(float));
+    return true;
+  }
+
+  std::shared_ptr<CpuWorld> world_;
+  const Artifact &a_;
+  const int64_t rank_;
+  std::string error_;
+  const StepInputs *inputs_ = nullptr;
+  int64_t live_ = 0, peak_ = 0;
+  std::map<std::string, double> profile_;
+};
+
+} // namespace
+
+DeviceFactory cpuDevices() {
+  return [](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &failed, std::string &) {
+    auto world = std::make_shared<CpuWorld>(artifact, options, failed);
+    std::vector<std::unique_ptr<Device>> devices;
+    for (int64_t r = 0; r < artifact.pp; ++r)
+      devices.push_back(std::make_unique<CpuDevice>(world, r));
+    return devices;
+  };
+}
+
+} // namespace mhcc::runtime

@@ -1,0 +1,256 @@
+//===- CudaComms.cpp - NCCL communicators, messages, and the factories ------===//
+#include "runtime/cuda/CudaRank.h"
+#include "runtime/cuda/Gpus.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+
+namespace mhcc::runtime {
+
+void prepareCudaEnvironment() {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
+  setenv("NCCL_LAUNCH_MODE", "GROUP", /*overwrite=*/0);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+}
+
+namespace cuda {
+
+std::vector<ParamPlan> planParameters(const Artifact &a) {
+  std::vector<ParamPlan> plans(a.params.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (size_t k = 0; k < a.stages[s].params.size(); ++k) {
+      const ParamSlot &slot = a.stages[s].params[k];
+      plans[slot.param].uses.push_back({slot.useOrder, a.rankOf(s), int64_t(s), int(k)});
+    }
+  for (ParamPlan &plan : plans) {
+    std::sort(plan.uses.begin(), plan.uses.end(),
+              [](const ParamUse &x, const ParamUse &y) { return x.useOrder < y.useOrder; });
+    if (!plan.uses.empty())
+      plan.owner = plan.uses.front().rank;
+    std::set<int64_t> holders;
+    for (const ParamUse &use : plan.uses)
+      holders.insert(use.rank);
+    plan.holders.assign(holders.begin(), holders.end());
+  }
+  return plans;
+}
+
+std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans) {
+  std::set<Pair> pairs;
+  for (int64_t r = 0; r < a.pp; ++r)
+    for (const Instr &i : a.ranks[r])
+      if (i.kind == OpKind::Send)
+        pairs.insert({r, i.peer});
+  for (const ParamPlan &plan : plans)
+    for (int64_t holder : plan.holders)
+      if (holder != plan.owner) {
+        pairs.insert({holder, plan.owner});
+        pairs.insert({plan.owner, holder});
+      }
+  return {pairs.begin(), pairs.end()};
+}
+
+std::string CommIds::serialize() const {
+  std::string bytes(reinterpret_cast<const char *>(&world), sizeof world);
+  for (const ncclUniqueId &id : pairs)
+    bytes.append(reinterpret_cast<const char *>(&id), sizeof id);
+  return bytes;
+}
+
+bool CommIds::parse(const std::string &bytes, size_t pairCount, CommIds &ids) {
+  if (bytes.size() != (pairCount + 1) * sizeof(ncclUniqueId))
+    return false;
+  std::memcpy(&ids.world, bytes.data(), sizeof ids.world);
+  ids.pairs.resize(pairCount);
+  for (size_t k = 0; k < pairCount; ++k)
+    std::memcpy(&ids.pairs[k], bytes.data() + (k + 1) * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
+  return true;
+}
+
+std::string CommIds::make(size_t pairCount, CommIds &ids) {
+  ncclResult_t status = ncclGetUniqueId(&ids.world);
+  ids.pairs.resize(pairCount);
+  for (size_t k = 0; status == ncclSuccess && k < pairCount; ++k)
+    status = ncclGetUniqueId(&ids.pairs[k]);
+  return status == ncclSuccess ? "" : std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(status);
+}
+
+/// Pairs are joined in the same global order on every rank, so the blocking
+/// joins cannot wait on each other in a cycle; then each pair is connected
+/// with one message, so that no lazy connection blocks a step.
+bool CudaRank::setupComms(const CommIds &ids) {
+  cudaSetDevice(gpu_);
+  ncclResult_t status = ncclCommInitRank(&world_, int(a_.pp), ids.world, int(rank_));
+  if (status != ncclSuccess)
+    return fail(std::string("ncclCommInitRank (world of ") + std::to_string(a_.pp) + "): " + ncclGetErrorString(status));
+  comms_.push_back(world_);
+  for (size_t k = 0; k < pairs_.size(); ++k) {
+    auto [from, to] = pairs_[k];
+    if (from != rank_ && to != rank_)
+      continue;
+    ncclComm_t comm;
+    status = ncclCommInitRank(&comm, 2, ids.pairs[k], from == rank_ ? 0 : 1);
+    if (status != ncclSuccess)
+      return fail("ncclCommInitRank (ranks " + std::to_string(from) + " -> " + std::to_string(to) +
+                  "): " + ncclGetErrorString(status));
+    comms_.push_back(comm);
+    cudaStream_t stream;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    (from == rank_ ? sendComm_[to] : recvComm_[from]) = comm;
+    (from == rank_ ? sendStream_[to] : recvStream_[from]) = stream;
+  }
+  float *probe = nullptr;
+  cudaMalloc(&probe, 2 * sizeof(float));
+  ncclGroupStart();
+  for (auto &[peer, comm] : sendComm_)
+    ncclSend(probe, 1, ncclFloat, 1, comm, sendStream_[peer]);
+  for (auto &[peer, comm] : recvComm_)
+    ncclRecv(probe + 1, 1, ncclFloat, 0, comm, recvStream_[peer]);
+  status = ncclGroupEnd();
+  bool connected = status == ncclSuccess && waitStreams(allStreams(), "the connection probes");
+  cudaFree(probe);
+  if (status != ncclSuccess)
+    return fail(std::string("connecting the pair communicators: ") + ncclGetErrorString(status));
+  return connected && check("NCCL setup");
+}
+
+bool CudaRank::exchange(std::vector<Transfer> &group) {
+  // Sends follow the compute that produced their data.
+  for (const Transfer &t : group)
+    if (t.instr->kind == OpKind::Send)
+      follow(sendStream_.at(t.instr->peer), compute_);
+  ncclGroupStart();
+  for (Transfer &t : group) {
+    const Instr &i = *t.instr;
+    const int64_t count = i.tokens * i.width;
+    if (i.kind == OpKind::Send) {
+      ncclSend(t.buffer.data, count, ncclFloat, 1, sendComm_.at(i.peer), sendStream_.at(i.peer));
+    } else {
+      t.buffer = allocate(count, Queue::recvFrom(i.peer), false);
+      if (!t.buffer) {
+        ncclGroupEnd();
+        return false;
+      }
+      ncclRecv(t.buffer.data, count, ncclFloat, 0, recvComm_.at(i.peer), recvStream_.at(i.peer));
+    }
+  }
+  ncclResult_t status = ncclGroupEnd();
+  if (status != ncclSuccess)
+    return fail("NCCL group: " + std::string(ncclGetErrorString(status)));
+  for (Transfer &t : group)
+    if (t.instr->kind == OpKind::Recv) {
+      cudaEvent_t ready;
+      cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      cudaEventRecord(ready, recvStream_.at(t.instr->peer));
+      t.ready = ready;
+    }
+  return check("communication");
+}
+
+void CudaRank::waitFor(Transfer &arrival) {
+  if (!arrival.ready)
+    return;
+  cudaStreamWaitEvent(compute_, static_cast<cudaEvent_t>(arrival.ready), 0);
+  cudaEventDestroy(static_cast<cudaEvent_t>(arrival.ready));
+  arrival.ready = nullptr;
+}
+
+} // namespace cuda
+
+DeviceFactory cudaDevices() {
+  return [](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
+    std::vector<std::unique_ptr<Device>> devices;
+    error = missingGpus(queryGpus(), a.pp);
+    if (!error.empty())
+      return devices;
+    std::vector<cuda::CudaRank *> ranks;
+    for (int64_t r = 0; r < a.pp; ++r) {
+      auto rank = std::make_unique<cuda::CudaRank>(a, options, r, static_cast<int>(r), &failed);
+      ranks.push_back(rank.get());
+      devices.push_back(std::move(rank));
+    }
+    auto failAll = [&](const std::string &message) {
+      error = message;
+      for (auto &device : devices)
+        device->abort();
+      devices.clear();
+      return std::move(devices);
+    };
+    for (cuda::CudaRank *rank : ranks)
+      if (!rank->setupDevice())
+        return failAll("rank " + std::to_string(rank->rank()) + " setup: " + rank->error());
+    cuda::CommIds ids;
+    if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), ids); !problem.empty())
+      return failAll(problem);
+    // The joins block until every rank joined: one thread each.
+    std::vector<std::thread> threads;
+    std::vector<char> ok(ranks.size(), 0);
+    for (size_t k = 0; k < ranks.size(); ++k)
+      threads.emplace_back([&, k] {
+        if (!(ok[k] = ranks[k]->setupComms(ids)))
+          failed = true;
+      });
+    for (std::thread &t : threads)
+      t.join();
+    for (size_t k = 0; k < ranks.size(); ++k)
+      if (!ok[k])
+        return failAll("rank " + std::to_string(k) + " NCCL setup: " + ranks[k]->error());
+    return devices;
+  };
+}
+
+DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &bootstrap) {
+  return [&placement, &bootstrap](const Artifact &a, const TrainOptions &options, std::atomic<bool> &,
+                                  std::string &error) {
+    std::vector<std::unique_ptr<Device>> devices;
+    const std::string who = "rank " + std::to_string(placement.rank) + ": ";
+    if (placement.size != a.pp) {
+      error = who + placement.launcher + " started " + std::to_string(placement.size) +
+              " processes, but the artifact has pp = " + std::to_string(a.pp) +
+              " pipeline ranks; start exactly one process per rank";
+      return devices;
+    }
+    GpuInventory gpus = queryGpus();
+    if (gpus.gpus.empty()) {
+      error = who + "no GPU is visible (" + gpus.unavailableReason + ")";
+      return devices;
+    }
+    const int gpu = deviceForRank(placement, static_cast<int>(gpus.gpus.size()), error);
+    if (gpu < 0)
+      return devices;
+    auto rank = std::make_unique<cuda::CudaRank>(a, options, placement.rank, gpu, nullptr);
+    if (!rank->setupDevice()) {
+      error = who + "setup: " + rank->error();
+      return devices;
+    }
+    std::string bytes;
+    cuda::CommIds ids;
+    if (placement.rank == 0) {
+      if (std::string problem = cuda::CommIds::make(rank->communicating().size(), ids); !problem.empty()) {
+        error = who + problem;
+        return devices;
+      }
+      bytes = ids.serialize();
+    }
+    if (!bootstrap.broadcast(bytes, error)) {
+      error = who + error;
+      return devices;
+    }
+    if (!cuda::CommIds::parse(bytes, rank->communicating().size(), ids)) {
+      error = who + "the NCCL ids from rank 0 do not fit this artifact (was every rank given the same artifact?)";
+      return devices;
+    }
+    if (!rank->setupComms(ids)) {
+      error = who + "NCCL setup: " + rank->error();
+      rank->abort();
+      return devices;
+    }
+    devices.push_back(std::move(rank));
+    return devices;
+  };
+}
+
+} // namespace mhcc::runtime

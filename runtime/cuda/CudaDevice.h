@@ -1,0 +1,44 @@
+//===- CudaDevice.h - the CUDA backend's Device ---------------------*- C++ -*-===//
+//
+// One GPU per pipeline rank: either one process per rank (mhcrun --gpus N,
+// mpirun, srun: cudaRankDevice) or every rank in this process on its own
+// host thread (cudaDevices: the tests, and mhcrun --in-process). A rank's
+// kernels (the artifact's generated ones, cuBLAS for products) run on one
+// compute stream; NCCL send / recv on one stream and communicator per
+// directed rank pair (the model the schedule verifier checks); memory comes
+// from a static plan (the first step recorded through the stream-ordered
+// pool, later steps at fixed offsets of one arena) or from the pool. The
+// optimizer runs on the GPUs: each parameter's gradient is reduced on its
+// owner (the rank of its first use) in model order, the global norm comes
+// from one all-reduce of per-parameter statistics, and the owner sends the
+// updated weights to the other ranks holding the parameter, so results do
+// not depend on the layout.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_CUDADEVICE_H
+#define MHCC_RUNTIME_CUDA_CUDADEVICE_H
+
+#include "runtime/dist/ProcessGroup.h"
+#include "runtime/exec/Device.h"
+
+namespace mhcc::runtime {
+
+/// Sets the process environment the CUDA backend needs, unless the user
+/// set it: CUDA_DEVICE_MAX_CONNECTIONS=1 and NCCL_LAUNCH_MODE=GROUP (found
+/// on H200s: with one host thread per GPU and the CUDA defaults, PP2 hung in
+/// its first step), NCCL_NVLS_ENABLE=0. Call before the first CUDA call.
+void prepareCudaEnvironment();
+
+/// Every rank in this process, rank r on GPU r. The factory fails (one line)
+/// when fewer GPUs are visible than the artifact has ranks, when a GPU is
+/// not sm_90, or on any CUDA, cuBLAS or NCCL error during setup.
+DeviceFactory cudaDevices();
+
+/// This process is rank `placement.rank` of a multi-process run; rank 0's
+/// NCCL ids reach the others through `bootstrap` (both must outlive the
+/// factory's call).
+DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &bootstrap);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_CUDA_CUDADEVICE_H

@@ -1,0 +1,186 @@
+//===- CudaOptimizer.cpp - the optimizer step on the GPUs -------------------===//
+//
+// The math of runtime/train/Optimizer.cpp, distributed: each parameter's
+// gradient is reduced on its owner in use order, squares and zeros and the
+// losses are shared by one all-reduce (each entry non-zero on one rank only,
+// so the sum is exact), the owner updates the weights and sends them to the
+// other holders.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CudaRank.h"
+#include "runtime/cuda/DeviceKernels.h"
+#include "runtime/train/Optimizer.h"
+
+#include <cmath>
+
+namespace mhcc::runtime::cuda {
+
+/// Gradients of uses on other ranks travel to the owner, which adds them up
+/// in use order; `gradient[p]` is the reduced gradient of an owned parameter.
+bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote) {
+  const size_t P = a_.params.size();
+  auto useGradient = [&](const ParamUse &use) { return slotGrads_[{use.stage, use.slot}]; };
+  for (auto &[peer, stream] : sendStream_)
+    follow(stream, compute_);
+  ncclGroupStart();
+  for (size_t p = 0; p < P; ++p) {
+    const ParamPlan &plan = plans_[p];
+    const int64_t count = a_.params[p].count();
+    for (size_t u = 0; u < plan.uses.size(); ++u) {
+      const ParamUse &use = plan.uses[u];
+      if (use.rank == plan.owner)
+        continue;
+      if (use.rank == rank_) {
+        ncclSend(useGradient(use), count, ncclFloat, 1, sendComm_[plan.owner], sendStream_[plan.owner]);
+      } else if (plan.owner == rank_) {
+        Buffer t = allocate(count, Queue::recvFrom(use.rank), false);
+        if (!t) {
+          ncclGroupEnd();
+          return false;
+        }
+        ncclRecv(t.data, count, ncclFloat, 0, recvComm_[use.rank], recvStream_[use.rank]);
+        remote[{p, u}] = t;
+      }
+    }
+  }
+  if (ncclResult_t status = ncclGroupEnd(); status != ncclSuccess)
+    return fail(std::string("sending gradients to their owners: ") + ncclGetErrorString(status));
+  for (auto &[peer, stream] : recvStream_)
+    follow(compute_, stream);
+  cudaMemsetAsync(stats_, 0, 2 * P * sizeof(double), compute_);
+  gradient.assign(P, nullptr);
+  for (size_t p = 0; p < P; ++p) {
+    const ParamPlan &plan = plans_[p];
+    if (plan.owner != rank_ || plan.uses.empty())
+      continue;
+    const int64_t count = a_.params[p].count();
+    auto useData = [&](size_t u) { return plan.uses[u].rank == rank_ ? useGradient(plan.uses[u]) : remote[{p, u}].data; };
+    if (plan.uses.size() == 1) {
+      gradient[p] = useData(0);
+    } else {
+      gradient[p] = reduced_[int(p)];
+      cudaMemcpyAsync(gradient[p], useData(0), count * 4, cudaMemcpyDeviceToDevice, compute_);
+      for (size_t u = 1; u < plan.uses.size(); ++u)
+        addInto(gradient[p], useData(u), count, compute_);
+    }
+    squaresAndZeros(gradient[p], count, stats_ + 2 * p, statPartials_, compute_);
+  }
+  return check("gradient reduction");
+}
+
+/// One all-reduce: [squares, zeros] per parameter, losses, peak and
+/// reserved bytes per rank; fills `result` from it.
+bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
+  const size_t P = a_.params.size(), L = a_.stages.back().losses.size();
+  const size_t lossAt = 2 * P, peakAt = lossAt + a_.microbatches * L, reservedAt = peakAt + a_.pp;
+  std::vector<double> stats(reservedAt + a_.pp, 0.0);
+  if (!waitStreams({compute_}, "the gradient statistics"))
+    return false;
+  cudaMemcpy(stats.data(), stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
+  for (int64_t mb = 0; mb < a_.microbatches; ++mb)
+    for (size_t l = 0; l < L; ++l)
+      stats[lossAt + mb * L + l] = losses[mb][l];
+  stats[peakAt + rank_] = double(peak_);
+  // What the pool holds once the pipeline ran: constant from the second
+  // step on when no step needs a new device allocation (the GPU suite checks).
+  cudaMemPool_t pool;
+  uint64_t reserved = 0;
+  cudaDeviceGetDefaultMemPool(&pool, gpu_);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+  if (planner_.planned())
+    reserved += uint64_t(planner_.plan().arenaBytes);
+  stats[reservedAt + rank_] = double(reserved);
+  cudaMemcpyAsync(sharedStats_, stats.data(), stats.size() * sizeof(double), cudaMemcpyHostToDevice, compute_);
+  if (ncclResult_t status = ncclAllReduce(sharedStats_, sharedStats_, stats.size(), ncclDouble, ncclSum, world_, compute_);
+      status != ncclSuccess)
+    return fail(std::string("ncclAllReduce of the step statistics: ") + ncclGetErrorString(status));
+  if (!waitStreams({compute_}, "the all-reduce of the step statistics"))
+    return false;
+  cudaMemcpy(stats.data(), sharedStats_, stats.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  double squares = 0;
+  int64_t zeros = 0;
+  for (size_t p = 0; p < P; ++p) {
+    squares += stats[2 * p];
+    zeros += int64_t(stats[2 * p + 1]);
+  }
+  std::vector<std::vector<double>> allLosses(a_.microbatches, std::vector<double>(L));
+  for (int64_t mb = 0; mb < a_.microbatches; ++mb)
+    for (size_t l = 0; l < L; ++l)
+      allLosses[mb][l] = stats[lossAt + mb * L + l];
+  summarizeLosses(a_.stages.back(), allLosses, result);
+  result.gradNorm = std::sqrt(squares);
+  result.numZeros = zeros;
+  for (int64_t k = 0; k < a_.pp; ++k) {
+    result.peakBytes.push_back(int64_t(stats[peakAt + k]));
+    result.deviceReservedBytes.push_back(int64_t(stats[reservedAt + k]));
+  }
+  return true;
+}
+
+/// AdamW or SGD on the owned weights, then the updated weights to the other holders.
+bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result) {
+  const size_t P = a_.params.size();
+  const OptimizerScalars k = optimizerScalars(options_, step, result.gradNorm);
+  result.learningRate = k.lr;
+  for (size_t p = 0; p < P; ++p) {
+    if (!gradient[p])
+      continue;
+    const int64_t count = a_.params[p].count();
+    if (k.sgd)
+      sgd(weights_[int(p)], gradient[p], count, float(k.lr), k.clip, compute_);
+    else
+      adamW(weights_[int(p)], gradient[p], adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1,
+            k.beta2, k.eps, k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f,
+            compute_);
+  }
+  if (!check("optimizer update"))
+    return false;
+  for (auto &[peer, stream] : sendStream_)
+    follow(stream, compute_);
+  ncclGroupStart();
+  for (size_t p = 0; p < P; ++p) {
+    const ParamPlan &plan = plans_[p];
+    const int64_t count = a_.params[p].count();
+    for (int64_t holder : plan.holders) {
+      if (holder == plan.owner)
+        continue;
+      if (plan.owner == rank_)
+        ncclSend(weights_[int(p)], count, ncclFloat, 1, sendComm_[holder], sendStream_[holder]);
+      else if (holder == rank_)
+        ncclRecv(weights_[int(p)], count, ncclFloat, 0, recvComm_[plan.owner], recvStream_[plan.owner]);
+    }
+  }
+  if (ncclResult_t status = ncclGroupEnd(); status != ncclSuccess)
+    return fail(std::string("sending updated weights: ") + ncclGetErrorString(status));
+  return waitStreams(allStreams(), "the weight exchange") && check("optimizer");
+}
+
+bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) {
+  cudaSetDevice(gpu_);
+  std::vector<float *> gradient;
+  std::map<std::pair<size_t, size_t>, Buffer> remote; // (param, use index) -> received
+  if (!reduceGradients(gradient, remote) || !shareStatistics(losses, result))
+    return false;
+  if (options_.recordTaps)
+    for (size_t p = 0; p < a_.params.size(); ++p)
+      if (gradient[p]) {
+        std::vector<float> host(a_.params[p].count());
+        cudaMemcpy(host.data(), gradient[p], host.size() * 4, cudaMemcpyDeviceToHost);
+        result.paramGrads[a_.params[p].name] = std::move(host);
+      }
+  if (!updateWeights(step, gradient, result))
+    return false;
+  for (auto &[key, t] : remote)
+    release(t, Queue::compute());
+  // The first step under the static plan was recorded: plan it now. Later
+  // steps must have freed everything they took.
+  if (recording_ && !adoptMemoryPlan())
+    return false;
+  std::string problem;
+  if (planner_.planned() && !recording_ && !planner_.endStep(problem))
+    return fail(problem);
+  recording_ = false;
+  return true;
+}
+
+} // namespace mhcc::runtime::cuda

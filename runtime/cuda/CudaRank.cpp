@@ -1,0 +1,372 @@
+//===- CudaRank.cpp - setup, memory and step boundaries of a GPU rank -------===//
+#include "runtime/cuda/CudaRank.h"
+
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/Gpus.h"
+#include "runtime/train/Parameters.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <thread>
+
+namespace mhcc::runtime::cuda {
+
+std::string cudaWhat(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+
+CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
+                   const std::atomic<bool> *peerFailed)
+    : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
+      plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)) {}
+
+CudaRank::~CudaRank() {
+  cudaSetDevice(gpu_);
+  for (ncclComm_t comm : comms_)
+    aborted_ ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+  for (auto *group : {&weights_, &adamM_, &adamV_, &reduced_})
+    for (auto &[p, ptr] : *group)
+      cudaFree(ptr);
+  for (auto &[k, ptr] : slotGrads_)
+    cudaFree(ptr);
+  for (int32_t *p : tokens_)
+    cudaFree(p);
+  for (int32_t *p : labels_)
+    cudaFree(p);
+  cudaFree(stats_);
+  cudaFree(statPartials_);
+  cudaFree(sharedStats_);
+  cudaFree(arena_);
+  for (auto &[key, pointers] : csrs_) {
+    cudaFree(pointers.first);
+    cudaFree(pointers.second);
+  }
+  for (cudaEvent_t event : freeEvents_)
+    if (event)
+      cudaEventDestroy(event);
+  if (blas_)
+    cublasDestroy(blas_);
+}
+
+bool CudaRank::fail(const std::string &message) {
+  if (error_.empty())
+    error_ = message;
+  return false;
+}
+
+bool CudaRank::check(const char *what) {
+  std::string e = kernels_ ? kernels_->takeError() : std::string();
+  if (e.empty())
+    e = lastError(what);
+  return e.empty() || fail(e);
+}
+
+float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
+  void *ptr = nullptr;
+  if (cudaMalloc(&ptr, std::max<size_t>(bytes, 4)) != cudaSuccess) {
+    fail("out of GPU memory for " + what);
+    return nullptr;
+  }
+  staticBytes_ += static_cast<int64_t>(bytes);
+  cudaMemset(ptr, 0, bytes);
+  return static_cast<float *>(ptr);
+}
+
+bool CudaRank::setupDevice() {
+  std::string problem = gpuSelfTest(gpu_);
+  if (!problem.empty())
+    return fail(problem);
+  cudaSetDevice(gpu_);
+  cudaMemPool_t pool;
+  cudaDeviceGetDefaultMemPool(&pool, gpu_);
+  uint64_t keep = UINT64_MAX; // the pool keeps what it has, for the next steps to reuse
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking) != cudaSuccess ||
+      cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS)
+    return fail("cannot create a stream or a cuBLAS handle on GPU " + std::to_string(gpu_));
+  cublasSetStream(blas_, compute_);
+  cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH); // fp32, no TF32
+  if (!a_.deviceCode)
+    return fail("the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc was not "
+                "found); recompile it with 'mhcc --cuda-arch sm_90', or run it with --backend cpu");
+  std::string loadError;
+  if (!(kernels_ = ModelKernels::load(*a_.deviceCode, gpu_, loadError)))
+    return fail(loadError);
+  for (size_t param = 0; param < a_.params.size(); ++param) {
+    const ParamPlan &plan = plans_[param];
+    if (!std::binary_search(plan.holders.begin(), plan.holders.end(), rank_))
+      continue;
+    const ParamInfo &info = a_.params[param];
+    const size_t bytes = info.count() * sizeof(float);
+    float *w = deviceBuffer(bytes, "parameter " + info.name);
+    if (!w)
+      return false;
+    weights_[int(param)] = w;
+    std::vector<float> initial = initialParameter(info, a_.model.seed);
+    cudaMemcpy(w, initial.data(), bytes, cudaMemcpyHostToDevice);
+    const std::string gradient = "the gradient of " + info.name;
+    if (plan.owner == rank_) {
+      if (options_.optimizer != "sgd" && (!(adamM_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name)) ||
+                                          !(adamV_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name))))
+        return false;
+      if (plan.uses.size() > 1 && !(reduced_[int(param)] = deviceBuffer(bytes, gradient)))
+        return false;
+    }
+    for (const ParamUse &use : plan.uses)
+      if (use.rank == rank_ && !(slotGrads_[{use.stage, use.slot}] = deviceBuffer(bytes, gradient)))
+        return false;
+  }
+  tokens_.assign(a_.microbatches, nullptr);
+  labels_.assign(a_.microbatches, nullptr);
+  for (int64_t mb = 0; mb < a_.microbatches; ++mb)
+    if (cudaMalloc(&tokens_[mb], a_.model.tokens() * sizeof(int32_t)) != cudaSuccess ||
+        cudaMalloc(&labels_[mb], a_.model.tokens() * sizeof(int32_t)) != cudaSuccess)
+      return fail("out of GPU memory for the token ids");
+  staticBytes_ += 2 * a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
+  const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 2 * a_.pp;
+  if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
+      cudaMalloc(&statPartials_, squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
+      cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
+    return fail("out of GPU memory for the gradient statistics");
+  return check("setup");
+}
+
+// ---- streams ---------------------------------------------------------------------
+
+cudaStream_t CudaRank::stream(Queue queue) {
+  switch (queue.kind) {
+  case Queue::Send: return sendStream_.at(queue.peer);
+  case Queue::Recv: return recvStream_.at(queue.peer);
+  case Queue::Compute: break;
+  }
+  return compute_;
+}
+
+std::vector<cudaStream_t> CudaRank::allStreams() {
+  std::vector<cudaStream_t> streams = {compute_};
+  for (auto &[peer, st] : sendStream_)
+    streams.push_back(st);
+  for (auto &[peer, st] : recvStream_)
+    streams.push_back(st);
+  return streams;
+}
+
+bool CudaRank::waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.recvTimeoutSeconds);
+  for (cudaStream_t st : streams) {
+    cudaError_t status;
+    while ((status = cudaStreamQuery(st)) == cudaErrorNotReady) {
+      if (peerFailed_ && peerFailed_->load())
+        return fail("stopped while waiting for " + what + ": another rank failed");
+      if (std::chrono::steady_clock::now() > deadline)
+        return fail(what + " did not finish within " + std::to_string(int(options_.recvTimeoutSeconds)) +
+                    " s (a peer never sent, or a collective hangs; raise --recv-timeout if the step is just slow)");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (status != cudaSuccess)
+      return fail(what + ": " + cudaWhat(status));
+  }
+  return true;
+}
+
+void CudaRank::follow(cudaStream_t waiter, cudaStream_t producer) {
+  cudaEvent_t event;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  cudaEventRecord(event, producer);
+  cudaStreamWaitEvent(waiter, event, 0);
+  cudaEventDestroy(event);
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+int CudaRank::streamId(cudaStream_t stream) {
+  auto [it, added] = streamIds_.try_emplace(stream, static_cast<int>(streamById_.size()));
+  if (added)
+    streamById_.push_back(stream);
+  return it->second;
+}
+
+PlannedAllocator::Hooks CudaRank::planHooks() {
+  return {[this](int buffer, int stream) { cudaEventRecord(freeEvents_[buffer], streamById_[stream]); },
+          [this](int stream, int buffer) { cudaStreamWaitEvent(streamById_[stream], freeEvents_[buffer], 0); }};
+}
+
+Buffer CudaRank::allocate(int64_t count, Queue queue, bool zeroed) {
+  cudaStream_t st = stream(queue);
+  const int64_t bytes = std::max<int64_t>(1, count) * int64_t(sizeof(float));
+  void *p = nullptr;
+  if (planner_.planned()) {
+    std::string problem;
+    const int64_t offset = planner_.alloc(bytes, streamId(st), planHooks(), problem);
+    if (offset < 0) {
+      fail(problem);
+      return {};
+    }
+    p = arena_ + offset;
+  } else {
+    cudaError_t status = cudaMallocAsync(&p, bytes, st);
+    if (status != cudaSuccess) {
+      fail("out of GPU memory allocating " + std::to_string(count * 4) + " bytes (" + cudaWhat(status) + ")");
+      return {};
+    }
+    if (recording_)
+      planner_.recordAlloc(bytes, streamId(st), reinterpret_cast<uintptr_t>(p));
+  }
+  if (zeroed)
+    cudaMemsetAsync(p, 0, count * sizeof(float), st);
+  live_ += count * 4;
+  peak_ = std::max(peak_, live_);
+  return {static_cast<float *>(p), count};
+}
+
+void CudaRank::release(Buffer &buffer, Queue queue) {
+  if (!buffer)
+    return;
+  cudaStream_t st = stream(queue);
+  std::string problem;
+  if (planner_.planned()) {
+    if (!planner_.free(reinterpret_cast<char *>(buffer.data) - arena_, streamId(st), planHooks(), problem))
+      fail(problem);
+  } else {
+    cudaFreeAsync(buffer.data, st);
+    if (recording_ && !planner_.recordFree(reinterpret_cast<uintptr_t>(buffer.data), streamId(st), problem))
+      fail(problem);
+  }
+  live_ -= buffer.count * 4;
+  buffer = {};
+}
+
+void CudaRank::copy(Buffer dst, const Buffer &src) {
+  cudaMemcpyAsync(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float), cudaMemcpyDeviceToDevice,
+                  compute_);
+}
+
+bool CudaRank::download(const Buffer &buffer, float *host) {
+  cudaError_t status = cudaMemcpy(host, buffer.data, buffer.count * sizeof(float), cudaMemcpyDeviceToHost);
+  return status == cudaSuccess || fail("reading back a result: " + cudaWhat(status));
+}
+
+/// After the recorded first step: plan, hand the pool's memory back, and
+/// take one arena for every later step.
+bool CudaRank::adoptMemoryPlan() {
+  std::string problem;
+  if (!planner_.finishRecording(256, problem))
+    return fail(problem);
+  cudaDeviceSynchronize();
+  cudaMemPool_t pool;
+  cudaDeviceGetDefaultMemPool(&pool, gpu_);
+  cudaMemPoolTrimTo(pool, 0);
+  const MemoryPlan &plan = planner_.plan();
+  if (cudaMalloc(&arena_, std::max<int64_t>(plan.arenaBytes, 256)) != cudaSuccess)
+    return fail("out of GPU memory for the planned arena of " + std::to_string(plan.arenaBytes) + " bytes");
+  freeEvents_.assign(plan.freeIsWaitedOn.size(), nullptr);
+  for (size_t b = 0; b < freeEvents_.size(); ++b)
+    if (plan.freeIsWaitedOn[b])
+      cudaEventCreateWithFlags(&freeEvents_[b], cudaEventDisableTiming);
+  return check("memory plan");
+}
+
+// ---- step boundaries -------------------------------------------------------------
+
+/// Rows reading each vocabulary entry, ascending, for the embedding
+/// backward without atomics; built and uploaded before the step starts.
+void CudaRank::prepareCsrs(const StepInputs &inputs) {
+  const ModelInfo &m = a_.model;
+  std::set<std::pair<int64_t, int64_t>> uploaded;
+  for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
+    for (const ForwardInstr &f : a_.stages[s].forward) {
+      if (f.op != Prim::Embed)
+        continue;
+      for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
+        if (!uploaded.insert({mb, f.shift}).second)
+          continue;
+        const std::vector<int32_t> &tokens = inputs.tokens[mb];
+        std::vector<int32_t> offsets(m.vocab + 1, 0), positions(m.tokens());
+        for (int64_t t = 0; t < m.tokens(); ++t)
+          ++offsets[tokens[kernels::shiftedRow(t, f.shift, m.seqLen)] + 1];
+        for (int64_t v = 0; v < m.vocab; ++v)
+          offsets[v + 1] += offsets[v];
+        std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
+        for (int64_t t = 0; t < m.tokens(); ++t)
+          positions[cursor[tokens[kernels::shiftedRow(t, f.shift, m.seqLen)]]++] = int32_t(t);
+        // Device buffers of a fixed size, taken at the first step and kept.
+        auto &[dOffsets, dPositions] = csrs_[{mb, f.shift}];
+        if (!dOffsets) {
+          cudaMalloc(&dOffsets, offsets.size() * 4);
+          cudaMalloc(&dPositions, positions.size() * 4);
+        }
+        cudaMemcpy(dOffsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dPositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
+      }
+    }
+}
+
+bool CudaRank::beginStep(const StepInputs &inputs) {
+  cudaSetDevice(gpu_);
+  live_ = peak_ = staticBytes_;
+  for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
+    cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(labels_[mb], inputs.labels[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+  }
+  for (auto &[key, g] : slotGrads_)
+    cudaMemsetAsync(g, 0, a_.params[a_.stages[key.first].params[key.second].param].count() * 4, compute_);
+  prepareCsrs(inputs);
+  recording_ = options_.staticMemoryPlan && !planner_.planned();
+  return check("start of step");
+}
+
+bool CudaRank::finishPipeline() {
+  if (!waitStreams(allStreams(), "the pipeline"))
+    return false;
+  for (auto &[name, start, end] : timings_) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, end);
+    profileMs_[name] += ms;
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+  }
+  timings_.clear();
+  return check("end of the pipeline");
+}
+
+void CudaRank::markStart(cudaEvent_t &start) {
+  if (!options_.profile)
+    return;
+  cudaEventCreate(&start);
+  cudaEventRecord(start, compute_);
+}
+
+void CudaRank::markEnd(const std::string &name, cudaEvent_t start) {
+  if (!options_.profile)
+    return;
+  cudaEvent_t end;
+  cudaEventCreate(&end);
+  cudaEventRecord(end, compute_);
+  timings_.emplace_back("rank " + std::to_string(rank_) + " " + name, start, end);
+}
+
+void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
+  for (auto &[name, ms] : profileMs_)
+    profileMs[name] += ms;
+  profileMs_.clear();
+}
+
+void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
+  cudaSetDevice(gpu_);
+  for (size_t p = 0; p < a_.params.size(); ++p)
+    if (plans_[p].owner == rank_ && weights_.count(int(p))) {
+      weights[p].resize(a_.params[p].count());
+      cudaMemcpy(weights[p].data(), weights_[int(p)], weights[p].size() * 4, cudaMemcpyDeviceToHost);
+    }
+}
+
+void CudaRank::abort() {
+  for (ncclComm_t comm : comms_)
+    ncclCommAbort(comm);
+  comms_.clear();
+  aborted_ = true;
+}
+
+} // namespace mhcc::runtime::cuda

@@ -1,0 +1,163 @@
+//===- CudaRank.h - one pipeline rank on one GPU (internal) --------*- C++ -*-===//
+//
+// The CUDA Device, split by concern over several files: CudaRank.cpp
+// (setup, memory and the static plan, step boundaries), CudaLaunch.cpp (the
+// launch table: one stage instruction's forward or backward half),
+// CudaComms.cpp (NCCL communicators and messages, the factories) and
+// CudaOptimizer.cpp (the optimizer step on the GPUs).
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_CUDARANK_H
+#define MHCC_RUNTIME_CUDA_CUDARANK_H
+
+#include "runtime/cuda/CudaDevice.h"
+#include "runtime/cuda/ModelKernels.h"
+#include "runtime/memory/MemoryPlan.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace mhcc::runtime::cuda {
+
+using Pair = std::pair<int64_t, int64_t>; // (sending rank, receiving rank)
+
+/// One use of a parameter: its gradient slot (stage, slot) on `rank`.
+struct ParamUse {
+  int64_t useOrder = 0, rank = 0, stage = 0;
+  int slot = 0;
+};
+
+/// Where a parameter's gradient is reduced and its update computed: the
+/// owner, the rank of its first use. Other ranks holding it send their uses'
+/// gradients there and receive the updated weights back. The reduction runs
+/// in use order whatever the layout, so the bits do not depend on it.
+struct ParamPlan {
+  int64_t owner = 0;
+  std::vector<ParamUse> uses;   // by useOrder
+  std::vector<int64_t> holders; // ranks with a copy, ascending
+};
+
+std::vector<ParamPlan> planParameters(const Artifact &a);
+
+/// Every directed rank pair that exchanges messages: pipeline sends, and
+/// gradients / weights of parameters held on several ranks.
+std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans);
+
+/// The NCCL unique ids of a run: the world, then each pair in order.
+struct CommIds {
+  ncclUniqueId world;
+  std::vector<ncclUniqueId> pairs;
+  std::string serialize() const;
+  static bool parse(const std::string &bytes, size_t pairCount, CommIds &ids);
+  static std::string make(size_t pairCount, CommIds &ids); // "" or the NCCL error
+};
+
+std::string cudaWhat(cudaError_t status);
+
+class CudaRank final : public Device {
+public:
+  CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
+           const std::atomic<bool> *peerFailed);
+  ~CudaRank() override;
+
+  /// Device, kernels, weights and optimizer state; no communication yet.
+  bool setupDevice();
+  /// Joins the world communicator and one per directed pair this rank is in.
+  bool setupComms(const CommIds &ids);
+  const std::vector<Pair> &communicating() const { return pairs_; }
+
+  int64_t rank() const override { return rank_; }
+  const std::string &error() const override { return error_; }
+  bool beginStep(const StepInputs &inputs) override;
+  bool finishPipeline() override;
+  bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override;
+  Buffer allocate(int64_t count, Queue queue, bool zeroed) override;
+  void release(Buffer &buffer, Queue queue) override;
+  void copy(Buffer dst, const Buffer &src) override;
+  bool download(const Buffer &buffer, float *host) override;
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override;
+  bool exchange(std::vector<Transfer> &group) override;
+  void waitFor(Transfer &arrival) override;
+  void takeProfile(std::map<std::string, double> &profileMs) override;
+  void downloadParameters(std::vector<std::vector<float>> &weights) override;
+  void abort() override;
+
+private:
+  // CudaRank.cpp
+  bool fail(const std::string &message);
+  bool check(const char *what);
+  cudaStream_t stream(Queue queue);
+  std::vector<cudaStream_t> allStreams();
+  bool waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what);
+  static void follow(cudaStream_t waiter, cudaStream_t producer);
+  int streamId(cudaStream_t stream);
+  PlannedAllocator::Hooks planHooks();
+  bool adoptMemoryPlan();
+  float *deviceBuffer(size_t bytes, const std::string &what);
+  void prepareCsrs(const StepInputs &inputs);
+  void markStart(cudaEvent_t &start);
+  void markEnd(const std::string &name, cudaEvent_t start);
+  // CudaLaunch.cpp
+  Buffer scratch(int64_t count);
+  void releaseScratch();
+  float *param(int64_t stage, const ForwardInstr &f, size_t k);
+  float *paramGrad(int64_t stage, const ForwardInstr &f, size_t k);
+  // CudaOptimizer.cpp
+  bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
+  bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
+  bool updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result);
+
+  const Artifact &a_;
+  const TrainOptions &options_;
+  const int64_t rank_;
+  const int gpu_;
+  const std::atomic<bool> *peerFailed_;
+  std::vector<ParamPlan> plans_;
+  std::vector<Pair> pairs_;
+  std::string error_;
+
+  cudaStream_t compute_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
+  std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter
+  std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
+  std::map<int64_t, ncclComm_t> sendComm_, recvComm_;       // by peer
+  std::map<int64_t, cudaStream_t> sendStream_, recvStream_;
+  ncclComm_t world_ = nullptr;
+  std::vector<ncclComm_t> comms_;
+  bool aborted_ = false;
+  std::vector<int32_t *> tokens_, labels_; // by microbatch
+  double *stats_ = nullptr, *statPartials_ = nullptr, *sharedStats_ = nullptr;
+  int64_t staticBytes_ = 0;   // weights, gradients, optimizer state, token ids
+  int64_t live_ = 0, peak_ = 0; // staticBytes plus what the step allocates
+
+  // --memory-plan static: the first step is recorded through the pool, then
+  // every step's buffers live at fixed offsets of one arena.
+  PlannedAllocator planner_;
+  bool recording_ = false;
+  char *arena_ = nullptr;
+  std::vector<cudaEvent_t> freeEvents_; // by recorded buffer, where a later one waits for its free
+  std::map<cudaStream_t, int> streamIds_;
+  std::vector<cudaStream_t> streamById_;
+
+  /// Embedding-backward CSRs, uploaded before each step into buffers kept
+  /// from the first: (mb, shift) -> device offsets, positions.
+  std::map<std::pair<int64_t, int64_t>, std::pair<int32_t *, int32_t *>> csrs_;
+  std::vector<Buffer> scratch_; // of the running primitive
+  /// With profiling: events around each primitive, read after the step.
+  std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> timings_;
+  std::map<std::string, double> profileMs_;
+};
+
+} // namespace mhcc::runtime::cuda
+
+#endif // MHCC_RUNTIME_CUDA_CUDARANK_H

@@ -1,0 +1,133 @@
+//===- Device.h - what the executor asks of a backend ---------------*- C++ -*-===//
+//
+// The line between the step logic and the backends, in the spirit of IREE's
+// HAL. One Device is one pipeline rank on one processor (a GPU, or a thread
+// of the CPU reference backend). The executor (Executor.h) walks the rank's
+// instruction list and owns every (stage, microbatch)'s buffers; the device
+// supplies memory on ordered queues, runs one stage-program instruction's
+// forward or backward (or its B / W half), moves messages between ranks,
+// and applies the optimizer. Backends differ only below this line.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_EXEC_DEVICE_H
+#define MHCC_RUNTIME_EXEC_DEVICE_H
+
+#include "runtime/artifact/Artifact.h"
+#include "runtime/exec/StepTypes.h"
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+/// A tensor in the device's memory: `count` floats.
+struct Buffer {
+  float *data = nullptr;
+  int64_t count = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+/// Where work is ordered on a device: its compute queue, or the queue of
+/// sends to / receives from one peer rank. A buffer released on a queue is
+/// reused only after the work queued there so far.
+struct Queue {
+  enum Kind { Compute, Send, Recv } kind = Compute;
+  int64_t peer = -1;
+  static Queue compute() { return {}; }
+  static Queue sendTo(int64_t peer) { return {Send, peer}; }
+  static Queue recvFrom(int64_t peer) { return {Recv, peer}; }
+};
+
+/// One (stage, microbatch)'s buffers, owned by the executor.
+struct StageState {
+  std::vector<Buffer> values; // by value id: activations and their gradients
+  std::vector<Buffer> aux;    // by forward instruction: what its backward reads
+  /// By forward instruction: what its B half leaves for its W half (the
+  /// device decides what; e.g. attention's gradient of q, k, v). Released
+  /// by the executor after W.
+  std::vector<Buffer> stash;
+};
+
+/// A message posted by Device::exchange: SEND carries `buffer`; for a RECV
+/// the device allocates `buffer` on the receive queue and gives a `ready`
+/// event that Device::waitFor turns into a wait of the compute queue.
+struct Transfer {
+  const Instr *instr = nullptr;
+  Buffer buffer;
+  void *ready = nullptr;
+};
+
+class Device {
+public:
+  virtual ~Device() = default;
+
+  virtual int64_t rank() const = 0;
+  /// The first error, one line; empty while all is well.
+  virtual const std::string &error() const = 0;
+
+  // ---- a step -----------------------------------------------------------------
+  /// Token ids of every microbatch (all ranks get all), gradients zeroed.
+  virtual bool beginStep(const StepInputs &inputs) = 0;
+  /// Waits for every queue (with the receive deadline; a failed peer ends
+  /// the wait at once) after the executor issued the whole list.
+  virtual bool finishPipeline() = 0;
+  /// Reduces the gradients, shares losses and statistics between ranks and
+  /// updates the weights (Optimizer.h's math). `losses[mb][k]` holds this
+  /// rank's last-stage losses (zero elsewhere); fills `result`'s losses,
+  /// grad norm, zeros, learning rate, memory figures and, with recordTaps,
+  /// parameter gradients.
+  virtual bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses,
+                             StepResult &result) = 0;
+
+  // ---- memory -----------------------------------------------------------------
+  /// `count` floats ordered on `queue`; zero-filled when `zeroed`. An empty
+  /// buffer (and error() set) when memory runs out.
+  virtual Buffer allocate(int64_t count, Queue queue, bool zeroed) = 0;
+  /// Gives `buffer` back once the work queued on `queue` so far is done;
+  /// clears it. A no-op for an empty buffer.
+  virtual void release(Buffer &buffer, Queue queue) = 0;
+  /// dst = src, on the compute queue.
+  virtual void copy(Buffer dst, const Buffer &src) = 0;
+  /// Copies to the host; only after finishPipeline.
+  virtual bool download(const Buffer &buffer, float *host) = 0;
+
+  // ---- compute ----------------------------------------------------------------
+  /// Forward instruction `index` of stage `stage` for microbatch `mb`; its
+  /// inputs, output and aux are allocated in `state`.
+  virtual bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) = 0;
+  /// Backward instruction `index` (of the stage's backward list), `part` of
+  /// it; the gradients it writes are allocated (zeroed: backward adds).
+  virtual bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) = 0;
+
+  // ---- communication ----------------------------------------------------------
+  /// Posts one group of SEND / RECV instructions together (NCCL's group
+  /// semantics: none blocks the others). Sends follow the compute queued so
+  /// far; receives fill their Transfer's buffer and event.
+  virtual bool exchange(std::vector<Transfer> &group) = 0;
+  /// Makes the compute queue wait until a received buffer is complete.
+  virtual void waitFor(Transfer &arrival) = 0;
+
+  // ---- reporting --------------------------------------------------------------
+  /// Adds this step's time per "rank R fwd|bwd|bwd-weight PRIM" (ms) and clears it.
+  virtual void takeProfile(std::map<std::string, double> &profileMs) = 0;
+  /// Parameter values in table order; a device fills the ones it owns.
+  virtual void downloadParameters(std::vector<std::vector<float>> &weights) = 0;
+  /// After a failure anywhere: stop waiting for peers, never block again.
+  virtual void abort() = 0;
+};
+
+/// Makes the devices this process drives (every rank, or its one rank of a
+/// multi-process run) for an artifact and options that outlive them;
+/// `failed` is raised by the first rank that fails and ends every wait.
+/// Empty and `error` on failure.
+using DeviceFactory = std::function<std::vector<std::unique_ptr<Device>>(
+    const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &failed, std::string &error)>;
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_EXEC_DEVICE_H

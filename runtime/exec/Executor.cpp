@@ -1,0 +1,296 @@
+//===- Executor.cpp - one rank's step: the instruction list, once -----------===//
+#include "runtime/exec/Executor.h"
+
+namespace mhcc::runtime {
+
+Executor::Executor(const Artifact &artifact, const TrainOptions &options, Device &device)
+    : artifact_(artifact), options_(options), device_(device), rank_(device.rank()) {}
+
+bool Executor::fail(const std::string &message) {
+  if (error_.empty())
+    error_ = "rank " + std::to_string(rank_) + " " + where_ + ": " + message;
+  return false;
+}
+
+void Executor::tap(const ValueInfo &info, const Buffer &buffer, int64_t mb) {
+  if (!options_.recordTaps || info.tap.empty() || !buffer)
+    return;
+  // A copy on the device, read after the pipeline: nothing here may block
+  // the host (a blocked host can deadlock the pipeline).
+  Buffer copy = device_.allocate(buffer.count, Queue::compute(), false);
+  if (!copy) {
+    fail(device_.error());
+    return;
+  }
+  device_.copy(copy, buffer);
+  reads_.push_back({info.tap + "@mb" + std::to_string(mb), mb, 0, copy});
+}
+
+void Executor::tapGradients(const StageProgram &p, const StageState &st, int64_t mb) {
+  // The received output gradient was recorded on arrival.
+  for (size_t v = 0; v < st.values.size(); ++v)
+    if (p.values[v].tap.rfind("grad:", 0) == 0 && static_cast<int>(v) != p.gradOutput)
+      tap(p.values[v], st.values[v], mb);
+}
+
+void Executor::releaseState(Key key) {
+  auto it = states_.find(key);
+  if (it == states_.end())
+    return;
+  for (auto *list : {&it->second.values, &it->second.aux, &it->second.stash})
+    for (Buffer &b : *list)
+      device_.release(b, Queue::compute());
+  states_.erase(it);
+}
+
+bool Executor::forward(int64_t s, int64_t mb) {
+  const StageProgram &p = program(s);
+  const Key key{s, mb};
+  const std::string at = "(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ")";
+  if (states_.count(key))
+    return fail("FWD" + at + " runs twice");
+  StageState &st = states_[key];
+  st.values.assign(p.values.size(), {});
+  st.aux.assign(p.forward.size(), {});
+  st.stash.assign(p.forward.size(), {});
+  if (p.input >= 0) {
+    if (artifact_.rankOf(s - 1) == rank_) {
+      // The previous chunk ran on this rank: its output moves over; its
+      // backward never reads it.
+      auto prev = states_.find({s - 1, mb});
+      if (prev == states_.end() || !prev->second.values[program(s - 1).output])
+        return fail("FWD" + at + " finds no output of stage " + std::to_string(s - 1));
+      Buffer &out = prev->second.values[program(s - 1).output];
+      st.values[p.input] = out;
+      out = {};
+    } else {
+      auto in = activationsIn_.find(key);
+      if (in == activationsIn_.end())
+        return fail("FWD" + at + " before its activation arrived");
+      device_.waitFor(in->second);
+      st.values[p.input] = in->second.buffer;
+      activationsIn_.erase(in);
+    }
+  }
+  for (size_t i = 0; i < p.forward.size(); ++i) {
+    const ForwardInstr &f = p.forward[i];
+    Buffer &out = st.values[f.output];
+    out = device_.allocate(p.values[f.output].rows * p.values[f.output].cols, Queue::compute(), false);
+    if (f.auxSize)
+      st.aux[i] = device_.allocate(f.auxSize, Queue::compute(), false);
+    if (!out || (f.auxSize && !st.aux[i]) || !device_.forward(s, mb, i, st))
+      return fail(device_.error());
+    if (f.op == Prim::CrossEntropy) {
+      // The loss scalar is read after the pipeline; the value itself dies
+      // with the stage's backward.
+      Buffer loss = device_.allocate(1, Queue::compute(), false);
+      if (!loss)
+        return fail(device_.error());
+      device_.copy(loss, Buffer{out.data, 1});
+      reads_.push_back({"", mb, size_t(f.loss), loss});
+    }
+    tap(p.values[f.output], out, mb);
+  }
+  return error_.empty();
+}
+
+bool Executor::takeOutputGradient(int64_t s, int64_t mb, StageState &st) {
+  const StageProgram &p = program(s);
+  const Key key{s, mb};
+  const std::string at = "BWD(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ")";
+  if (artifact_.rankOf(s + 1) == rank_) {
+    // The next chunk ran its backward on this rank: its input gradient moves over.
+    const Key next{s + 1, mb};
+    auto found = states_.find(next);
+    const int gradInput = program(s + 1).gradInput;
+    if (found == states_.end() || !found->second.values[gradInput])
+      return fail(at + " finds no input gradient of stage " + std::to_string(s + 1));
+    st.values[p.gradOutput] = found->second.values[gradInput];
+    found->second.values[gradInput] = {};
+    if (!weightPending_.count(next))
+      releaseState(next);
+  } else {
+    auto in = gradientsIn_.find(key);
+    if (in == gradientsIn_.end())
+      return fail(at + " before its gradient arrived");
+    device_.waitFor(in->second);
+    st.values[p.gradOutput] = in->second.buffer;
+    gradientsIn_.erase(in);
+  }
+  tap(p.values[p.gradOutput], st.values[p.gradOutput], mb);
+  return true;
+}
+
+bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
+  const StageProgram &p = program(s);
+  const Key key{s, mb};
+  const std::string at = "(s" + std::to_string(s) + ",mb" + std::to_string(mb) + ")";
+  auto found = states_.find(key);
+  if (found == states_.end())
+    return fail("BWD" + at + " before its FWD");
+  StageState &st = found->second;
+  if (part == BackwardPart::Weight) {
+    if (!weightPending_.erase(key))
+      return fail("W" + at + " before its B");
+  } else if (p.gradOutput >= 0 && !takeOutputGradient(s, mb, st)) {
+    return false;
+  }
+  for (size_t index = 0; index < p.backward.size(); ++index) {
+    const BackwardInstr &b = p.backward[index];
+    const ForwardInstr &f = p.forward[b.forward];
+    if (part == BackwardPart::Weight && f.params.empty())
+      continue; // W: only instructions with weights
+    for (int input : f.inputs)
+      if (!st.values[input])
+        return fail(std::string("the backward of ") + primName(f.op) + " reads a freed value");
+    // The gradients it adds into; an output gradient nothing produced is zero.
+    std::vector<int> written;
+    if (part != BackwardPart::Weight)
+      written = b.gradInputs;
+    written.push_back(b.gradOutput);
+    for (int id : written)
+      if (id >= 0 && !st.values[id] &&
+          !(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, Queue::compute(), true)))
+        return fail(device_.error());
+    if (!device_.backward(s, mb, index, part, st))
+      return fail(device_.error());
+  }
+  if (part == BackwardPart::Input) {
+    // B leaves everything W needs: inputs, aux, output gradients, the stash.
+    weightPending_.insert(key);
+    tapGradients(p, st, mb);
+    return error_.empty();
+  }
+  if (part == BackwardPart::Weight) {
+    // The input gradient was sent (or handed over) after B.
+    releaseState(key);
+    return true;
+  }
+  // Keep only the input gradient (to send back or hand over); the rest dies.
+  tapGradients(p, st, mb);
+  for (size_t v = 0; v < st.values.size(); ++v)
+    if (static_cast<int>(v) != p.gradInput)
+      device_.release(st.values[v], Queue::compute());
+  for (auto *list : {&st.aux, &st.stash})
+    for (Buffer &b : *list)
+      device_.release(b, Queue::compute());
+  if (p.gradInput < 0)
+    states_.erase(key);
+  return error_.empty();
+}
+
+bool Executor::communicate(const std::vector<const Instr *> &group) {
+  std::vector<Transfer> transfers;
+  for (const Instr *i : group) {
+    Transfer t;
+    t.instr = i;
+    if (i->kind == OpKind::Send) {
+      const StageProgram &p = program(i->srcStage);
+      const int value = i->payload == Payload::Activation ? p.output : p.gradInput;
+      auto it = states_.find({i->srcStage, i->mb});
+      if (it == states_.end() || !it->second.values[value])
+        return fail(i->describe() + ": nothing to send (computed? freed?)");
+      t.buffer = it->second.values[value];
+    }
+    transfers.push_back(t);
+  }
+  if (!device_.exchange(transfers))
+    return fail(device_.error());
+  for (Transfer &t : transfers) {
+    const Instr &i = *t.instr;
+    if (i.kind == OpKind::Recv) {
+      (i.payload == Payload::Activation ? activationsIn_ : gradientsIn_)[{i.dstStage, i.mb}] = t;
+    } else if (i.payload == Payload::Activation) {
+      outputPeer_[{i.srcStage, i.mb}] = i.peer; // released by its FREE
+    } else {
+      // A sent input gradient: its memory returns behind the send; unless W
+      // still needs the rest, it was all that was left of (stage, mb).
+      const Key key{i.srcStage, i.mb};
+      device_.release(states_[key].values[program(i.srcStage).gradInput], Queue::sendTo(i.peer));
+      if (!weightPending_.count(key))
+        releaseState(key);
+    }
+  }
+  return true;
+}
+
+bool Executor::freeOutput(const Instr &i) {
+  const Key key{i.stage, i.mb};
+  auto it = states_.find(key);
+  auto peer = outputPeer_.find(key);
+  if (it == states_.end() || peer == outputPeer_.end())
+    return fail("FREE of an output that was not sent");
+  // Ordered behind the send: the memory returns once the send completed,
+  // without blocking the host.
+  device_.release(it->second.values[program(i.stage).output], Queue::sendTo(peer->second));
+  outputPeer_.erase(peer);
+  return true;
+}
+
+bool Executor::runPipeline() {
+  states_.clear();
+  activationsIn_.clear();
+  gradientsIn_.clear();
+  outputPeer_.clear();
+  weightPending_.clear();
+  reads_.clear();
+  taps_.clear();
+  losses_.assign(artifact_.microbatches, std::vector<double>(artifact_.stages.back().losses.size(), 0.0));
+  const std::vector<Instr> &list = artifact_.ranks[rank_];
+  for (size_t index = 0; index < list.size(); ++index) {
+    const Instr &i = list[index];
+    where_ = "instruction #" + std::to_string(index) + " " + i.describe();
+    bool ok = true;
+    switch (i.kind) {
+    case OpKind::Forward: ok = forward(i.stage, i.mb); break;
+    case OpKind::Backward: ok = backward(i.stage, i.mb, BackwardPart::Both); break;
+    case OpKind::BackwardInput: ok = backward(i.stage, i.mb, BackwardPart::Input); break;
+    case OpKind::BackwardWeight: ok = backward(i.stage, i.mb, BackwardPart::Weight); break;
+    case OpKind::Send:
+    case OpKind::Recv: {
+      // One group's instructions are consecutive and posted together.
+      std::vector<const Instr *> group;
+      size_t end = index;
+      while (end < list.size() && list[end].isComm() && list[end].group == i.group)
+        group.push_back(&list[end++]);
+      ok = communicate(group);
+      index = end - 1;
+      break;
+    }
+    case OpKind::Free: ok = freeOutput(i); break;
+    case OpKind::Optimizer: break; // the trainer runs it once the list is done
+    }
+    if (!ok)
+      return false;
+  }
+  where_ = "end of step";
+  return collectResults();
+}
+
+bool Executor::collectResults() {
+  if (!device_.finishPipeline())
+    return fail(device_.error());
+  for (PendingRead &read : reads_) {
+    std::vector<float> host(read.buffer.count);
+    if (!device_.download(read.buffer, host.data()))
+      return fail(device_.error());
+    if (read.name.empty())
+      losses_[read.mb][read.loss] = host[0];
+    else
+      taps_[read.name] = std::move(host);
+    device_.release(read.buffer, Queue::compute());
+  }
+  reads_.clear();
+  while (!states_.empty())
+    releaseState(states_.begin()->first);
+  for (auto *arrived : {&activationsIn_, &gradientsIn_}) {
+    for (auto &[key, t] : *arrived) {
+      device_.waitFor(t);
+      device_.release(t.buffer, Queue::compute());
+    }
+    arrived->clear();
+  }
+  return device_.error().empty() || fail(device_.error());
+}
+
+} // namespace mhcc::runtime

@@ -1,0 +1,78 @@
+//===- Executor.h - one rank's step: the instruction list, once ----*- C++ -*-===//
+//
+// Walks a rank's static instruction list (FWD, BWD, B, W, SEND, RECV, FREE,
+// OPTIM) for one step over a Device, for every backend. It owns the per-
+// (stage, microbatch) state, hands a chunk's output (or input gradient) to
+// the next chunk on the same rank without a message, records taps and
+// collects the last stage's losses. Every check of the list's order (a FWD
+// twice, a W before its B, a use before arrival) is made here, once.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_EXEC_EXECUTOR_H
+#define MHCC_RUNTIME_EXEC_EXECUTOR_H
+
+#include "runtime/exec/Device.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+class Executor {
+public:
+  Executor(const Artifact &artifact, const TrainOptions &options, Device &device);
+
+  /// Issues the rank's whole list for one step, then waits for the device
+  /// and reads the losses and taps. False with error() on failure.
+  bool runPipeline();
+
+  /// This rank's last-stage losses of the step, [mb][loss] (zeros elsewhere).
+  const std::vector<std::vector<double>> &losses() const { return losses_; }
+  /// With recordTaps: "<tap>@mb<k>" -> values.
+  std::map<std::string, std::vector<float>> takeTaps() { return std::move(taps_); }
+  const std::string &error() const { return error_; }
+
+private:
+  using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
+
+  bool forward(int64_t stage, int64_t mb);
+  bool backward(int64_t stage, int64_t mb, BackwardPart part);
+  bool takeOutputGradient(int64_t stage, int64_t mb, StageState &state);
+  bool communicate(const std::vector<const Instr *> &group);
+  bool freeOutput(const Instr &instr);
+  bool collectResults();
+
+  void tap(const ValueInfo &info, const Buffer &buffer, int64_t mb);
+  void tapGradients(const StageProgram &program, const StageState &state, int64_t mb);
+  /// Releases everything of (stage, mb) on the compute queue and forgets it.
+  void releaseState(Key key);
+  bool fail(const std::string &message);
+  const StageProgram &program(int64_t stage) const { return artifact_.stages[stage]; }
+
+  const Artifact &artifact_;
+  const TrainOptions &options_;
+  Device &device_;
+  const int64_t rank_;
+  std::string where_, error_;
+
+  // Per step.
+  std::map<Key, StageState> states_;
+  std::map<Key, Transfer> activationsIn_, gradientsIn_; // arrived, not yet consumed
+  std::map<Key, int64_t> outputPeer_; // where each sent output went: its FREE follows that queue
+  std::set<Key> weightPending_;       // B ran, W has not: the state stays
+  struct PendingRead {
+    std::string name; // tap key, or empty for a loss
+    int64_t mb = 0;
+    size_t loss = 0;
+    Buffer buffer;
+  };
+  std::vector<PendingRead> reads_; // losses and tap copies, read after the pipeline
+  std::vector<std::vector<double>> losses_;
+  std::map<std::string, std::vector<float>> taps_;
+};
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_EXEC_EXECUTOR_H

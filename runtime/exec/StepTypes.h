@@ -1,0 +1,71 @@
+//===- StepTypes.h - what a training step takes and gives ----------*- C++ -*-===//
+//
+// Shared by the trainer, the executor and every device: the options of a
+// run, one step's inputs (token ids) and its result.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_EXEC_STEPTYPES_H
+#define MHCC_RUNTIME_EXEC_STEPTYPES_H
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+struct TrainOptions {
+  std::string optimizer = "adamw"; // or "sgd"
+  double lr = 3e-3;
+  double beta1 = 0.9, beta2 = 0.95, adamEps = 1e-8;
+  double weightDecay = 0.1;
+  double clipGrad = 1.0; // global-norm clipping across all stages; 0: off
+  int64_t warmupSteps = 0;
+  uint64_t dataSeed = 1234;
+  double recvTimeoutSeconds = 120;
+  /// Keep every tapped activation and gradient (model-graph node outputs,
+  /// hence every pipeline boundary) and the reduced parameter gradients of
+  /// each step: what the parity tests compare.
+  bool recordTaps = false;
+  /// Time every primitive (CUDA: events around each kernel group; CPU: the
+  /// rank thread's clock), per rank, and the host phases of a step; costs a
+  /// little, so only on request.
+  bool profile = false;
+  /// CUDA: record the first step's buffers, then give them fixed offsets in
+  /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
+  /// nothing; false: the stream-ordered pool in every step.
+  bool staticMemoryPlan = true;
+};
+
+/// The token ids of one step, by microbatch: every rank gets all of them
+/// (the first stage reads tokens, the loss stages read labels, MTP both).
+struct StepInputs {
+  std::vector<std::vector<int32_t>> tokens, labels;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  double lmLoss = 0;
+  std::optional<double> mtpLoss;
+  double gradNorm = 0;
+  int64_t numZeros = 0;   // zero elements among the reduced gradients
+  double seconds = 0;
+  int64_t tokens = 0;     // trained this step
+  double learningRate = 0;
+  std::vector<int64_t> peakBytes; // per rank: activations, gradients, buffers (CUDA: also weights and optimizer state)
+  /// CUDA, per rank: device memory held for step buffers after the pipeline
+  /// (the static plan's arena plus what the stream-ordered pool holds);
+  /// steady from the second step when steps allocate nothing new.
+  std::vector<int64_t> deviceReservedBytes;
+  // With recordTaps:
+  std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
+  std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping
+  // With profile: milliseconds by "rank R fwd|bwd PRIM" (device time) and by
+  // host phase ("host: ...").
+  std::map<std::string, double> profileMs;
+};
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_EXEC_STEPTYPES_H
