@@ -22,7 +22,9 @@
 # (extra mhcrun flags for the goldens and benchmarks, e.g. "--memory-plan
 # pool": the goldens must still match exactly), GPU_SUITE_GOLDENS=regen
 # (record new goldens without comparing to the committed ones; the run is
-# still compared with its own rerun).
+# still compared with its own rerun), GPU_SUITE_BASELINE=PATH (bundle: an
+# mhcrun built from an earlier commit, run beside every benchmark so the
+# ratio of the two comes from one run).
 #
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
@@ -57,6 +59,7 @@ declare -A ARTIFACT=(
   [small_n1_pp1]="models/small_n1.json --microbatches 8 --pp 1"
   [small_pp2]="models/small.json --microbatches 8 --pp 2"
   [small_pp2_vpp2]="models/small.json --microbatches 8 --pp 2 --vpp 2"
+  [small_pp2_zb]="models/small.json --microbatches 8 --pp 2 --schedule zb-h1"
   [1b_pp1]="models/1b.json --microbatches 8 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
@@ -66,7 +69,7 @@ declare -A ARTIFACT=(
   [1b_pp4]="models/1b.json --microbatches 8 --pp 4"
   [1b_pp4_vpp2]="models/1b.json --microbatches 8 --pp 4 --vpp 2"
 )
-BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_vpp2 small_pp4 small_pp4_vpp2
+BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_zb small_pp2_vpp2 small_pp4 small_pp4_vpp2
                1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2 1b_pp4 1b_pp4_vpp2"
 # H200 SXM fp32 (no tensor cores: the backend runs fp32 without TF32).
 PEAK_TFLOPS=67
@@ -85,6 +88,7 @@ bundle)
     cp "bazel-bin/${path/://}" "$bundle/${t##*:}"
   done
   cp bazel-bin/tools/mhcrun bazel-bin/tools/libmhcc_mpi.so "$bundle/"
+  [ -n "${GPU_SUITE_BASELINE:-}" ] && cp "$GPU_SUITE_BASELINE" "$bundle/mhcrun_baseline"
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
@@ -135,7 +139,7 @@ run)
     done
     # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
     declare -A PARITY=(
-      [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
+      [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
       [small]="small_m2_pp1:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
       [c4096]="-:c4096_pp1 c4096_pp2 c4096_pp2_vpp2"
       [c7168]="-:c7168_pp1 c7168_pp2 c7168_pp2_vpp2"
@@ -149,7 +153,7 @@ run)
       [small_pp4]="-:small_m4_pp1 small_m4_pp4 small_m4_pp4_vpp2"
       [c7168_pp4]="-:c7168_m4_pp1 c7168_m4_pp4 c7168_m4_pp4_vpp2"
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
-      [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks"
+      [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
     )
     for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
@@ -232,19 +236,18 @@ run)
        "$logs"/golden_values_h200_tiny_pp4_vpp2.json "$out/" 2>/dev/null
   fi
 
-  if [[ $parts == *" bench "* ]]; then
-    # 5 iterations each, the median of the last 4.
-    for name in ${GPU_SUITE_BENCH:-$BENCH_DEFAULT}; do
-      case "$name" in
-        *_pp4*) [ "$gpus" -ge 4 ] || { row "bench $name" SKIP "needs 4 GPUs, $gpus visible"; continue; } ;;
-        *_pp2*) [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
-      esac
-      # shellcheck disable=SC2086
-      if timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS ${GPU_SUITE_MHCRUN_FLAGS:-} \
-          --metrics "$logs/bench_$name.jsonl" > "$logs/bench_$name.log" 2>&1; then
-        numbers=$(python3 -c "
+  # bench_numbers MHCRUN NAME LOGPREFIX: 5 iterations, medians of the last 4,
+  # into $numbers; fails when the run fails or the reserved memory grew.
+  bench_numbers() {
+    local bin=$1 name=$2 log=$3
+    # shellcheck disable=SC2086
+    if ! timeout 400 "$bin" "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
+        ${GPU_SUITE_MHCRUN_FLAGS:-} --metrics "$log.jsonl" > "$log.log" 2>&1; then
+      numbers=$(tail -1 "$log.log" | cut -c1-150); return 1
+    fi
+    numbers=$(python3 -c "
 import json, statistics, sys
-rows = [json.loads(l) for l in open('$logs/bench_$name.jsonl')][1:]
+rows = [json.loads(l) for l in open('$log.jsonl')][1:]
 tflops = statistics.median(r['tflops'] for r in rows)
 # No device allocation after the first step: the same bytes reserved from step 2 on.
 steady = all(r['device reserved bytes per rank'] == rows[0]['device reserved bytes per rank'] for r in rows)
@@ -253,9 +256,23 @@ print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s
       tflops, 100 * tflops / ($PEAK_TFLOPS * len(rows[-1]['peak bytes per rank'])),
       ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank']),
       'steady' if steady else 'GREW after step 2'))
-sys.exit(0 if steady else 1)") && r=PASS || r=FAIL
-      else
-        numbers=$(tail -1 "$logs/bench_$name.log" | cut -c1-150); r=FAIL
+sys.exit(0 if steady else 1)")
+  }
+
+  if [[ $parts == *" bench "* ]]; then
+    for name in ${GPU_SUITE_BENCH:-$BENCH_DEFAULT}; do
+      case "$name" in
+        *_pp4*) [ "$gpus" -ge 4 ] || { row "bench $name" SKIP "needs 4 GPUs, $gpus visible"; continue; } ;;
+        *_pp2*) [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
+      esac
+      bench_numbers ./mhcrun "$name" "$logs/bench_$name" && r=PASS || r=FAIL
+      if [ -x ./mhcrun_baseline ]; then
+        ours=$numbers
+        bench_numbers ./mhcrun_baseline "$name" "$logs/baseline_$name"
+        numbers="$ours; baseline $(python3 -c "
+import json, statistics
+med = lambda p: statistics.median(json.loads(l)['tokens per second'] for l in list(open(p))[1:])
+print('%.0f tokens/s, new/baseline %.3f' % (med('$logs/baseline_$name.jsonl'), med('$logs/bench_$name.jsonl') / med('$logs/baseline_$name.jsonl')))" 2>/dev/null || echo failed)"
       fi
       row "bench $name" $r "$numbers"
     done
