@@ -12,7 +12,12 @@ namespace mhcc::runtime {
 
 void prepareCudaEnvironment() {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
-  setenv("NCCL_LAUNCH_MODE", "GROUP", /*overwrite=*/0);
+  // Not GROUP: it makes ncclGroupEnd a host barrier between the ranks of one
+  // process on each communicator, so in-process ranks whose groups are not
+  // mirror images (ZB-H1: a lone gradient send on one rank, a send and a
+  // receive together on the other) wait on each other forever (seen on
+  // H200s, 2026-11-30). PARALLEL is NCCL's default; launches never block.
+  setenv("NCCL_LAUNCH_MODE", "PARALLEL", /*overwrite=*/0);
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
 }
 

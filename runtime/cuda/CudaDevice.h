@@ -24,9 +24,10 @@
 namespace mhcc::runtime {
 
 /// Sets the process environment the CUDA backend needs, unless the user
-/// set it: CUDA_DEVICE_MAX_CONNECTIONS=1 and NCCL_LAUNCH_MODE=GROUP (found
-/// on H200s: with one host thread per GPU and the CUDA defaults, PP2 hung in
-/// its first step), NCCL_NVLS_ENABLE=0. Call before the first CUDA call.
+/// set it: CUDA_DEVICE_MAX_CONNECTIONS=1 (found on H200s: with one host
+/// thread per GPU and the CUDA defaults, PP2 once hung in its first step),
+/// NCCL_LAUNCH_MODE=PARALLEL (GROUP deadlocks in-process ZB-H1),
+/// NCCL_NVLS_ENABLE=0. Call before the first CUDA call.
 void prepareCudaEnvironment();
 
 /// Every rank in this process, rank r on GPU r. The factory fails (one line)

@@ -34,6 +34,9 @@ inline TrainingRun train(const std::string &path, const TokenDataset &data, int6
   // is the default).
   if (const char *plan = std::getenv("MHCC_TEST_MEMORY_PLAN"))
     options.staticMemoryPlan = std::string(plan) != "pool";
+  // A hung layout then fails in seconds instead of using up a GPU call.
+  if (const char *timeout = std::getenv("MHCC_TEST_RECV_TIMEOUT"))
+    options.recvTimeoutSeconds = std::atof(timeout);
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), data, options, devices, error);
   EXPECT_TRUE(trainer) << error;
   if (!trainer)

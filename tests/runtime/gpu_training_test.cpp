@@ -59,6 +59,7 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
                   gpus.gpus.size());
       continue;
     }
+    std::printf("%s: training\n", gArtifacts[i].c_str());
     TrainingRun first = train(gArtifacts[i], *data, 2, cudaDevices());
     expectIdentical(gpu, first, gArtifacts[i] + " on GPUs");
     first = {}; // the large cases hold gigabytes of gradients per run
@@ -73,6 +74,7 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
 
 int main(int argc, char **argv) {
   mhcc::runtime::prepareCudaEnvironment();
+  std::setvbuf(stdout, nullptr, _IOLBF, 0); // a run killed by a time limit still shows how far it got
   testing::InitGoogleTest(&argc, argv);
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s DATA CPU_REFERENCE|- GPU_REFERENCE [OTHER...]\n", argv[0]);
