@@ -1,7 +1,7 @@
 //===- Driver.cpp - the mhcc command line -------------------------------------===//
 //
 // mhcc MODEL.json [-o OUT] [--emit=summary|mlir|programs|cuda|artifact]
-//      [--compile-to=PHASE] [--cuda-arch=auto|none|sm_XY] [--nvcc=PATH]
+//      [--compile-to=PHASE] [--cuda-arch=auto|none|sm_90] [--nvcc=PATH]
 //
 // Every failure prints one line naming the file and the place, and exits 1;
 // output files are only written (atomically) once the compile succeeded.
@@ -65,9 +65,9 @@ struct Options {
   llvm::cl::OptionCategory cudaCategory{"CUDA kernels"};
   llvm::cl::opt<std::string> cudaArch{
       "cuda-arch",
-      llvm::cl::desc("GPU architecture the artifact's kernels are compiled for: sm_90 (H100, H200), "
-                     "another sm_XY, none (CPU backend only), or auto (sm_90 when nvcc is found, "
-                     "else none with a note)"),
+      llvm::cl::desc("GPU architecture of the artifact's kernels: sm_90 (H100, H200; the only "
+                     "one the runtime runs), none (CPU backend only), or auto (sm_90 when nvcc "
+                     "is found, else none with a note)"),
       llvm::cl::init("auto"), llvm::cl::cat(cudaCategory)};
   llvm::cl::opt<std::string> nvcc{
       "nvcc", llvm::cl::desc("nvcc to compile the kernels with (default: $CUDA_HOME/bin, "
@@ -191,9 +191,11 @@ int runMhcc(int argc, char **argv) {
   if (needsArtifact && *lastPhase != Phase::Schedule)
     return fail("--emit=artifact, programs and cuda need every phase; drop --compile-to");
   const std::string cudaArch = options.cudaArch;
-  if (cudaArch != "auto" && cudaArch != "none" && !codegen::isCudaArch(cudaArch))
-    return fail("--cuda-arch " + cudaArch + " is not a GPU architecture; use sm_90 (H100, H200), another "
-                "sm_XY, none or auto");
+  const std::string supported = codegen::kCudaArch;
+  if (cudaArch != "auto" && cudaArch != "none" && cudaArch != supported)
+    return fail("--cuda-arch: " + cudaArch + " is not supported: mhcc's kernels and the runtime's GPU " +
+                "check are for " + supported + " (H100, H200) only; use --cuda-arch " + supported +
+                ", or none for a CPU-only artifact");
   if (options.emit == EmitKind::Artifact && options.output == "-")
     return fail("--emit=artifact writes a binary file: give it a name with -o FILE");
 
@@ -249,7 +251,7 @@ int runMhcc(int argc, char **argv) {
       std::string codegenError;
       std::optional<runtime::DeviceCode> code = codegen::compileModelKernels(
           artifact->model, codegen::emitModelKernels(artifact->model, artifact->modelHash), *nvcc,
-          cudaArch == "auto" ? "sm_90" : cudaArch, codegenError);
+          codegen::kCudaArch, codegenError);
       if (!code)
         return fail(codegenError);
       artifact->deviceCode = std::move(*code);
