@@ -1,10 +1,11 @@
 //===- Driver.cpp - the mhcc command line -------------------------------------===//
 //
 // mhcc MODEL.json [-o OUT] [--emit=summary|mlir|programs|cuda|artifact]
-//      [--compile-to=PHASE] [--cuda-arch=auto|none|sm_XY] [--nvcc=PATH]
+//      [--compile-to=PHASE] [pipeline options] [--cuda-arch=auto|none|sm_90]
 //
-// Every failure prints one line naming the file and the place, and exits 1;
-// output files are only written (atomically) once the compile succeeded.
+// Every failure prints one line and exits 1: a bad flag as "mhcc: --flag:
+// why" before the model is read, a bad model naming the file and the place.
+// Output files are only written (atomically) once the compile succeeded.
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/codegen/CudaCodegen.h"
@@ -13,6 +14,7 @@
 #include "compiler/InitAll.h"
 #include "compiler/ModelGraph.h"
 #include "compiler/Pipeline.h"
+#include "compiler/Version.h"
 #include "passes/ModelUnits.h"
 #include "passes/PipelineIR.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -40,13 +42,23 @@ namespace {
 
 enum class EmitKind { Summary, Mlir, Programs, Cuda, Artifact };
 
-struct Options {
+llvm::cl::OptionCategory &cudaCategory() {
+  static llvm::cl::OptionCategory category("CUDA kernels");
+  return category;
+}
+
+/// mhcc's flags beyond the pipeline's (compiler/Pipeline.h): what to read
+/// and write, the schedule report, the CUDA kernels.
+struct DriverOptions {
   llvm::cl::opt<std::string> input{llvm::cl::Positional, llvm::cl::Required,
-                                   llvm::cl::desc("<model.json>")};
+                                   llvm::cl::desc("<model.json>"),
+                                   llvm::cl::cat(compilationCategory())};
   llvm::cl::opt<std::string> output{"o", llvm::cl::desc("Output file ('-' = stdout)"),
-                                    llvm::cl::value_desc("file"), llvm::cl::init("-")};
+                                    llvm::cl::value_desc("file"), llvm::cl::init("-"),
+                                    llvm::cl::cat(compilationCategory())};
   llvm::cl::opt<EmitKind> emit{
       "emit", llvm::cl::desc("What to write"), llvm::cl::init(EmitKind::Summary),
+      llvm::cl::cat(compilationCategory()),
       llvm::cl::values(
           clEnumValN(EmitKind::Summary, "summary",
                      "parameters, FLOPs per token, boundary width"),
@@ -57,59 +69,32 @@ struct Options {
                      "the model's generated CUDA kernels (the source nvcc compiles)"),
           clEnumValN(EmitKind::Artifact, "artifact",
                      "the versioned artifact mhcrun executes (needs -o FILE)"))};
-  llvm::cl::opt<std::string> compileTo{
-      "compile-to",
-      llvm::cl::desc("Stop after this phase (" + phaseNames() + ")"),
-      llvm::cl::value_desc("phase"), llvm::cl::init(allPhases().back().name)};
 
-  llvm::cl::OptionCategory cudaCategory{"CUDA kernels"};
-  llvm::cl::opt<std::string> cudaArch{
-      "cuda-arch",
-      llvm::cl::desc("GPU architecture the artifact's kernels are compiled for: sm_90 (H100, H200), "
-                     "another sm_XY, none (CPU backend only), or auto (sm_90 when nvcc is found, "
-                     "else none with a note)"),
-      llvm::cl::init("auto"), llvm::cl::cat(cudaCategory)};
-  llvm::cl::opt<std::string> nvcc{
-      "nvcc", llvm::cl::desc("nvcc to compile the kernels with (default: $CUDA_HOME/bin, "
-                             "/usr/local/cuda/bin, PATH)"),
-      llvm::cl::value_desc("path"), llvm::cl::cat(cudaCategory)};
-
-  llvm::cl::OptionCategory pipelineCategory{"Pipeline parallelism"};
-  llvm::cl::opt<int64_t> pp{"pp", llvm::cl::desc("Pipeline ranks p"), llvm::cl::init(1),
-                            llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<int64_t> vpp{"vpp", llvm::cl::desc("Virtual chunks per rank v"),
-                             llvm::cl::init(1), llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<std::string> layout{
-      "layout",
-      llvm::cl::desc("Megatron-style layout (E, t, m, L, |, *N), e.g. Et|tt|tt|tL; "
-                     "default: cost-balanced automatic partition"),
-      llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<double> memoryCapGib{
-      "memory-cap-gib", llvm::cl::desc("Memory per virtual stage for the automatic partition"),
-      llvm::cl::init(0), llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<int64_t> microbatches{"microbatches", llvm::cl::desc("Microbatches per step m"),
-                                      llvm::cl::init(8), llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<std::string> schedule{
-      "schedule",
-      llvm::cl::desc("gpipe, 1f1b, interleaved or zb-h1 (default: 1f1b, interleaved if --vpp > 1)"),
-      llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<int64_t> microbatchGroup{
-      "microbatch-group", llvm::cl::desc("Interleaved microbatch group g (default p)"),
-      llvm::cl::init(0), llvm::cl::cat(pipelineCategory)};
   llvm::cl::opt<bool> printSchedule{
       "print-schedule",
       llvm::cl::desc("Print each rank's timeline, the predicted bubble and peak activations"),
-      llvm::cl::cat(pipelineCategory)};
+      llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<double> simTflops{"sim-tflops",
                                   llvm::cl::desc("Compute rate the schedule simulator assumes"),
-                                  llvm::cl::init(400), llvm::cl::cat(pipelineCategory)};
+                                  llvm::cl::init(400), llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<double> simLinkGBps{
       "sim-link-gbps", llvm::cl::desc("P2P bandwidth the schedule simulator assumes (GB/s)"),
-      llvm::cl::init(200), llvm::cl::cat(pipelineCategory)};
-  llvm::cl::opt<bool> testMisorderP2P{
-      "test-misorder-p2p",
-      llvm::cl::desc("Testing only: swap two same-peer receives so verification must fail"),
-      llvm::cl::Hidden};
+      llvm::cl::init(200), llvm::cl::cat(pipelineCategory())};
+
+  llvm::cl::opt<std::string> cudaArch{
+      "cuda-arch",
+      llvm::cl::desc("GPU architecture of the artifact's kernels: sm_90 (H100, H200; the only "
+                     "one the runtime runs), none (CPU backend only), or auto (sm_90 when nvcc "
+                     "is found, else none with a note)"),
+      llvm::cl::init("auto"), llvm::cl::cat(cudaCategory())};
+  llvm::cl::opt<std::string> nvcc{
+      "nvcc", llvm::cl::desc("nvcc to compile the kernels with (default: $CUDA_HOME/bin, "
+                             "/usr/local/cuda/bin, PATH)"),
+      llvm::cl::value_desc("path"), llvm::cl::cat(cudaCategory())};
+
+  bool needsArtifact() const {
+    return emit == EmitKind::Artifact || emit == EmitKind::Programs || emit == EmitKind::Cuda;
+  }
 };
 
 /// What the pipeline phases decided, if they ran: layout, boundaries and the
@@ -166,6 +151,154 @@ int fail(const std::string &message) {
   return 1;
 }
 
+constexpr const char kOverview[] =
+    "mhcc: compiles mHC transformer model graphs for pipelined training\n\n"
+    "  Default options can be set in MHCC_OPTIONS. MLIR's IR-printing, timing and\n"
+    "  pass-manager flags (--mlir-print-ir-after-all, --mlir-timing, ...) and\n"
+    "  LLVM's own are listed by --help-hidden.\n";
+
+/// --help shows mhcc's categories (and --help, --version). LLVM's
+/// HideUnrelatedOptions would hide the rest from --help-hidden too; they stay
+/// there, so MLIR's debugging flags can still be found.
+void hideUnrelatedOptions() {
+  std::vector<llvm::cl::Option *> listed;
+  for (auto &entry : llvm::cl::getRegisteredOptions())
+    if (entry.second->getOptionHiddenFlag() != llvm::cl::ReallyHidden)
+      listed.push_back(entry.second);
+  llvm::cl::HideUnrelatedOptions({&compilationCategory(), &pipelineCategory(), &cudaCategory()});
+  for (llvm::cl::Option *option : listed)
+    if (option->getOptionHiddenFlag() == llvm::cl::ReallyHidden)
+      option->setHiddenFlag(llvm::cl::Hidden);
+}
+
+/// Flag values that no model can make valid, as "--flag: why": reported
+/// before the model is read, never at its location.
+std::optional<std::string> checkFlags(const DriverOptions &options,
+                                      const PipelineOptions &pipeline) {
+  if (std::optional<OptionError> error = pipeline.validate())
+    return "--" + error->option + ": " + error->message;
+  if (options.needsArtifact() && pipeline.compileTo != Phase::Schedule)
+    return std::string("--compile-to: --emit=artifact, programs and cuda need every phase; "
+                       "drop --compile-to");
+  const std::string &arch = options.cudaArch;
+  const std::string supported = codegen::kCudaArch;
+  if (arch != "auto" && arch != "none" && arch != supported)
+    return "--cuda-arch: " + arch + " is not supported: mhcc's kernels and the runtime's GPU " +
+           "check are for " + supported + " (H100, H200) only; use --cuda-arch " + supported +
+           ", or none for a CPU-only artifact";
+  if (options.emit == EmitKind::Artifact && options.output == "-")
+    return std::string("-o: --emit=artifact writes a binary file: give it a name with -o FILE");
+  return std::nullopt;
+}
+
+/// Reads the model graph, imports it and runs the pipeline's phases; on
+/// failure, the error has been printed.
+OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &input,
+                                   const PipelineOptions &pipeline) {
+  ModelError error;
+  std::optional<ModelGraph> graph = loadModelGraph(input, error);
+  if (!graph) {
+    llvm::errs() << formatModelError(input, error) << "\n";
+    return nullptr;
+  }
+  OwningOpRef<ModuleOp> module = importModelGraph(context, *graph, input);
+  if (!module) {
+    fail("internal error: the imported IR of " + input +
+         " does not verify (please report it with the model file)");
+    return nullptr;
+  }
+  PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm))) {
+    fail("bad pass manager options");
+    return nullptr;
+  }
+  buildPipeline(pm, pipeline);
+  if (failed(pm.run(*module))) {
+    fail("compilation of " + input + " failed (see above)");
+    return nullptr;
+  }
+  return module;
+}
+
+/// Compiles the model's CUDA kernels into the artifact for --cuda-arch (auto:
+/// sm_90 when nvcc is found, else a CPU-only artifact with a note).
+LogicalResult addDeviceCode(runtime::Artifact &artifact, const DriverOptions &options) {
+  const std::string &arch = options.cudaArch;
+  if (arch == "none")
+    return success();
+  std::string nvccError;
+  std::optional<std::string> nvcc = codegen::findNvcc(options.nvcc, nvccError);
+  if (!nvcc && (arch != "auto" || !options.nvcc.empty()))
+  {
+    fail(nvccError + "; the CUDA kernels for " + arch +
+         " need it: install the CUDA toolkit, pass --nvcc PATH, or --cuda-arch none for a "
+         "CPU-only artifact");
+    return failure();
+  }
+  if (!nvcc) {
+    llvm::errs() << "mhcc: note: " << nvccError << ": the artifact runs on the CPU backend only; "
+                 << "pass --nvcc PATH for GPU kernels, or --cuda-arch none to silence this\n";
+    return success();
+  }
+  std::string codegenError;
+  std::optional<runtime::DeviceCode> code = codegen::compileModelKernels(
+      artifact.model, codegen::emitModelKernels(artifact.model, artifact.modelHash), *nvcc,
+      codegen::kCudaArch, codegenError);
+  if (!code) {
+    fail(codegenError);
+    return failure();
+  }
+  artifact.deviceCode = std::move(*code);
+  return success();
+}
+
+/// The summary: the model's sizes and costs, and what the pipeline decided.
+LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
+                           llvm::raw_ostream &os) {
+  FailureOr<func::FuncOp> func = findModelFunc(module);
+  if (failed(func))
+    return failure();
+  FailureOr<ModelUnits> model = collectModelUnits(*func);
+  if (failed(model))
+    return failure();
+  os << formatModelSummary(*model);
+  SimulationOptions simulation{options.simTflops, options.simLinkGBps};
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, os);
+}
+
+/// Writes what --emit asks for; output files appear only when all succeeded.
+int emitOutput(ModuleOp module, const DriverOptions &options) {
+  std::optional<runtime::Artifact> artifact;
+  if (options.needsArtifact()) {
+    FailureOr<runtime::Artifact> built = buildArtifact(module, hashFile(options.input));
+    if (failed(built))
+      return fail("cannot build the artifact of " + options.input + " (see above)");
+    artifact = std::move(*built);
+  }
+  if (options.emit == EmitKind::Artifact) {
+    std::string writeError;
+    if (failed(addDeviceCode(*artifact, options)))
+      return 1;
+    if (!runtime::writeArtifact(options.output, *artifact, writeError))
+      return fail(writeError);
+    return 0;
+  }
+  std::string message;
+  std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(options.output, &message);
+  if (!out)
+    return fail("cannot write '" + options.output + "': " + message);
+  if (options.emit == EmitKind::Mlir)
+    module.print(out->os());
+  else if (options.emit == EmitKind::Programs)
+    out->os() << formatPrograms(*artifact);
+  else if (options.emit == EmitKind::Cuda)
+    out->os() << codegen::emitModelKernels(artifact->model, artifact->modelHash);
+  else if (failed(printSummary(module, options, out->os())))
+    return 1;
+  out->keep();
+  return 0;
+}
+
 } // namespace
 
 int runMhcc(int argc, char **argv) {
@@ -174,118 +307,23 @@ int runMhcc(int argc, char **argv) {
   registerMLIRContextCLOptions();
   registerPassManagerCLOptions();
   registerDefaultTimingManagerCLOptions();
-  Options options;
+  DriverOptions options;
+  PipelineOptions pipeline;
+  PipelineFlags pipelineFlags(pipeline);
+  setVersionPrinter("mhcc");
+  hideUnrelatedOptions();
   // MHCC_OPTIONS holds default options, read before the command line's.
-  llvm::cl::ParseCommandLineOptions(
-      argc, argv,
-      "mhcc: compiles mHC transformer model graphs for pipelined training\n", nullptr, nullptr,
-      "MHCC_OPTIONS");
-
-  std::optional<Phase> lastPhase = parsePhase(options.compileTo);
-  if (!lastPhase)
-    return fail("unknown phase '" + options.compileTo + "' for --compile-to; "
-                "phases: " + phaseNames());
-
-  bool needsArtifact = options.emit == EmitKind::Artifact || options.emit == EmitKind::Programs ||
-                       options.emit == EmitKind::Cuda;
-  if (needsArtifact && *lastPhase != Phase::Schedule)
-    return fail("--emit=artifact, programs and cuda need every phase; drop --compile-to");
-  const std::string cudaArch = options.cudaArch;
-  if (cudaArch != "auto" && cudaArch != "none" && !codegen::isCudaArch(cudaArch))
-    return fail("--cuda-arch " + cudaArch + " is not a GPU architecture; use sm_90 (H100, H200), another "
-                "sm_XY, none or auto");
-  if (options.emit == EmitKind::Artifact && options.output == "-")
-    return fail("--emit=artifact writes a binary file: give it a name with -o FILE");
-
-  ModelError error;
-  std::optional<ModelGraph> graph = loadModelGraph(options.input, error);
-  if (!graph) {
-    llvm::errs() << formatModelError(options.input, error) << "\n";
-    return 1;
-  }
+  llvm::cl::ParseCommandLineOptions(argc, argv, kOverview, nullptr, nullptr, "MHCC_OPTIONS");
+  if (std::optional<std::string> error = checkFlags(options, pipeline))
+    return fail(*error);
 
   DialectRegistry registry;
   registerAllDialects(registry);
   MLIRContext context(registry);
-  OwningOpRef<ModuleOp> module = importModelGraph(context, *graph, options.input);
+  OwningOpRef<ModuleOp> module = compileModel(context, options.input, pipeline);
   if (!module)
-    return fail("internal error: the imported IR of " + options.input +
-                " does not verify (please report it with the model file)");
-
-  PassManager pm(&context);
-  if (failed(applyPassManagerCLOptions(pm)))
-    return fail("bad pass manager options");
-  PipelineOptions pipelineOptions;
-  pipelineOptions.pp = options.pp;
-  pipelineOptions.vpp = options.vpp;
-  pipelineOptions.layout = options.layout;
-  pipelineOptions.memoryCapGib = options.memoryCapGib;
-  pipelineOptions.microbatches = options.microbatches;
-  pipelineOptions.schedule = options.schedule;
-  pipelineOptions.groupSize = options.microbatchGroup;
-  pipelineOptions.testMisorderP2P = options.testMisorderP2P;
-  buildPipeline(pm, *lastPhase, pipelineOptions);
-  if (failed(pm.run(*module)))
-    return fail("compilation of " + options.input + " failed (see above)");
-
-  std::optional<runtime::Artifact> artifact;
-  if (needsArtifact) {
-    FailureOr<runtime::Artifact> built = buildArtifact(*module, hashFile(options.input));
-    if (failed(built))
-      return fail("cannot build the artifact of " + options.input + " (see above)");
-    artifact = std::move(*built);
-  }
-  if (options.emit == EmitKind::Artifact && cudaArch != "none") {
-    std::string nvccError;
-    std::optional<std::string> nvcc = codegen::findNvcc(options.nvcc, nvccError);
-    if (!nvcc && (cudaArch != "auto" || !options.nvcc.empty()))
-      return fail(nvccError + "; the CUDA kernels for " + cudaArch +
-                  " need it: install the CUDA toolkit, pass --nvcc PATH, or --cuda-arch none for a "
-                  "CPU-only artifact");
-    if (!nvcc) {
-      llvm::errs() << "mhcc: note: " << nvccError << ": the artifact runs on the CPU backend only; "
-                   << "pass --nvcc PATH for GPU kernels, or --cuda-arch none to silence this\n";
-    } else {
-      std::string codegenError;
-      std::optional<runtime::DeviceCode> code = codegen::compileModelKernels(
-          artifact->model, codegen::emitModelKernels(artifact->model, artifact->modelHash), *nvcc,
-          cudaArch == "auto" ? "sm_90" : cudaArch, codegenError);
-      if (!code)
-        return fail(codegenError);
-      artifact->deviceCode = std::move(*code);
-    }
-  }
-  if (options.emit == EmitKind::Artifact) {
-    std::string writeError;
-    if (!runtime::writeArtifact(options.output, *artifact, writeError))
-      return fail(writeError);
-    return 0;
-  }
-
-  std::string message;
-  std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(options.output, &message);
-  if (!out)
-    return fail("cannot write '" + options.output + "': " + message);
-  if (options.emit == EmitKind::Mlir) {
-    module->print(out->os());
-  } else if (options.emit == EmitKind::Programs) {
-    out->os() << formatPrograms(*artifact);
-  } else if (options.emit == EmitKind::Cuda) {
-    out->os() << codegen::emitModelKernels(artifact->model, artifact->modelHash);
-  } else {
-    FailureOr<func::FuncOp> func = findModelFunc(*module);
-    if (failed(func))
-      return 1;
-    FailureOr<ModelUnits> model = collectModelUnits(*func);
-    if (failed(model))
-      return 1;
-    out->os() << formatModelSummary(*model);
-    SimulationOptions simulation{options.simTflops, options.simLinkGBps};
-    if (failed(printPipelineSummary(*module, *func, simulation, options.printSchedule, out->os())))
-      return 1;
-  }
-  out->keep();
-  return 0;
+    return 1;
+  return emitOutput(*module, options);
 }
 
 } // namespace mhcc

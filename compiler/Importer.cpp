@@ -82,26 +82,20 @@ private:
     Value normed = mhc::RmsNormOp::create(builder_, loc, u, llvm::APFloat(c.normEps),
                                           node.name + ".norm");
     if (node.sublayer == SublayerKind::Attention)
-      return mhc::AttentionOp::create(builder_, loc, normed, c.heads, c.seqLen,
-                                      node.name + ".attention");
-    return mhc::SwiGluMlpOp::create(builder_, loc, normed, c.ffnHidden,
-                                    node.name + ".mlp");
+      return mhc::AttentionOp::create(builder_, loc, normed, node.name + ".attention");
+    return mhc::SwiGluMlpOp::create(builder_, loc, normed, node.name + ".mlp");
   }
 
   Value emitNode(const ModelNode &node, Value input) {
-    const ModelConfig &c = graph_.config;
     Location loc = locOf(node);
     switch (node.op) {
     case NodeOp::Embedding:
-      return mhc::EmbeddingOp::create(builder_, loc, hiddenType_, tokenIds_,
-                                      c.vocab, node.name);
+      return mhc::EmbeddingOp::create(builder_, loc, hiddenType_, tokenIds_, node.name);
     case NodeOp::MhcExpand:
-      return mhc::ExpandOp::create(builder_, loc, residualType_, input,
-                                   c.streams, node.name);
+      return mhc::ExpandOp::create(builder_, loc, residualType_, input, node.name);
     case NodeOp::MhcSublayer: {
-      auto op = mhc::HyperConnectionOp::create(
-          builder_, loc, residualType_, input, c.streams, c.sinkhornIterations,
-          llvm::APFloat(c.gatingFactor), node.layer, node.name);
+      auto op = mhc::HyperConnectionOp::create(builder_, loc, residualType_, input,
+                                               node.layer, node.name);
       OpBuilder::InsertionGuard guard(builder_);
       Block *body = builder_.createBlock(&op.getBody(), {}, {hiddenType_}, {loc});
       Value y = emitSublayerBody(node, loc, body->getArgument(0));
@@ -109,22 +103,18 @@ private:
       return op.getResult();
     }
     case NodeOp::MhcContract:
-      return mhc::ContractOp::create(builder_, loc, hiddenType_, input,
-                                     c.streams, node.name);
+      return mhc::ContractOp::create(builder_, loc, hiddenType_, input, node.name);
     case NodeOp::RmsNorm:
       return mhc::RmsNormOp::create(builder_, loc, input, llvm::APFloat(node.eps),
                                     node.name);
     case NodeOp::LmHead:
-      return mhc::LmHeadOp::create(builder_, loc, logitsType_, input, c.vocab,
-                                   node.name);
+      return mhc::LmHeadOp::create(builder_, loc, logitsType_, input, node.name);
     case NodeOp::CrossEntropy:
       return mhc::CrossEntropyOp::create(builder_, loc, lossType_, input,
                                          labelIds_, node.lossName, node.name);
     case NodeOp::Mtp:
-      return mhc::MtpOp::create(
-          builder_, loc, lossType_, input, tokenIds_, labelIds_, node.depth,
-          c.streams, c.heads, c.ffnHidden, c.vocab, c.sinkhornIterations,
-          llvm::APFloat(node.lossWeight), node.name);
+      return mhc::MtpOp::create(builder_, loc, lossType_, input, tokenIds_, labelIds_,
+                                node.depth, llvm::APFloat(node.lossWeight), node.name);
     }
     llvm_unreachable("unknown node op");
   }

@@ -7,6 +7,7 @@
 #ifndef MHCC_COMPILER_INITALL_H
 #define MHCC_COMPILER_INITALL_H
 
+#include "compiler/Pipeline.h"
 #include "dialects/mhc/IR/MhcDialect.h"
 #include "dialects/pipe/IR/PipeDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -22,6 +23,7 @@ inline void registerAllDialects(mlir::DialectRegistry &registry) {
 
 inline void registerAllPasses() {
   registerMhcPasses();
+  registerMhccPipeline();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
 }

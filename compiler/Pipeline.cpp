@@ -1,37 +1,115 @@
-//===- Pipeline.cpp - mhcc's named compilation phases -----------------------===//
+//===- Pipeline.cpp - mhcc's compilation phases and their options -----------===//
 #include "compiler/Pipeline.h"
 
 #include "passes/Passes.h"
+#include "passes/pipeline/Layout.h"
+#include "passes/pipeline/Schedule.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <functional>
 
 namespace mhcc {
 
-const std::vector<PhaseInfo> &allPhases() {
-  static const std::vector<PhaseInfo> phases = {
-      {Phase::Import, "import", "JSON model graph to the verified mhc dialect"},
-      {Phase::Partition, "partition", "layers to virtual pipeline stages"},
-      {Phase::P2P, "p2p", "width-aware boundary transfers between stages"},
-      {Phase::Schedule, "schedule", "verified per-rank instruction lists"},
-  };
-  return phases;
+llvm::cl::OptionCategory &compilationCategory() {
+  static llvm::cl::OptionCategory category("Compilation");
+  return category;
 }
 
-std::optional<Phase> parsePhase(const std::string &name) {
-  for (const PhaseInfo &info : allPhases())
-    if (name == info.name)
-      return info.phase;
+llvm::cl::OptionCategory &pipelineCategory() {
+  static llvm::cl::OptionCategory category("Pipeline parallelism");
+  return category;
+}
+
+template <typename Binder>
+void PipelineOptions::bindOptions(Binder &binder) {
+  namespace cl = llvm::cl;
+  binder.option(compileTo, "compile-to", cl::desc("Stop after this phase"),
+                cl::value_desc("phase"), cl::cat(compilationCategory()),
+                cl::values(clEnumValN(Phase::Import, "import",
+                                      "JSON model graph to the verified mhc dialect"),
+                           clEnumValN(Phase::Partition, "partition",
+                                      "layers to virtual pipeline stages"),
+                           clEnumValN(Phase::P2P, "p2p",
+                                      "width-aware boundary transfers between stages"),
+                           clEnumValN(Phase::Schedule, "schedule",
+                                      "verified per-rank instruction lists (default)")));
+  binder.option(pp, "pp", cl::desc("Pipeline ranks p"), cl::cat(pipelineCategory()));
+  binder.option(vpp, "vpp", cl::desc("Virtual chunks per rank v"), cl::cat(pipelineCategory()));
+  binder.option(layout, "layout",
+                cl::desc("Megatron-style layout (E, t, m, L, |, *N), e.g. Et|tt|tt|tL; "
+                         "default: cost-balanced automatic partition"),
+                cl::cat(pipelineCategory()));
+  binder.option(memoryCapGib, "memory-cap-gib",
+                cl::desc("Memory per virtual stage for the automatic partition; 0: no cap"),
+                cl::cat(pipelineCategory()));
+  binder.option(microbatches, "microbatches", cl::desc("Microbatches per step m"),
+                cl::cat(pipelineCategory()));
+  binder.option(schedule, "schedule",
+                cl::desc("gpipe, 1f1b, interleaved or zb-h1 (default: 1f1b, interleaved if "
+                         "--vpp > 1)"),
+                cl::cat(pipelineCategory()));
+  binder.option(microbatchGroup, "microbatch-group",
+                cl::desc("Interleaved microbatch group g (default p)"),
+                cl::cat(pipelineCategory()));
+  binder.option(testMisorderP2P, "test-misorder-p2p",
+                cl::desc("Testing only: swap two same-peer receives so verification must fail"),
+                cl::cat(pipelineCategory()), cl::Hidden);
+}
+
+std::optional<OptionError> PipelineOptions::validate() const {
+  auto atLeastOne = [](const char *name, int64_t value) -> std::optional<OptionError> {
+    if (value >= 1)
+      return std::nullopt;
+    return OptionError{name, "must be at least 1, got " + std::to_string(value)};
+  };
+  if (auto error = atLeastOne("pp", pp))
+    return error;
+  if (auto error = atLeastOne("vpp", vpp))
+    return error;
+  if (auto error = atLeastOne("microbatches", microbatches))
+    return error;
+  if (microbatchGroup < 0)
+    return OptionError{"microbatch-group",
+                       "must be 0 (g = p) or a group size, got " + std::to_string(microbatchGroup)};
+  if (!(memoryCapGib >= 0) || !std::isfinite(memoryCapGib))
+    return OptionError{"memory-cap-gib", llvm::formatv("must be 0 (no cap) or a number of GiB, "
+                                                       "got {0}", memoryCapGib)};
+  if (!layout.empty()) {
+    std::string error;
+    std::optional<std::vector<std::string>> stages = pipeline::expandLayout(layout, error);
+    if (!stages)
+      return OptionError{"layout", "'" + layout + "': " + error};
+    if (int64_t(stages->size()) != pp * vpp)
+      return OptionError{"layout", "'" + layout + "' has " + std::to_string(stages->size()) +
+                                       " virtual stages, but pp x vpp = " +
+                                       std::to_string(pp) + " x " + std::to_string(vpp) +
+                                       " needs " + std::to_string(pp * vpp) +
+                                       " (separate them with '|'; a stage may be empty)"};
+  }
+  std::optional<pipeline::ScheduleKind> kind = pipeline::parseScheduleKind(scheduleKind());
+  if (!kind)
+    return OptionError{"schedule", "unknown schedule '" + schedule +
+                                       "'; choose gpipe, 1f1b, interleaved or zb-h1"};
+  if (compileTo < Phase::Schedule)
+    return std::nullopt;
+  if (std::optional<std::string> problem =
+          pipeline::checkScheduleShape(*kind, pp, vpp, microbatches, microbatchGroup))
+    return OptionError{"schedule " + scheduleKind(), *problem};
   return std::nullopt;
 }
 
-std::string phaseNames() {
-  std::string names;
-  for (const PhaseInfo &info : allPhases())
-    names += (names.empty() ? "" : ", ") + std::string(info.name);
-  return names;
+PipelineFlags::PipelineFlags(PipelineOptions &options) { options.bindOptions(*this); }
+
+PipelineFlags::~PipelineFlags() {
+  for (std::unique_ptr<llvm::cl::Option> &flag : flags_)
+    flag->removeArgument();
 }
 
-void buildPipeline(mlir::PassManager &pm, Phase last, const PipelineOptions &options) {
+void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   // Import is done by the importer itself.
-  if (last < Phase::Partition)
+  if (options.compileTo < Phase::Partition)
     return;
   PipePartitionOptions partition;
   partition.pp = options.pp;
@@ -39,20 +117,72 @@ void buildPipeline(mlir::PassManager &pm, Phase last, const PipelineOptions &opt
   partition.layout = options.layout;
   partition.memoryCapGib = options.memoryCapGib;
   pm.addPass(createPipePartition(partition));
-  if (last < Phase::P2P)
+  if (options.compileTo < Phase::P2P)
     return;
   pm.addPass(createPipeInsertP2P());
-  if (last < Phase::Schedule)
+  if (options.compileTo < Phase::Schedule)
     return;
   PipeScheduleOptions schedule;
   schedule.kind = options.scheduleKind();
   schedule.microbatches = options.microbatches;
-  schedule.groupSize = options.groupSize;
+  schedule.groupSize = options.microbatchGroup;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());
   // Every compile verifies the schedule it emits.
   pm.addPass(createPipeVerifySchedule());
+}
+
+namespace {
+
+/// The options of -mhcc-pipeline: PipelineOptions' declarations bound to
+/// pass options, read back into a PipelineOptions after parsing.
+class PipelinePassOptions : public mlir::PassPipelineOptions<PipelinePassOptions> {
+public:
+  PipelinePassOptions() { values_.bindOptions(*this); }
+
+  template <typename T, typename... Modifiers>
+  void option(T &field, llvm::StringRef name, Modifiers &&...modifiers) {
+    auto passOption = std::make_unique<Option<T>>(
+        *this, name, std::forward<Modifiers>(modifiers)..., llvm::cl::init(field));
+    Option<T> *read = passOption.get();
+    readBack_.push_back([read, &field] { field = read->getValue(); });
+    passOptions_.push_back(std::move(passOption));
+  }
+
+  PipelineOptions values() const {
+    for (const std::function<void()> &read : readBack_)
+      read();
+    return values_;
+  }
+
+private:
+  mutable PipelineOptions values_;
+  std::vector<std::function<void()>> readBack_;
+  std::vector<std::unique_ptr<llvm::cl::Option>> passOptions_;
+};
+
+} // namespace
+
+void registerMhccPipeline() {
+  mlir::registerPassPipeline(
+      "mhcc-pipeline",
+      "mhcc's compile after import: partition, boundaries, schedule and its verification, "
+      "with mhcc's own options (pp=2 vpp=2 ...)",
+      [](mlir::OpPassManager &pm, llvm::StringRef text,
+         llvm::function_ref<mlir::LogicalResult(const llvm::Twine &)> errorHandler) {
+        PipelinePassOptions passOptions;
+        if (failed(passOptions.parseFromString(text)))
+          return mlir::failure();
+        PipelineOptions options = passOptions.values();
+        if (std::optional<OptionError> error = options.validate())
+          return errorHandler("mhcc-pipeline option " + error->option + ": " + error->message);
+        buildPipeline(pm, options);
+        return mlir::success();
+      },
+      [](llvm::function_ref<void(const mlir::detail::PassOptions &)> optionsHandler) {
+        optionsHandler(PipelinePassOptions());
+      });
 }
 
 } // namespace mhcc

@@ -1,9 +1,19 @@
-//===- Pipeline.h - mhcc's named compilation phases ---------------*- C++ -*-===//
+//===- Pipeline.h - mhcc's compilation phases and their options ---*- C++ -*-===//
+//
+// The options of a compile are declared once, in PipelineOptions::bindOptions,
+// and bound two ways, as IREE binds its pipeline options: as mhcc's
+// command-line flags (PipelineFlags) and as the options of the
+// `mhcc-pipeline` pass pipeline that mhc-opt registers
+// (registerMhccPipeline). Both build the same passes through buildPipeline.
+//
+//===----------------------------------------------------------------------===//
 #ifndef MHCC_COMPILER_PIPELINE_H
 #define MHCC_COMPILER_PIPELINE_H
 
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/CommandLine.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,34 +28,70 @@ enum class Phase {
   Schedule,  // per-rank instruction lists, verified by simulation
 };
 
-struct PhaseInfo {
-  Phase phase;
-  const char *name;
-  const char *description;
+/// The --help categories of the options below; mhcc adds its own flags to them.
+llvm::cl::OptionCategory &compilationCategory();
+llvm::cl::OptionCategory &pipelineCategory();
+
+/// A bad option value: the option's name (`pp`) and what is wrong with it.
+struct OptionError {
+  std::string option;
+  std::string message;
 };
 
-const std::vector<PhaseInfo> &allPhases();
-std::optional<Phase> parsePhase(const std::string &name);
-/// "import, partition, ..." for error messages and --help.
-std::string phaseNames();
-
 struct PipelineOptions {
+  Phase compileTo = Phase::Schedule;
   int64_t pp = 1;
   int64_t vpp = 1;
-  std::string layout;       // empty: automatic
+  std::string layout;       // empty: cost-balanced automatic partition
   double memoryCapGib = 0;  // automatic partition only; 0: no cap
   int64_t microbatches = 8;
   std::string schedule;     // empty: 1f1b for vpp = 1, else interleaved
-  int64_t groupSize = 0;    // interleaved g; 0: p
+  int64_t microbatchGroup = 0; // interleaved g; 0: p
   bool testMisorderP2P = false;
+
+  /// Declares every option once: `binder.option(field, name, modifiers...)`
+  /// with the llvm::cl modifiers (description, values, category); the field's
+  /// initializer above is the default.
+  template <typename Binder>
+  void bindOptions(Binder &binder);
 
   std::string scheduleKind() const {
     return !schedule.empty() ? schedule : vpp > 1 ? "interleaved" : "1f1b";
   }
+
+  /// The first option value no model can make valid (pp = 0, an unknown
+  /// schedule, a layout with a syntax error or the wrong number of stages, a
+  /// schedule shape buildSchedule refuses), or nullopt. Tools report it as a
+  /// flag error, not at the model.
+  std::optional<OptionError> validate() const;
 };
 
-/// Adds the passes of every phase after Import up to and including `last`.
-void buildPipeline(mlir::PassManager &pm, Phase last, const PipelineOptions &options);
+/// mhcc's command-line flags for `options`, each writing into its field;
+/// registered while this object lives.
+class PipelineFlags {
+public:
+  explicit PipelineFlags(PipelineOptions &options);
+  ~PipelineFlags();
+  PipelineFlags(const PipelineFlags &) = delete;
+  PipelineFlags &operator=(const PipelineFlags &) = delete;
+
+  /// The binder call of PipelineOptions::bindOptions: one global flag.
+  template <typename T, typename... Modifiers>
+  void option(T &field, llvm::StringRef name, Modifiers &&...modifiers) {
+    flags_.push_back(std::make_unique<llvm::cl::opt<T, /*ExternalStorage=*/true>>(
+        name, llvm::cl::location(field), std::forward<Modifiers>(modifiers)...));
+  }
+
+private:
+  std::vector<std::unique_ptr<llvm::cl::Option>> flags_;
+};
+
+/// Adds the passes of every phase after Import up to `options.compileTo`.
+void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options);
+
+/// Registers `-mhcc-pipeline="pp=2 vpp=2 ..."`: mhcc's passes and options in
+/// mhc-opt.
+void registerMhccPipeline();
 
 } // namespace mhcc
 

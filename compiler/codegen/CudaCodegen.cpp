@@ -8,7 +8,6 @@
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <cctype>
 #include <cstdlib>
 
 namespace mhcc::codegen {
@@ -57,15 +56,6 @@ std::string emitModelKernels(const runtime::ModelInfo &model, const std::string 
      << "constexpr int kSinkhornIterations = " << model.sinkhornIterations << ";\n\n"
      << kKernelLibrary;
   return out;
-}
-
-bool isCudaArch(const std::string &arch) {
-  if (arch.size() < 5 || arch.rfind("sm_", 0) != 0)
-    return false;
-  for (size_t i = 3; i < arch.size(); ++i)
-    if (!std::isdigit(static_cast<unsigned char>(arch[i])) && !(i + 1 == arch.size() && arch[i] == 'a'))
-      return false;
-  return true;
 }
 
 std::optional<std::string> findNvcc(const std::string &requested, std::string &error) {

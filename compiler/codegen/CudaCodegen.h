@@ -21,8 +21,12 @@ namespace mhcc::codegen {
 /// The CUDA source of the model's kernels: constants, then the library.
 std::string emitModelKernels(const runtime::ModelInfo &model, const std::string &modelHash);
 
-/// "sm_90"-style names only (what nvcc's -arch and the runtime's check use).
-bool isCudaArch(const std::string &arch);
+/// The one GPU architecture mhcc compiles the kernels for. The runtime runs
+/// nothing else: its GPU check accepts compute capability 9.x only
+/// (kKernelComputeMajor in runtime/gpu/Gpus.h), and its kernel loader
+/// (runtime/cuda/ModelKernels.cpp) wants the artifact's architecture to be
+/// the GPU's sm_XY exactly, so neither another sm_XY nor sm_90a would load.
+inline constexpr const char kCudaArch[] = "sm_90";
 
 /// nvcc to use: `requested` if given (must exist), else $CUDA_HOME/bin/nvcc,
 /// /usr/local/cuda/bin/nvcc, then PATH. nullopt when none is found (error

@@ -211,11 +211,38 @@ void alignReceivesToSenders(Schedule &schedule) {
 
 } // namespace
 
+std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t p, int64_t v, int64_t m,
+                                              int64_t groupSize) {
+  if (p < 1 || v < 1 || m < 1)
+    return std::string("--pp, --vpp and --microbatches must be at least 1");
+  if (kind != ScheduleKind::Interleaved && v > 1)
+    return std::string("the ") + scheduleKindName(kind) +
+           " schedule runs one chunk per rank; with --vpp " + std::to_string(v) +
+           " use --schedule interleaved";
+  if (kind != ScheduleKind::Interleaved)
+    return std::nullopt;
+  const int64_t g = groupSize > 0 ? groupSize : p;
+  if (m < p)
+    return "interleaved 1F1B needs at least p = " + std::to_string(p) + " microbatches, got " +
+           std::to_string(m);
+  if (g < p || g > m)
+    return "the microbatch group size g = " + std::to_string(g) +
+           " must satisfy p <= g <= m (p = " + std::to_string(p) + ", m = " + std::to_string(m) +
+           ")";
+  if (m % g != 0 && m % g < p)
+    return "m % g = " + std::to_string(m % g) + " (m = " + std::to_string(m) +
+           ", g = " + std::to_string(g) + ") must be 0 or at least p = " + std::to_string(p) +
+           ": the last, partial group would leave a stage waiting on a microbatch that is not "
+           "in flight";
+  return std::nullopt;
+}
+
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error) {
   const int64_t p = spec.pp, v = spec.vpp, m = spec.microbatches;
   const int64_t stages = p * v;
-  if (p < 1 || v < 1 || m < 1) {
-    error = "--pp, --vpp and --microbatches must be at least 1";
+  if (std::optional<std::string> problem =
+          checkScheduleShape(spec.kind, p, v, m, spec.groupSize)) {
+    error = *problem;
     return std::nullopt;
   }
   if (static_cast<int64_t>(spec.stages.size()) != stages) {
@@ -223,33 +250,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
             std::to_string(stages) + " virtual stages";
     return std::nullopt;
   }
-  int64_t g = spec.groupSize > 0 ? spec.groupSize : p;
-  if (spec.kind != ScheduleKind::Interleaved && v > 1) {
-    error = std::string("the ") + scheduleKindName(spec.kind) +
-            " schedule runs one chunk per rank; with --vpp " + std::to_string(v) +
-            " use --schedule interleaved";
-    return std::nullopt;
-  }
-  if (spec.kind == ScheduleKind::Interleaved) {
-    if (m < p) {
-      error = "interleaved 1F1B needs at least p = " + std::to_string(p) +
-              " microbatches, got " + std::to_string(m);
-      return std::nullopt;
-    }
-    if (g < p || g > m) {
-      error = "the microbatch group size g = " + std::to_string(g) +
-              " must satisfy p <= g <= m (p = " + std::to_string(p) +
-              ", m = " + std::to_string(m) + ")";
-      return std::nullopt;
-    }
-    if (m % g != 0 && m % g < p) {
-      error = "m % g = " + std::to_string(m % g) + " (m = " + std::to_string(m) +
-              ", g = " + std::to_string(g) + ") must be 0 or at least p = " +
-              std::to_string(p) + ": the last, partial group would leave a stage "
-              "waiting on a microbatch that is not in flight";
-      return std::nullopt;
-    }
-  }
+  const int64_t g = spec.groupSize > 0 ? spec.groupSize : p;
 
   Schedule schedule;
   schedule.kind = spec.kind;

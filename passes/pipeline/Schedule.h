@@ -62,6 +62,12 @@ struct Schedule {
   std::vector<std::vector<Instr>> ranks;
 };
 
+/// Why `kind` cannot run pp x vpp stages with `microbatches` in groups of
+/// `groupSize` (0: pp), or nullopt. These checks need no model, so a driver
+/// can reject its flags before compiling; buildSchedule makes them too.
+std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t pp, int64_t vpp,
+                                              int64_t microbatches, int64_t groupSize);
+
 /// Builds the schedule, or returns nullopt with `error` for configurations
 /// the schedule cannot run (GPipe or ZB-H1 with v > 1, the m % g rule, ...).
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error);

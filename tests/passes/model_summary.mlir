@@ -10,25 +10,23 @@ func.func @one_layer(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f
     attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16} : tensor<4xi32> -> tensor<4x8xf32>
-  %x = mhc.expand %e {node = "expand", streams = 2} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0} : tensor<4x16xf32> {
+  %e = mhc.embedding %tokens {node = "embed"} : tensor<4xi32> -> tensor<4x8xf32>
+  %x = mhc.expand %e {node = "expand"} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
     %n = mhc.rms_norm %u {node = "l0.attn.norm", eps = 1.0e-06} : tensor<4x8xf32>
-    %y = mhc.attention %n {node = "l0.attn.attention", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %n {node = "l0.attn.attention"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %m = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0} : tensor<4x16xf32> {
+  %m = mhc.hyper_connection %a {node = "l0.mlp", layer = 0} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
     %n = mhc.rms_norm %u {node = "l0.mlp.norm", eps = 1.0e-06} : tensor<4x8xf32>
-    %y = mhc.swiglu_mlp %n {node = "l0.mlp.mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %n {node = "l0.mlp.mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %m {node = "contract", streams = 2} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %m {node = "contract"} : tensor<4x16xf32> -> tensor<4x8xf32>
   %f = mhc.rms_norm %c {node = "final_norm", eps = 1.0e-06} : tensor<4x8xf32>
-  %h = mhc.lm_head %f {node = "head", vocab = 16} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %f {node = "head"} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss"}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>

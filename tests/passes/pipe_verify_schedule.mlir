@@ -9,24 +9,22 @@ func.func @m(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f32>
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>,
         pipe.layout = "E|tL", pipe.pp = 2 : i64, pipe.vpp = 1 : i64} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16, pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
+  %e = mhc.embedding %tokens {node = "embed", pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
   %b = pipe.boundary %e stage 0 -> 1 rank 0 -> 1 : tensor<4x8xf32>
-  %x = mhc.expand %b {node = "expand", streams = 2, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %x = mhc.expand %b {node = "expand", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.attention %u {node = "attn", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %u {node = "attn"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %f = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %f = mhc.hyper_connection %a {node = "l0.mlp", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.swiglu_mlp %u {node = "mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %f {node = "contract", streams = 2, pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %f {node = "contract", pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
   %n = mhc.rms_norm %c {node = "norm", eps = 1.0e-06, pipe.stage = 1 : i64} : tensor<4x8xf32>
-  %h = mhc.lm_head %n {node = "head", vocab = 16, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %n {node = "head", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss", pipe.stage = 1 : i64}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>
@@ -57,24 +55,22 @@ func.func @m(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f32>
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>,
         pipe.layout = "E|tL", pipe.pp = 2 : i64, pipe.vpp = 1 : i64} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16, pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
+  %e = mhc.embedding %tokens {node = "embed", pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
   %b = pipe.boundary %e stage 0 -> 1 rank 0 -> 1 : tensor<4x8xf32>
-  %x = mhc.expand %b {node = "expand", streams = 2, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %x = mhc.expand %b {node = "expand", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.attention %u {node = "attn", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %u {node = "attn"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %f = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %f = mhc.hyper_connection %a {node = "l0.mlp", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.swiglu_mlp %u {node = "mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %f {node = "contract", streams = 2, pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %f {node = "contract", pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
   %n = mhc.rms_norm %c {node = "norm", eps = 1.0e-06, pipe.stage = 1 : i64} : tensor<4x8xf32>
-  %h = mhc.lm_head %n {node = "head", vocab = 16, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %n {node = "head", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss", pipe.stage = 1 : i64}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>
@@ -107,24 +103,22 @@ func.func @m(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f32>
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>,
         pipe.layout = "E|tL", pipe.pp = 2 : i64, pipe.vpp = 1 : i64} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16, pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
+  %e = mhc.embedding %tokens {node = "embed", pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
   %b = pipe.boundary %e stage 0 -> 1 rank 0 -> 1 : tensor<4x8xf32>
-  %x = mhc.expand %b {node = "expand", streams = 2, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %x = mhc.expand %b {node = "expand", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.attention %u {node = "attn", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %u {node = "attn"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %f = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %f = mhc.hyper_connection %a {node = "l0.mlp", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.swiglu_mlp %u {node = "mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %f {node = "contract", streams = 2, pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %f {node = "contract", pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
   %n = mhc.rms_norm %c {node = "norm", eps = 1.0e-06, pipe.stage = 1 : i64} : tensor<4x8xf32>
-  %h = mhc.lm_head %n {node = "head", vocab = 16, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %n {node = "head", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss", pipe.stage = 1 : i64}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>
@@ -156,24 +150,22 @@ func.func @m(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f32>
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>,
         pipe.layout = "E|tL", pipe.pp = 2 : i64, pipe.vpp = 1 : i64} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16, pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
+  %e = mhc.embedding %tokens {node = "embed", pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
   %b = pipe.boundary %e stage 0 -> 1 rank 0 -> 1 : tensor<4x8xf32>
-  %x = mhc.expand %b {node = "expand", streams = 2, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %x = mhc.expand %b {node = "expand", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.attention %u {node = "attn", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %u {node = "attn"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %f = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %f = mhc.hyper_connection %a {node = "l0.mlp", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.swiglu_mlp %u {node = "mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %f {node = "contract", streams = 2, pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %f {node = "contract", pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
   %n = mhc.rms_norm %c {node = "norm", eps = 1.0e-06, pipe.stage = 1 : i64} : tensor<4x8xf32>
-  %h = mhc.lm_head %n {node = "head", vocab = 16, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %n {node = "head", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss", pipe.stage = 1 : i64}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>
@@ -206,24 +198,22 @@ func.func @m(%tokens: tensor<4xi32>, %labels: tensor<4xi32>) -> tensor<f32>
         seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
         gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>,
         pipe.layout = "E|tL", pipe.pp = 2 : i64, pipe.vpp = 1 : i64} {
-  %e = mhc.embedding %tokens {node = "embed", vocab = 16, pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
+  %e = mhc.embedding %tokens {node = "embed", pipe.stage = 0 : i64} : tensor<4xi32> -> tensor<4x8xf32>
   %b = pipe.boundary %e stage 0 -> 1 rank 0 -> 1 : tensor<4x8xf32>
-  %x = mhc.expand %b {node = "expand", streams = 2, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
-  %a = mhc.hyper_connection %x {node = "l0.attn", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %x = mhc.expand %b {node = "expand", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.attention %u {node = "attn", num_heads = 2, seq_len = 4} : tensor<4x8xf32>
+    %y = mhc.attention %u {node = "attn"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %f = mhc.hyper_connection %a {node = "l0.mlp", streams = 2, sinkhorn_iterations = 3,
-      gating_factor = 1.0e-02, layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
+  %f = mhc.hyper_connection %a {node = "l0.mlp", layer = 0, pipe.stage = 1 : i64} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
-    %y = mhc.swiglu_mlp %u {node = "mlp", ffn_hidden = 24} : tensor<4x8xf32>
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<4x8xf32>
     mhc.yield %y : tensor<4x8xf32>
   }
-  %c = mhc.contract %f {node = "contract", streams = 2, pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
+  %c = mhc.contract %f {node = "contract", pipe.stage = 1 : i64} : tensor<4x16xf32> -> tensor<4x8xf32>
   %n = mhc.rms_norm %c {node = "norm", eps = 1.0e-06, pipe.stage = 1 : i64} : tensor<4x8xf32>
-  %h = mhc.lm_head %n {node = "head", vocab = 16, pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
+  %h = mhc.lm_head %n {node = "head", pipe.stage = 1 : i64} : tensor<4x8xf32> -> tensor<4x16xf32>
   %l = mhc.cross_entropy %h, %labels {node = "loss", loss_name = "lm loss", pipe.stage = 1 : i64}
       : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
   return %l : tensor<f32>

@@ -1,7 +1,9 @@
 //===- MhcOps.cpp - mhc dialect operations ----------------------------------===//
 //
-// Verifiers: every width is checked against n (streams), C, heads, F and V,
-// and every activation's leading dimension T against the op's other operands.
+// Verifiers: every width is checked against n (streams), C and V of the
+// enclosing function's #mhc.config (the one place the model's sizes live; its
+// own verifier ties C to the heads), and every activation's leading dimension
+// T against the op's other operands.
 //
 //===----------------------------------------------------------------------===//
 #include "dialects/mhc/IR/MhcOps.h"
@@ -41,46 +43,72 @@ LogicalResult checkSameElementType(Operation *op, Type a, Type b) {
   return success();
 }
 
+
+/// The #mhc.config of the model function around `op`.
+FailureOr<ModelConfigAttr> configOf(Operation *op) {
+  for (Operation *parent = op->getParentOp(); parent; parent = parent->getParentOp())
+    if (auto config = parent->getAttrOfType<ModelConfigAttr>(kConfigAttrName))
+      return config;
+  return op->emitOpError() << "must be inside a function carrying #mhc.config ('"
+                           << kConfigAttrName << "'), which holds the model's sizes";
+}
+
+/// Checks that a width equals a size of the config: "result width 15 must be
+/// V = 16".
+LogicalResult checkWidth(Operation *op, StringRef what, int64_t width, StringRef size,
+                         int64_t expected) {
+  if (width != expected)
+    return op->emitOpError() << what << " width " << width << " must be " << size << " = "
+                             << expected;
+  return success();
+}
+
+/// Checks that a width is n*C of the config, spelled out in the message.
+LogicalResult checkResidualWidth(Operation *op, StringRef what, int64_t width,
+                                 ModelConfigAttr config) {
+  if (width != config.getResidualWidth())
+    return op->emitOpError() << what << " width " << width << " must be n*C = "
+                             << config.getStreams() << "*" << config.getHidden() << " = "
+                             << config.getResidualWidth();
+  return success();
+}
+
 } // namespace
 
 LogicalResult EmbeddingOp::verify() {
   int64_t tokens, width;
-  if (failed(checkMatrix(*this, "result", getResult().getType(), tokens, width)))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "result", getResult().getType(), tokens, width)) ||
+      failed(checkSameTokens(*this, getTokens().getType().getDimSize(0), tokens, "result")))
     return failure();
-  return checkSameTokens(*this, getTokens().getType().getDimSize(0), tokens,
-                         "result");
+  return checkWidth(*this, "result", width, "C", config->getHidden());
 }
 
 LogicalResult ExpandOp::verify() {
   int64_t inTokens, hidden, outTokens, outWidth;
-  if (failed(checkMatrix(*this, "input", getInput().getType(), inTokens, hidden)) ||
-      failed(checkMatrix(*this, "result", getResult().getType(), outTokens,
-                         outWidth)) ||
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "input", getInput().getType(), inTokens, hidden)) ||
+      failed(checkMatrix(*this, "result", getResult().getType(), outTokens, outWidth)) ||
       failed(checkSameTokens(*this, inTokens, outTokens, "result")) ||
-      failed(checkSameElementType(*this, getInput().getType(),
-                                  getResult().getType())))
+      failed(checkSameElementType(*this, getInput().getType(), getResult().getType())) ||
+      failed(checkWidth(*this, "input", hidden, "C", config->getHidden())))
     return failure();
-  if (outWidth != int64_t(getStreams()) * hidden)
-    return emitOpError() << "result width " << outWidth << " must be n*C = "
-                         << int64_t(getStreams()) << "*" << hidden << " = "
-                         << int64_t(getStreams()) * hidden;
-  return success();
+  return checkResidualWidth(*this, "result", outWidth, *config);
 }
 
 LogicalResult ContractOp::verify() {
   int64_t inTokens, width, outTokens, hidden;
-  if (failed(checkMatrix(*this, "input", getInput().getType(), inTokens, width)) ||
-      failed(checkMatrix(*this, "result", getResult().getType(), outTokens,
-                         hidden)) ||
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "input", getInput().getType(), inTokens, width)) ||
+      failed(checkMatrix(*this, "result", getResult().getType(), outTokens, hidden)) ||
       failed(checkSameTokens(*this, inTokens, outTokens, "result")) ||
-      failed(checkSameElementType(*this, getInput().getType(),
-                                  getResult().getType())))
+      failed(checkSameElementType(*this, getInput().getType(), getResult().getType())) ||
+      failed(checkResidualWidth(*this, "input", width, *config)))
     return failure();
-  if (width != int64_t(getStreams()) * hidden)
-    return emitOpError() << "input width " << width << " must be n*C = "
-                         << int64_t(getStreams()) << "*" << hidden << " = "
-                         << int64_t(getStreams()) * hidden;
-  return success();
+  return checkWidth(*this, "result", hidden, "C", config->getHidden());
 }
 
 StringRef HyperConnectionOp::getSublayerKind() {
@@ -95,21 +123,18 @@ StringRef HyperConnectionOp::getSublayerKind() {
 
 LogicalResult HyperConnectionOp::verify() {
   int64_t tokens, width;
-  if (failed(checkMatrix(*this, "residual", getResidual().getType(), tokens,
-                         width)))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "residual", getResidual().getType(), tokens, width)) ||
+      failed(checkResidualWidth(*this, "residual", width, *config)))
     return failure();
-  int64_t n = int64_t(getStreams());
-  if (width % n != 0)
-    return emitOpError() << "residual width " << width
-                         << " is not a multiple of streams n = " << n;
-  int64_t hidden = width / n;
   auto residualType = cast<RankedTensorType>(getResidual().getType());
-  auto sublayerType = RankedTensorType::get({tokens, hidden},
-                                            residualType.getElementType());
+  auto sublayerType =
+      RankedTensorType::get({tokens, config->getHidden()}, residualType.getElementType());
   Block &body = getBody().front();
   if (body.getNumArguments() != 1 || body.getArgument(0).getType() != sublayerType)
-    return emitOpError() << "body must take one argument u of type "
-                         << sublayerType << " (the C-wide sublayer input)";
+    return emitOpError() << "body must take one argument u of type " << sublayerType
+                         << " (the C-wide sublayer input)";
   auto yield = dyn_cast<YieldOp>(body.getTerminator());
   if (!yield)
     return emitOpError() << "body must end in mhc.yield";
@@ -118,14 +143,15 @@ LogicalResult HyperConnectionOp::verify() {
                          << yield.getValue().getType();
   if (getSublayerKind().empty())
     return emitOpError() << "body holds neither mhc.attention nor mhc.swiglu_mlp";
-  if (!(getGatingFactor().convertToDouble() > 0.0))
-    return emitOpError() << "gating_factor must be positive";
   return success();
 }
 
 LogicalResult RmsNormOp::verify() {
   int64_t tokens, width;
-  if (failed(checkMatrix(*this, "input", getInput().getType(), tokens, width)))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "input", getInput().getType(), tokens, width)) ||
+      failed(checkWidth(*this, "input", width, "C", config->getHidden())))
     return failure();
   if (!(getEps().convertToDouble() > 0.0))
     return emitOpError() << "eps must be positive";
@@ -134,45 +160,45 @@ LogicalResult RmsNormOp::verify() {
 
 LogicalResult AttentionOp::verify() {
   int64_t tokens, hidden;
-  if (failed(checkMatrix(*this, "input", getInput().getType(), tokens, hidden)))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  // C, heads and an even head dimension agree: the config's verifier checked them.
+  if (failed(config) ||
+      failed(checkMatrix(*this, "input", getInput().getType(), tokens, hidden)) ||
+      failed(checkWidth(*this, "input", hidden, "C", config->getHidden())))
     return failure();
-  int64_t heads = int64_t(getNumHeads());
-  if (hidden % heads != 0)
-    return emitOpError() << "hidden size C = " << hidden
-                         << " is not divisible by num_heads = " << heads;
-  if ((hidden / heads) % 2 != 0)
-    return emitOpError() << "head dimension " << hidden / heads
-                         << " must be even for rotary positions";
-  if (tokens % int64_t(getSeqLen()) != 0)
-    return emitOpError() << "tokens T = " << tokens
-                         << " must be a multiple of seq_len = " << int64_t(getSeqLen());
+  if (tokens % config->getSeqLen() != 0)
+    return emitOpError() << "tokens T = " << tokens << " must be a multiple of seq_len = "
+                         << config->getSeqLen();
   return success();
 }
 
 LogicalResult SwiGluMlpOp::verify() {
   int64_t tokens, hidden;
-  return checkMatrix(*this, "input", getInput().getType(), tokens, hidden);
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) || failed(checkMatrix(*this, "input", getInput().getType(), tokens, hidden)))
+    return failure();
+  return checkWidth(*this, "input", hidden, "C", config->getHidden());
 }
 
 LogicalResult LmHeadOp::verify() {
   int64_t inTokens, hidden, outTokens, vocab;
-  if (failed(checkMatrix(*this, "input", getInput().getType(), inTokens, hidden)) ||
-      failed(checkMatrix(*this, "result", getResult().getType(), outTokens,
-                         vocab)) ||
-      failed(checkSameTokens(*this, inTokens, outTokens, "result")))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "input", getInput().getType(), inTokens, hidden)) ||
+      failed(checkMatrix(*this, "result", getResult().getType(), outTokens, vocab)) ||
+      failed(checkSameTokens(*this, inTokens, outTokens, "result")) ||
+      failed(checkWidth(*this, "input", hidden, "C", config->getHidden())))
     return failure();
-  if (vocab != int64_t(getVocab()))
-    return emitOpError() << "result width " << vocab << " must equal vocab = "
-                         << int64_t(getVocab());
-  return success();
+  return checkWidth(*this, "result", vocab, "V", config->getVocab());
 }
 
 LogicalResult CrossEntropyOp::verify() {
   int64_t tokens, vocab;
-  if (failed(checkMatrix(*this, "logits", getLogits().getType(), tokens, vocab)))
-    return failure();
-  if (failed(checkSameTokens(*this, tokens, getLabels().getType().getDimSize(0),
-                             "labels")))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "logits", getLogits().getType(), tokens, vocab)) ||
+      failed(checkWidth(*this, "logits", vocab, "V", config->getVocab())) ||
+      failed(checkSameTokens(*this, tokens, getLabels().getType().getDimSize(0), "labels")))
     return failure();
   if (getLossName().empty())
     return emitOpError() << "loss_name must not be empty";
@@ -181,20 +207,13 @@ LogicalResult CrossEntropyOp::verify() {
 
 LogicalResult MtpOp::verify() {
   int64_t tokens, width;
-  if (failed(checkMatrix(*this, "residual", getResidual().getType(), tokens,
-                         width)) ||
-      failed(checkSameTokens(*this, tokens, getTokens().getType().getDimSize(0),
-                             "tokens")) ||
-      failed(checkSameTokens(*this, tokens, getLabels().getType().getDimSize(0),
-                             "labels")))
+  FailureOr<ModelConfigAttr> config = configOf(*this);
+  if (failed(config) ||
+      failed(checkMatrix(*this, "residual", getResidual().getType(), tokens, width)) ||
+      failed(checkSameTokens(*this, tokens, getTokens().getType().getDimSize(0), "tokens")) ||
+      failed(checkSameTokens(*this, tokens, getLabels().getType().getDimSize(0), "labels")) ||
+      failed(checkResidualWidth(*this, "residual", width, *config)))
     return failure();
-  if (width % int64_t(getStreams()) != 0)
-    return emitOpError() << "residual width " << width
-                         << " is not a multiple of streams n = " << int64_t(getStreams());
-  int64_t hidden = width / int64_t(getStreams());
-  if (hidden % int64_t(getNumHeads()) != 0)
-    return emitOpError() << "hidden size C = " << hidden
-                         << " is not divisible by num_heads = " << int64_t(getNumHeads());
   if (!(getLossWeight().convertToDouble() > 0.0))
     return emitOpError() << "loss_weight must be positive";
   return success();

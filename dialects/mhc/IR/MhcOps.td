@@ -1,9 +1,11 @@
 //===- MhcOps.td - mhc dialect operations ------------------*- tablegen -*-===//
 //
 // Layer-level ops. Shapes: T = tokens per microbatch, C = hidden, n = streams,
-// V = vocabulary, F = FFN hidden size. Every op carries `node`, the name of
-// the model-graph node it came from, so diagnostics, partitions and parameter
-// layouts can name it.
+// V = vocabulary, F = FFN hidden size. The sizes live in one place, the
+// #mhc.config of the enclosing function, which verifiers, the cost model and
+// the lowering read; ops carry only what differs per node. Every op carries
+// `node`, the name of the model-graph node it came from, so diagnostics,
+// partitions and parameter layouts can name it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,7 +25,7 @@ def Mhc_PositiveI64 : ConfinedAttr<I64Attr, [IntMinValue<1>]>;
 
 def Mhc_EmbeddingOp : Mhc_Op<"embedding", [Pure]> {
   let summary = "Token embedding lookup: tensor<T x i32> -> tensor<T x C>";
-  let arguments = (ins Mhc_TokenIds:$tokens, Mhc_PositiveI64:$vocab, StrAttr:$node);
+  let arguments = (ins Mhc_TokenIds:$tokens, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$tokens attr-dict `:` type($tokens) `->` type($result)";
   let hasVerifier = 1;
@@ -35,7 +37,7 @@ def Mhc_ExpandOp : Mhc_Op<"expand", [Pure]> {
     `x_i = e` for every stream i: tensor<T x C> -> tensor<T x (n*C)>. With
     n = 1 it is the identity.
   }];
-  let arguments = (ins Mhc_Activation:$input, Mhc_PositiveI64:$streams, StrAttr:$node);
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -50,19 +52,17 @@ def Mhc_HyperConnectionOp : Mhc_Op<"hyper_connection", [
     `h = r * (x @ W_map) * [alpha_pre x n, alpha_post x n, alpha_res x n*n] + b`
     with `r = 1 / (rms(x) + 1e-6)`; `H_pre = sigmoid(h[0:n])`,
     `H_post = 2 sigmoid(h[n:2n])`, `H_res = Sinkhorn(h[2n:])` after
-    `sinkhorn_iterations` row/column normalizations. The body receives
+    `sinkhorn_iterations` row/column normalizations (n, the iterations and
+    the alphas' initial `gating_factor` come from #mhc.config). The body receives
     `u = sum_i H_pre[i] x_i` (tensor<T x C>) and yields the sublayer output
     y; the result is `x'_i = sum_j H_res[i][j] x_j + H_post[i] y`.
 
-    With `streams = 1` it is a plain pre-norm residual: `x' = x + body(x)`.
+    With `streams = 1` in the config it is a plain pre-norm residual: `x' = x + body(x)`.
     `layer` is the transformer layer (a pair of attention and MLP sublayers)
     it belongs to; pipeline layouts count those layers.
   }];
   let arguments = (ins
     Mhc_Activation:$residual,
-    Mhc_PositiveI64:$streams,
-    Mhc_PositiveI64:$sinkhorn_iterations,
-    F64Attr:$gating_factor,
     ConfinedAttr<I64Attr, [IntNonNegative]>:$layer,
     StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
@@ -95,10 +95,10 @@ def Mhc_AttentionOp : Mhc_Op<"attention", [Pure, SameOperandsAndResultType]> {
   let description = [{
     QKV projection (C -> 3C), rotary position embedding per head, causal
     softmax attention over the sequence, output projection (C -> C).
-    The head dimension C / num_heads must be even (rotary pairs).
+    Heads and the sequence length come from #mhc.config, whose verifier
+    requires an even head dimension C / heads (rotary pairs).
   }];
-  let arguments = (ins Mhc_Activation:$input, Mhc_PositiveI64:$num_heads,
-                   Mhc_PositiveI64:$seq_len, StrAttr:$node);
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
@@ -106,7 +106,7 @@ def Mhc_AttentionOp : Mhc_Op<"attention", [Pure, SameOperandsAndResultType]> {
 
 def Mhc_SwiGluMlpOp : Mhc_Op<"swiglu_mlp", [Pure, SameOperandsAndResultType]> {
   let summary = "SwiGLU MLP: (silu(x W_gate) * (x W_up)) W_down";
-  let arguments = (ins Mhc_Activation:$input, Mhc_PositiveI64:$ffn_hidden, StrAttr:$node);
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
@@ -114,7 +114,7 @@ def Mhc_SwiGluMlpOp : Mhc_Op<"swiglu_mlp", [Pure, SameOperandsAndResultType]> {
 
 def Mhc_ContractOp : Mhc_Op<"contract", [Pure]> {
   let summary = "Mean over the n residual streams: tensor<T x (n*C)> -> tensor<T x C>";
-  let arguments = (ins Mhc_Activation:$input, Mhc_PositiveI64:$streams, StrAttr:$node);
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -122,7 +122,7 @@ def Mhc_ContractOp : Mhc_Op<"contract", [Pure]> {
 
 def Mhc_LmHeadOp : Mhc_Op<"lm_head", [Pure]> {
   let summary = "Output projection to vocabulary logits: tensor<T x C> -> tensor<T x V>";
-  let arguments = (ins Mhc_Activation:$input, Mhc_PositiveI64:$vocab, StrAttr:$node);
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -153,9 +153,7 @@ def Mhc_MtpOp : Mhc_Op<"mtp", [Pure]> {
   }];
   let arguments = (ins
     Mhc_Activation:$residual, Mhc_TokenIds:$tokens, Mhc_TokenIds:$labels,
-    Mhc_PositiveI64:$depth, Mhc_PositiveI64:$streams, Mhc_PositiveI64:$num_heads,
-    Mhc_PositiveI64:$ffn_hidden, Mhc_PositiveI64:$vocab,
-    Mhc_PositiveI64:$sinkhorn_iterations, F64Attr:$loss_weight, StrAttr:$node);
+    Mhc_PositiveI64:$depth, F64Attr:$loss_weight, StrAttr:$node);
   let results = (outs Mhc_Loss:$loss);
   let assemblyFormat = [{
     $residual `,` $tokens `,` $labels attr-dict `:` type($residual) `,`
