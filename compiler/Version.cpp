@@ -10,7 +10,7 @@ namespace mhcc {
 
 void setVersionPrinter(llvm::StringRef tool) {
   llvm::cl::SetVersionPrinter([name = tool.str()](llvm::raw_ostream &os) {
-    os << name << " " << kMhccVersion << " (artifact format " << runtime::kArtifactVersion
+    os << name << " " << runtime::kMhccVersion << " (artifact format " << runtime::kArtifactVersion
        << ", LLVM/MLIR " << LLVM_VERSION_STRING << ")\n";
   });
 }

@@ -24,8 +24,9 @@ namespace mhcc::runtime {
 
 inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
 inline constexpr uint32_t kArtifactVersion = 1;
-/// The mhcc release both tools print with --version.
-inline constexpr char kMhccVersion[] = "0.4.0";
+/// mhcc's own version, printed by every tool's --version: raise it with
+/// every change users must know about (a new artifact format, changed flags).
+inline constexpr char kMhccVersion[] = "0.1.0";
 
 struct ModelInfo {
   std::string name;

@@ -75,8 +75,11 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   const std::string arch = "sm_" + std::to_string(major * 10 + minor);
   if (arch != code.arch) {
+    // mhcc compiles for sm_90 only (its --cuda-arch rule): an sm_90 GPU
+    // needs a recompile, any other GPU is not supported.
     error = where + "the artifact's kernels are compiled for " + code.arch + ", but this GPU is " + arch +
-            "; recompile the model with 'mhcc --cuda-arch " + arch + "'";
+            (arch == "sm_90" ? "; recompile the model with 'mhcc --cuda-arch sm_90'"
+                             : "; mhcc's kernels run on sm_90 (Hopper) GPUs only: use one, or --backend cpu");
     return nullptr;
   }
   std::unique_ptr<ModelKernels> kernels(new ModelKernels());
