@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
+#include "runtime/cli/TensorDump.h"
 #include "runtime/cuda/GpuTrainer.h"
 #include "runtime/dist/ProcessGroup.h"
 #include "runtime/gpu/Gpus.h"
@@ -107,6 +108,7 @@ int runMhcrun(int argc, char **argv) {
   double peakTflops = 0;
   int64_t gpusFlag = -1;
   std::string memoryPlan = "static";
+  std::string dumpDir;
   app.add_option("artifact", artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", steps, "Training iterations")->check(CLI::PositiveNumber);
@@ -137,6 +139,10 @@ int runMhcrun(int argc, char **argv) {
   app.add_option("--peak-tflops", peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--dump-tensors", dumpDir,
+                 "CPU backend: write DIR/init.safetensors (initial weights, every microbatch's tokens and labels) "
+                 "and DIR/step<k>.safetensors (gradients before clipping, updated weights, losses) for "
+                 "tools/reference");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -144,6 +150,7 @@ int runMhcrun(int argc, char **argv) {
   }
 
   options.staticMemoryPlan = memoryPlan == "static";
+  options.recordTaps = options.recordTaps || !dumpDir.empty(); // the dump needs the reduced gradients
   std::string error;
   std::optional<ProcessPlacement> placement = detectPlacement(error);
   if (!error.empty())
@@ -233,6 +240,8 @@ int runMhcrun(int argc, char **argv) {
       std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
     cpu = std::make_unique<CpuTrainer>(std::move(*artifact), *data, options);
   }
+  if (!dumpDir.empty() && (!cpu || !dumpTensors(dumpDir, *cpu, *data, options, steps, nullptr, error)))
+    return fail(cpu ? error : "--dump-tensors needs the CPU backend (--backend cpu)");
   bool bar = !noProgress && isatty(STDERR_FILENO);
   std::optional<double> first, last;
   std::map<std::string, double> profileMs; // over the iterations after the first (warm-up)
@@ -243,6 +252,8 @@ int runMhcrun(int argc, char **argv) {
     if (!std::isfinite(result->lmLoss))
       return fail("iteration " + std::to_string(s + 1) + ": the loss is " + std::to_string(result->lmLoss) +
                   "; lower --lr or check the data");
+    if (!dumpDir.empty() && !dumpTensors(dumpDir, *cpu, *data, options, steps, &*result, error))
+      return fail(error);
     if (!speaker)
       continue;
     if (bar)
