@@ -8,7 +8,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms bazel-skylib
   libopenmpi-dev openmpi-bin
   libcli11-dev libxxhash-dev
-  python3
+  python3 python3-numpy
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

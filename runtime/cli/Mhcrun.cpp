@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
+#include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/Gpus.h"
@@ -98,7 +99,7 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 
 /// Everything the command line sets.
 struct RunFlags {
-  std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static";
+  std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
   int64_t steps = 20, gpus = -1;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
@@ -144,6 +145,10 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   app.add_option("--peak-tflops", f.peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--dump-tensors", f.dumpDir,
+                 "Write DIR/init.safetensors (initial weights, every microbatch's tokens and labels) and "
+                 "DIR/step<k>.safetensors (gradients before clipping, updated weights, losses) for "
+                 "tools/reference; needs every rank in this process (CPU backend, or --in-process)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -152,6 +157,7 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   if (f.gpus == 0 || f.gpus < -1)
     return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
   o.staticMemoryPlan = f.memoryPlan == "static";
+  o.recordTaps = o.recordTaps || !f.dumpDir.empty(); // the dump needs the reduced gradients
   f.memoryPlanGiven = plan->count() > 0;
   return -1; // go on
 }
@@ -205,7 +211,8 @@ nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
 }
 
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
-int trainLoop(Trainer &trainer, const RunFlags &f, bool speaker, const std::string &rankPrefix) {
+int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, bool speaker,
+              const std::string &rankPrefix) {
   const Artifact &a = trainer.artifact();
   std::ofstream metrics;
   if (speaker && !f.metricsPath.empty()) {
@@ -220,6 +227,8 @@ int trainLoop(Trainer &trainer, const RunFlags &f, bool speaker, const std::stri
   std::optional<double> first, last;
   std::map<std::string, double> profileMs; // over the iterations after the first (warm-up)
   std::string error;
+  if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
+    return fail(error);
   for (int64_t s = 0; s < f.steps; ++s) {
     std::optional<StepResult> result = trainer.step(error);
     if (!result)
@@ -227,6 +236,8 @@ int trainLoop(Trainer &trainer, const RunFlags &f, bool speaker, const std::stri
     if (!std::isfinite(result->lmLoss))
       return fail("iteration " + std::to_string(s + 1) + ": the loss is " + std::to_string(result->lmLoss) +
                   "; lower --lr or check the data");
+    if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, &*result, error))
+      return fail(error);
     if (!speaker)
       continue;
     if (bar)
@@ -269,6 +280,9 @@ int runMhcrun(int argc, char **argv) {
   if (!error.empty())
     return fail(error);
   const std::string rankPrefix = placement ? "rank " + std::to_string(placement->rank) + ": " : "";
+  if (placement && !f.dumpDir.empty())
+    return fail(rankPrefix + "--dump-tensors needs every rank in one process; run without " + placement->launcher +
+                " (--backend cpu, or --in-process)");
   std::optional<Artifact> artifact = readArtifact(f.artifactPath, error);
   if (!artifact)
     return fail(rankPrefix + error);
@@ -288,6 +302,8 @@ int runMhcrun(int argc, char **argv) {
   if (backend == "cuda" && !placement) {
     if (std::string missing = missingGpus(gpus, artifact->pp); !missing.empty())
       return fail(missing);
+    if (artifact->pp > 1 && !f.inProcess && !f.dumpDir.empty())
+      return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
     if (artifact->pp > 1 && !f.inProcess)
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
   }
@@ -315,7 +331,7 @@ int runMhcrun(int argc, char **argv) {
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
     return fail(error);
-  return trainLoop(*trainer, f, speaker, rankPrefix);
+  return trainLoop(*trainer, *data, f, speaker, rankPrefix);
 }
 
 } // namespace mhcc::runtime

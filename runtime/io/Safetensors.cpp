@@ -1,0 +1,68 @@
+//===- Safetensors.cpp - a minimal safetensors writer ------------------------===//
+#include "runtime/io/Safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <fstream>
+
+namespace mhcc::runtime {
+
+void SafetensorsWriter::add(const std::string &name, const char *dtype, std::vector<int64_t> shape,
+                            const void *data, size_t elementSize) {
+  int64_t count = 1;
+  for (int64_t d : shape)
+    count *= d;
+  Tensor &t = tensors_[name];
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes.resize(size_t(count) * elementSize);
+  if (!t.bytes.empty())
+    std::memcpy(t.bytes.data(), data, t.bytes.size());
+}
+
+void SafetensorsWriter::addF32(const std::string &name, std::vector<int64_t> shape, const float *data) {
+  add(name, "F32", std::move(shape), data, sizeof(float));
+}
+void SafetensorsWriter::addF64(const std::string &name, std::vector<int64_t> shape, const double *data) {
+  add(name, "F64", std::move(shape), data, sizeof(double));
+}
+void SafetensorsWriter::addI32(const std::string &name, std::vector<int64_t> shape, const int32_t *data) {
+  add(name, "I32", std::move(shape), data, sizeof(int32_t));
+}
+
+bool SafetensorsWriter::write(const std::string &path, std::string &error) const {
+  // The format stores little-endian values; the hosts mhcrun runs on (x86-64,
+  // aarch64 Linux) are little-endian, so the bytes go out as they are.
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors wants little-endian data");
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto &[name, t] : tensors_) {
+    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  if (!metadata_.empty())
+    header["__metadata__"] = metadata_;
+  std::string text = header.dump();
+  // Pad with spaces (the format allows them) so that the data starts 8-byte
+  // aligned and readers may map it in place.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    error = "cannot write " + path;
+    return false;
+  }
+  const uint64_t length = text.size();
+  out.write(reinterpret_cast<const char *>(&length), sizeof length);
+  out.write(text.data(), text.size());
+  for (const auto &[name, t] : tensors_)
+    out.write(t.bytes.data(), t.bytes.size());
+  out.close();
+  if (!out) {
+    error = "error while writing " + path;
+    return false;
+  }
+  return true;
+}
+
+} // namespace mhcc::runtime
