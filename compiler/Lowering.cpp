@@ -303,7 +303,6 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   FailureOr<func::FuncOp> func = findModelFunc(module);
   if (failed(func))
     return failure();
-  auto config = (*func)->getAttrOfType<mhc::ModelConfigAttr>(mhc::kConfigAttrName);
   auto schedules = llvm::to_vector(module.getOps<pipe::ScheduleOp>());
   if (schedules.size() != 1)
     return func->emitError() << "the artifact needs exactly one pipe.schedule (compile through "
@@ -314,23 +313,10 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   FailureOr<ModelUnits> units = collectModelUnits(*func);
   if (failed(units))
     return failure();
-  const ModelDims &d = units->dims;
   Artifact artifact;
   ModelInfo &m = artifact.model;
-  m.name = units->name;
-  m.vocab = d.vocab;
-  m.hidden = d.hidden;
-  m.heads = d.heads;
-  m.ffnHidden = d.ffnHidden;
-  m.seqLen = d.seqLen;
-  m.microBatch = d.microBatch;
-  m.streams = d.streams;
-  m.sinkhornIterations = d.sinkhornIterations;
-  m.gatingFactor = config.getGatingFactor().getValueAsDouble();
-  m.normEps = config.getNormEps().getValueAsDouble();
-  m.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
-  m.seed = config.getSeed();
-  m.trainingFlopsPerToken = totalCost(units->units, d).trainingFlopsPerToken();
+  m = units->dims; // the sizes as the cost model read them from #mhc.config
+  m.trainingFlopsPerToken = totalCost(units->units, m).trainingFlopsPerToken();
   artifact.modelHash = modelHash.str();
   pipeline::Schedule schedule = readSchedule(schedules.front());
   artifact.pp = schedule.pp;

@@ -20,7 +20,7 @@ const char *unitKindName(UnitKind kind) {
   return "?";
 }
 
-int64_t mhcMappingParams(const ModelDims &d) {
+int64_t mhcMappingParams(const ModelInfo &d) {
   if (d.streams == 1)
     return 0;
   int64_t n = d.streams;
@@ -33,7 +33,7 @@ namespace {
 /// Forward FLOPs per token of the mHC mixing around one sublayer: the
 /// projection x @ W_map, the RMS, the Sinkhorn iterations, pre-mix, res-mix
 /// and post-mix (a plain residual adds C).
-double mhcMixingFlops(const ModelDims &d) {
+double mhcMixingFlops(const ModelInfo &d) {
   int64_t n = d.streams, c = d.hidden;
   if (n == 1)
     return c;
@@ -47,7 +47,7 @@ double mhcMixingFlops(const ModelDims &d) {
   return projection + rms + sinkhorn + preMix + resMix + postMix;
 }
 
-double attentionFlops(const ModelDims &d) {
+double attentionFlops(const ModelInfo &d) {
   double c = d.hidden;
   double projections = 2.0 * 4 * c * c;                    // QKV + output
   double averageKeys = (d.seqLen + 1) / 2.0;                // causal
@@ -58,11 +58,11 @@ double attentionFlops(const ModelDims &d) {
 
 } // namespace
 
-UnitCost unitCost(UnitKind kind, const ModelDims &d) {
+UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   UnitCost u;
   u.kind = kind;
   int64_t c = d.hidden, n = d.streams, v = d.vocab, f = d.ffnHidden;
-  int64_t bytes = d.dtypeBytes;
+  int64_t bytes = d.dtypeBytes();
   double norm = 4.0 * c;
   switch (kind) {
   case UnitKind::Embedding:
@@ -127,7 +127,7 @@ UnitCost unitCost(UnitKind kind, const ModelDims &d) {
   return u;
 }
 
-ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &d) {
+ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelInfo &d) {
   ModelTotals totals;
   int64_t sublayers = 0;
   for (const UnitCost &u : units) {

@@ -13,26 +13,17 @@
 #ifndef MHCC_PASSES_COSTMODEL_H
 #define MHCC_PASSES_COSTMODEL_H
 
+#include "runtime/program/Model.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mhcc {
 
-struct ModelDims {
-  int64_t vocab = 0;
-  int64_t hidden = 0;     // C
-  int64_t heads = 0;
-  int64_t ffnHidden = 0;  // F
-  int64_t seqLen = 0;
-  int64_t microBatch = 1;
-  int64_t streams = 1;    // n
-  int64_t sinkhornIterations = 20;
-  int64_t dtypeBytes = 4;
-
-  int64_t tokens() const { return seqLen * microBatch; }
-  int64_t residualWidth() const { return streams * hidden; }
-};
+/// The model's sizes: the one struct the lowering writes into the artifact
+/// and the runtime reads back.
+using runtime::ModelInfo;
 
 enum class UnitKind {
   Embedding,
@@ -61,11 +52,11 @@ struct UnitCost {
 };
 
 /// Cost of one unit of `kind` for a model of size `dims`.
-UnitCost unitCost(UnitKind kind, const ModelDims &dims);
+UnitCost unitCost(UnitKind kind, const ModelInfo &dims);
 
 /// Parameters of the mHC mapping around one sublayer: W_map [nC, n^2 + 2n],
 /// b [n^2 + 2n] and the three gating scalars; zero for a plain model (n = 1).
-int64_t mhcMappingParams(const ModelDims &dims);
+int64_t mhcMappingParams(const ModelInfo &dims);
 
 struct ModelTotals {
   int64_t params = 0;
@@ -75,7 +66,7 @@ struct ModelTotals {
   int64_t mhcParams = 0; // of params: the W_map, b and alphas
 };
 
-ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelDims &dims);
+ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelInfo &dims);
 
 /// "8.0 MiB": bytes in binary units with one decimal.
 std::string humanBytes(double bytes);

@@ -25,12 +25,13 @@ std::optional<UnitKind> unitKindOf(Operation *op) {
       .Default([](Operation *) { return std::nullopt; });
 }
 
-FailureOr<ModelDims> modelDimsOf(func::FuncOp func) {
+FailureOr<ModelInfo> modelInfoOf(func::FuncOp func) {
   auto config = func->getAttrOfType<mhc::ModelConfigAttr>(mhc::kConfigAttrName);
   if (!config)
     return func.emitError() << "not an mhc model: missing '"
                             << mhc::kConfigAttrName << "' attribute";
-  ModelDims d;
+  ModelInfo d;
+  d.name = func.getSymName().str();
   d.vocab = config.getVocab();
   d.hidden = config.getHidden();
   d.heads = config.getHeads();
@@ -39,16 +40,18 @@ FailureOr<ModelDims> modelDimsOf(func::FuncOp func) {
   d.microBatch = config.getMicroBatch();
   d.streams = config.getStreams();
   d.sinkhornIterations = config.getSinkhornIterations();
-  d.dtypeBytes = config.getDtype().isBF16() ? 2 : 4;
+  d.gatingFactor = config.getGatingFactor().getValueAsDouble();
+  d.normEps = config.getNormEps().getValueAsDouble();
+  d.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
+  d.seed = config.getSeed();
   return d;
 }
 
 FailureOr<ModelUnits> collectModelUnits(func::FuncOp func) {
-  FailureOr<ModelDims> dims = modelDimsOf(func);
+  FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(dims))
     return failure();
   ModelUnits model;
-  model.name = func.getSymName().str();
   model.dims = *dims;
   for (Operation &op : func.getBody().front()) {
     std::optional<UnitKind> kind = unitKindOf(&op);
@@ -77,7 +80,7 @@ std::string withSeparators(int64_t value) {
 } // namespace
 
 std::string formatModelSummary(const ModelUnits &model) {
-  const ModelDims &d = model.dims;
+  const ModelInfo &d = model.dims;
   ModelTotals totals = totalCost(model.units, d);
   std::string out;
   llvm::raw_string_ostream os(out);
@@ -86,11 +89,11 @@ std::string formatModelSummary(const ModelUnits &model) {
     mtpModules += u.kind == UnitKind::Mtp;
   os << llvm::formatv("model {0}: {1} layers{2}, C = {3}, n = {4}, heads = {5}, "
                       "FFN = {6}, vocab = {7}, seq = {8} x {9}, {10}\n",
-                      model.name, totals.layers,
+                      model.dims.name, totals.layers,
                       mtpModules ? llvm::formatv(" + {0} MTP", mtpModules).str()
                                  : std::string(),
                       d.hidden, d.streams, d.heads, d.ffnHidden, d.vocab,
-                      d.seqLen, d.microBatch, d.dtypeBytes == 2 ? "bf16" : "f32");
+                      d.seqLen, d.microBatch, d.dtype.c_str());
   os << llvm::formatv("parameters: {0} ({1:F2} M), of which mHC mappings {2} "
                       "({3:F2}%)\n",
                       withSeparators(totals.params), totals.params / 1e6,
@@ -100,7 +103,7 @@ std::string formatModelSummary(const ModelUnits &model) {
                       "(3x forward)\n",
                       totals.forwardFlopsPerToken / 1e6,
                       totals.trainingFlopsPerToken() / 1e6);
-  double perToken = double(d.residualWidth()) * d.dtypeBytes;
+  double perToken = double(d.residualWidth()) * d.dtypeBytes();
   os << llvm::formatv("pipeline boundary: n*C = {0} values per token ({1}), "
                       "{2} per microbatch of {3} tokens\n",
                       d.residualWidth(), humanBytes(perToken),

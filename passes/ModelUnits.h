@@ -12,8 +12,8 @@
 namespace mhcc {
 
 struct ModelUnits {
-  std::string name;
-  ModelDims dims;
+  ModelInfo dims; // with the model's name
+
   std::vector<UnitCost> units; // in forward order
 };
 
@@ -21,8 +21,9 @@ struct ModelUnits {
 /// function's terminator and pipe ops).
 std::optional<UnitKind> unitKindOf(mlir::Operation *op);
 
-/// The model sizes in `func`'s #mhc.config.
-mlir::FailureOr<ModelDims> modelDimsOf(mlir::func::FuncOp func);
+/// The model's sizes (and name) from `func`'s #mhc.config: the one place
+/// they are read, for the cost model, the partitioner, P2P and the artifact.
+mlir::FailureOr<ModelInfo> modelInfoOf(mlir::func::FuncOp func);
 
 /// Reads the #mhc.config of `func` and costs each top-level mhc op in order.
 /// Fails with a diagnostic on the function if it is not an mhc model.

@@ -64,7 +64,7 @@ pipeline::ModelShape modelShapeOf(func::FuncOp func) {
 }
 
 FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func) {
-  FailureOr<ModelDims> dims = modelDimsOf(func);
+  FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(dims))
     return failure();
   pipeline::ModelShape shape = modelShapeOf(func);
@@ -141,7 +141,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
                                                  int64_t microbatches, int64_t groupSize,
                                                  const SimulationOptions &options) {
   FailureOr<pipeline::Layout> layout = layoutOf(func);
-  FailureOr<ModelDims> dims = modelDimsOf(func);
+  FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(layout) || failed(dims))
     return failure();
   pipeline::ScheduleSpec spec;
@@ -151,7 +151,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.microbatches = microbatches;
   spec.groupSize = groupSize;
   spec.tokens = dims->tokens();
-  spec.elementBytes = dims->dtypeBytes;
+  spec.elementBytes = dims->dtypeBytes();
   spec.linkBytesPerTime = options.linkGBps * 1e6; // bytes per millisecond
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});

@@ -13,6 +13,7 @@
 #define MHCC_RUNTIME_ARTIFACT_ARTIFACT_H
 
 #include "runtime/program/Instructions.h"
+#include "runtime/program/Model.h"
 #include "runtime/program/Program.h"
 
 #include <cstdint>
@@ -27,19 +28,6 @@ inline constexpr uint32_t kArtifactVersion = 1;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";
-
-struct ModelInfo {
-  std::string name;
-  int64_t vocab = 0, hidden = 0, heads = 0, ffnHidden = 0, seqLen = 0, microBatch = 1;
-  int64_t streams = 1, sinkhornIterations = 1;
-  double gatingFactor = 0.01, normEps = 1e-6;
-  std::string dtype = "f32";
-  int64_t seed = 0;
-  /// Model FLOPs per trained token (forward + backward, the compiler's cost
-  /// model; recompute not counted): what TFLOP/s and MFU are computed from.
-  double trainingFlopsPerToken = 0;
-  int64_t tokens() const { return seqLen * microBatch; }
-};
 
 struct ParamInfo {
   std::string name;

@@ -7,8 +7,8 @@
 namespace mhcc {
 namespace {
 
-ModelDims smallDims(int64_t streams) {
-  ModelDims d;
+ModelInfo smallDims(int64_t streams) {
+  ModelInfo d;
   d.vocab = 256;
   d.hidden = 512;
   d.heads = 8;
@@ -30,7 +30,7 @@ int64_t product(std::initializer_list<std::initializer_list<int64_t>> shapes) {
 }
 
 TEST(CostModel, SublayerParametersMatchTensorShapes) {
-  ModelDims d = smallDims(4);
+  ModelInfo d = smallDims(4);
   int64_t n = 4, c = 512, k = n * n + 2 * n;
   int64_t mapping = product({{n * c, k}, {k}, {1}, {1}, {1}}); // W_map, b, 3 alphas
   EXPECT_EQ(mhcMappingParams(d), mapping);
@@ -41,14 +41,14 @@ TEST(CostModel, SublayerParametersMatchTensorShapes) {
 }
 
 TEST(CostModel, PlainModelHasNoMapping) {
-  ModelDims d = smallDims(1);
+  ModelInfo d = smallDims(1);
   EXPECT_EQ(mhcMappingParams(d), 0);
   EXPECT_EQ(unitCost(UnitKind::AttentionSublayer, d).outputWidth, 512);
   EXPECT_EQ(unitCost(UnitKind::AttentionSublayer, smallDims(4)).outputWidth, 2048);
 }
 
 TEST(CostModel, FlopsAreDominatedByMatmuls) {
-  ModelDims d = smallDims(4);
+  ModelInfo d = smallDims(4);
   double mlp = unitCost(UnitKind::MlpSublayer, d).forwardFlopsPerToken;
   double matmul = 2.0 * 3 * 512 * 1408;
   EXPECT_GT(mlp, matmul);
@@ -58,7 +58,7 @@ TEST(CostModel, FlopsAreDominatedByMatmuls) {
 }
 
 TEST(CostModel, CausalAttentionCountsHalfTheKeys) {
-  ModelDims shortSeq = smallDims(1), longSeq = smallDims(1);
+  ModelInfo shortSeq = smallDims(1), longSeq = smallDims(1);
   shortSeq.seqLen = 1024;
   longSeq.seqLen = 2048;
   double delta = unitCost(UnitKind::AttentionSublayer, longSeq).forwardFlopsPerToken -
@@ -69,7 +69,7 @@ TEST(CostModel, CausalAttentionCountsHalfTheKeys) {
 }
 
 TEST(CostModel, TotalsCountLayers) {
-  ModelDims d = smallDims(4);
+  ModelInfo d = smallDims(4);
   std::vector<UnitCost> units = {unitCost(UnitKind::Embedding, d)};
   for (int i = 0; i < 3; ++i) {
     units.push_back(unitCost(UnitKind::AttentionSublayer, d));

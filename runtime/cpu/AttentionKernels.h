@@ -1,0 +1,163 @@
+//===- AttentionKernels.h - CPU causal attention with RoPE --------*- C++ -*-===//
+//
+// Part of the CPU reference kernels (Kernels.h, whose conventions hold here:
+// row-major, backwards add into their outputs, B / W halves by nullptr);
+// included at its end.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CPU_ATTENTIONKERNELS_H
+#define MHCC_RUNTIME_CPU_ATTENTIONKERNELS_H
+
+#include "runtime/cpu/Kernels.h"
+
+namespace mhcc::runtime::kernels {
+
+// ---- attention ------------------------------------------------------------------------
+
+template <typename T>
+void rotate(T *v, int64_t pos, int64_t headDim, bool inverse) {
+  for (int64_t j = 0; j < headDim / 2; ++j) {
+    double theta = pos * std::pow(kRopeBase, -2.0 * j / headDim);
+    T c = T(std::cos(theta)), s = T(std::sin(theta));
+    if (inverse)
+      s = -s;
+    T a = v[2 * j], b = v[2 * j + 1];
+    v[2 * j] = a * c - b * s;
+    v[2 * j + 1] = a * s + b * c;
+  }
+}
+
+/// One head's [seq, d] slice of rows `stride` apart, transposed to [d, seq].
+template <typename T> void transposeHead(const T *rows, int64_t stride, int64_t seq, int64_t d, T *out) {
+  for (int64_t j = 0; j < seq; ++j)
+    for (int64_t e = 0; e < d; ++e)
+      out[e * seq + j] = rows[j * stride + e];
+}
+
+/// dots[j] = sum over e of x[e] * rowsT[e, j] for j <= last, each summed in
+/// ascending e (the bits of one dot product at a time), all j together.
+template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, int64_t d, int64_t last, T *dots) {
+  std::fill(dots, dots + last + 1, T(0));
+  for (int64_t e = 0; e < d; ++e)
+    addScaled(dots, rowsT + e * seq, x[e], last + 1);
+}
+
+/// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
+/// rotated q, k and v, then [rows, C] attention output o, then [rows, heads]
+/// log-sum-exp of each score row.
+template <typename T>
+void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int64_t rows,
+                      int64_t C, int64_t heads, int64_t seq) {
+  const int64_t d = C / heads;
+  T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
+  matmul(x, wqkv, qkv, rows, C, 3 * C);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      rotate(qkv + t * 3 * C + h * d, t % seq, d, false);
+      rotate(qkv + t * 3 * C + C + h * d, t % seq, d, false);
+    }
+  const T scale = T(1) / std::sqrt(T(d));
+  // (sequence, head) pairs are independent: split them over threads.
+  parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(seq), kt(d * seq);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
+      for (int64_t i = 0; i < seq; ++i) {
+        int64_t ti = b * seq + i;
+        const T *q = qkv + ti * 3 * C + h * d;
+        causalDots(q, kt.data(), seq, d, i, p.data());
+        T maxScore = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = p[j] * scale;
+          maxScore = std::max(maxScore, p[j]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - maxScore);
+          sum += p[j];
+        }
+        lse[ti * heads + h] = maxScore + std::log(sum);
+        T *out = o + ti * C + h * d;
+        std::fill(out, out + d, T(0));
+        for (int64_t j = 0; j <= i; ++j) {
+          const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
+          addScaled(out, v, p[j] / sum, d);
+        }
+      }
+    }
+  });
+  matmul(o, wo, y, rows, C, C);
+}
+
+template <typename T>
+void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, const T *dy, T *dx,
+                       T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq) {
+  const int64_t d = C / heads;
+  const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
+  if (dWo)
+    matmulTransAAcc(o, dy, dWo, rows, C, C);
+  std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0));
+  matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
+  const T scale = T(1) / std::sqrt(T(d));
+  // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
+  parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(seq), dp(seq), ds(seq), kt(d * seq), vt(d * seq), dkt(d * seq), dvt(d * seq);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
+      transposeHead(qkv + b * seq * 3 * C + 2 * C + h * d, 3 * C, seq, d, vt.data());
+      // dK and dV of this head accumulate transposed ([d, seq]) so that one
+      // query row updates every key at once; each element still sums over
+      // the queries i in ascending order, from 0 as the zeroed dQkv would.
+      std::fill(dkt.begin(), dkt.end(), T(0));
+      std::fill(dvt.begin(), dvt.end(), T(0));
+      for (int64_t i = 0; i < seq; ++i) {
+        int64_t ti = b * seq + i;
+        const T *q = qkv + ti * 3 * C + h * d;
+        const T *gO = dO.data() + ti * C + h * d;
+        causalDots(q, kt.data(), seq, d, i, p.data());
+        causalDots(gO, vt.data(), seq, d, i, dp.data());
+        T rowDot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] * scale - lse[ti * heads + h]);
+          rowDot += p[j] * dp[j];
+        }
+        T *dq = dQkv.data() + ti * 3 * C + h * d;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
+          ds[j] = p[j] * (dp[j] - rowDot) * scale;
+          addScaled(dq, k, ds[j], d);
+        }
+        for (int64_t e = 0; e < d; ++e) {
+          T *dkRow = dkt.data() + e * seq, *dvRow = dvt.data() + e * seq;
+          const T qe = q[e], ge = gO[e];
+          for (int64_t j = 0; j <= i; ++j) {
+            dkRow[j] += ds[j] * qe;
+            dvRow[j] += p[j] * ge;
+          }
+        }
+      }
+      for (int64_t j = 0; j < seq; ++j) {
+        T *dk = dQkv.data() + (b * seq + j) * 3 * C + C + h * d, *dv = dk + C;
+        for (int64_t e = 0; e < d; ++e) {
+          dk[e] += dkt[e * seq + j];
+          dv[e] += dvt[e * seq + j];
+        }
+      }
+    }
+  });
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
+      rotate(dQkv.data() + t * 3 * C + C + h * d, t % seq, d, true);
+    }
+  if (dWqkv)
+    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
+  if (dx)
+    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * C, C);
+}
+
+} // namespace mhcc::runtime::kernels
+
+#endif // MHCC_RUNTIME_CPU_ATTENTIONKERNELS_H
