@@ -321,7 +321,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   }
   if (bar)
     std::fprintf(stderr, "\n");
-  if (saver && (!saver->save(trainer, error) || !saver->finish(&error)))
+  if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
     return fail(rankPrefix + error);
   if (!f.exportPath.empty() && !exportAll(trainer, f.exportPath, shard, error))
     return fail(rankPrefix + error);
