@@ -14,7 +14,9 @@
 #                               an unpacked suite_logs.tgz into goldens/: the
 #                               one deliberate way to change an H200 golden
 #
-# Environment for `run`: GPU_SUITE_PARTS (default "checks goldens bench"),
+# Environment for `run`: GPU_SUITE_PARTS (default "checks goldens checkpoint
+# bench"; checkpoint: tiny 10 + 10 iterations == 20 at PP1 and at PP2 with
+# --gpus 2, and the PP2 checkpoint resumed under PP1),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
 # and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
@@ -120,7 +122,7 @@ run)
   logs=/tmp/gpu_suite_logs
   rm -rf "$logs" && mkdir -p "$logs" "$out"
   cd "$bundle"
-  parts=" ${GPU_SUITE_PARTS:-checks goldens bench} "
+  parts=" ${GPU_SUITE_PARTS:-checks goldens checkpoint bench} "
   gpus=$(nvidia-smi --list-gpus | wc -l)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpus.txt"
   failed=0
@@ -235,6 +237,44 @@ run)
     fi
     cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json \
        "$logs"/golden_values_h200_tiny_pp4_vpp2.json "$out/" 2>/dev/null
+  fi
+
+  if [[ $parts == *" checkpoint "* ]]; then
+    # ck_run NAME ARTIFACT STEPS [FLAGS...]: one mhcrun run, metrics in $logs/ck_NAME.jsonl.
+    ck_run() {
+      local name=$1 artifact=$2 steps=$3; shift 3
+      timeout 300 ./mhcrun "$artifact.mhcc" --data corpus.txt --steps "$steps" --no-progress "$@" \
+        --metrics "$logs/ck_$name.jsonl" > "$logs/ck_$name.log" 2>&1
+    }
+    # ck_same FULL PART...: the parts' iterations equal FULL's last ones exactly.
+    ck_same() {
+      python3 - "$@" <<'PY'
+import json, sys
+keys = ["iteration", "lm loss", "mtp loss", "grad norm", "learning rate"]
+rows = lambda paths: [[json.loads(l).get(k) for k in keys] for p in paths for l in open(p)]
+full, got = rows([sys.argv[1]]), rows(sys.argv[2:])
+sys.exit(0 if got and full[-len(got):] == got else 1)
+PY
+    }
+    ck_cost() { grep -h "mhcrun: saved" "$@" | sed 's/.*(copy/copy/; s/)$//' | head -1; }
+    rm -rf ck_pp1 ck_pp2
+    if ck_run pp1_full tiny_pp1 20 && ck_run pp1_a tiny_pp1 10 --save ck_pp1 &&
+       ck_run pp1_b tiny_pp1 20 --load ck_pp1 && ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp1_a.jsonl" "$logs/ck_pp1_b.jsonl"
+    then r=PASS; else r=FAIL; fi
+    row "checkpoint PP1 10+10 == 20" $r "$(ck_cost "$logs/ck_pp1_a.log")"
+    if [ "$gpus" -ge 2 ]; then
+      if ck_run pp2_full tiny_pp2 20 --gpus 2 && ck_run pp2_a tiny_pp2 10 --gpus 2 --save ck_pp2 &&
+         ck_run pp2_b tiny_pp2 20 --gpus 2 --load ck_pp2 &&
+         ck_same "$logs/ck_pp2_full.jsonl" "$logs/ck_pp2_a.jsonl" "$logs/ck_pp2_b.jsonl"
+      then r=PASS; else r=FAIL; fi
+      row "checkpoint PP2 (--gpus 2) 10+10 == 20" $r "$(ck_cost "$logs/ck_pp2_a.log"); $(ls ck_pp2/iter_0000010 | tr '\n' ' ')"
+      if ck_run pp2_to_pp1 tiny_pp1 20 --load ck_pp2/iter_0000010 &&
+         ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp2_to_pp1.jsonl"; then r=PASS; else r=FAIL; fi
+      row "checkpoint PP2 -> PP1 resume" $r "iterations 11-20 equal PP1's uninterrupted run"
+    else
+      row "checkpoint PP2" SKIP "needs 2 GPUs, $gpus visible"
+    fi
+    cp -r ck_pp2/iter_0000010/meta.json "$logs/ck_pp2_meta.json" 2>/dev/null
   fi
 
   # bench_numbers MHCRUN NAME LOGPREFIX: 5 iterations, medians of the last 4,

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
+#include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/cuda/CudaDevice.h"
@@ -100,7 +101,8 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 /// Everything the command line sets.
 struct RunFlags {
   std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
-  int64_t steps = 20, gpus = -1;
+  std::string saveDir, loadDir, exportPath, initFrom;
+  int64_t steps = 20, gpus = -1, saveInterval = 0;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
@@ -117,7 +119,9 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   TrainOptions &o = f.options;
   app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
   app.add_option("--backend", f.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--steps", f.steps, "Training iterations")->check(CLI::PositiveNumber);
+  app.add_option("--steps", f.steps,
+                 "The last training iteration (Megatron's --train-iters: resumed from iteration 10, --steps 20 "
+                 "trains iterations 11 to 20)")->check(CLI::PositiveNumber);
   app.add_option("--data", f.dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
   app.add_option("--data-seed", o.dataSeed, "Seed of the microbatch sampler");
   app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
@@ -149,6 +153,18 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
                  "Write DIR/init.safetensors (initial weights, every microbatch's tokens and labels) and "
                  "DIR/step<k>.safetensors (gradients before clipping, updated weights, losses) for "
                  "tools/reference; needs every rank in this process (CPU backend, or --in-process)");
+  app.add_option("--save", f.saveDir,
+                 "Save checkpoints here (DIR/iter_0000010/, DIR/latest_checkpointed_iteration.txt): every "
+                 "--save-interval iterations and after the last");
+  app.add_option("--save-interval", f.saveInterval, "Iterations between saves (0: only after the last)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--load", f.loadDir,
+                 "Resume from DIR's latest checkpoint (or from an iter_* folder), under any pipeline layout");
+  app.add_option("--export-safetensors", f.exportPath,
+                 "After the last iteration, write the fp32 weights by parameter name to this safetensors file");
+  app.add_option("--init-from", f.initFrom,
+                 "Start from these weights (a safetensors file by parameter name) at iteration 0 with a fresh "
+                 "optimizer");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -156,6 +172,10 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   }
   if (f.gpus == 0 || f.gpus < -1)
     return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
+  if (!f.loadDir.empty() && !f.initFrom.empty())
+    return fail("--load resumes weights and optimizer, --init-from only weights: pass one of them");
+  if (f.saveInterval > 0 && f.saveDir.empty())
+    return fail("--save-interval needs --save DIR");
   o.staticMemoryPlan = f.memoryPlan == "static";
   o.recordTaps = o.recordTaps || !f.dumpDir.empty(); // the dump needs the reduced gradients
   f.memoryPlanGiven = plan->count() > 0;
@@ -210,9 +230,45 @@ nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
   return line;
 }
 
+/// --export-safetensors: one file of every weight, so only a process that
+/// holds them all writes it (a multi-process run would need a gather).
+bool exportAll(Trainer &trainer, const std::string &path, const CheckpointShard &shard, std::string &error) {
+  if (shard.size > 1) {
+    error = "--export-safetensors needs every rank in one process; export from the checkpoint of a --save run "
+            "with 'mhcrun ART --data D --backend cpu --load DIR --export-safetensors FILE'";
+    return false;
+  }
+  ParameterState state;
+  return trainer.saveState(state, error) &&
+         exportWeights(path, trainer.artifact(), state, trainer.stepsDone(), error);
+}
+
+/// --load or --init-from, before the first step.
+bool restore(Trainer &trainer, const RunFlags &f, bool speaker, std::string &error) {
+  ParameterState state;
+  int64_t iteration = 0;
+  if (!f.loadDir.empty()) {
+    if (!loadCheckpoint(f.loadDir, trainer.artifact(), state, iteration, error))
+      return false;
+  } else if (!f.initFrom.empty()) {
+    if (!importWeights(f.initFrom, trainer.artifact(), state, error))
+      return false;
+  } else {
+    return true;
+  }
+  if (!trainer.loadState(state, iteration, error))
+    return false;
+  if (speaker)
+    std::cout << "mhcrun: " << (f.loadDir.empty() ? "weights from " + f.initFrom + ", iteration 0, fresh optimizer"
+                                                   : "resumed from " + f.loadDir + " at iteration " +
+                                                         std::to_string(iteration))
+              << std::endl;
+  return true;
+}
+
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
 int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, bool speaker,
-              const std::string &rankPrefix) {
+              const std::string &rankPrefix, const CheckpointShard &shard) {
   const Artifact &a = trainer.artifact();
   std::ofstream metrics;
   if (speaker && !f.metricsPath.empty()) {
@@ -229,7 +285,11 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   std::string error;
   if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
     return fail(error);
-  for (int64_t s = 0; s < f.steps; ++s) {
+  std::unique_ptr<Checkpointer> saver;
+  if (!f.saveDir.empty())
+    saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
+  int64_t trained = 0;
+  for (int64_t s = trainer.stepsDone(); s < f.steps; ++s, ++trained) {
     std::optional<StepResult> result = trainer.step(error);
     if (!result)
       return fail(rankPrefix + "iteration " + std::to_string(s + 1) + ": " + error);
@@ -238,6 +298,9 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
                   "; lower --lr or check the data");
     if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, &*result, error))
       return fail(error);
+    if (saver && f.saveInterval > 0 && result->step % f.saveInterval == 0 && result->step < f.steps &&
+        !saver->save(trainer, error))
+      return fail(rankPrefix + error);
     if (!speaker)
       continue;
     if (bar)
@@ -249,7 +312,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
       metrics << metricsLine(*result, flopsPerToken).dump() << "\n";
       metrics.flush();
     }
-    if (s > 0 || f.steps == 1)
+    if (trained > 0 || f.steps == 1)
       for (auto &[name, ms] : result->profileMs)
         profileMs[name] += ms;
     if (!first)
@@ -258,11 +321,20 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   }
   if (bar)
     std::fprintf(stderr, "\n");
+  if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
+    return fail(rankPrefix + error);
+  if (!f.exportPath.empty() && !exportAll(trainer, f.exportPath, shard, error))
+    return fail(rankPrefix + error);
   if (!speaker)
     return 0;
+  if (!first) {
+    std::printf("mhcrun: nothing to train: already at iteration %lld of --steps %lld\n",
+                (long long)trainer.stepsDone(), (long long)f.steps);
+    return 0;
+  }
   if (f.options.profile)
-    printProfile(profileMs, f.steps > 1 ? f.steps - 1 : 1);
-  std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)f.steps, *first, *last);
+    printProfile(profileMs, trained > 1 ? trained - 1 : 1);
+  std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)trained, *first, *last);
   return 0;
 }
 
@@ -331,7 +403,15 @@ int runMhcrun(int argc, char **argv) {
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
     return fail(error);
-  return trainLoop(*trainer, *data, f, speaker, rankPrefix);
+  if (!restore(*trainer, f, speaker, error))
+    return fail(rankPrefix + error);
+  CheckpointShard shard;
+  if (placement) {
+    shard.rank = placement->rank;
+    shard.size = placement->size;
+    shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+  }
+  return trainLoop(*trainer, *data, f, speaker, rankPrefix, shard);
 }
 
 } // namespace mhcc::runtime

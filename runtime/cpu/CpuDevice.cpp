@@ -188,6 +188,27 @@ public:
     profile_.clear();
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->weights; }
+  // The CPU world holds every parameter; rank 0 speaks for it.
+  bool saveState(ParameterState &state) override {
+    if (rank_ != 0)
+      return true;
+    state.weights = world_->weights;
+    state.adamM = world_->adamM;
+    state.adamV = world_->adamV;
+    return true;
+  }
+  bool loadState(const ParameterState &state) override {
+    if (rank_ != 0)
+      return true;
+    for (size_t p = 0; p < a_.params.size(); ++p) {
+      world_->weights[p] = state.weights[p];
+      if (!state.adamM[p].empty())
+        world_->adamM[p] = state.adamM[p];
+      if (!state.adamV[p].empty())
+        world_->adamV[p] = state.adamV[p];
+    }
+    return true;
+  }
   void abort() override { world_->failed = true; }
 
 private:

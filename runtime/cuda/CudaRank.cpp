@@ -362,6 +362,43 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
     }
 }
 
+// Between steps every queue is idle, so plain (synchronous) copies are
+// ordered after the last update. The trainer calls these on its thread.
+bool CudaRank::saveState(ParameterState &state) {
+  cudaSetDevice(gpu_);
+  for (size_t p = 0; p < a_.params.size(); ++p) {
+    if (plans_[p].owner != rank_ || !weights_.count(int(p)))
+      continue;
+    const size_t count = a_.params[p].count();
+    state.weights[p].resize(count);
+    state.adamM[p].assign(count, 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
+    state.adamV[p].assign(count, 0.0f);
+    cudaMemcpy(state.weights[p].data(), weights_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+    if (adamM_.count(int(p))) {
+      cudaMemcpy(state.adamM[p].data(), adamM_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(state.adamV[p].data(), adamV_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+    }
+  }
+  return check("downloading the weights and moments for a checkpoint");
+}
+
+bool CudaRank::loadState(const ParameterState &state) {
+  cudaSetDevice(gpu_);
+  for (auto &[p, w] : weights_) { // every holder's copy
+    const size_t count = a_.params[p].count();
+    if (state.weights[p].size() != count)
+      return fail("the loaded state lacks parameter " + a_.params[p].name);
+    cudaMemcpy(w, state.weights[p].data(), count * 4, cudaMemcpyHostToDevice);
+    if (plans_[p].owner != rank_ || !adamM_.count(p))
+      continue;
+    if (state.adamM[p].size() == count)
+      cudaMemcpy(adamM_[p], state.adamM[p].data(), count * 4, cudaMemcpyHostToDevice);
+    if (state.adamV[p].size() == count)
+      cudaMemcpy(adamV_[p], state.adamV[p].data(), count * 4, cudaMemcpyHostToDevice);
+  }
+  return check("uploading the weights and moments of a checkpoint");
+}
+
 void CudaRank::abort() {
   for (ncclComm_t comm : comms_)
     ncclCommAbort(comm);

@@ -89,6 +89,8 @@ public:
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
   void downloadParameters(std::vector<std::vector<float>> &weights) override;
+  bool saveState(ParameterState &state) override;
+  bool loadState(const ParameterState &state) override;
   void abort() override;
 
 private:

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <fstream>
@@ -183,6 +184,36 @@ std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, doub
   return MpiBootstrap::load(placement.launcher, error);
 }
 
+namespace {
+/// The stop signal (SIGTERM / SIGINT) the --gpus parent received, if any.
+volatile sig_atomic_t gStopSignal = 0;
+extern "C" void recordStopSignal(int signal) { gStopSignal = signal; }
+
+/// Installs recordStopSignal for SIGTERM and SIGINT while alive; restores
+/// the previous handlers after, so a caller (a test) is left as it was.
+class StopSignals {
+public:
+  StopSignals() {
+    gStopSignal = 0;
+    struct sigaction action = {};
+    action.sa_handler = recordStopSignal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, &oldTerm_);
+    sigaction(SIGINT, &action, &oldInt_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &oldTerm_, nullptr);
+    sigaction(SIGINT, &oldInt_, nullptr);
+  }
+
+private:
+  struct sigaction oldTerm_ = {}, oldInt_ = {};
+};
+
+/// How long stopped ranks get to exit before they are killed.
+constexpr auto kStopGrace = std::chrono::seconds(30);
+} // namespace
+
 int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log) {
   char dirTemplate[] = "/tmp/mhcrun.XXXXXX";
   if (!mkdtemp(dirTemplate)) {
@@ -190,16 +221,24 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
     return 1;
   }
   const std::string dir = dirTemplate;
+  std::error_code ignored;
+  // Before the first fork: a signal from now on is forwarded, never lost.
+  StopSignals signals;
   std::vector<pid_t> children;
   for (int64_t r = 0; r < ranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
       for (pid_t child : children)
         kill(child, SIGKILL);
+      for (pid_t child : children)
+        waitpid(child, nullptr, 0);
+      std::filesystem::remove_all(dir, ignored);
       log << "mhcrun: --gpus: cannot start rank " << r << "\n";
       return 1;
     }
     if (pid == 0) {
+      signal(SIGTERM, SIG_DFL); // exec keeps neither handler, but a failed exec must not linger
+      signal(SIGINT, SIG_DFL);
       setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
       setenv("MHCC_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
       setenv("MHCC_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -211,12 +250,44 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
     children.push_back(pid);
   }
   int result = 0;
-  for (size_t running = children.size(); running > 0; --running) {
+  std::vector<char> exited(children.size(), 0);
+  auto stopOthers = [&](int signal) {
+    for (size_t k = 0; k < children.size(); ++k)
+      if (!exited[k])
+        kill(children[k], signal);
+  };
+  int forwarded = 0;
+  std::chrono::steady_clock::time_point stopDeadline;
+  // Polls rather than blocking in wait(): a signal arriving just before a
+  // blocking wait would otherwise go unforwarded until a rank exits.
+  for (size_t running = children.size(); running > 0;) {
+    if (gStopSignal && !forwarded) {
+      forwarded = gStopSignal;
+      log << "mhcrun: --gpus: got signal " << forwarded << "; stopping every rank\n";
+      stopOthers(forwarded);
+      stopDeadline = std::chrono::steady_clock::now() + kStopGrace;
+      if (result == 0)
+        result = 128 + forwarded;
+    } else if (forwarded && std::chrono::steady_clock::now() > stopDeadline) {
+      stopOthers(SIGKILL);
+      stopDeadline = std::chrono::steady_clock::time_point::max();
+    }
     int status = 0;
-    pid_t pid = wait(&status);
-    if (pid < 0)
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (pid < 0) {
+      if (errno == EINTR)
+        continue;
       break;
+    }
     size_t rank = std::find(children.begin(), children.end(), pid) - children.begin();
+    if (rank == children.size())
+      continue; // not one of ours
+    exited[rank] = 1;
+    --running;
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok && result == 0) {
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -224,12 +295,9 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
           << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
                                   : "exited with status " + std::to_string(WEXITSTATUS(status)))
           << "; stopping the other ranks\n";
-      for (size_t k = 0; k < children.size(); ++k)
-        if (k != rank)
-          kill(children[k], SIGTERM);
+      stopOthers(SIGTERM);
     }
   }
-  std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   return result;
 }

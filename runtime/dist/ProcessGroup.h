@@ -50,8 +50,11 @@ std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, doub
 /// rank, each told its rank through MHCC_RANK, MHCC_WORLD_SIZE,
 /// MHCC_LOCAL_RANK and a private MHCC_BOOTSTRAP_DIR, and waits. When a rank
 /// fails, the others are stopped (SIGTERM), so no rank is left waiting on a
-/// dead peer. Returns 0 when every rank exited with 0; else reports the
-/// first failure on `log` and returns its exit status (1 if signalled).
+/// dead peer. SIGTERM or SIGINT to this process is forwarded to every rank
+/// (SIGKILL after 30 s if one lingers) and gives 128 + the signal. The
+/// bootstrap folder is removed in every case. Returns 0 when every rank
+/// exited with 0; else reports the first failure on `log` and returns its
+/// exit status (1 if signalled).
 int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log);
 
 /// The GPU a rank uses: its local rank, or 0 when the launcher gave each

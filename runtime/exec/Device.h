@@ -53,6 +53,14 @@ struct StageState {
   std::vector<Buffer> stash;
 };
 
+/// The training state of every parameter on the host, by parameter table
+/// index: fp32 master weights and Adam's moments (exp_avg, exp_avg_sq).
+/// What checkpoints store; stored by parameter, never by rank, so a state
+/// saved under one layout loads under any other.
+struct ParameterState {
+  std::vector<std::vector<float>> weights, adamM, adamV;
+};
+
 /// A message posted by Device::exchange: SEND carries `buffer`; for a RECV
 /// the device allocates `buffer` on the receive queue and gives a `ready`
 /// event that Device::waitFor turns into a wait of the compute queue.
@@ -117,6 +125,14 @@ public:
   virtual void takeProfile(std::map<std::string, double> &profileMs) = 0;
   /// Parameter values in table order; a device fills the ones it owns.
   virtual void downloadParameters(std::vector<std::vector<float>> &weights) = 0;
+  /// Between steps: fills `state`'s entries (weights, m, v) of the
+  /// parameters this device owns, leaving the others as they are (the
+  /// vectors are sized to the parameter table by the caller).
+  virtual bool saveState(ParameterState &state) = 0;
+  /// Between steps: sets every copy of a parameter this device holds from
+  /// `state.weights`; an owner also takes m and v (an empty adamM / adamV
+  /// entry leaves the moments as they are, e.g. zero for --init-from).
+  virtual bool loadState(const ParameterState &state) = 0;
   /// After a failure anywhere: stop waiting for peers, never block again.
   virtual void abort() = 0;
 };

@@ -1,4 +1,4 @@
-//===- Safetensors.cpp - a minimal safetensors writer ------------------------===//
+//===- Safetensors.cpp - a minimal safetensors writer and reader -------------===//
 #include "runtime/io/Safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -60,6 +60,73 @@ bool SafetensorsWriter::write(const std::string &path, std::string &error) const
   out.close();
   if (!out) {
     error = "error while writing " + path;
+    return false;
+  }
+  return true;
+}
+
+namespace {
+size_t dtypeSize(const std::string &dtype) {
+  if (dtype == "F32" || dtype == "I32")
+    return 4;
+  if (dtype == "F64" || dtype == "I64")
+    return 8;
+  return 0;
+}
+} // namespace
+
+bool readSafetensors(const std::string &path, std::map<std::string, SafetensorsTensor> &tensors,
+                     std::map<std::string, std::string> &metadata, std::string &error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = path + ": cannot be opened";
+    return false;
+  }
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parseSafetensors(path, bytes, tensors, metadata, error);
+}
+
+bool parseSafetensors(const std::string &path, const std::vector<char> &bytes,
+                      std::map<std::string, SafetensorsTensor> &tensors, std::map<std::string, std::string> &metadata,
+                      std::string &error) {
+  uint64_t length = 0;
+  if (bytes.size() < 8 || (std::memcpy(&length, bytes.data(), 8), length > bytes.size() - 8)) {
+    error = path + ": truncated (shorter than its safetensors header says)";
+    return false;
+  }
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + length, nullptr, false);
+  if (!header.is_object()) {
+    error = path + ": the safetensors header is not a JSON object";
+    return false;
+  }
+  const uint64_t dataSize = bytes.size() - 8 - length;
+  const char *data = bytes.data() + 8 + length;
+  tensors.clear();
+  metadata.clear();
+  try {
+    for (const auto &[name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto &[key, value] : entry.items())
+          metadata[key] = value.get<std::string>();
+        continue;
+      }
+      SafetensorsTensor t;
+      t.dtype = entry.at("dtype").get<std::string>();
+      t.shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto range = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      uint64_t count = 1;
+      for (int64_t d : t.shape)
+        count *= d < 0 ? 0 : uint64_t(d);
+      if (range.size() != 2 || range[0] > range[1] || range[1] > dataSize || dtypeSize(t.dtype) == 0 ||
+          range[1] - range[0] != count * dtypeSize(t.dtype)) {
+        error = path + ": tensor '" + name + "' has a bad dtype, shape or byte range (truncated or corrupt)";
+        return false;
+      }
+      t.bytes.assign(data + range[0], data + range[1]);
+      tensors[name] = std::move(t);
+    }
+  } catch (const std::exception &e) {
+    error = path + ": malformed safetensors header (" + e.what() + ")";
     return false;
   }
   return true;

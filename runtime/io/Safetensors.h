@@ -3,8 +3,8 @@
 // Writes the safetensors format (an 8-byte little-endian header length, a
 // JSON header naming each tensor's dtype, shape and byte range, then the raw
 // little-endian tensors) so that tools outside mhcc (NumPy, PyTorch) can read
-// mhcrun's tensors without a reader of ours. Writing only: the runtime never
-// reads these files back.
+// mhcrun's tensors without a reader of ours. The reader serves checkpoints
+// and --init-from: it checks every byte range and shape against the file.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_IO_SAFETENSORS_H
@@ -41,6 +41,22 @@ private:
   std::map<std::string, Tensor> tensors_; // written in name order
   std::map<std::string, std::string> metadata_;
 };
+
+/// One tensor of a safetensors file: dtype ("F32", ...), shape, raw bytes.
+struct SafetensorsTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+
+/// Reads a whole safetensors file; false and `error` (naming the path and
+/// what is wrong: truncated, a bad header, a range outside the data) on failure.
+bool readSafetensors(const std::string &path, std::map<std::string, SafetensorsTensor> &tensors,
+                     std::map<std::string, std::string> &metadata, std::string &error);
+/// The same over bytes already in memory; `path` names them in errors.
+bool parseSafetensors(const std::string &path, const std::vector<char> &bytes,
+                      std::map<std::string, SafetensorsTensor> &tensors, std::map<std::string, std::string> &metadata,
+                      std::string &error);
 
 } // namespace mhcc::runtime
 

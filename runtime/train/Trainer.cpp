@@ -121,6 +121,33 @@ std::optional<StepResult> Trainer::step(std::string &error) {
   return result;
 }
 
+bool Trainer::saveState(ParameterState &state, std::string &error) {
+  const size_t n = artifact_.params.size();
+  state.weights.assign(n, {});
+  state.adamM.assign(n, {});
+  state.adamV.assign(n, {});
+  for (auto &device : devices_)
+    if (!device->saveState(state)) {
+      error = "rank " + std::to_string(device->rank()) + " saving its state: " + device->error();
+      return false;
+    }
+  return true;
+}
+
+bool Trainer::loadState(const ParameterState &state, int64_t stepsDone, std::string &error) {
+  if (broken_) {
+    error = "the trainer failed before and cannot continue";
+    return false;
+  }
+  for (auto &device : devices_)
+    if (!device->loadState(state)) {
+      error = "rank " + std::to_string(device->rank()) + " loading a state: " + device->error();
+      return false;
+    }
+  stepsDone_ = stepsDone;
+  return true;
+}
+
 const std::vector<std::vector<float>> &Trainer::parameters() {
   weights_.assign(artifact_.params.size(), {});
   for (auto &device : devices_)

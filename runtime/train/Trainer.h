@@ -38,6 +38,17 @@ public:
   std::optional<StepResult> step(std::string &error);
 
   const Artifact &artifact() const { return artifact_; }
+  /// Iterations done; the next step is stepsDone() + 1. With the data seed
+  /// it fixes everything a resumed run needs besides the parameters: the
+  /// sampler is a counter hash of (seed, step, microbatch) and the learning
+  /// rate a function of the step; there is no other RNG state.
+  int64_t stepsDone() const { return stepsDone_; }
+  /// Between steps: the weights and moments every local device owns, in
+  /// table order (a multi-process run fills only this process's owned ones).
+  bool saveState(ParameterState &state, std::string &error);
+  /// Between steps: every local device takes `state` (all parameters), and
+  /// the trainer continues after iteration `stepsDone`.
+  bool loadState(const ParameterState &state, int64_t stepsDone, std::string &error);
   /// Parameter values in table order; in a multi-process run only this
   /// process's owned parameters are filled.
   const std::vector<std::vector<float>> &parameters();

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <thread>
 #include <cstdlib>
 #include <sstream>
 #include <fstream>
@@ -166,6 +169,38 @@ TEST(ProcessGroup, LauncherStopsTheOtherRanksWhenOneFails) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 30) << "the waiting ranks were not stopped";
   EXPECT_NE(log.str().find("rank 1 exited with status 3; stopping the other ranks"), std::string::npos) << log.str();
+}
+
+TEST(ProcessGroup, LauncherForwardsSigtermAndRemovesItsFolder) {
+  // Every rank records its pid and bootstrap folder, then sleeps a minute;
+  // SIGTERM to the parent must stop them all at once.
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/forward";
+  const std::string body = "echo \"$$ $MHCC_BOOTSTRAP_DIR\" > " + base + ".$MHCC_RANK; exec sleep 60";
+  std::vector<char> script(body.begin(), body.end());
+  script.push_back('\0');
+  char program[] = "/bin/sh";
+  char flag[] = "-c";
+  char *argv[] = {program, flag, script.data(), nullptr};
+  std::ostringstream log;
+  std::thread stopper([] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    kill(getpid(), SIGTERM);
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(launchRanks(2, "/bin/sh", argv, log), 128 + SIGTERM) << log.str();
+  stopper.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10) << "the ranks were not stopped";
+  EXPECT_NE(log.str().find("got signal 15; stopping every rank"), std::string::npos) << log.str();
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(base + "." + std::to_string(r));
+    pid_t pid = 0;
+    std::string dir;
+    ASSERT_TRUE(in >> pid >> dir) << "rank " << r << " did not start";
+    EXPECT_NE(kill(pid, 0), 0) << "rank " << r << " (pid " << pid << ") is still running";
+    EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  }
 }
 
 } // namespace

@@ -1,0 +1,360 @@
+//===- Checkpoint.cpp - Megatron-style checkpoints by parameter name --------===//
+#include "runtime/io/Checkpoint.h"
+
+#include "runtime/io/Safetensors.h"
+
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <unistd.h>
+
+namespace mhcc::runtime {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char *kPointer = "latest_checkpointed_iteration.txt";
+constexpr const char *kFormat = "mhcc-checkpoint-1";
+
+/// fsync a file or a folder by path: a rename is durable only once the
+/// renamed file's data and the folder holding the new name are.
+bool syncPath(const std::string &path, std::string &error) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0)
+      ::close(fd);
+    error = "cannot fsync " + path;
+    return false;
+  }
+  ::close(fd);
+  return true;
+}
+
+bool writeSynced(const std::string &path, const std::string &text, std::string &error) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      error = "cannot write " + path;
+      return false;
+    }
+  }
+  return syncPath(path, error);
+}
+
+bool readBytes(const std::string &path, std::vector<char> &bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return false;
+  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return true;
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+  return b;
+}
+
+std::string fileChecksum(const std::vector<char> &bytes) { return hex64(XXH3_64bits(bytes.data(), bytes.size())); }
+
+/// Test hook: MHCC_TEST_SAVE_PAUSE_S=<seconds> stalls every save between its
+/// two files, so a test can SIGKILL the process in the middle of a save.
+void pauseForTests() {
+  if (const char *pause = std::getenv("MHCC_TEST_SAVE_PAUSE_S"))
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(pause)));
+}
+
+nlohmann::json paramTable(const Artifact &a) {
+  nlohmann::json table = nlohmann::json::array();
+  for (const ParamInfo &p : a.params)
+    table.push_back({{"name", p.name}, {"shape", {p.rows, p.cols}}, {"weight_decay", p.decay}});
+  return table;
+}
+
+/// meta.json carries the checksum of its own other members, so a flipped
+/// byte in it (the iteration, say) is caught like one in the tensor files.
+std::string sealMeta(nlohmann::json meta) {
+  meta.erase("meta_xxh3");
+  const std::string body = meta.dump();
+  meta["meta_xxh3"] = hex64(XXH3_64bits(body.data(), body.size()));
+  return meta.dump(1) + "\n";
+}
+
+bool writeShardFiles(const std::string &tmp, const std::string &suffix, const Artifact &a,
+                     const ParameterState &state, std::string &error) {
+  SafetensorsWriter model, optim;
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    const ParamInfo &info = a.params[p];
+    if (state.weights[p].empty())
+      continue; // another rank's
+    model.addF32(info.name, {info.rows, info.cols}, state.weights[p].data());
+    optim.addF32(info.name + ".exp_avg", {info.rows, info.cols}, state.adamM[p].data());
+    optim.addF32(info.name + ".exp_avg_sq", {info.rows, info.cols}, state.adamV[p].data());
+  }
+  model.setMetadata("format", "mhcc fp32 master weights");
+  optim.setMetadata("format", "mhcc Adam moments");
+  const std::string modelPath = tmp + "/model" + suffix + ".safetensors";
+  const std::string optimPath = tmp + "/optim" + suffix + ".safetensors";
+  if (!model.write(modelPath, error) || !syncPath(modelPath, error))
+    return false;
+  pauseForTests();
+  return optim.write(optimPath, error) && syncPath(optimPath, error);
+}
+
+/// Rank 0 of a multi-process save: waits until every rank announced its shard.
+bool waitForShards(const std::string &tmp, const CheckpointShard &shard, std::string &error) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(shard.timeoutSeconds);
+  for (int64_t r = 1; r < shard.size; ++r)
+    while (!fs::exists(tmp + "/shard-rank" + std::to_string(r) + ".done")) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        error = tmp + ": rank " + std::to_string(r) + " did not write its shard within " +
+                std::to_string(int(shard.timeoutSeconds)) + " s; the previous checkpoint stays the latest";
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  return true;
+}
+
+/// Renames the finished folder into place, then moves the pointer.
+bool publish(const std::string &dir, const std::string &tmp, const std::string &folder, int64_t iteration,
+             std::string &error) {
+  std::error_code ec;
+  const std::string old = folder + ".old";
+  if (fs::exists(folder)) { // saving an iteration again (a rerun): keep it until the new one is in place
+    fs::remove_all(old, ec);
+    fs::rename(folder, old, ec);
+  }
+  fs::rename(tmp, folder, ec);
+  if (ec) {
+    error = "cannot rename " + tmp + " to " + folder + ": " + ec.message();
+    return false;
+  }
+  if (!syncPath(dir, error))
+    return false;
+  fs::remove_all(old, ec);
+  const std::string pointer = dir + "/" + kPointer;
+  if (!writeSynced(pointer + ".tmp", std::to_string(iteration) + "\n", error))
+    return false;
+  fs::rename(pointer + ".tmp", pointer, ec);
+  if (ec) {
+    error = "cannot replace " + pointer + ": " + ec.message();
+    return false;
+  }
+  return syncPath(dir, error);
+}
+
+} // namespace
+
+std::string checkpointFolder(const std::string &dir, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
+  return dir + "/" + name;
+}
+
+bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a, const TrainOptions &options,
+                    const ParameterState &state, const CheckpointShard &shard, std::string &error) {
+  const std::string folder = checkpointFolder(dir, iteration), tmp = folder + ".tmp";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (shard.size == 1)
+    fs::remove_all(tmp, ec); // what a killed save left
+  fs::create_directories(tmp, ec);
+  if (ec || !fs::is_directory(tmp)) {
+    error = "cannot create " + tmp + (ec ? ": " + ec.message() : "");
+    return false;
+  }
+  const std::string suffix = shard.size == 1 ? "" : "-rank" + std::to_string(shard.rank);
+  if (!writeShardFiles(tmp, suffix, a, state, error))
+    return false;
+  if (shard.size > 1) {
+    const std::string done = tmp + "/shard-rank" + std::to_string(shard.rank) + ".done";
+    if (!writeSynced(done + ".tmp", "", error))
+      return false;
+    fs::rename(done + ".tmp", done, ec);
+    if (shard.rank != 0)
+      return true; // rank 0 publishes
+    if (!waitForShards(tmp, shard, error))
+      return false;
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (int64_t r = 0; r < shard.size; ++r)
+    for (const char *kind : {"model", "optim"}) {
+      const std::string name =
+          std::string(kind) + (shard.size == 1 ? "" : "-rank" + std::to_string(r)) + ".safetensors";
+      std::vector<char> bytes;
+      if (!readBytes(tmp + "/" + name, bytes)) {
+        error = "cannot read back " + tmp + "/" + name;
+        return false;
+      }
+      files[name] = {{"xxh3", fileChecksum(bytes)}, {"bytes", bytes.size()}};
+    }
+  nlohmann::json meta = {
+      {"format", kFormat},
+      {"iteration", iteration},
+      {"model", a.model.name},
+      {"model_hash", a.modelHash},
+      {"layout", {{"pp", a.pp}, {"vpp", a.vpp}, {"layout", a.layout}}},
+      {"params", paramTable(a)},
+      {"optimizer",
+       {{"kind", options.optimizer}, {"lr", options.lr}, {"beta1", options.beta1}, {"beta2", options.beta2},
+        {"eps", options.adamEps}, {"weight_decay", options.weightDecay}, {"clip_grad", options.clipGrad},
+        {"warmup_steps", options.warmupSteps}}},
+      {"data_seed", options.dataSeed},
+      {"files", files}};
+  return writeSynced(tmp + "/meta.json", sealMeta(meta), error) && syncPath(tmp, error) &&
+         publish(dir, tmp, folder, iteration, error);
+}
+
+namespace {
+
+/// Finds the folder to load: DIR itself, or the one DIR's pointer names.
+bool resolveFolder(const std::string &dir, std::string &folder, std::string &error) {
+  if (fs::exists(dir + "/meta.json")) {
+    folder = dir;
+    return true;
+  }
+  std::ifstream in(dir + "/" + kPointer);
+  long long iteration = -1;
+  if (!in || !(in >> iteration) || iteration < 0) {
+    error = "--load " + dir + ": no checkpoint there (neither " + kPointer +
+            " nor meta.json); pass the --save folder of an earlier run, or one of its iter_* folders";
+    return false;
+  }
+  folder = checkpointFolder(dir, iteration);
+  if (!fs::exists(folder + "/meta.json")) {
+    error = folder + "/meta.json: missing (" + kPointer + " names iteration " + std::to_string(iteration) +
+            "); pass an earlier iter_* folder to --load";
+    return false;
+  }
+  return true;
+}
+
+bool readMeta(const std::string &path, const Artifact &a, nlohmann::json &meta, std::string &error) {
+  std::vector<char> bytes;
+  if (!readBytes(path, bytes)) {
+    error = path + ": cannot be read; pass an earlier iter_* folder to --load";
+    return false;
+  }
+  meta = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (!meta.is_object() || !meta.contains("meta_xxh3") || sealMeta(meta) != std::string(bytes.begin(), bytes.end())) {
+    error = path + ": corrupt (its checksum does not match); pass an earlier iter_* folder to --load";
+    return false;
+  }
+  if (meta.value("format", "") != kFormat) {
+    error = path + ": not an mhcc checkpoint of format " + kFormat;
+    return false;
+  }
+  if (meta.value("model_hash", "") != a.modelHash || meta.at("params") != paramTable(a)) {
+    error = path + ": saved for model " + meta.value("model", "?") + " (hash " + meta.value("model_hash", "?") +
+            "), but the artifact is " + a.model.name + " (hash " + a.modelHash +
+            "); load it with an artifact of the same model, or start without --load";
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &state, int64_t &iteration,
+                    std::string &error) {
+  std::string folder;
+  nlohmann::json meta;
+  if (!resolveFolder(dir, folder, error) || !readMeta(folder + "/meta.json", a, meta, error))
+    return false;
+  const std::string fix = "; restore it or pass an earlier iter_* folder to --load";
+  std::map<std::string, SafetensorsTensor> tensors; // every file's, "model:" or "optim:" + name
+  for (const auto &[name, entry] : meta.at("files").items()) {
+    const std::string path = folder + "/" + name;
+    std::vector<char> bytes;
+    if (!readBytes(path, bytes)) {
+      error = path + ": missing" + fix;
+      return false;
+    }
+    if (bytes.size() != entry.at("bytes").get<size_t>() || fileChecksum(bytes) != entry.at("xxh3")) {
+      error = path + ": truncated or corrupt (" + std::to_string(bytes.size()) + " bytes, checksum mismatch)" + fix;
+      return false;
+    }
+    std::map<std::string, SafetensorsTensor> part;
+    std::map<std::string, std::string> unused;
+    if (!parseSafetensors(path, bytes, part, unused, error))
+      return false;
+    const std::string kind = name.rfind("model", 0) == 0 ? "model:" : "optim:";
+    for (auto &[t, tensor] : part)
+      tensors[kind + t] = std::move(tensor);
+  }
+  auto take = [&](const std::string &key, const ParamInfo &info, std::vector<float> &out) {
+    auto it = tensors.find(key);
+    if (it == tensors.end() || it->second.dtype != "F32" ||
+        it->second.bytes.size() != size_t(info.count()) * sizeof(float)) {
+      error = folder + ": no F32 tensor '" + key.substr(6) + "' of " + std::to_string(info.count()) +
+              " elements in its files" + fix;
+      return false;
+    }
+    out.resize(info.count());
+    std::memcpy(out.data(), it->second.bytes.data(), it->second.bytes.size());
+    return true;
+  };
+  const size_t n = a.params.size();
+  state.weights.assign(n, {});
+  state.adamM.assign(n, {});
+  state.adamV.assign(n, {});
+  for (size_t p = 0; p < n; ++p) {
+    const ParamInfo &info = a.params[p];
+    if (!take("model:" + info.name, info, state.weights[p]) ||
+        !take("optim:" + info.name + ".exp_avg", info, state.adamM[p]) ||
+        !take("optim:" + info.name + ".exp_avg_sq", info, state.adamV[p]))
+      return false;
+  }
+  iteration = meta.at("iteration").get<int64_t>();
+  return true;
+}
+
+bool exportWeights(const std::string &path, const Artifact &a, const ParameterState &state, int64_t iteration,
+                   std::string &error) {
+  SafetensorsWriter out;
+  for (size_t p = 0; p < a.params.size(); ++p)
+    out.addF32(a.params[p].name, {a.params[p].rows, a.params[p].cols}, state.weights[p].data());
+  out.setMetadata("format", "mhcc fp32 master weights");
+  out.setMetadata("model", a.model.name);
+  out.setMetadata("model_hash", a.modelHash);
+  out.setMetadata("iteration", std::to_string(iteration));
+  return out.write(path, error);
+}
+
+bool importWeights(const std::string &path, const Artifact &a, ParameterState &state, std::string &error) {
+  std::map<std::string, SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  if (!readSafetensors(path, tensors, metadata, error)) {
+    error = "--init-from " + error;
+    return false;
+  }
+  const size_t n = a.params.size();
+  state.weights.assign(n, {});
+  state.adamM.assign(n, {});
+  state.adamV.assign(n, {});
+  for (size_t p = 0; p < n; ++p) {
+    const ParamInfo &info = a.params[p];
+    auto it = tensors.find(info.name);
+    const std::vector<int64_t> shape = {info.rows, info.cols};
+    if (it == tensors.end() || it->second.dtype != "F32" || it->second.shape != shape) {
+      error = "--init-from " + path + ": no F32 tensor '" + info.name + "' of shape [" + std::to_string(info.rows) +
+              ", " + std::to_string(info.cols) + "]; export the weights of the same model with --export-safetensors";
+      return false;
+    }
+    state.weights[p].resize(info.count());
+    std::memcpy(state.weights[p].data(), it->second.bytes.data(), it->second.bytes.size());
+  }
+  return true;
+}
+
+} // namespace mhcc::runtime

@@ -1,0 +1,232 @@
+// Checkpoints resume bit-exactly, under the same layout and under others:
+// - 10 + 10 iterations under PP2/VPP2 (saved, loaded by a fresh trainer) ≡ 20
+//   uninterrupted: lm loss, mtp loss and grad norm of every step and the
+//   final weights, by memcmp;
+// - saved under PP2/VPP2 after 3, resumed under PP1 and PP4/VPP2 for 3 more
+//   ≡ 6 uninterrupted under that layout;
+// - the comparison can fail: resuming with the Adam moments zeroed differs;
+// - a corrupt, truncated or foreign checkpoint is refused naming the file.
+//
+// usage: checkpoint_test DATA PP1 PP2_VPP2 PP4_VPP2 OTHER_MODEL
+#include "runtime/cpu/CpuDevice.h"
+#include "runtime/io/Checkpoint.h"
+#include "runtime/train/Trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <filesystem>
+#include <fstream>
+
+namespace mhcc::runtime {
+namespace {
+
+std::string gData, gPp1, gPp2Vpp2, gPp4Vpp2, gOther;
+
+struct Trained {
+  std::vector<StepResult> steps;
+  std::vector<std::vector<float>> weights;
+};
+
+std::string tempDir(const std::string &name) {
+  const char *root = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(root ? root : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+const TokenDataset &data() {
+  static std::optional<TokenDataset> d = [] {
+    std::string error;
+    auto opened = TokenDataset::open(gData, error);
+    EXPECT_TRUE(opened) << error;
+    return opened;
+  }();
+  return *d;
+}
+
+std::unique_ptr<Trainer> makeTrainer(const std::string &path) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(path, error);
+  EXPECT_TRUE(artifact) << error;
+  auto trainer = Trainer::create(std::move(*artifact), data(), TrainOptions(), cpuDevices(), error);
+  EXPECT_TRUE(trainer) << error;
+  return trainer;
+}
+
+/// Trains until iteration `until`; first loads `loadDir` (if given, with
+/// `mutate` applied to the loaded state); saves into `saveDir` at the end.
+Trained train(const std::string &path, int64_t until, const std::string &loadDir = "",
+          const std::string &saveDir = "",
+          const std::function<void(ParameterState &)> &mutate = nullptr) {
+  std::unique_ptr<Trainer> trainer = makeTrainer(path);
+  std::string error;
+  Trained run;
+  if (!trainer)
+    return run;
+  if (!loadDir.empty()) {
+    ParameterState state;
+    int64_t iteration = 0;
+    EXPECT_TRUE(loadCheckpoint(loadDir, trainer->artifact(), state, iteration, error)) << error;
+    if (mutate)
+      mutate(state);
+    EXPECT_TRUE(trainer->loadState(state, iteration, error)) << error;
+  }
+  while (trainer->stepsDone() < until) {
+    std::optional<StepResult> result = trainer->step(error);
+    EXPECT_TRUE(result) << error;
+    if (!result)
+      return run;
+    run.steps.push_back(*result);
+  }
+  if (!saveDir.empty()) {
+    ParameterState state;
+    EXPECT_TRUE(trainer->saveState(state, error)) << error;
+    EXPECT_TRUE(saveCheckpoint(saveDir, trainer->stepsDone(), trainer->artifact(), TrainOptions(), state, {}, error))
+        << error;
+  }
+  run.weights = trainer->parameters();
+  return run;
+}
+
+bool same(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+/// `tail` continues `full` from step full.size() - tail.size() + 1, bit for bit.
+bool continuesExactly(const Trained &full, const Trained &tail, std::string &why) {
+  const size_t offset = full.steps.size() - tail.steps.size();
+  for (size_t k = 0; k < tail.steps.size(); ++k) {
+    const StepResult &a = full.steps[offset + k], &b = tail.steps[k];
+    if (a.step != b.step || !same(a.lmLoss, b.lmLoss) || !same(a.gradNorm, b.gradNorm) ||
+        a.mtpLoss.has_value() != b.mtpLoss.has_value() || (a.mtpLoss && !same(*a.mtpLoss, *b.mtpLoss))) {
+      why = "iteration " + std::to_string(a.step) + " differs";
+      return false;
+    }
+  }
+  if (full.weights.size() != tail.weights.size())
+    return why = "parameter count", false;
+  for (size_t p = 0; p < full.weights.size(); ++p)
+    if (full.weights[p].size() != tail.weights[p].size() ||
+        std::memcmp(full.weights[p].data(), tail.weights[p].data(), full.weights[p].size() * 4) != 0)
+      return why = "final weights of parameter " + std::to_string(p), false;
+  return true;
+}
+
+TEST(Checkpoint, TenPlusTenIsTwentyBitForBit) {
+  const std::string dir = tempDir("ten_plus_ten");
+  Trained full = train(gPp2Vpp2, 20);
+  ASSERT_EQ(full.steps.size(), 20u);
+  train(gPp2Vpp2, 10, "", dir);
+  Trained tail = train(gPp2Vpp2, 20, dir);
+  ASSERT_EQ(tail.steps.size(), 10u);
+  EXPECT_EQ(tail.steps.front().step, 11);
+  std::string why;
+  EXPECT_TRUE(continuesExactly(full, tail, why)) << why;
+}
+
+TEST(Checkpoint, SavedUnderPp2Vpp2ResumesUnderPp1AndPp4Vpp2) {
+  const std::string dir = tempDir("cross_layout");
+  train(gPp2Vpp2, 3, "", dir);
+  for (const std::string &layout : {gPp1, gPp4Vpp2}) {
+    Trained full = train(layout, 6);
+    Trained tail = train(layout, 6, dir);
+    ASSERT_EQ(tail.steps.size(), 3u) << layout;
+    std::string why;
+    EXPECT_TRUE(continuesExactly(full, tail, why)) << layout << ": " << why;
+  }
+}
+
+// The comparison above is able to fail: without the moments (as if the save
+// dropped optim.safetensors' contents) the resumed run must differ.
+TEST(Checkpoint, ResumingWithoutTheMomentsDiffers) {
+  const std::string dir = tempDir("no_moments");
+  Trained full = train(gPp2Vpp2, 6);
+  train(gPp2Vpp2, 3, "", dir);
+  Trained tail = train(gPp2Vpp2, 6, dir, "", [](ParameterState &state) {
+    for (auto &m : state.adamM)
+      std::fill(m.begin(), m.end(), 0.0f);
+    for (auto &v : state.adamV)
+      std::fill(v.begin(), v.end(), 0.0f);
+  });
+  std::string why;
+  EXPECT_FALSE(continuesExactly(full, tail, why));
+}
+
+/// Loads `dir` into the PP1 artifact (or `artifact`) and returns the error.
+std::string loadError(const std::string &dir, const std::string &artifactPath = gPp1) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(artifactPath, error);
+  EXPECT_TRUE(artifact) << error;
+  ParameterState state;
+  int64_t iteration = 0;
+  EXPECT_FALSE(loadCheckpoint(dir, *artifact, state, iteration, error));
+  return error;
+}
+
+TEST(Checkpoint, RefusesCorruptTruncatedMissingAndForeignCheckpoints) {
+  const std::string dir = tempDir("refusals");
+  train(gPp1, 1, "", dir);
+  const std::string folder = checkpointFolder(dir, 1);
+  const std::string model = folder + "/model.safetensors", optim = folder + "/optim.safetensors";
+  const std::string backup = tempDir("refusals_backup");
+  std::filesystem::copy(folder, backup, std::filesystem::copy_options::recursive);
+  auto restore = [&] {
+    std::filesystem::remove_all(folder);
+    std::filesystem::copy(backup, folder, std::filesystem::copy_options::recursive);
+  };
+  { // one flipped byte in the tensor data
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x7f');
+  }
+  std::string error = loadError(dir);
+  EXPECT_NE(error.find(model), std::string::npos) << error;
+  EXPECT_NE(error.find("corrupt"), std::string::npos) << error;
+  restore();
+  std::filesystem::resize_file(optim, std::filesystem::file_size(optim) / 2);
+  error = loadError(dir);
+  EXPECT_NE(error.find(optim), std::string::npos) << error;
+  EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+  restore();
+  std::filesystem::remove(model);
+  error = loadError(dir);
+  EXPECT_NE(error.find(model + ": missing"), std::string::npos) << error;
+  restore();
+  { // an edited iteration in meta.json
+    std::ifstream in(folder + "/meta.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("\"iteration\": 1"), 14, "\"iteration\": 7");
+    std::ofstream(folder + "/meta.json") << text;
+  }
+  error = loadError(dir);
+  EXPECT_NE(error.find("meta.json: corrupt"), std::string::npos) << error;
+  restore();
+  error = loadError(dir, gOther);
+  EXPECT_NE(error.find("saved for model tiny"), std::string::npos) << error;
+  error = loadError(tempDir("nothing_here"));
+  EXPECT_NE(error.find("no checkpoint there"), std::string::npos) << error;
+  // Intact again: it loads.
+  std::optional<Artifact> artifact = readArtifact(gPp1, error);
+  ParameterState state;
+  int64_t iteration = 0;
+  EXPECT_TRUE(loadCheckpoint(dir, *artifact, state, iteration, error)) << error;
+  EXPECT_EQ(iteration, 1);
+}
+
+} // namespace
+} // namespace mhcc::runtime
+
+int main(int argc, char **argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s DATA PP1 PP2_VPP2 PP4_VPP2 OTHER_MODEL\n", argv[0]);
+    return 2;
+  }
+  using namespace mhcc::runtime;
+  gData = argv[1];
+  gPp1 = argv[2];
+  gPp2Vpp2 = argv[3];
+  gPp4Vpp2 = argv[4];
+  gOther = argv[5];
+  return RUN_ALL_TESTS();
+}
