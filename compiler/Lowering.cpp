@@ -104,6 +104,7 @@ private:
     instr.inputs = std::move(inputs);
     instr.params = std::move(params);
     instr.output = newValue(out, std::move(tap));
+    program().values[instr.output].dtype = storageOf(op, instr.inputs);
     instr.auxSize = aux;
     if (instr.seqLen <= 1)
       instr.seqLen = artifact_.model.seqLen;
@@ -111,13 +112,33 @@ private:
     return instr.output;
   }
 
+  /// How an instruction's output is stored (docs/precision.md): a bf16
+  /// model keeps its activations in bf16, except the mHC coefficients
+  /// (computed and kept in fp32, with Sinkhorn) and the losses; a copy keeps
+  /// its input's storage.
+  std::string storageOf(Prim op, const std::vector<int> &inputs) {
+    if (artifact_.model.dtype != "bf16")
+      return "f32";
+    switch (op) {
+    case Prim::MhcCoeffs:
+    case Prim::CrossEntropy:
+      return "f32";
+    case Prim::Identity:
+      return program().values[inputs[0]].dtype;
+    default:
+      return "bf16";
+    }
+  }
+
   void lowerBoundary(pipe::BoundaryOp boundary) {
     stage_ = boundary.getSrcStage();
     int sent = valueOf(boundary.getInput());
     program().output = sent;
+    const std::string dtype = program().values[sent].dtype; // the message carries it as stored
     stage_ = boundary.getDstStage();
     auto type = cast<RankedTensorType>(boundary.getInput().getType());
     int received = newValue({type.getDimSize(0), type.getDimSize(1)});
+    program().values[received].dtype = dtype;
     program().input = received;
     bind(boundary.getResult(), received);
   }
@@ -344,7 +365,8 @@ std::string formatPrograms(const Artifact &artifact) {
        << p.gradOutput << "\n";
     auto value = [&](int v) {
       std::ostringstream s;
-      s << "%" << v << "[" << p.values[v].rows << "x" << p.values[v].cols << "]";
+      s << "%" << v << "[" << p.values[v].rows << "x" << p.values[v].cols
+        << (p.values[v].dtype == "f32" ? "" : "x" + p.values[v].dtype) << "]";
       return s.str();
     };
     for (const ForwardInstr &f : p.forward) {

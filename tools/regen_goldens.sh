@@ -5,7 +5,8 @@
 # saying why the numbers moved.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-declare -A RECIPES=([tiny]=tiny_pp1 [tiny_pp2_vpp2]=tiny_pp2_vpp2 [tiny_pp4_vpp2]=tiny_pp4_vpp2)
+declare -A RECIPES=([tiny]=tiny_pp1 [tiny_pp2_vpp2]=tiny_pp2_vpp2 [tiny_pp4_vpp2]=tiny_pp4_vpp2
+                   [tiny_bf16]=tiny_bf16_pp1)
 targets=(//tools:mhcrun)
 for artifact in "${RECIPES[@]}"; do targets+=("//tests:$artifact"); done
 bazel build "${targets[@]}" >/dev/null 2>&1 || bazel build "${targets[@]}"

@@ -160,6 +160,7 @@ template <typename Value, typename Field> void valueFields(Value &v, Field &&fie
   field("rows", v.rows);
   field("cols", v.cols);
   field("tap", v.tap);
+  field("dtype", v.dtype);
 }
 
 template <typename Backward, typename Field> void backwardFields(Backward &b, Field &&field) {

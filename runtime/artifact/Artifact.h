@@ -24,7 +24,8 @@
 namespace mhcc::runtime {
 
 inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
-inline constexpr uint32_t kArtifactVersion = 1;
+/// 2: every stage value carries its storage dtype (bf16 models).
+inline constexpr uint32_t kArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";

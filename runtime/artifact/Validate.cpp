@@ -26,6 +26,13 @@ public:
       return "bad model sizes";
     if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
       return "bad pipeline sizes";
+    if (m.dtype != "f32" && m.dtype != "bf16")
+      return "unknown model dtype '" + m.dtype + "' (f32 or bf16)";
+    for (const StageProgram &p : a_.stages)
+      for (const ValueInfo &v : p.values)
+        if ((v.dtype != "f32" && v.dtype != "bf16") || (m.dtype == "f32" && v.dtype != "f32"))
+          return "stage " + std::to_string(p.stage) + ": a value stored as '" + v.dtype + "' in a " + m.dtype +
+                 " model";
     if (const auto &code = a_.deviceCode) {
       if (code->streams != m.streams || code->sinkhornIterations != m.sinkhornIterations)
         return "the CUDA kernels were generated for n = " + std::to_string(code->streams) + " streams and " +

@@ -47,15 +47,17 @@ template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, i
 /// log-sum-exp of each score row.
 template <typename T>
 void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int64_t rows,
-                      int64_t C, int64_t heads, int64_t seq) {
+                      int64_t C, int64_t heads, int64_t seq, Store<T> store = nullptr) {
   const int64_t d = C / heads;
   T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
   matmul(x, wqkv, qkv, rows, C, 3 * C);
+  stored(store, qkv, rows * 3 * C);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       rotate(qkv + t * 3 * C + h * d, t % seq, d, false);
       rotate(qkv + t * 3 * C + C + h * d, t % seq, d, false);
     }
+  stored(store, qkv, rows * 3 * C);
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs are independent: split them over threads.
   parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
@@ -84,6 +86,7 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
           const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
           addScaled(out, v, p[j] / sum, d);
         }
+        stored(store, out, d);
       }
     }
   });
@@ -92,13 +95,15 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
 
 template <typename T>
 void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, const T *dy, T *dx,
-                       T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq) {
+                       T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                       Store<T> store = nullptr) {
   const int64_t d = C / heads;
   const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
   if (dWo)
     matmulTransAAcc(o, dy, dWo, rows, C, C);
   std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0));
   matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
+  stored(store, dO.data(), rows * C);
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
   parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
@@ -152,6 +157,7 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
       rotate(dQkv.data() + t * 3 * C + C + h * d, t % seq, d, true);
     }
+  stored(store, dQkv.data(), rows * 3 * C);
   if (dWqkv)
     matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
   if (dx)

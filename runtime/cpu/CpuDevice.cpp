@@ -1,6 +1,7 @@
 //===- CpuDevice.cpp - the CPU reference backend's Device -------------------===//
 #include "runtime/cpu/CpuDevice.h"
 
+#include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/StageExecutor.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/train/Parameters.h"
@@ -37,7 +38,19 @@ struct CpuWorld {
   const Artifact &a;
   const TrainOptions &options;
   std::atomic<bool> &failed;
-  std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
+  std::vector<std::vector<float>> weights, adamM, adamV; // by parameter: fp32 masters and moments
+  /// What the kernels read: the masters (f32 models) or their bf16 copies,
+  /// rounded after every update, as the GPU keeps bf16 working weights.
+  const bool bf16;
+  std::vector<std::vector<float>> bf16Weights;
+  std::vector<float> &working(size_t param) { return bf16 ? bf16Weights[param] : weights[param]; }
+  void refreshWorkingWeights() {
+    if (!bf16)
+      return;
+    bf16Weights = weights;
+    for (std::vector<float> &w : bf16Weights)
+      roundBf16(w.data(), int64_t(w.size()));
+  }
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]
   std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to)
 
@@ -51,12 +64,14 @@ struct CpuWorld {
   StepResult result;
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
-      : a(artifact), options(opts), failed(failedFlag), peakBytes(artifact.pp, 0) {
+      : a(artifact), options(opts), failed(failedFlag), bf16(artifact.model.dtype == "bf16"),
+        peakBytes(artifact.pp, 0) {
     for (const ParamInfo &info : a.params) {
       weights.push_back(initialParameter(info, a.model.seed));
       adamM.emplace_back(info.count(), 0.0f);
       adamV.emplace_back(info.count(), 0.0f);
     }
+    refreshWorkingWeights();
     slotGrads.resize(a.stages.size());
     for (size_t s = 0; s < a.stages.size(); ++s)
       for (const ParamSlot &slot : a.stages[s].params)
@@ -85,6 +100,7 @@ struct CpuWorld {
         for (const std::vector<float> &g : slotGrads[s])
           grads[s].push_back(g.data());
       runtime::completeStep(a, options, losses, grads, weights, adamM, adamV, result);
+      refreshWorkingWeights();
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -154,12 +170,24 @@ public:
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
     StageContext<float> c = contextFor(stage, mb);
     forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
+    storeAs(c.program, c.program.forward[index].output, state);
     return true;
   }
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
     StageContext<float> c = contextFor(stage, mb);
-    backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), c.program.backward[index], part);
+    const BackwardInstr &b = c.program.backward[index];
+    backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part);
+    if (part != BackwardPart::Weight)
+      for (int id : b.gradInputs)
+        storeAs(c.program, id, state);
     return true;
+  }
+
+  /// An instruction's output is written in its value's storage type when
+  /// the instruction completes (docs/precision.md).
+  static void storeAs(const StageProgram &p, int value, StageState &state) {
+    if (value >= 0 && p.values[value].dtype == "bf16")
+      roundBf16(state.values[value].data, state.values[value].count);
   }
 
   bool exchange(std::vector<Transfer> &group) override {
@@ -207,6 +235,7 @@ public:
       if (!state.adamV[p].empty())
         world_->adamV[p] = state.adamV[p];
     }
+    world_->refreshWorkingWeights();
     return true;
   }
   void abort() override { world_->failed = true; }
@@ -231,7 +260,9 @@ private:
     c.microbatches = a_.microbatches;
     c.tokens = inputs_->tokens[mb].data();
     c.labels = inputs_->labels[mb].data();
-    c.param = [this, &p](int slot) { return world_->weights[p.params[slot].param].data(); };
+    c.param = [this, &p](int slot) { return world_->working(p.params[slot].param).data(); };
+    if (world_->bf16)
+      c.store = &roundBf16;
     c.paramGrad = [this, s](int slot) { return world_->slotGrads[s][slot].data(); };
     if (world_->options.profile) {
       c.profile = &profile_;

@@ -30,6 +30,16 @@
 namespace mhcc::runtime::kernels {
 
 constexpr double kRopeBase = 10000.0;
+
+/// Where a composite kernel writes an intermediate that the GPU keeps in
+/// memory (attention's q, k, v and o; SwiGLU's gate and up projections),
+/// `store` rounds it to the storage type (bf16 models: runtime/cpu/Bf16.h);
+/// null keeps the scalar's full precision (fp32 models, the double checks).
+template <typename T> using Store = void (*)(T *, int64_t);
+template <typename T> inline void stored(Store<T> store, T *data, int64_t count) {
+  if (store)
+    store(data, count);
+}
 constexpr double kMhcRmsEps = 1e-6;
 constexpr double kSinkhornClamp = 1e-6;
 
@@ -485,29 +495,35 @@ void rmsNormBackward(const T *u, const T *gain, const T *aux, const T *dy, T *du
 /// [rows, F] up projection, then [rows, F] their product.
 template <typename T>
 void swigluForward(const T *x, const T *wg, const T *wu, const T *wd, T *y, T *aux, int64_t rows,
-                   int64_t C, int64_t F) {
+                   int64_t C, int64_t F, Store<T> store = nullptr) {
   T *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
   matmul(x, wg, a, rows, C, F);
   matmul(x, wu, b, rows, C, F);
+  stored(store, aux, 2 * rows * F);
   for (int64_t k = 0; k < rows * F; ++k)
     hsw[k] = a[k] * sigmoid(a[k]) * b[k];
+  stored(store, hsw, rows * F);
   matmul(hsw, wd, y, rows, F, C);
 }
 
 template <typename T>
 void swigluBackward(const T *x, const T *wg, const T *wu, const T *wd, const T *aux, const T *dy,
-                    T *dx, T *dWg, T *dWu, T *dWd, int64_t rows, int64_t C, int64_t F) {
+                    T *dx, T *dWg, T *dWu, T *dWd, int64_t rows, int64_t C, int64_t F,
+                    Store<T> store = nullptr) {
   const T *a = aux, *b = aux + rows * F, *hsw = aux + 2 * rows * F;
   if (dWd)
     matmulTransAAcc(hsw, dy, dWd, rows, F, C);
   std::vector<T> dh(rows * F, T(0)), da(rows * F), db(rows * F);
   matmulTransBAcc(dy, wd, dh.data(), rows, C, F);
+  stored(store, dh.data(), rows * F);
   for (int64_t k = 0; k < rows * F; ++k) {
     T s = sigmoid(a[k]);
     T silu = a[k] * s;
     db[k] = dh[k] * silu;
     da[k] = dh[k] * b[k] * s * (T(1) + a[k] * (T(1) - s));
   }
+  stored(store, da.data(), rows * F);
+  stored(store, db.data(), rows * F);
   if (dWg) {
     matmulTransAAcc(x, da.data(), dWg, rows, C, F);
     matmulTransAAcc(x, db.data(), dWu, rows, C, F);

@@ -27,6 +27,9 @@ template <typename T> struct StageContext {
   const int32_t *tokens = nullptr, *labels = nullptr;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
+  /// Rounds what composite kernels keep in memory to the storage type
+  /// (Kernels.h, Store); null: full precision.
+  kernels::Store<T> store = nullptr;
   /// When set, seconds per "<profilePrefix>fwd|bwd <primitive>" are added here.
   std::map<std::string, double> *profile = nullptr;
   std::string profilePrefix;
@@ -86,10 +89,10 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     k::rmsNormForward(in(0), w(0), out, aux[i], T_, C, f.eps);
     break;
   case Prim::Attention:
-    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen);
+    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store);
     break;
   case Prim::SwiGlu:
-    k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn);
+    k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn, c.store);
     break;
   case Prim::MhcPostRes:
     k::mhcPostResForward(in(0), in(1), in(2), out, T_, C, n);
@@ -159,11 +162,11 @@ void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     break;
   case Prim::Attention:
     k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
-                         f.heads, f.seqLen);
+                         f.heads, f.seqLen, c.store);
     break;
   case Prim::SwiGlu:
     k::swigluBackward(in(0), w(0), w(1), w(2), auxIn, dOut, din(0), dw(0), dw(1),
-                      dw(2), T_, C, f.ffn);
+                      dw(2), T_, C, f.ffn, c.store);
     break;
   case Prim::MhcPostRes:
     k::mhcPostResBackward(in(0), in(1), in(2), dOut, din(0), din(1), din(2), T_, C, n);

@@ -42,6 +42,10 @@ struct ValueInfo {
   /// Non-empty for the output of a model-graph node (or "grad:<node>" for
   /// its gradient): what parity tests compare across pipeline layouts.
   std::string tap;
+  /// How the value is stored between kernels: "f32", or "bf16" (rounded to
+  /// nearest even when written; docs/precision.md lists which values are
+  /// which). A gradient is stored as its value is.
+  std::string dtype = "f32";
 };
 
 struct ForwardInstr {

@@ -8,6 +8,7 @@
 // twice.
 //
 // usage: parity_test DATA REFERENCE.mhcc OTHER.mhcc... [-- REFERENCE OTHER...]
+#include "runtime/cpu/Bf16.h"
 #include "runtime/train/Trainer.h"
 #include "tests/runtime/TrainingCompare.h"
 
@@ -21,6 +22,30 @@ namespace {
 std::string gDataPath;
 std::vector<std::vector<std::string>> gFamilies; // [reference, others...]
 
+/// In a bf16 model every tapped value stored as bf16 holds bf16 values only,
+/// and the fp32 ones (the mHC coefficients) are not rounded: the CPU stores
+/// at exactly the points the artifact names. Returns how many were checked.
+int expectStoredAsDeclared(const Artifact &a, const StepResult &step) {
+  int bf16Checked = 0, f32Unrounded = 0;
+  for (const StageProgram &p : a.stages)
+    for (const ValueInfo &v : p.values) {
+      auto it = step.taps.find(v.tap + "@mb0");
+      if (v.tap.empty() || it == step.taps.end())
+        continue;
+      bool representable = true;
+      for (float x : it->second)
+        representable = representable && roundToBf16(x) == x;
+      if (v.dtype == "bf16") {
+        EXPECT_TRUE(representable) << v.tap << " is stored as bf16 but holds other values";
+        ++bf16Checked;
+      } else if (!representable) {
+        ++f32Unrounded;
+      }
+    }
+  EXPECT_GT(f32Unrounded, 0) << "no fp32 value kept its precision";
+  return bf16Checked;
+}
+
 TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
   std::string error;
   std::optional<TokenDataset> data = TokenDataset::open(gDataPath, error);
@@ -32,6 +57,8 @@ TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
     ASSERT_EQ(reference.steps.size(), 2u);
     // Taps cover every node output and its gradient for every microbatch.
     EXPECT_GT(reference.steps[0].taps.size(), 10u);
+    if (std::optional<Artifact> a = readArtifact(family[0], error); a && a->model.dtype == "bf16")
+      EXPECT_GT(expectStoredAsDeclared(*a, reference.steps[0]), 10) << family[0];
     TrainingRun again = train(family[0], *data, 2);
     expectIdentical(reference, again, family[0] + " (rerun)");
     for (size_t i = 1; i < family.size(); ++i) {
