@@ -125,7 +125,7 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
       return failure();
     pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
     os << llvm::formatv("schedule {0}: m = {1}{2}, verified; predicted step {3:F3} ms at {4} "
-                        "TFLOP/s and {5} GB/s P2P, bubble fraction {6:F4}\n",
+                        "TFLOP/s and {5} GB/s P2P, bubble fraction {6:F4} (idle / (ranks x step))\n",
                         pipeline::scheduleKindName(schedule.kind), schedule.microbatches,
                         schedule.groupSize ? llvm::formatv(", g = {0}", schedule.groupSize).str()
                                            : std::string(),

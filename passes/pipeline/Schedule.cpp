@@ -421,8 +421,13 @@ public:
       for (const auto &[id, free] : ranks_[r].streamFree)
         result.makespan = std::max(result.makespan, free);
     }
-    double busiest = *std::max_element(result.busy.begin(), result.busy.end());
-    result.bubbleFraction = busiest > 0 ? (result.makespan - busiest) / busiest : 0;
+    double busiest = *std::max_element(result.busy.begin(), result.busy.end()), idle = 0;
+    result.bubbleOverhead = busiest > 0 ? (result.makespan - busiest) / busiest : 0;
+    for (double busy : result.busy) {
+      result.rankBubbleFraction.push_back(result.makespan > 0 ? (result.makespan - busy) / result.makespan : 0);
+      idle += result.makespan - busy;
+    }
+    result.bubbleFraction = result.makespan > 0 ? idle / (double(p_) * result.makespan) : 0;
     return result;
   }
 
@@ -833,9 +838,11 @@ std::string formatTimeline(const Schedule &schedule, const SimulationResult &res
     }
     os << "  rank " << r << " |" << line << "|\n";
   }
-  os << "predicted bubble fraction: " << result.bubbleFraction << "\n";
+  os << "predicted bubble fraction (idle time / (ranks x makespan)): " << result.bubbleFraction
+     << "; overhead over the busiest rank's compute: " << result.bubbleOverhead << "\n";
   for (int64_t r = 0; r < schedule.pp; ++r)
-    os << "  rank " << r << ": peak activations " << humanBytes(result.peakBytes[r])
+    os << "  rank " << r << ": idle " << result.rankBubbleFraction[r] << " of the step, peak activations "
+       << humanBytes(result.peakBytes[r])
        << ", at most " << result.peakInFlight[r] << " microbatch-stages in flight, "
        << schedule.ranks[r].size() << " instructions\n";
   return os.str();

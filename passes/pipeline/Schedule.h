@@ -89,8 +89,12 @@ struct SimulationResult {
   std::vector<int64_t> peakBytes;      // live activations + boundary buffers
   std::vector<int64_t> peakInFlight;   // microbatches between FWD and last BWD part
   std::vector<std::vector<TimedInstr>> timeline;
-  /// (makespan - busiest rank's compute) / busiest rank's compute.
+  /// Idle time over ranks x makespan, overall and per rank: in [0, 1).
   double bubbleFraction = 0;
+  std::vector<double> rankBubbleFraction;
+  /// (makespan - busiest rank's compute) / busiest rank's compute: the
+  /// closed forms' "bubble" ((p-1)/m for 1F1B), unbounded above.
+  double bubbleOverhead = 0;
 };
 
 /// Simulates every rank's list together; see the file comment for the rules.

@@ -76,12 +76,23 @@ TEST(Schedule, OneFOneBAndGPipeAndZeroBubbleOverGrid) {
         if (kind == ScheduleKind::ZeroBubbleH1 && m < p) {
           // Too few microbatches to fill the pipeline: no closed form, but
           // never worse than 1F1B.
-          EXPECT_LE(built.result.bubbleFraction, (p - 1) / double(m) + 1e-9);
+          EXPECT_LE(built.result.bubbleOverhead, (p - 1) / double(m) + 1e-9);
         } else {
           double expected = kind == ScheduleKind::ZeroBubbleH1 ? (p - 1) / (3.0 * m)
                                                                  : (p - 1) / double(m);
-          EXPECT_NEAR(built.result.bubbleFraction, expected, 1e-9)
+          EXPECT_NEAR(built.result.bubbleOverhead, expected, 1e-9)
               << scheduleKindName(kind) << " p=" << p << " m=" << m;
+        }
+        // The fraction is idle time over ranks x makespan: in [0, 1), and
+        // with every rank equally busy it is overhead / (1 + overhead).
+        EXPECT_GE(built.result.bubbleFraction, 0.0);
+        EXPECT_LT(built.result.bubbleFraction, 1.0);
+        const double o = built.result.bubbleOverhead;
+        EXPECT_NEAR(built.result.bubbleFraction, o / (1 + o), 1e-9)
+            << scheduleKindName(kind) << " p=" << p << " m=" << m;
+        for (double rank : built.result.rankBubbleFraction) {
+          EXPECT_GE(rank, 0.0);
+          EXPECT_LT(rank, 1.0);
         }
         if (kind != ScheduleKind::GPipe) {
           // 1F1B and ZB-H1 hold at most p microbatches in flight on rank 0.
@@ -109,8 +120,9 @@ TEST(Schedule, InterleavedOverGrid) {
         Built built = buildAndSimulate(spec);
         ASSERT_TRUE(built.result.errors.empty()) << "p=" << p << " v=" << v << " m=" << m;
         expectForwardBeforeBackward(built.schedule);
-        EXPECT_NEAR(built.result.bubbleFraction, (p - 1) / double(v * m), 1e-9)
+        EXPECT_NEAR(built.result.bubbleOverhead, (p - 1) / double(v * m), 1e-9)
             << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_LT(built.result.bubbleFraction, 1.0);
       }
 }
 
