@@ -177,6 +177,12 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
                                       const PipelineOptions &pipeline) {
   if (std::optional<OptionError> error = pipeline.validate())
     return "--" + error->option + ": " + error->message;
+  if (!std::isfinite(options.simTflops) || !(options.simTflops > 0))
+    return llvm::formatv("--sim-tflops: must be a positive, finite rate, got {0}", options.simTflops.getValue()).str();
+  if (!std::isfinite(options.simLinkGBps) || !(options.simLinkGBps >= 0))
+    return llvm::formatv("--sim-link-gbps: must be 0 (free communication) or a positive, finite bandwidth, got {0}",
+                         options.simLinkGBps.getValue())
+        .str();
   if (options.needsArtifact() && pipeline.compileTo != Phase::Schedule)
     return std::string("--compile-to: --emit=artifact, programs and cuda need every phase; "
                        "drop --compile-to");

@@ -70,6 +70,25 @@ std::optional<OptionError> PipelineOptions::validate() const {
     return error;
   if (auto error = atLeastOne("microbatches", microbatches))
     return error;
+  // Bounds checked where the flags enter, so no product below overflows and
+  // no phase is asked for millions of lists (issue 14): far past any real
+  // run, small enough that a compile stays quick.
+  auto atMost = [](const char *name, int64_t value, int64_t limit) -> std::optional<OptionError> {
+    if (value <= limit)
+      return std::nullopt;
+    return OptionError{name, "must be at most " + std::to_string(limit) + ", got " + std::to_string(value)};
+  };
+  if (auto error = atMost("pp", pp, kMaxPipelineRanks))
+    return error;
+  if (auto error = atMost("vpp", vpp, kMaxVirtualStages))
+    return error;
+  if (auto error = atMost("microbatches", microbatches, kMaxMicrobatches))
+    return error;
+  if (pp * vpp * microbatches > kMaxStageMicrobatches)
+    return OptionError{"microbatches", "pp x vpp x microbatches = " + std::to_string(pp * vpp * microbatches) +
+                                           " stage-microbatch pairs, more than the " +
+                                           std::to_string(kMaxStageMicrobatches) +
+                                           " a compile simulates in reasonable time; use fewer microbatches"};
   if (microbatchGroup < 0)
     return OptionError{"microbatch-group",
                        "must be 0 (g = p) or a group size, got " + std::to_string(microbatchGroup)};

@@ -64,6 +64,13 @@ struct PipelineOptions {
   /// schedule shape buildSchedule refuses), or nullopt. Tools report it as a
   /// flag error, not at the model.
   std::optional<OptionError> validate() const;
+
+  /// Limits on the pipeline flags (validate).
+  static constexpr int64_t kMaxPipelineRanks = 1024, kMaxVirtualStages = 64, kMaxMicrobatches = 4096;
+  /// Stage x microbatch pairs, each a handful of instructions the verifier
+  /// simulates (measured on the 2-core VM: 65,536 pairs at PP16/VPP4 compile
+  /// in about 25 s).
+  static constexpr int64_t kMaxStageMicrobatches = 65536;
 };
 
 /// mhcc's command-line flags for `options`, each writing into its field;
