@@ -61,7 +61,76 @@ public:
           return "rank " + std::to_string(r) + " instruction " + std::to_string(i) + " (" +
                  a_.ranks[r][i].describe() + "): " + problem;
       }
+    for (size_t r = 0; r < a_.ranks.size(); ++r)
+      if (std::string problem = rankSemantics(int64_t(r)); !problem.empty())
+        return "rank " + std::to_string(r) + ": " + problem;
     return messagesMatch();
+  }
+
+  /// What the executor assumes of one rank's list, beyond valid indices: every
+  /// (stage, microbatch) of the rank's stages is computed exactly once (one
+  /// FWD, then one BWD or one B followed by one W), a FREE follows the SEND of
+  /// the output it frees, and one OPTIM ends the list. An edited (and
+  /// resealed) artifact that breaks this is refused here, not mid-step.
+  std::string rankSemantics(int64_t rank) {
+    struct Seen {
+      int fwd = 0, bwd = 0, b = 0, w = 0, sent = 0, freed = 0;
+    };
+    std::map<std::pair<int64_t, int64_t>, Seen> seen;
+    const std::vector<Instr> &list = a_.ranks[rank];
+    int optimizers = 0;
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Instr &i = list[k];
+      const std::string at = "instruction " + std::to_string(k) + " (" + i.describe() + ")";
+      if (optimizers)
+        return at + " follows the OPTIM, which must end the list";
+      if (i.kind == OpKind::Optimizer) {
+        ++optimizers;
+        continue;
+      }
+      const bool sendsOutput = i.kind == OpKind::Send && i.payload == Payload::Activation;
+      Seen &s = seen[{sendsOutput ? i.srcStage : i.stage, i.mb}];
+      switch (i.kind) {
+      case OpKind::Forward:
+        if (s.fwd++)
+          return at + " runs a second time";
+        break;
+      case OpKind::Backward:
+        if (!s.fwd || s.bwd++ || s.b)
+          return at + (s.fwd ? " runs a second time, or beside B / W" : " comes before its FWD");
+        break;
+      case OpKind::BackwardInput:
+        if (!s.fwd || s.b++ || s.bwd)
+          return at + (s.fwd ? " runs a second time, or beside BWD" : " comes before its FWD");
+        break;
+      case OpKind::BackwardWeight:
+        if (!s.b || s.w++)
+          return at + (s.b ? " runs a second time" : " comes before its B");
+        break;
+      case OpKind::Send:
+        if (sendsOutput)
+          ++s.sent;
+        break;
+      case OpKind::Free:
+        if (!s.sent || s.freed++)
+          return at + (s.sent ? " frees an output twice" : " frees an output that was never sent");
+        break;
+      case OpKind::Recv:
+      case OpKind::Optimizer:
+        break;
+      }
+    }
+    if (optimizers != 1)
+      return "the list must end with one OPTIM, it has " + std::to_string(optimizers);
+    for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
+      for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
+        const Seen &x = seen[{s, mb}];
+        if (x.fwd != 1 || (x.bwd + x.b) != 1 || x.b != x.w)
+          return "stage " + std::to_string(s) + " microbatch " + std::to_string(mb) +
+                 " is not computed exactly once (" + std::to_string(x.fwd) + " FWD, " + std::to_string(x.bwd) +
+                 " BWD, " + std::to_string(x.b) + " B, " + std::to_string(x.w) + " W)";
+      }
+    return "";
   }
 
   /// Every directed pair's receives expect exactly the messages its sends

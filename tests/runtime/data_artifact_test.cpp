@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -84,8 +85,9 @@ Artifact smallArtifact() {
   p.forward = {embed};
   p.params = {{0, 0}};
   a.stages = {p};
-  a.ranks = {{Instr{}}};
-  a.ranks[0][0].kind = OpKind::Optimizer;
+  // One microbatch: FWD, BWD, OPTIM (what the validator requires of a rank).
+  a.ranks = {{Instr{OpKind::Forward, 0, 0}, Instr{OpKind::Backward, 0, 0}, Instr{}}};
+  a.ranks[0][2].kind = OpKind::Optimizer;
   a.ir = "module {}";
   return a;
 }
@@ -177,6 +179,52 @@ TEST(Artifact, ValidationMatchesEveryReceiveWithASend) {
   artifact->ranks[1].erase(std::find_if(artifact->ranks[1].begin(), artifact->ranks[1].end(),
                                         [](const Instr &i) { return i.kind == OpKind::Recv; }));
   EXPECT_NE(validateArtifact(*artifact), "");
+}
+
+/// The first instruction of `kind` in `list`.
+std::vector<Instr>::iterator firstOf(std::vector<Instr> &list, OpKind kind) {
+  return std::find_if(list.begin(), list.end(), [kind](const Instr &i) { return i.kind == kind; });
+}
+
+TEST(Artifact, ValidationChecksWhatEachRankComputes) {
+  // Edits of a compiled PP2 artifact that keep every index valid (as a
+  // resealed artifact would) but break what the executor assumes.
+  const char *path = std::getenv("PP2_ARTIFACT");
+  ASSERT_NE(path, nullptr);
+  std::string error;
+  std::optional<Artifact> original = readArtifact(path, error);
+  ASSERT_TRUE(original) << error;
+  auto problemAfter = [&](const std::function<void(Artifact &)> &edit) {
+    Artifact a = *original;
+    edit(a);
+    return validateArtifact(a);
+  };
+  EXPECT_NE(problemAfter([](Artifact &a) { a.ranks[0].erase(firstOf(a.ranks[0], OpKind::Forward)); })
+                .find("comes before its FWD"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) {
+              a.ranks[0].erase(firstOf(a.ranks[0], OpKind::Backward));
+            }).find("is not computed exactly once (1 FWD, 0 BWD"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) {
+              auto bwd = firstOf(a.ranks[1], OpKind::Backward);
+              a.ranks[1].insert(bwd, *bwd);
+            }).find("runs a second time"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) {
+              auto fwd = firstOf(a.ranks[0], OpKind::Forward);
+              Instr bwd = *firstOf(a.ranks[0], OpKind::Backward);
+              a.ranks[0].insert(fwd, bwd);
+            }).find("comes before its FWD"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) {
+              auto free = firstOf(a.ranks[0], OpKind::Free);
+              free->mb = a.microbatches - 1; // its output is sent only later
+            }).find("frees an output that was never sent"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) { a.ranks[1].pop_back(); }).find("one OPTIM"), std::string::npos);
+  EXPECT_NE(problemAfter([](Artifact &a) { a.ranks[1].clear(); }), "");
+  EXPECT_EQ(problemAfter([](Artifact &) {}), "");
 }
 
 TEST(Artifact, InitializationDependsOnNameAndSeedOnly) {
