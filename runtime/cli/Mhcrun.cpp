@@ -15,6 +15,7 @@
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/Gpus.h"
 #include "runtime/dist/ProcessGroup.h"
+#include "runtime/dist/StopSignal.h"
 #include "runtime/train/Trainer.h"
 
 #include <CLI/CLI.hpp>
@@ -266,9 +267,26 @@ bool restore(Trainer &trainer, const RunFlags &f, bool speaker, std::string &err
   return true;
 }
 
+/// After iteration `result.step` of a run asked to stop: the final save (unless
+/// the interval save just wrote this iteration), one line, 128 + the signal.
+/// `signal` is the one every rank agreed on, so all stop here together.
+int stopAfter(Trainer &trainer, const StepResult &result, int signal, const RunFlags &f,
+              std::unique_ptr<Checkpointer> &saver, bool speaker, const std::string &rankPrefix) {
+  std::string error;
+  const bool savedNow = f.saveInterval > 0 && result.step % f.saveInterval == 0;
+  if (saver && ((!savedNow && !saver->save(trainer, error)) || !saver->finish(&error)))
+    return fail(rankPrefix + "stopping after iteration " + std::to_string(result.step) + ": " + error);
+  if (speaker)
+    std::cout << "mhcrun: stopped by " << stopSignalName(signal) << " after iteration " << result.step << "; "
+              << (saver ? "checkpoint " + checkpointFolder(f.saveDir, result.step)
+                        : std::string("no checkpoint (no --save)"))
+              << std::endl;
+  return 128 + signal;
+}
+
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
 int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, bool speaker,
-              const std::string &rankPrefix, const CheckpointShard &shard) {
+              const std::string &rankPrefix, const CheckpointShard &shard, bool agreedStop) {
   const Artifact &a = trainer.artifact();
   std::ofstream metrics;
   if (speaker && !f.metricsPath.empty()) {
@@ -288,6 +306,18 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   std::unique_ptr<Checkpointer> saver;
   if (!f.saveDir.empty())
     saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
+  // The iteration's line and metrics: before a stop, so the last one is kept.
+  auto printIteration = [&](const StepResult &r) {
+    if (bar)
+      std::fprintf(stderr, "\r%80s\r", "");
+    std::cout << formatLine(r, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
+    if (bar)
+      progress(r.step, f.steps, r.lmLoss);
+    if (metrics) {
+      metrics << metricsLine(r, flopsPerToken).dump() << "\n";
+      metrics.flush();
+    }
+  };
   int64_t trained = 0;
   for (int64_t s = trainer.stepsDone(); s < f.steps; ++s, ++trained) {
     std::optional<StepResult> result = trainer.step(error);
@@ -301,17 +331,15 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
     if (saver && f.saveInterval > 0 && result->step % f.saveInterval == 0 && result->step < f.steps &&
         !saver->save(trainer, error))
       return fail(rankPrefix + error);
+    // Several processes stop on the signal they agreed on in the step;
+    // one process reads its own.
+    const int stop = agreedStop ? result->stopSignal : stopSignal();
+    if (speaker)
+      printIteration(*result);
+    if (stop && result->step < f.steps)
+      return stopAfter(trainer, *result, stop, f, saver, speaker, rankPrefix);
     if (!speaker)
       continue;
-    if (bar)
-      std::fprintf(stderr, "\r%80s\r", "");
-    std::cout << formatLine(*result, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
-    if (bar)
-      progress(s + 1, f.steps, result->lmLoss);
-    if (metrics) {
-      metrics << metricsLine(*result, flopsPerToken).dump() << "\n";
-      metrics.flush();
-    }
     if (trained > 0 || f.steps == 1)
       for (auto &[name, ms] : result->profileMs)
         profileMs[name] += ms;
@@ -400,6 +428,12 @@ int runMhcrun(int argc, char **argv) {
   } else {
     devices = backend == "cuda" ? cudaDevices() : cpuDevices();
   }
+  // SIGTERM / SIGINT stop at an iteration boundary where the ranks can agree
+  // on it: one process, or CPU ranks (their gather carries it). A CUDA rank
+  // of a multi-process run keeps the default (the --gpus parent forwards the
+  // signal and the rank dies): its ranks have no such agreement yet.
+  if (!placement)
+    installStopHandler();
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
     return fail(error);
@@ -411,7 +445,7 @@ int runMhcrun(int argc, char **argv) {
     shard.size = placement->size;
     shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
   }
-  return trainLoop(*trainer, *data, f, speaker, rankPrefix, shard);
+  return trainLoop(*trainer, *data, f, speaker, rankPrefix, shard, /*agreedStop=*/false);
 }
 
 } // namespace mhcc::runtime
