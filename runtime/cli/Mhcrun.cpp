@@ -12,6 +12,7 @@
 #include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
+#include "runtime/cpu/CpuProcessDevice.h"
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/Gpus.h"
 #include "runtime/dist/ProcessGroup.h"
@@ -24,7 +25,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -103,7 +106,7 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 struct RunFlags {
   std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
   std::string saveDir, loadDir, exportPath, initFrom;
-  int64_t steps = 20, gpus = -1, saveInterval = 0;
+  int64_t steps = 20, gpus = -1, saveInterval = 0, processes = 0;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
@@ -137,6 +140,11 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
                  "backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
                  "ranks instead");
+  app.add_option("--processes", f.processes,
+                 "CPU backend: one process per pipeline rank on this host (must equal the artifact's pp), "
+                 "channels over Unix sockets; the same bits as one process. Under mpirun or srun, --backend cpu "
+                 "does the same with the launcher's processes")
+      ->check(CLI::PositiveNumber);
   CLI::Option *plan = app.add_option("--memory-plan", f.memoryPlan,
                  "CUDA backend: 'static' (the first step is recorded, later steps use fixed offsets in one "
                  "arena, no allocation inside a step) or 'pool' (stream-ordered pool every step)")
@@ -171,6 +179,8 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   } catch (const CLI::ParseError &e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (f.processes > 0 && f.gpus > 0)
+    return fail("--processes starts CPU ranks, --gpus CUDA ranks: pass one of them");
   if (f.gpus == 0 || f.gpus < -1)
     return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
   if (!f.loadDir.empty() && !f.initFrom.empty())
@@ -188,13 +198,14 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
 std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optional<ProcessPlacement> &placement,
                           const GpuInventory &gpus, std::string &error) {
   std::string backend = f.backend;
-  if (placement) {
-    if (backend == "cpu") {
-      error = placement->launcher + " started " + std::to_string(placement->size) +
-              " processes, but the CPU backend runs every rank in one process; start one process";
+  if (placement) // --backend cpu: one CPU rank per process; else the GPUs
+    return backend == "cpu" || f.processes > 0 ? "cpu" : "cuda";
+  if (f.processes > 0) {
+    if (backend == "cuda") {
+      error = "--processes starts CPU ranks; for the CUDA backend use --gpus";
       return "";
     }
-    return "cuda";
+    return "cpu";
   }
   if (f.gpus > 0) {
     if (backend == "cpu") {
@@ -230,6 +241,41 @@ nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
     line["device reserved bytes per rank"] = r.deviceReservedBytes;
   return line;
 }
+
+/// Where the CPU ranks of a multi-process run meet (SocketMesh): the --processes
+/// parent's bootstrap folder, or under mpirun / srun a folder rank 0 makes
+/// and broadcasts, removed by rank 0 at the end (the sockets are connected
+/// and their files unlinked by then).
+struct SocketFolder {
+  std::string path;
+  bool owned = false;
+  ~SocketFolder() {
+    std::error_code ignored;
+    if (owned)
+      std::filesystem::remove_all(path, ignored);
+  }
+  static std::unique_ptr<SocketFolder> agree(const ProcessPlacement &placement, Bootstrap &bootstrap,
+                                             std::string &error) {
+    auto folder = std::make_unique<SocketFolder>();
+    if (const char *dir = std::getenv("MHCC_BOOTSTRAP_DIR"); dir && placement.launcher == "mhcrun --gpus") {
+      folder->path = dir;
+      return folder;
+    }
+    if (placement.rank == 0) {
+      const char *tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mhcrun-cpu.XXXXXX";
+      if (!mkdtemp(pattern.data())) {
+        error = "cannot create a socket folder " + pattern + " for the CPU ranks";
+        return nullptr;
+      }
+      folder->path = pattern;
+      folder->owned = true;
+    }
+    if (!bootstrap.broadcast(folder->path, error))
+      return nullptr;
+    return folder;
+  }
+};
 
 /// --export-safetensors: one file of every weight, so only a process that
 /// holds them all writes it (a multi-process run would need a gather).
@@ -267,6 +313,15 @@ bool restore(Trainer &trainer, const RunFlags &f, bool speaker, std::string &err
   return true;
 }
 
+/// What this process does in a run of one or several processes.
+struct Role {
+  bool speaker = true;      // prints the lines and writes --metrics (rank 0)
+  std::string rankPrefix;   // "rank R: " in a multi-process run
+  CheckpointShard shard;    // how the ranks split a checkpoint
+  bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
+  bool agreedStop = false;  // stops on the signal the step's collective agreed on
+};
+
 /// After iteration `result.step` of a run asked to stop: the final save (unless
 /// the interval save just wrote this iteration), one line, 128 + the signal.
 /// `signal` is the one every rank agreed on, so all stop here together.
@@ -285,8 +340,10 @@ int stopAfter(Trainer &trainer, const StepResult &result, int signal, const RunF
 }
 
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
-int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, bool speaker,
-              const std::string &rankPrefix, const CheckpointShard &shard, bool agreedStop) {
+int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, const Role &role) {
+  const bool speaker = role.speaker;
+  const std::string &rankPrefix = role.rankPrefix;
+  const CheckpointShard &shard = role.shard;
   const Artifact &a = trainer.artifact();
   std::ofstream metrics;
   if (speaker && !f.metricsPath.empty()) {
@@ -304,7 +361,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
     return fail(error);
   std::unique_ptr<Checkpointer> saver;
-  if (!f.saveDir.empty())
+  if (!f.saveDir.empty() && role.writesFiles)
     saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
   // The iteration's line and metrics: before a stop, so the last one is kept.
   auto printIteration = [&](const StepResult &r) {
@@ -333,7 +390,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
       return fail(rankPrefix + error);
     // Several processes stop on the signal they agreed on in the step;
     // one process reads its own.
-    const int stop = agreedStop ? result->stopSignal : stopSignal();
+    const int stop = role.agreedStop ? result->stopSignal : stopSignal();
     if (speaker)
       printIteration(*result);
     if (stop && result->step < f.steps)
@@ -351,7 +408,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
     std::fprintf(stderr, "\n");
   if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
     return fail(rankPrefix + error);
-  if (!f.exportPath.empty() && !exportAll(trainer, f.exportPath, shard, error))
+  if (!f.exportPath.empty() && role.writesFiles && !exportAll(trainer, f.exportPath, shard, error))
     return fail(rankPrefix + error);
   if (!speaker)
     return 0;
@@ -405,7 +462,16 @@ int runMhcrun(int argc, char **argv) {
     if (artifact->pp > 1 && !f.inProcess && !f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
     if (artifact->pp > 1 && !f.inProcess)
-      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
+      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
+  }
+  if (backend == "cpu" && !placement && f.processes > 0) {
+    if (f.processes != artifact->pp)
+      return fail("--processes " + std::to_string(f.processes) + ": the artifact has pp = " +
+                  std::to_string(artifact->pp) + " pipeline ranks, one per process; pass --processes " +
+                  std::to_string(artifact->pp));
+    if (!f.dumpDir.empty())
+      return fail("--dump-tensors needs every rank in this process: drop --processes");
+    return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
@@ -421,10 +487,14 @@ int runMhcrun(int argc, char **argv) {
               << " (" << data->size() << " tokens)" << std::endl;
   std::unique_ptr<Bootstrap> bootstrap;
   DeviceFactory devices;
+  std::unique_ptr<SocketFolder> sockets;
   if (placement) {
     if (!(bootstrap = makeBootstrap(*placement, f.options.recvTimeoutSeconds, error)))
       return fail(rankPrefix + error);
-    devices = cudaRankDevice(*placement, *bootstrap);
+    if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
+      return fail(rankPrefix + error);
+    devices = backend == "cpu" ? cpuProcessDevice(placement->rank, placement->size, sockets->path)
+                               : cudaRankDevice(*placement, *bootstrap);
   } else {
     devices = backend == "cuda" ? cudaDevices() : cpuDevices();
   }
@@ -432,20 +502,25 @@ int runMhcrun(int argc, char **argv) {
   // on it: one process, or CPU ranks (their gather carries it). A CUDA rank
   // of a multi-process run keeps the default (the --gpus parent forwards the
   // signal and the rank dies): its ranks have no such agreement yet.
-  if (!placement)
+  if (!placement || backend == "cpu")
     installStopHandler();
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
-    return fail(error);
+    return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  CheckpointShard shard;
-  if (placement) {
-    shard.rank = placement->rank;
-    shard.size = placement->size;
-    shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+  Role role;
+  role.speaker = speaker;
+  role.rankPrefix = rankPrefix;
+  if (placement && backend == "cpu") {
+    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
+    role.agreedStop = true;
+  } else if (placement) {
+    role.shard.rank = placement->rank;
+    role.shard.size = placement->size;
+    role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
   }
-  return trainLoop(*trainer, *data, f, speaker, rankPrefix, shard, /*agreedStop=*/false);
+  return trainLoop(*trainer, *data, f, role);
 }
 
 } // namespace mhcc::runtime

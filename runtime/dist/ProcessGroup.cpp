@@ -210,8 +210,13 @@ private:
   struct sigaction oldTerm_ = {}, oldInt_ = {};
 };
 
-/// How long stopped ranks get to exit before they are killed.
+/// How long stopped ranks get to exit before they are killed: a signal's
+/// stop lets them finish the iteration and save; after a rank failed there
+/// is nothing left to finish (a step needs every rank), and a stuck rank,
+/// or one that treats SIGTERM as "stop at the next iteration", would
+/// otherwise be waited for forever.
 constexpr auto kStopGrace = std::chrono::seconds(30);
+constexpr auto kFailureGrace = std::chrono::seconds(10);
 } // namespace
 
 int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log) {
@@ -257,7 +262,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
         kill(children[k], signal);
   };
   int forwarded = 0;
-  std::chrono::steady_clock::time_point stopDeadline;
+  auto stopDeadline = std::chrono::steady_clock::time_point::max(); // then SIGKILL
   // Polls rather than blocking in wait(): a signal arriving just before a
   // blocking wait would otherwise go unforwarded until a rank exits.
   for (size_t running = children.size(); running > 0;) {
@@ -268,7 +273,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
       stopDeadline = std::chrono::steady_clock::now() + kStopGrace;
       if (result == 0)
         result = 128 + forwarded;
-    } else if (forwarded && std::chrono::steady_clock::now() > stopDeadline) {
+    } else if (std::chrono::steady_clock::now() > stopDeadline) {
       stopOthers(SIGKILL);
       stopDeadline = std::chrono::steady_clock::time_point::max();
     }
@@ -296,6 +301,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
                                   : "exited with status " + std::to_string(WEXITSTATUS(status)))
           << "; stopping the other ranks\n";
       stopOthers(SIGTERM);
+      stopDeadline = std::min(stopDeadline, std::chrono::steady_clock::now() + kFailureGrace);
     }
   }
   std::filesystem::remove_all(dir, ignored);

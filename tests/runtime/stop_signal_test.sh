@@ -14,26 +14,7 @@ rm -rf "${work}" && mkdir -p "${work}"
 python=/usr/bin/python3
 run() { "${mhcrun}" "$@" --data "${corpus}" --backend cpu --no-progress; }
 
-same_metrics() { # EXPECTED_FILE TAIL_FILES...: the tail files together equal the end of the expected one
-  "${python}" - "$@" <<'PY'
-import json, sys
-keys = ["iteration", "lm loss", "mtp loss", "grad norm", "learning rate"]
-rows = lambda paths: [[json.loads(l).get(k) for k in keys] for p in paths for l in open(p)]
-expected, got = rows([sys.argv[1]]), rows(sys.argv[2:])
-if expected[-len(got):] != got or len(got) == 0:
-    sys.exit(f"metrics differ:\n expected {expected}\n got      {got}")
-PY
-}
-
-# Waits until FILE has at least N lines (the run is past iteration N).
-wait_lines() { # FILE N
-  for _ in $(seq 1200); do
-    [ -f "$1" ] && [ "$(wc -l < "$1")" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  echo "timed out waiting for $2 lines in $1" >&2
-  exit 1
-}
+source "${root}/tests/runtime/fault_helpers.sh"
 
 # stop_and_resume SIGNAL: stop a long run after >= 2 iterations, resume to
 # iteration last+2, compare with an uninterrupted run of that length.
