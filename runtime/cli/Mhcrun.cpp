@@ -37,7 +37,12 @@ namespace mhcc::runtime {
 namespace {
 
 int fail(const std::string &message) {
-  std::cerr << "mhcrun: " << message << "\n";
+  // One write: the ranks of a multi-process run share stderr, and a line
+  // written in pieces interleaves with theirs.
+  const std::string line = "mhcrun: " + message + "\n";
+  std::fflush(stdout);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0)
+    std::cerr << line;
   return 1;
 }
 

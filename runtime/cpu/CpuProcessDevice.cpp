@@ -167,7 +167,12 @@ public:
     }
     return true;
   }
-  void abort() override { mesh_->abort(); }
+  void abort() override {
+    // Pass on what this rank saw, unless it only repeats a peer's report.
+    if (!error_.empty() && error_.find(" reported: ") == std::string::npos)
+      mesh_->reportFailure(error_);
+    mesh_->abort();
+  }
 
 private:
   bool fail(const std::string &message) {

@@ -16,6 +16,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 /// How often a waiting receive looks at the abort flag.
 constexpr auto kWaitSlice = std::chrono::milliseconds(10);
+/// A receive waiting longer than this tells the peers whom it waits on (and
+/// again when it ends): two small frames per long wait, none in a healthy
+/// step of a small model; what lets a timeout find the stuck rank.
+constexpr auto kAnnounceAfter = std::chrono::seconds(1);
 
 /// The fixed part of a frame on the wire (host byte order: one host).
 struct WireHeader {
@@ -155,6 +159,18 @@ void SocketMesh::readLoop(Peer &peer) {
       frame.bytes.resize(size_t(header.bytes));
       ok = readAll(peer.fd, frame.bytes.data(), frame.bytes.size());
     }
+    if (ok && frame.kind == Frame::Waiting) {
+      std::lock_guard<std::mutex> lock(reportMutex_);
+      waitingOn_[frame.src] = frame.mb;
+      continue;
+    }
+    if (ok && frame.kind == Frame::Failure) {
+      std::lock_guard<std::mutex> lock(reportMutex_);
+      if (report_.empty())
+        report_ = "rank " + std::to_string(frame.src) + " reported: " + std::string(frame.bytes.begin(), frame.bytes.end());
+      reported_ = true;
+      continue;
+    }
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (!ok) {
       peer.closed = true;
@@ -178,9 +194,24 @@ bool SocketMesh::send(int64_t peer, const Frame &frame, std::string &error) {
 
 bool SocketMesh::receive(int64_t peer, Frame &frame, double timeoutSeconds, std::string &error) {
   Peer &p = *peers_[peer];
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeoutSeconds);
   std::unique_lock<std::mutex> lock(p.mutex);
+  bool announced = false;
   while (p.queue.empty()) {
+    if (!announced && Clock::now() - start > kAnnounceAfter) {
+      announced = true;
+      lock.unlock();
+      announceWait(peer);
+      lock.lock();
+      continue;
+    }
+    // A peer's report names the rank lost first; it comes before its EOF.
+    if (reported_) {
+      std::lock_guard<std::mutex> reportLock(reportMutex_);
+      error = report_;
+      return false;
+    }
     if (p.closed) {
       error = "rank " + std::to_string(peer) + " lost: its connection closed (the process exited or was killed)";
       return false;
@@ -190,17 +221,51 @@ bool SocketMesh::receive(int64_t peer, Frame &frame, double timeoutSeconds, std:
       return false;
     }
     if (Clock::now() > deadline) {
-      error = "rank " + std::to_string(peer) + " sent nothing within " + std::to_string(int(timeoutSeconds)) +
-              " s (stuck or lost; --recv-timeout sets the limit)";
+      const int64_t stuck = stuckRank(peer);
+      error = "rank " + std::to_string(stuck) + " is stuck: " +
+              (stuck == peer ? std::string("it") : "rank " + std::to_string(peer) + ", waiting on it,") +
+              " sent nothing within " + std::to_string(int(timeoutSeconds)) + " s (--recv-timeout sets the limit)";
       return false;
     }
     p.ready.wait_for(lock, kWaitSlice);
   }
   frame = std::move(p.queue.front());
   p.queue.pop_front();
+  lock.unlock();
+  if (announced)
+    announceWait(-1);
   return true;
 }
 
+void SocketMesh::announceWait(int64_t peer) {
+  Frame frame{Frame::Waiting, 0, rank_, 0, peer, {}};
+  std::string ignored;
+  for (size_t other = 0; other < peers_.size(); ++other)
+    if (peers_[other])
+      send(int64_t(other), frame, ignored);
+}
+
+/// Follows the waits from `peer` to a rank that waits on nobody.
+int64_t SocketMesh::stuckRank(int64_t peer) {
+  std::lock_guard<std::mutex> lock(reportMutex_);
+  int64_t rank = peer;
+  for (size_t hops = 0; hops < waitingOn_.size(); ++hops) {
+    const int64_t next = waitingOn_[rank];
+    if (next < 0 || next == rank_)
+      return rank;
+    rank = next;
+  }
+  return peer; // a cycle of waits: the ranks disagree on the schedule; blame the one we wait on
+}
+
 void SocketMesh::abort() { aborted_ = true; }
+
+void SocketMesh::reportFailure(const std::string &why) {
+  Frame frame{Frame::Failure, 0, rank_, 0, 0, std::vector<char>(why.begin(), why.end())};
+  std::string ignored;
+  for (size_t peer = 0; peer < peers_.size(); ++peer)
+    if (peers_[peer])
+      send(int64_t(peer), frame, ignored);
+}
 
 } // namespace mhcc::runtime

@@ -31,7 +31,7 @@ namespace mhcc::runtime {
 /// One message: a tag as the in-process channels have (kind, payload,
 /// source and destination stage, microbatch) and raw bytes.
 struct Frame {
-  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3 };
+  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3, Failure = 4, Waiting = 5 };
   int32_t kind = Data, payload = 0;
   int64_t src = 0, dst = 0, mb = 0;
   std::vector<char> bytes;
@@ -53,6 +53,11 @@ public:
   bool receive(int64_t peer, Frame &frame, double timeoutSeconds, std::string &error);
   /// Ends every wait at once (another part of this process failed).
   void abort();
+  /// Tells every peer this rank failed and why (`why` names the rank it
+  /// lost): a peer waiting on anyone ends its wait with "rank R reported:
+  /// why" instead of blaming the next rank in the chain or timing out.
+  /// Best effort: a lost peer is skipped.
+  void reportFailure(const std::string &why);
 
 private:
   struct Peer {
@@ -63,12 +68,21 @@ private:
     std::deque<Frame> queue;
     bool closed = false;
   };
-  SocketMesh(int64_t rank, int64_t size) : rank_(rank), peers_(size) {}
+  SocketMesh(int64_t rank, int64_t size) : rank_(rank), peers_(size), waitingOn_(size, -1) {}
   void readLoop(Peer &peer);
+  void announceWait(int64_t peer);
+  int64_t stuckRank(int64_t peer);
 
   int64_t rank_;
   std::vector<std::unique_ptr<Peer>> peers_; // null for this rank
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> reported_{false}; // a peer's Failure frame arrived
+  std::mutex reportMutex_;
+  std::string report_; // "rank R reported: ..."
+  // Who each rank has been waiting on for a while (-1: nobody), from their
+  // Waiting frames: a timeout blames the end of the chain of waits, the
+  // rank actually stuck, not the neighbour that waits on it.
+  std::vector<int64_t> waitingOn_;
 };
 
 } // namespace mhcc::runtime

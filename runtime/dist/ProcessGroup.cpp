@@ -296,10 +296,12 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok && result == 0) {
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      log << "mhcrun: rank " << rank << " "
-          << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                  : "exited with status " + std::to_string(WEXITSTATUS(status)))
-          << "; stopping the other ranks\n";
+      // One string, one write: the ranks write to the same stderr.
+      log << ("mhcrun: rank " + std::to_string(rank) + " " +
+              (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                   : "exited with status " + std::to_string(WEXITSTATUS(status))) +
+              "; stopping the other ranks\n")
+          << std::flush;
       stopOthers(SIGTERM);
       stopDeadline = std::min(stopDeadline, std::chrono::steady_clock::now() + kFailureGrace);
     }
