@@ -469,6 +469,10 @@ int runMhcrun(int argc, char **argv) {
     if (artifact->pp > 1 && !f.inProcess)
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
+  if (backend == "cpu" && placement && placement->size != artifact->pp)
+    return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
+                " processes, but the artifact has pp = " + std::to_string(artifact->pp) +
+                "; the CPU backend runs one process per pipeline rank: start " + std::to_string(artifact->pp));
   if (backend == "cpu" && !placement && f.processes > 0) {
     if (f.processes != artifact->pp)
       return fail("--processes " + std::to_string(f.processes) + ": the artifact has pp = " +

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -230,6 +231,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
   // Before the first fork: a signal from now on is forwarded, never lost.
   StopSignals signals;
   std::vector<pid_t> children;
+  const pid_t parent = getpid();
   for (int64_t r = 0; r < ranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -242,6 +244,11 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
       return 1;
     }
     if (pid == 0) {
+      // A parent killed outright (SIGKILL, OOM) cannot forward anything: the
+      // kernel then sends each rank SIGTERM, a stop at its next iteration.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent)
+        _exit(1); // the parent died before prctl
       signal(SIGTERM, SIG_DFL); // exec keeps neither handler, but a failed exec must not linger
       signal(SIGINT, SIG_DFL);
       setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
