@@ -94,11 +94,12 @@ std::unique_ptr<SocketMesh> SocketMesh::connect(int64_t rank, int64_t size, cons
     return nullptr;
   };
   for (int64_t peer = 0; peer < rank; ++peer) {
+    if (!socketAddress(sockPath(dir, peer), address, error))
+      return fail(error); // a path too long never becomes valid: no retries
     int fd = -1;
     while (true) {
       fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (socketAddress(sockPath(dir, peer), address, error) &&
-          ::connect(fd, reinterpret_cast<sockaddr *>(&address), sizeof address) == 0)
+      if (::connect(fd, reinterpret_cast<sockaddr *>(&address), sizeof address) == 0)
         break;
       ::close(fd);
       if (Clock::now() > deadline)
