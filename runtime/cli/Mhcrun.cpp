@@ -12,9 +12,11 @@
 #include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
+#include "runtime/cpu/CpuProcessDevice.h"
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/Gpus.h"
 #include "runtime/dist/ProcessGroup.h"
+#include "runtime/dist/StopSignal.h"
 #include "runtime/train/Trainer.h"
 
 #include <CLI/CLI.hpp>
@@ -23,7 +25,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -33,7 +37,12 @@ namespace mhcc::runtime {
 namespace {
 
 int fail(const std::string &message) {
-  std::cerr << "mhcrun: " << message << "\n";
+  // One write: the ranks of a multi-process run share stderr, and a line
+  // written in pieces interleaves with theirs.
+  const std::string line = "mhcrun: " + message + "\n";
+  std::fflush(stdout);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0)
+    std::cerr << line;
   return 1;
 }
 
@@ -102,7 +111,7 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 struct RunFlags {
   std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
   std::string saveDir, loadDir, exportPath, initFrom;
-  int64_t steps = 20, gpus = -1, saveInterval = 0;
+  int64_t steps = 20, gpus = -1, saveInterval = 0, processes = 0;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
   double peakTflops = 0;
@@ -136,6 +145,11 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
                  "backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
                  "ranks instead");
+  app.add_option("--processes", f.processes,
+                 "CPU backend: one process per pipeline rank on this host (must equal the artifact's pp), "
+                 "channels over Unix sockets; the same bits as one process. Under mpirun or srun, --backend cpu "
+                 "does the same with the launcher's processes")
+      ->check(CLI::PositiveNumber);
   CLI::Option *plan = app.add_option("--memory-plan", f.memoryPlan,
                  "CUDA backend: 'static' (the first step is recorded, later steps use fixed offsets in one "
                  "arena, no allocation inside a step) or 'pool' (stream-ordered pool every step)")
@@ -170,6 +184,8 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   } catch (const CLI::ParseError &e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (f.processes > 0 && f.gpus > 0)
+    return fail("--processes starts CPU ranks, --gpus CUDA ranks: pass one of them");
   if (f.gpus == 0 || f.gpus < -1)
     return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
   if (!f.loadDir.empty() && !f.initFrom.empty())
@@ -187,13 +203,14 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
 std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optional<ProcessPlacement> &placement,
                           const GpuInventory &gpus, std::string &error) {
   std::string backend = f.backend;
-  if (placement) {
-    if (backend == "cpu") {
-      error = placement->launcher + " started " + std::to_string(placement->size) +
-              " processes, but the CPU backend runs every rank in one process; start one process";
+  if (placement) // --backend cpu: one CPU rank per process; else the GPUs
+    return backend == "cpu" || f.processes > 0 ? "cpu" : "cuda";
+  if (f.processes > 0) {
+    if (backend == "cuda") {
+      error = "--processes starts CPU ranks; for the CUDA backend use --gpus";
       return "";
     }
-    return "cuda";
+    return "cpu";
   }
   if (f.gpus > 0) {
     if (backend == "cpu") {
@@ -229,6 +246,41 @@ nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
     line["device reserved bytes per rank"] = r.deviceReservedBytes;
   return line;
 }
+
+/// Where the CPU ranks of a multi-process run meet (SocketMesh): the --processes
+/// parent's bootstrap folder, or under mpirun / srun a folder rank 0 makes
+/// and broadcasts, removed by rank 0 at the end (the sockets are connected
+/// and their files unlinked by then).
+struct SocketFolder {
+  std::string path;
+  bool owned = false;
+  ~SocketFolder() {
+    std::error_code ignored;
+    if (owned)
+      std::filesystem::remove_all(path, ignored);
+  }
+  static std::unique_ptr<SocketFolder> agree(const ProcessPlacement &placement, Bootstrap &bootstrap,
+                                             std::string &error) {
+    auto folder = std::make_unique<SocketFolder>();
+    if (const char *dir = std::getenv("MHCC_BOOTSTRAP_DIR"); dir && placement.launcher == "mhcrun --gpus") {
+      folder->path = dir;
+      return folder;
+    }
+    if (placement.rank == 0) {
+      const char *tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mhcrun-cpu.XXXXXX";
+      if (!mkdtemp(pattern.data())) {
+        error = "cannot create a socket folder " + pattern + " for the CPU ranks";
+        return nullptr;
+      }
+      folder->path = pattern;
+      folder->owned = true;
+    }
+    if (!bootstrap.broadcast(folder->path, error))
+      return nullptr;
+    return folder;
+  }
+};
 
 /// --export-safetensors: one file of every weight, so only a process that
 /// holds them all writes it (a multi-process run would need a gather).
@@ -266,9 +318,37 @@ bool restore(Trainer &trainer, const RunFlags &f, bool speaker, std::string &err
   return true;
 }
 
+/// What this process does in a run of one or several processes.
+struct Role {
+  bool speaker = true;      // prints the lines and writes --metrics (rank 0)
+  std::string rankPrefix;   // "rank R: " in a multi-process run
+  CheckpointShard shard;    // how the ranks split a checkpoint
+  bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
+  bool agreedStop = false;  // stops on the signal the step's collective agreed on
+};
+
+/// After iteration `result.step` of a run asked to stop: the final save (unless
+/// the interval save just wrote this iteration), one line, 128 + the signal.
+/// `signal` is the one every rank agreed on, so all stop here together.
+int stopAfter(Trainer &trainer, const StepResult &result, int signal, const RunFlags &f,
+              std::unique_ptr<Checkpointer> &saver, bool speaker, const std::string &rankPrefix) {
+  std::string error;
+  const bool savedNow = f.saveInterval > 0 && result.step % f.saveInterval == 0;
+  if (saver && ((!savedNow && !saver->save(trainer, error)) || !saver->finish(&error)))
+    return fail(rankPrefix + "stopping after iteration " + std::to_string(result.step) + ": " + error);
+  if (speaker)
+    std::cout << "mhcrun: stopped by " << stopSignalName(signal) << " after iteration " << result.step << "; "
+              << (saver ? "checkpoint " + checkpointFolder(f.saveDir, result.step)
+                        : std::string("no checkpoint (no --save)"))
+              << std::endl;
+  return 128 + signal;
+}
+
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
-int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, bool speaker,
-              const std::string &rankPrefix, const CheckpointShard &shard) {
+int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, const Role &role) {
+  const bool speaker = role.speaker;
+  const std::string &rankPrefix = role.rankPrefix;
+  const CheckpointShard &shard = role.shard;
   const Artifact &a = trainer.artifact();
   std::ofstream metrics;
   if (speaker && !f.metricsPath.empty()) {
@@ -286,8 +366,20 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
   if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
     return fail(error);
   std::unique_ptr<Checkpointer> saver;
-  if (!f.saveDir.empty())
+  if (!f.saveDir.empty() && role.writesFiles)
     saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
+  // The iteration's line and metrics: before a stop, so the last one is kept.
+  auto printIteration = [&](const StepResult &r) {
+    if (bar)
+      std::fprintf(stderr, "\r%80s\r", "");
+    std::cout << formatLine(r, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
+    if (bar)
+      progress(r.step, f.steps, r.lmLoss);
+    if (metrics) {
+      metrics << metricsLine(r, flopsPerToken).dump() << "\n";
+      metrics.flush();
+    }
+  };
   int64_t trained = 0;
   for (int64_t s = trainer.stepsDone(); s < f.steps; ++s, ++trained) {
     std::optional<StepResult> result = trainer.step(error);
@@ -301,17 +393,15 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
     if (saver && f.saveInterval > 0 && result->step % f.saveInterval == 0 && result->step < f.steps &&
         !saver->save(trainer, error))
       return fail(rankPrefix + error);
+    // Several processes stop on the signal they agreed on in the step;
+    // one process reads its own.
+    const int stop = role.agreedStop ? result->stopSignal : stopSignal();
+    if (speaker)
+      printIteration(*result);
+    if (stop && result->step < f.steps)
+      return stopAfter(trainer, *result, stop, f, saver, speaker, rankPrefix);
     if (!speaker)
       continue;
-    if (bar)
-      std::fprintf(stderr, "\r%80s\r", "");
-    std::cout << formatLine(*result, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
-    if (bar)
-      progress(s + 1, f.steps, result->lmLoss);
-    if (metrics) {
-      metrics << metricsLine(*result, flopsPerToken).dump() << "\n";
-      metrics.flush();
-    }
     if (trained > 0 || f.steps == 1)
       for (auto &[name, ms] : result->profileMs)
         profileMs[name] += ms;
@@ -323,7 +413,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, boo
     std::fprintf(stderr, "\n");
   if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
     return fail(rankPrefix + error);
-  if (!f.exportPath.empty() && !exportAll(trainer, f.exportPath, shard, error))
+  if (!f.exportPath.empty() && role.writesFiles && !exportAll(trainer, f.exportPath, shard, error))
     return fail(rankPrefix + error);
   if (!speaker)
     return 0;
@@ -377,7 +467,20 @@ int runMhcrun(int argc, char **argv) {
     if (artifact->pp > 1 && !f.inProcess && !f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
     if (artifact->pp > 1 && !f.inProcess)
-      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr) == 0 ? 0 : 1;
+      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
+  }
+  if (backend == "cpu" && placement && placement->size != artifact->pp)
+    return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
+                " processes, but the artifact has pp = " + std::to_string(artifact->pp) +
+                "; the CPU backend runs one process per pipeline rank: start " + std::to_string(artifact->pp));
+  if (backend == "cpu" && !placement && f.processes > 0) {
+    if (f.processes != artifact->pp)
+      return fail("--processes " + std::to_string(f.processes) + ": the artifact has pp = " +
+                  std::to_string(artifact->pp) + " pipeline ranks, one per process; pass --processes " +
+                  std::to_string(artifact->pp));
+    if (!f.dumpDir.empty())
+      return fail("--dump-tensors needs every rank in this process: drop --processes");
+    return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
   if (backend == "cuda" && artifact->model.dtype == "bf16" && (!placement || placement->rank == 0))
     std::cerr << "mhcrun: the CUDA backend computes bf16 models in fp32 for now (its bf16 kernels are issue 12); "
@@ -396,25 +499,40 @@ int runMhcrun(int argc, char **argv) {
               << " (" << data->size() << " tokens)" << std::endl;
   std::unique_ptr<Bootstrap> bootstrap;
   DeviceFactory devices;
+  std::unique_ptr<SocketFolder> sockets;
   if (placement) {
     if (!(bootstrap = makeBootstrap(*placement, f.options.recvTimeoutSeconds, error)))
       return fail(rankPrefix + error);
-    devices = cudaRankDevice(*placement, *bootstrap);
+    if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
+      return fail(rankPrefix + error);
+    devices = backend == "cpu" ? cpuProcessDevice(placement->rank, placement->size, sockets->path)
+                               : cudaRankDevice(*placement, *bootstrap);
   } else {
     devices = backend == "cuda" ? cudaDevices() : cpuDevices();
   }
+  // SIGTERM / SIGINT stop at an iteration boundary where the ranks can agree
+  // on it: one process, or CPU ranks (their gather carries it). A CUDA rank
+  // of a multi-process run keeps the default (the --gpus parent forwards the
+  // signal and the rank dies): its ranks have no such agreement yet.
+  if (!placement || backend == "cpu")
+    installStopHandler();
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
-    return fail(error);
+    return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  CheckpointShard shard;
-  if (placement) {
-    shard.rank = placement->rank;
-    shard.size = placement->size;
-    shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+  Role role;
+  role.speaker = speaker;
+  role.rankPrefix = rankPrefix;
+  if (placement && backend == "cpu") {
+    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
+    role.agreedStop = true;
+  } else if (placement) {
+    role.shard.rank = placement->rank;
+    role.shard.size = placement->size;
+    role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
   }
-  return trainLoop(*trainer, *data, f, speaker, rankPrefix, shard);
+  return trainLoop(*trainer, *data, f, role);
 }
 
 } // namespace mhcc::runtime

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -210,8 +211,13 @@ private:
   struct sigaction oldTerm_ = {}, oldInt_ = {};
 };
 
-/// How long stopped ranks get to exit before they are killed.
+/// How long stopped ranks get to exit before they are killed: a signal's
+/// stop lets them finish the iteration and save; after a rank failed there
+/// is nothing left to finish (a step needs every rank), and a stuck rank,
+/// or one that treats SIGTERM as "stop at the next iteration", would
+/// otherwise be waited for forever.
 constexpr auto kStopGrace = std::chrono::seconds(30);
+constexpr auto kFailureGrace = std::chrono::seconds(10);
 } // namespace
 
 int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ostream &log) {
@@ -225,6 +231,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
   // Before the first fork: a signal from now on is forwarded, never lost.
   StopSignals signals;
   std::vector<pid_t> children;
+  const pid_t parent = getpid();
   for (int64_t r = 0; r < ranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -237,6 +244,11 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
       return 1;
     }
     if (pid == 0) {
+      // A parent killed outright (SIGKILL, OOM) cannot forward anything: the
+      // kernel then sends each rank SIGTERM, a stop at its next iteration.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent)
+        _exit(1); // the parent died before prctl
       signal(SIGTERM, SIG_DFL); // exec keeps neither handler, but a failed exec must not linger
       signal(SIGINT, SIG_DFL);
       setenv("MHCC_RANK", std::to_string(r).c_str(), 1);
@@ -257,7 +269,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
         kill(children[k], signal);
   };
   int forwarded = 0;
-  std::chrono::steady_clock::time_point stopDeadline;
+  auto stopDeadline = std::chrono::steady_clock::time_point::max(); // then SIGKILL
   // Polls rather than blocking in wait(): a signal arriving just before a
   // blocking wait would otherwise go unforwarded until a rank exits.
   for (size_t running = children.size(); running > 0;) {
@@ -268,7 +280,7 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
       stopDeadline = std::chrono::steady_clock::now() + kStopGrace;
       if (result == 0)
         result = 128 + forwarded;
-    } else if (forwarded && std::chrono::steady_clock::now() > stopDeadline) {
+    } else if (std::chrono::steady_clock::now() > stopDeadline) {
       stopOthers(SIGKILL);
       stopDeadline = std::chrono::steady_clock::time_point::max();
     }
@@ -291,11 +303,14 @@ int launchRanks(int64_t ranks, const std::string &program, char **argv, std::ost
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok && result == 0) {
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      log << "mhcrun: rank " << rank << " "
-          << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                  : "exited with status " + std::to_string(WEXITSTATUS(status)))
-          << "; stopping the other ranks\n";
+      // One string, one write: the ranks write to the same stderr.
+      log << ("mhcrun: rank " + std::to_string(rank) + " " +
+              (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                   : "exited with status " + std::to_string(WEXITSTATUS(status))) +
+              "; stopping the other ranks\n")
+          << std::flush;
       stopOthers(SIGTERM);
+      stopDeadline = std::min(stopDeadline, std::chrono::steady_clock::now() + kFailureGrace);
     }
   }
   std::filesystem::remove_all(dir, ignored);

@@ -49,9 +49,10 @@ std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, doub
 /// `mhcrun --gpus N` on one host: starts `program` with `argv` once per
 /// rank, each told its rank through MHCC_RANK, MHCC_WORLD_SIZE,
 /// MHCC_LOCAL_RANK and a private MHCC_BOOTSTRAP_DIR, and waits. When a rank
-/// fails, the others are stopped (SIGTERM), so no rank is left waiting on a
-/// dead peer. SIGTERM or SIGINT to this process is forwarded to every rank
-/// (SIGKILL after 30 s if one lingers) and gives 128 + the signal. The
+/// fails, the others are stopped (SIGTERM, SIGKILL after 10 s), so no rank
+/// is left waiting on a dead peer or stuck. SIGTERM or SIGINT to this
+/// process is forwarded to every rank (SIGKILL after 30 s if one lingers:
+/// time to finish the iteration and save) and gives 128 + the signal. The
 /// bootstrap folder is removed in every case. Returns 0 when every rank
 /// exited with 0; else reports the first failure on `log` and returns its
 /// exit status (1 if signalled).

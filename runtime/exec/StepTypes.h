@@ -58,6 +58,10 @@ struct StepResult {
   /// (the static plan's arena plus what the stream-ordered pool holds);
   /// steady from the second step when steps allocate nothing new.
   std::vector<int64_t> deviceReservedBytes;
+  /// A stop signal (SIGTERM / SIGINT) any rank had seen by the end of this
+  /// step, agreed by every rank through the step's collective (multi-process
+  /// CPU backend); 0: none, or a device that does not share it.
+  int stopSignal = 0;
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
   std::map<std::string, std::vector<float>> paramGrads; // by parameter, before clipping

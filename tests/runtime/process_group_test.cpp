@@ -171,6 +171,58 @@ TEST(ProcessGroup, LauncherStopsTheOtherRanksWhenOneFails) {
   EXPECT_NE(log.str().find("rank 1 exited with status 3; stopping the other ranks"), std::string::npos) << log.str();
 }
 
+TEST(ProcessGroup, LauncherKillsARankThatOutlivesAFailure) {
+  // Rank 1 fails; rank 0 ignores SIGTERM (as a stuck rank, or one that only
+  // stops at its next iteration, would): it must be SIGKILLed, not waited for.
+  char program[] = "/bin/sh";
+  char flag[] = "-c";
+  char script[] = "if [ \"$MHCC_RANK\" = 1 ]; then sleep 0.2; exit 3; fi; trap '' TERM; exec sleep 60";
+  char *argv[] = {program, flag, script, nullptr};
+  std::ostringstream log;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(launchRanks(2, "/bin/sh", argv, log), 3) << log.str();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 20) << "a rank that ignored SIGTERM after a failure was waited for";
+  EXPECT_GT(seconds, 9) << "the surviving rank was killed without its grace period";
+}
+
+TEST(ProcessGroup, RanksGetSigtermWhenTheParentIsKilled) {
+  // A launcher killed with SIGKILL cannot forward anything; its ranks must
+  // still be told (PR_SET_PDEATHSIG) rather than run on as orphans.
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/orphan";
+  const std::string body = "trap 'kill $!; echo stopped > " + base + ".$MHCC_RANK.term; exit 0' TERM; echo $MHCC_BOOTSTRAP_DIR > " +
+                           base + ".$MHCC_RANK; sleep 60 & wait";
+  pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    std::vector<char> script(body.begin(), body.end());
+    script.push_back('\0');
+    char program[] = "/bin/sh";
+    char flag[] = "-c";
+    char *argv[] = {program, flag, script.data(), nullptr};
+    std::ostringstream log;
+    _exit(launchRanks(2, "/bin/sh", argv, log));
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 200 && !std::filesystem::exists(base + "." + std::to_string(r)); ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200)); // the traps are set
+  kill(launcher, SIGKILL);
+  waitpid(launcher, nullptr, 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string term = base + "." + std::to_string(r) + ".term";
+    for (int k = 0; k < 200 && !std::filesystem::exists(term); ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    EXPECT_TRUE(std::filesystem::exists(term)) << "rank " << r << " got no SIGTERM when its launcher died";
+  }
+  // The killed launcher could not remove its folder; the test does.
+  std::ifstream in(base + ".0");
+  std::string dir;
+  if (in >> dir && dir.rfind("/tmp/mhcrun.", 0) == 0)
+    std::filesystem::remove_all(dir);
+}
+
 TEST(ProcessGroup, LauncherForwardsSigtermAndRemovesItsFolder) {
   // Every rank records its pid and bootstrap folder, then sleeps a minute;
   // SIGTERM to the parent must stop them all at once.

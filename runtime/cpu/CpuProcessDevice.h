@@ -1,0 +1,29 @@
+//===- CpuProcessDevice.h - one CPU pipeline rank per process -------*- C++ -*-===//
+//
+// The CPU backend with one process per pipeline rank (mhcrun --processes N,
+// or mpirun / srun with --backend cpu): the same kernels and launch table as
+// CpuDevice (StageExecutor.h), channels carried between processes by a
+// SocketMesh. Bits equal the in-process CPU run: every rank keeps a copy of
+// every weight; at the end of a step each rank sends its stages' slot
+// gradients, its losses and peak memory to rank 0, which runs the same
+// completeStep (Optimizer.h) as CpuWorld over the same arrays in the same
+// order, then sends every rank the updated weights and the step's numbers.
+// The gather also carries each rank's stop signal, so all stop together.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CPU_CPUPROCESSDEVICE_H
+#define MHCC_RUNTIME_CPU_CPUPROCESSDEVICE_H
+
+#include "runtime/exec/Device.h"
+
+#include <string>
+
+namespace mhcc::runtime {
+
+/// This process's one rank of `size` (the artifact's pp); sockets meet in
+/// `socketDir` (one host).
+DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_CPU_CPUPROCESSDEVICE_H

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A rank lost mid-step in a multi-process CPU run (mhcrun --processes 4, tiny
+# PP4): killed with SIGKILL (MHCC_TEST_KILL_RANK_AT) or stuck forever
+# (MHCC_TEST_HANG_RANK_AT, --recv-timeout 5). Every surviving rank exits
+# non-zero with one line naming the lost rank and the iteration, within 60 s;
+# the parent exits non-zero, leaves no rank process and removes its bootstrap
+# folder. Prints the measured time from the start of the faulty iteration
+# until the last process exited.
+# Usage: rank_loss_test.sh PP4
+set -euo pipefail
+root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+mhcrun="${root}/tools/mhcrun"
+corpus="${root}/data/corpus.txt"
+pp4="${root}/$1"
+work="${TEST_TMPDIR}/loss"
+rm -rf "${work}" && mkdir -p "${work}"
+source "${root}/tests/runtime/fault_helpers.sh"
+now() { date +%s.%N; }
+
+# lose FAULT_VAR LOST_RANK WHAT: rank LOST_RANK fails in iteration 3.
+lose() {
+  local var=$1 lost=$2 what=$3 dir="${work}/$1"
+  mkdir -p "${dir}"
+  env "${var}=${lost}:3" "${mhcrun}" "${pp4}" --data "${corpus}" --backend cpu --no-progress --steps 1000 \
+    --processes 4 --recv-timeout 5 --metrics "${dir}/m.json" > "${dir}/out.log" 2> "${dir}/err.log" &
+  local parent=$!
+  wait_lines "${dir}/m.json" 1
+  local children; children=$(pgrep -P "${parent}" | tr '\n' ' ')
+  local bootstrap; bootstrap=$(tr '\0' '\n' < "/proc/${children%% *}/environ" | sed -n 's/^MHCC_BOOTSTRAP_DIR=//p')
+  wait_lines "${dir}/m.json" 2
+  local start; start=$(now) # iteration 3 begins as iteration 2's line is written
+  # The survivors' lines come as they exit; the parent then stops (SIGKILLs) a stuck rank.
+  for _ in $(seq 1200); do
+    [ "$(grep -c '^mhcrun: rank [0-9]*: iteration' "${dir}/err.log" || true)" -ge 3 ] && break
+    sleep 0.05
+  done
+  local survivors; survivors=$(/usr/bin/python3 -c "print(f'{$(now) - ${start}:.1f}')")
+  local rc=0
+  wait "${parent}" || rc=$?
+  local seconds; seconds=$(/usr/bin/python3 -c "print(f'{$(now) - ${start}:.1f}')")
+  [ "${rc}" != 0 ] || { echo "${what}: the run exited 0" >&2; exit 1; }
+  for pid in ${children}; do
+    if kill -0 "${pid}" 2> /dev/null; then echo "${what}: rank process ${pid} outlived the parent" >&2; exit 1; fi
+  done
+  test ! -e "${bootstrap}" || { echo "${what}: ${bootstrap} was left behind" >&2; exit 1; }
+  # One line per survivor, naming the lost rank and the iteration; the parent's line.
+  for rank in 0 1 2 3; do
+    [ "${rank}" = "${lost}" ] && continue
+    local lines; lines=$(grep -c "^mhcrun: rank ${rank}: iteration 3: .*rank ${lost} \(lost\|is stuck\)" \
+                         "${dir}/err.log" || true)
+    [ "${lines}" = 1 ] || { echo "${what}: rank ${rank} printed ${lines} lines naming rank ${lost}:" >&2
+                            cat "${dir}/err.log" >&2; exit 1; }
+  done
+  [ "$(wc -l < "${dir}/err.log")" = 4 ] || { echo "${what}: expected 4 lines:" >&2; cat "${dir}/err.log" >&2; exit 1; }
+  /usr/bin/python3 -c "import sys; sys.exit(0 if $survivors < 60 and $seconds < 60 else 1)" ||
+    { echo "${what}: survivors gone after ${survivors} s, every process after ${seconds} s (limit 60)" >&2; exit 1; }
+  echo "ok: ${what}: every survivor exited non-zero naming rank ${lost} and iteration 3 within ${survivors} s" \
+    "of the iteration's start, every process (parent exit ${rc}) within ${seconds} s; nothing left. Rank 0's line:"
+  grep "^mhcrun: rank 0:" "${dir}/err.log" || grep "^mhcrun: rank 1:" "${dir}/err.log"
+}
+
+lose MHCC_TEST_KILL_RANK_AT 1 "rank 1 SIGKILLed mid-step"
+lose MHCC_TEST_HANG_RANK_AT 2 "rank 2 stuck mid-step"
+
+# The same SIGKILL under mpirun (Open MPI aborts the job once a rank dies;
+# the survivors must still have said which rank and iteration).
+if command -v mpirun > /dev/null && [ -z "${MHCC_TEST_NO_MPI:-}" ]; then
+  dir="${work}/mpirun"
+  mkdir -p "${dir}"
+  start=$(now)
+  rc=0
+  MHCC_TEST_KILL_RANK_AT=1:3 timeout 120 mpirun --allow-run-as-root --oversubscribe -np 4 "${mhcrun}" "${pp4}" \
+    --data "${corpus}" --backend cpu --no-progress --steps 1000 > "${dir}/out.log" 2> "${dir}/err.log" || rc=$?
+  seconds=$(/usr/bin/python3 -c "print(f'{$(now) - ${start}:.1f}')")
+  if [ "${rc}" = 124 ] || ! grep -q "iteration        2/" "${dir}/out.log"; then
+    echo "note: mpirun did not run here (sandbox?); skipped: $(tail -1 "${dir}/err.log")"
+  else
+    [ "${rc}" != 0 ] || { echo "mpirun: the job exited 0 after a rank was killed" >&2; exit 1; }
+    for rank in 0 2 3; do
+      [ "$(grep -c "^mhcrun: rank ${rank}: iteration 3: .*rank 1 lost" "${dir}/err.log" || true)" = 1 ] ||
+        { echo "mpirun: rank ${rank} did not name rank 1:" >&2; cat "${dir}/err.log" >&2; exit 1; }
+    done
+    echo "ok: mpirun -np 4, rank 1 SIGKILLed mid-step: ranks 0, 2, 3 named it and iteration 3; job exit ${rc}" \
+      "after ${seconds} s in all (start-up and two iterations included)"
+  fi
+fi
