@@ -15,6 +15,7 @@
 #include "compiler/ModelGraph.h"
 #include "compiler/Pipeline.h"
 #include "compiler/Version.h"
+#include "runtime/cli/FlagChecks.h"
 #include "passes/ModelUnits.h"
 #include "passes/PipelineIR.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -192,6 +193,9 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
     return "--cuda-arch: " + arch + " is not supported: mhcc's kernels and the runtime's GPU " +
            "check are for " + supported + " (H100, H200) only; use --cuda-arch " + supported +
            ", or none for a CPU-only artifact";
+  if (options.output != "-")
+    if (std::string problem = runtime::checkOutputPath("o", options.output, {options.input}); !problem.empty())
+      return problem.substr(1); // "-o PATH: ...", as the other -o errors read
   if (options.emit == EmitKind::Artifact && options.output == "-")
     return std::string("-o: --emit=artifact writes a binary file: give it a name with -o FILE");
   return std::nullopt;

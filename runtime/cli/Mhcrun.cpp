@@ -10,6 +10,7 @@
 #include "runtime/cli/Mhcrun.h"
 
 #include "runtime/cli/Checkpointing.h"
+#include "runtime/cli/FlagChecks.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/cpu/CpuProcessDevice.h"
@@ -192,6 +193,21 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
     return fail("--load resumes weights and optimizer, --init-from only weights: pass one of them");
   if (f.saveInterval > 0 && f.saveDir.empty())
     return fail("--save-interval needs --save DIR");
+  // NaN passes CLI11's range checks (every comparison with it is false).
+  for (const std::string &problem :
+       {checkNumber("lr", o.lr, 0, 1e3, true), checkNumber("clip-grad", o.clipGrad, 0, 1e30, false),
+        checkNumber("weight-decay", o.weightDecay, 0, 1e3, false),
+        // A deadline past ~30 years would overflow the clock's arithmetic.
+        checkNumber("recv-timeout", o.recvTimeoutSeconds, 0, 1e9, true),
+        checkNumber("peak-tflops", f.peakTflops, 0, 1e9, false)})
+    if (!problem.empty())
+      return fail(problem);
+  const std::vector<std::string> inputs = {f.artifactPath, f.dataPath,        f.dataPath + ".bin",
+                                           f.dataPath + ".idx", f.initFrom};
+  for (const std::string &problem : {checkOutputPath("metrics", f.metricsPath, inputs),
+                                     checkOutputPath("export-safetensors", f.exportPath, inputs)})
+    if (!problem.empty())
+      return fail(problem);
   o.staticMemoryPlan = f.memoryPlan == "static";
   o.recordTaps = o.recordTaps || !f.dumpDir.empty(); // the dump needs the reduced gradients
   f.memoryPlanGiven = plan->count() > 0;
