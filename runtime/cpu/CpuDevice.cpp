@@ -1,8 +1,7 @@
 //===- CpuDevice.cpp - the CPU reference backend's Device -------------------===//
 #include "runtime/cpu/CpuDevice.h"
 
-#include "runtime/cpu/Bf16.h"
-#include "runtime/cpu/StageExecutor.h"
+#include "runtime/cpu/CpuRankBase.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/train/Parameters.h"
 
@@ -39,18 +38,7 @@ struct CpuWorld {
   const TrainOptions &options;
   std::atomic<bool> &failed;
   std::vector<std::vector<float>> weights, adamM, adamV; // by parameter: fp32 masters and moments
-  /// What the kernels read: the masters (f32 models) or their bf16 copies,
-  /// rounded after every update, as the GPU keeps bf16 working weights.
-  const bool bf16;
-  std::vector<std::vector<float>> bf16Weights;
-  std::vector<float> &working(size_t param) { return bf16 ? bf16Weights[param] : weights[param]; }
-  void refreshWorkingWeights() {
-    if (!bf16)
-      return;
-    bf16Weights = weights;
-    for (std::vector<float> &w : bf16Weights)
-      roundBf16(w.data(), int64_t(w.size()));
-  }
+  WorkingWeights working; // what the kernels read
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]
   std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to)
 
@@ -64,14 +52,13 @@ struct CpuWorld {
   StepResult result;
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
-      : a(artifact), options(opts), failed(failedFlag), bf16(artifact.model.dtype == "bf16"),
-        peakBytes(artifact.pp, 0) {
+      : a(artifact), options(opts), failed(failedFlag), working(artifact), peakBytes(artifact.pp, 0) {
     for (const ParamInfo &info : a.params) {
       weights.push_back(initialParameter(info, a.model.seed));
       adamM.emplace_back(info.count(), 0.0f);
       adamV.emplace_back(info.count(), 0.0f);
     }
-    refreshWorkingWeights();
+    working.refresh(weights);
     slotGrads.resize(a.stages.size());
     for (size_t s = 0; s < a.stages.size(); ++s)
       for (const ParamSlot &slot : a.stages[s].params)
@@ -100,7 +87,7 @@ struct CpuWorld {
         for (const std::vector<float> &g : slotGrads[s])
           grads[s].push_back(g.data());
       runtime::completeStep(a, options, losses, grads, weights, adamM, adamV, result);
-      refreshWorkingWeights();
+      working.refresh(weights);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -120,74 +107,21 @@ struct CpuWorld {
   }
 };
 
-class CpuDevice final : public Device {
+class CpuDevice final : public CpuRankBase {
 public:
-  CpuDevice(std::shared_ptr<CpuWorld> world, int64_t rank) : world_(std::move(world)), a_(world_->a), rank_(rank) {}
-
-  int64_t rank() const override { return rank_; }
-  const std::string &error() const override { return error_; }
+  CpuDevice(std::shared_ptr<CpuWorld> world, int64_t rank)
+      : CpuRankBase(world->a, world->options, rank), world_(std::move(world)) {}
 
   bool beginStep(const StepInputs &inputs) override {
-    inputs_ = &inputs;
+    beginInputs(inputs);
     for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
       for (std::vector<float> &g : world_->slotGrads[s])
         std::fill(g.begin(), g.end(), 0.0f);
-    peak_ = live_;
     return true;
   }
   bool finishPipeline() override { return !world_->failed || fail("stopped: another rank failed"); }
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
     return world_->completeStep(rank_, step, losses, peak_, result) || fail("stopped: another rank failed");
-  }
-
-  Buffer allocate(int64_t count, Queue, bool) override {
-    // Always zero-filled: fresh pages cost nothing more, and no kernel can
-    // read stale values.
-    auto *data = static_cast<float *>(std::calloc(std::max<int64_t>(count, 1), sizeof(float)));
-    if (!data) {
-      fail("out of host memory allocating " + std::to_string(count * 4) + " bytes");
-      return {};
-    }
-    live_ += count * 4;
-    peak_ = std::max(peak_, live_);
-    return {data, count};
-  }
-  void release(Buffer &buffer, Queue) override {
-    if (!buffer)
-      return;
-    std::free(buffer.data);
-    live_ -= buffer.count * 4;
-    buffer = {};
-  }
-  void copy(Buffer dst, const Buffer &src) override {
-    std::memcpy(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float));
-  }
-  bool download(const Buffer &buffer, float *host) override {
-    std::memcpy(host, buffer.data, buffer.count * sizeof(float));
-    return true;
-  }
-
-  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
-    StageContext<float> c = contextFor(stage, mb);
-    forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
-    storeAs(c.program, c.program.forward[index].output, state);
-    return true;
-  }
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
-    StageContext<float> c = contextFor(stage, mb);
-    const BackwardInstr &b = c.program.backward[index];
-    backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part);
-    if (part != BackwardPart::Weight)
-      for (int id : b.gradInputs)
-        storeAs(c.program, id, state);
-    return true;
-  }
-
-  /// An instruction's output is written in its value's storage type when
-  /// the instruction completes (docs/precision.md).
-  static void storeAs(const StageProgram &p, int value, StageState &state) {
-    if (value >= 0 && p.values[value].dtype == "bf16")
-      roundBf16(state.values[value].data, state.values[value].count);
   }
 
   bool exchange(std::vector<Transfer> &group) override {
@@ -207,13 +141,6 @@ public:
       if (t.instr->kind == OpKind::Recv && !receive(t))
         return false;
     return true;
-  }
-  void waitFor(Transfer &) override {} // a receive completed inside exchange
-
-  void takeProfile(std::map<std::string, double> &profileMs) override {
-    for (auto &[name, ms] : profile_)
-      profileMs[name] += ms;
-    profile_.clear();
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->weights; }
   // The CPU world holds every parameter; rank 0 speaks for it.
@@ -235,41 +162,14 @@ public:
       if (!state.adamV[p].empty())
         world_->adamV[p] = state.adamV[p];
     }
-    world_->refreshWorkingWeights();
+    world_->working.refresh(world_->weights);
     return true;
   }
   void abort() override { world_->failed = true; }
 
 private:
-  bool fail(const std::string &message) {
-    if (error_.empty())
-      error_ = message;
-    return false;
-  }
-
-  static std::vector<float *> pointers(const std::vector<Buffer> &buffers) {
-    std::vector<float *> out(buffers.size());
-    for (size_t k = 0; k < buffers.size(); ++k)
-      out[k] = buffers[k].data;
-    return out;
-  }
-
-  StageContext<float> contextFor(int64_t s, int64_t mb) {
-    const StageProgram &p = a_.stages[s];
-    StageContext<float> c{p, a_.model};
-    c.microbatches = a_.microbatches;
-    c.tokens = inputs_->tokens[mb].data();
-    c.labels = inputs_->labels[mb].data();
-    c.param = [this, &p](int slot) { return world_->working(p.params[slot].param).data(); };
-    if (world_->bf16)
-      c.store = &roundBf16;
-    c.paramGrad = [this, s](int slot) { return world_->slotGrads[s][slot].data(); };
-    if (world_->options.profile) {
-      c.profile = &profile_;
-      c.profilePrefix = "rank " + std::to_string(rank_) + " ";
-    }
-    return c;
-  }
+  float *weight(int param) override { return world_->working.at(world_->weights, param); }
+  float *slotGrad(int64_t stage, int slot) override { return world_->slotGrads[stage][slot].data(); }
 
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
@@ -300,12 +200,6 @@ private:
   }
 
   std::shared_ptr<CpuWorld> world_;
-  const Artifact &a_;
-  const int64_t rank_;
-  std::string error_;
-  const StepInputs *inputs_ = nullptr;
-  int64_t live_ = 0, peak_ = 0;
-  std::map<std::string, double> profile_;
 };
 
 } // namespace

@@ -1,8 +1,8 @@
 //===- CpuProcessDevice.cpp - one CPU pipeline rank per process ---------------===//
 #include "runtime/cpu/CpuProcessDevice.h"
 
+#include "runtime/cpu/CpuRankBase.h"
 #include "runtime/cpu/SocketMesh.h"
-#include "runtime/cpu/StageExecutor.h"
 #include "runtime/dist/StopSignal.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/train/Parameters.h"
@@ -49,11 +49,11 @@ int64_t testFaultStep(const char *name, int64_t rank) {
   return k;
 }
 
-class CpuProcessDevice final : public Device {
+class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
-      : a_(a), options_(options), mesh_(std::move(mesh)), rank_(rank),
-        killAt_(testFaultStep("MHCC_TEST_KILL_RANK_AT", rank)), hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)) {
+      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), killAt_(testFaultStep("MHCC_TEST_KILL_RANK_AT", rank)),
+        hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)), working_(a) {
     for (const ParamInfo &info : a.params) {
       weights_.push_back(initialParameter(info, a.model.seed)); // every rank: the same seed, the same bits
       adamM_.emplace_back(rank == 0 ? info.count() : 0, 0.0f);   // the optimizer runs on rank 0 only
@@ -66,60 +66,21 @@ public:
       if (rank == 0 || a.rankOf(int64_t(s)) == rank)
         for (const ParamSlot &slot : a.stages[s].params)
           slotGrads_[s].emplace_back(a.params[slot.param].count(), 0.0f);
+    working_.refresh(weights_);
   }
 
-  int64_t rank() const override { return rank_; }
-  const std::string &error() const override { return error_; }
-
   bool beginStep(const StepInputs &inputs) override {
-    inputs_ = &inputs;
+    beginInputs(inputs);
     ++stepsRun_;
     exchanged_ = false;
     for (auto &stage : slotGrads_)
       for (std::vector<float> &g : stage)
         std::fill(g.begin(), g.end(), 0.0f);
-    peak_ = live_;
     return true;
   }
   bool finishPipeline() override { return true; } // every receive completed inside exchange
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
     return rank_ == 0 ? reduceAndUpdate(step, losses, result) : sendAndTake(losses, result);
-  }
-
-  Buffer allocate(int64_t count, Queue, bool) override {
-    auto *data = static_cast<float *>(std::calloc(std::max<int64_t>(count, 1), sizeof(float)));
-    if (!data) {
-      fail("out of host memory allocating " + std::to_string(count * 4) + " bytes");
-      return {};
-    }
-    live_ += count * 4;
-    peak_ = std::max(peak_, live_);
-    return {data, count};
-  }
-  void release(Buffer &buffer, Queue) override {
-    if (!buffer)
-      return;
-    std::free(buffer.data);
-    live_ -= buffer.count * 4;
-    buffer = {};
-  }
-  void copy(Buffer dst, const Buffer &src) override {
-    std::memcpy(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float));
-  }
-  bool download(const Buffer &buffer, float *host) override {
-    std::memcpy(host, buffer.data, buffer.count * sizeof(float));
-    return true;
-  }
-
-  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
-    StageContext<float> c = contextFor(stage, mb);
-    forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
-    return true;
-  }
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
-    StageContext<float> c = contextFor(stage, mb);
-    backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), c.program.backward[index], part);
-    return true;
   }
 
   bool exchange(std::vector<Transfer> &group) override {
@@ -140,13 +101,6 @@ public:
         return false;
     return true;
   }
-  void waitFor(Transfer &) override {}
-
-  void takeProfile(std::map<std::string, double> &profileMs) override {
-    for (auto &[name, ms] : profile_)
-      profileMs[name] += ms;
-    profile_.clear();
-  }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = weights_; }
   // Rank 0 holds the moments, so it alone saves; every rank loads the weights.
   bool saveState(ParameterState &state) override {
@@ -165,6 +119,7 @@ public:
       if (rank_ == 0 && !state.adamV[p].empty())
         adamV_[p] = state.adamV[p];
     }
+    working_.refresh(weights_);
     return true;
   }
   void abort() override {
@@ -175,11 +130,8 @@ public:
   }
 
 private:
-  bool fail(const std::string &message) {
-    if (error_.empty())
-      error_ = message;
-    return false;
-  }
+  float *weight(int param) override { return working_.at(weights_, param); }
+  float *slotGrad(int64_t stage, int slot) override { return slotGrads_[stage][slot].data(); }
 
   void injectTestFault() {
     if (stepsRun_ == killAt_)
@@ -187,28 +139,6 @@ private:
     if (stepsRun_ == hangAt_)
       while (true)
         std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-
-  static std::vector<float *> pointers(const std::vector<Buffer> &buffers) {
-    std::vector<float *> out(buffers.size());
-    for (size_t k = 0; k < buffers.size(); ++k)
-      out[k] = buffers[k].data;
-    return out;
-  }
-
-  StageContext<float> contextFor(int64_t s, int64_t mb) {
-    const StageProgram &p = a_.stages[s];
-    StageContext<float> c{p, a_.model};
-    c.microbatches = a_.microbatches;
-    c.tokens = inputs_->tokens[mb].data();
-    c.labels = inputs_->labels[mb].data();
-    c.param = [this, &p](int slot) { return weights_[p.params[slot].param].data(); };
-    c.paramGrad = [this, s](int slot) { return slotGrads_[s][slot].data(); };
-    if (options_.profile) {
-      c.profile = &profile_;
-      c.profilePrefix = "rank " + std::to_string(rank_) + " ";
-    }
-    return c;
   }
 
   bool receive(Transfer &t) {
@@ -231,18 +161,13 @@ private:
   bool reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &out);
   bool sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out);
 
-  const Artifact &a_;
-  const TrainOptions &options_;
   std::unique_ptr<SocketMesh> mesh_;
-  const int64_t rank_;
   const int64_t killAt_, hangAt_;
-  std::string error_;
-  const StepInputs *inputs_ = nullptr;
-  int64_t live_ = 0, peak_ = 0, stepsRun_ = 0;
+  int64_t stepsRun_ = 0;
   bool exchanged_ = false;
-  std::vector<std::vector<float>> weights_, adamM_, adamV_;
-  std::vector<std::vector<std::vector<float>>> slotGrads_; // [stage][slot]
-  std::map<std::string, double> profile_;
+  std::vector<std::vector<float>> weights_, adamM_, adamV_; // fp32 masters (moments on rank 0)
+  WorkingWeights working_;                                   // what the kernels read
+  std::vector<std::vector<std::vector<float>>> slotGrads_;  // [stage][slot]
 };
 
 /// A rank's end of step for rank 0: peak, stop signal, losses, then its
@@ -274,6 +199,7 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
     ok = ok && in.get(w.data(), w.size());
   if (!ok || in.at != reply.bytes.size())
     return fail("rank 0's update after the step is malformed (the ranks run different artifacts?)");
+  working_.refresh(weights_);
   if (hasMtp)
     out.mtpLoss = mtpLoss;
   return true;
@@ -316,6 +242,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
     for (const std::vector<float> &g : slotGrads_[s])
       grads[s].push_back(g.data());
   runtime::completeStep(a_, options_, losses, grads, weights_, adamM_, adamV_, result);
+  working_.refresh(weights_);
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
   pack.put(result.lmLoss);

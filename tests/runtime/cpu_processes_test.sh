@@ -3,12 +3,12 @@
 # 1. parity: `--processes N` (and mpirun -np N --backend cpu, where Open MPI
 #    is installed) gives the in-process run's numbers bit for bit (metrics
 #    JSON lines: losses, grad norm, zeros, learning rate, peak bytes) for
-#    tiny PP2, PP2/VPP2 and PP4;
+#    tiny PP2, PP2/VPP2 and PP4, and tiny_bf16 PP2 (bf16 storage in each rank);
 # 2. SIGTERM to the --processes parent: every rank stops after the same
 #    iteration, rank 0 saves it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
 #    exactly as an uninterrupted run.
-# Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4
+# Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4 BF16_PP2
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcrun="${root}/tools/mhcrun"

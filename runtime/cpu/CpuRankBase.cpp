@@ -1,0 +1,117 @@
+//===- CpuRankBase.cpp - what both CPU devices share --------------------------===//
+#include "runtime/cpu/CpuRankBase.h"
+
+#include "runtime/cpu/Bf16.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace mhcc::runtime {
+namespace {
+
+std::vector<float *> pointers(const std::vector<Buffer> &buffers) {
+  std::vector<float *> out(buffers.size());
+  for (size_t k = 0; k < buffers.size(); ++k)
+    out[k] = buffers[k].data;
+  return out;
+}
+
+/// An instruction's output is written in its value's storage type when the
+/// instruction completes (docs/precision.md).
+void storeAs(const StageProgram &p, int value, StageState &state) {
+  if (value >= 0 && p.values[value].dtype == "bf16")
+    roundBf16(state.values[value].data, state.values[value].count);
+}
+
+} // namespace
+
+void WorkingWeights::refresh(const std::vector<std::vector<float>> &masters) {
+  if (!bf16_)
+    return;
+  copies_ = masters;
+  for (std::vector<float> &w : copies_)
+    roundBf16(w.data(), int64_t(w.size()));
+}
+
+bool CpuRankBase::fail(const std::string &message) {
+  if (error_.empty())
+    error_ = message;
+  return false;
+}
+
+void CpuRankBase::beginInputs(const StepInputs &inputs) {
+  inputs_ = &inputs;
+  peak_ = live_;
+}
+
+Buffer CpuRankBase::allocate(int64_t count, Queue, bool) {
+  // Always zero-filled: fresh pages cost nothing more, and no kernel can
+  // read stale values.
+  auto *data = static_cast<float *>(std::calloc(std::max<int64_t>(count, 1), sizeof(float)));
+  if (!data) {
+    fail("out of host memory allocating " + std::to_string(count * 4) + " bytes");
+    return {};
+  }
+  live_ += count * 4;
+  peak_ = std::max(peak_, live_);
+  return {data, count};
+}
+
+void CpuRankBase::release(Buffer &buffer, Queue) {
+  if (!buffer)
+    return;
+  std::free(buffer.data);
+  live_ -= buffer.count * 4;
+  buffer = {};
+}
+
+void CpuRankBase::copy(Buffer dst, const Buffer &src) {
+  std::memcpy(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float));
+}
+
+bool CpuRankBase::download(const Buffer &buffer, float *host) {
+  std::memcpy(host, buffer.data, buffer.count * sizeof(float));
+  return true;
+}
+
+StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
+  const StageProgram &p = a_.stages[s];
+  StageContext<float> c{p, a_.model};
+  c.microbatches = a_.microbatches;
+  c.tokens = inputs_->tokens[mb].data();
+  c.labels = inputs_->labels[mb].data();
+  c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
+  c.paramGrad = [this, s](int slot) { return slotGrad(s, slot); };
+  if (a_.model.dtype == "bf16")
+    c.store = &roundBf16;
+  if (options_.profile) {
+    c.profile = &profile_;
+    c.profilePrefix = "rank " + std::to_string(rank_) + " ";
+  }
+  return c;
+}
+
+bool CpuRankBase::forward(int64_t stage, int64_t mb, size_t index, StageState &state) {
+  StageContext<float> c = contextFor(stage, mb);
+  forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
+  storeAs(c.program, c.program.forward[index].output, state);
+  return true;
+}
+
+bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) {
+  StageContext<float> c = contextFor(stage, mb);
+  const BackwardInstr &b = c.program.backward[index];
+  backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part);
+  if (part != BackwardPart::Weight)
+    for (int id : b.gradInputs)
+      storeAs(c.program, id, state);
+  return true;
+}
+
+void CpuRankBase::takeProfile(std::map<std::string, double> &profileMs) {
+  for (auto &[name, ms] : profile_)
+    profileMs[name] += ms;
+  profile_.clear();
+}
+
+} // namespace mhcc::runtime

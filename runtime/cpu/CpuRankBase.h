@@ -1,0 +1,76 @@
+//===- CpuRankBase.h - what both CPU devices share -------------------*- C++ -*-===//
+//
+// Host memory and the launch table of one CPU pipeline rank, for the
+// in-process device (CpuDevice.cpp, ranks as threads) and the one-process-
+// per-rank device (CpuProcessDevice.cpp): zero-filled buffers with peak
+// accounting, one stage instruction through StageExecutor.h, and bf16
+// storage where the artifact names it (docs/precision.md): outputs rounded
+// when an instruction completes, composite kernels' intermediates through
+// the Store hook, kernels reading bf16 copies of the fp32 masters.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CPU_CPURANKBASE_H
+#define MHCC_RUNTIME_CPU_CPURANKBASE_H
+
+#include "runtime/cpu/StageExecutor.h"
+#include "runtime/exec/Device.h"
+
+namespace mhcc::runtime {
+
+/// The weights kernels read: the fp32 masters themselves, or (bf16 models)
+/// their bf16 copies, refreshed after every change of the masters.
+class WorkingWeights {
+public:
+  explicit WorkingWeights(const Artifact &a) : bf16_(a.model.dtype == "bf16") {}
+  void refresh(const std::vector<std::vector<float>> &masters);
+  float *at(std::vector<std::vector<float>> &masters, size_t param) {
+    return (bf16_ ? copies_[param] : masters[param]).data();
+  }
+  bool bf16() const { return bf16_; }
+
+private:
+  bool bf16_;
+  std::vector<std::vector<float>> copies_;
+};
+
+class CpuRankBase : public Device {
+public:
+  CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank) : a_(a), options_(options), rank_(rank) {}
+
+  int64_t rank() const override { return rank_; }
+  const std::string &error() const override { return error_; }
+
+  Buffer allocate(int64_t count, Queue queue, bool zeroed) override;
+  void release(Buffer &buffer, Queue queue) override;
+  void copy(Buffer dst, const Buffer &src) override;
+  bool download(const Buffer &buffer, float *host) override;
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override;
+  void waitFor(Transfer &) override {} // a receive completes inside exchange
+  void takeProfile(std::map<std::string, double> &profileMs) override;
+
+protected:
+  /// The weight a kernel reads for `param`, and the gradient slot it adds into.
+  virtual float *weight(int param) = 0;
+  virtual float *slotGrad(int64_t stage, int slot) = 0;
+
+  bool fail(const std::string &message);
+  /// Starts a step: the inputs kernels read, peak accounting from here.
+  void beginInputs(const StepInputs &inputs);
+
+  const Artifact &a_;
+  const TrainOptions &options_;
+  const int64_t rank_;
+  std::string error_;
+  int64_t live_ = 0, peak_ = 0;
+
+private:
+  StageContext<float> contextFor(int64_t stage, int64_t mb);
+
+  const StepInputs *inputs_ = nullptr;
+  std::map<std::string, double> profile_;
+};
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_CPU_CPURANKBASE_H
