@@ -75,6 +75,11 @@ struct DriverOptions {
       "print-schedule",
       llvm::cl::desc("Print each rank's timeline, the predicted bubble and peak activations"),
       llvm::cl::cat(pipelineCategory())};
+  llvm::cl::opt<std::string> trace{
+      "trace",
+      llvm::cl::desc("Write the predicted per-rank timeline here, as Chrome trace events (Perfetto, "
+                     "chrome://tracing); mhcrun --trace writes the measured one with the same names"),
+      llvm::cl::value_desc("file.json"), llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<double> simTflops{"sim-tflops",
                                   llvm::cl::desc("Compute rate the schedule simulator assumes"),
                                   llvm::cl::init(400), llvm::cl::cat(pipelineCategory())};
@@ -103,7 +108,7 @@ struct DriverOptions {
 /// per-rank timeline).
 LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                                    const SimulationOptions &simulation, bool timeline,
-                                   llvm::raw_ostream &os) {
+                                   const std::string &tracePath, llvm::raw_ostream &os) {
   if (!func->hasAttr(pipe::kLayoutAttr))
     return success();
   FailureOr<pipeline::Layout> layout = layoutOf(func);
@@ -134,6 +139,16 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                         result.bubbleFraction);
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
+    if (!tracePath.empty()) {
+      std::error_code error;
+      llvm::raw_fd_ostream trace(tracePath, error);
+      if (error)
+        return func.emitError() << "--trace: cannot write '" << tracePath << "': " << error.message();
+      trace << pipeline::predictedTrace(schedule, result);
+      trace.close();
+      if (trace.has_error())
+        return func.emitError() << "--trace: writing '" << tracePath << "' failed";
+    }
   }
   return success();
 }
@@ -196,6 +211,9 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
   if (options.output != "-")
     if (std::string problem = runtime::checkOutputPath("o", options.output, {options.input}); !problem.empty())
       return problem.substr(1); // "-o PATH: ...", as the other -o errors read
+  if (std::string problem = runtime::checkOutputPath("trace", options.trace, {options.input, options.output});
+      !problem.empty())
+    return problem;
   if (options.emit == EmitKind::Artifact && options.output == "-")
     return std::string("-o: --emit=artifact writes a binary file: give it a name with -o FILE");
   return std::nullopt;
@@ -273,7 +291,7 @@ LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
     return failure();
   os << formatModelSummary(*model);
   SimulationOptions simulation{options.simTflops, options.simLinkGBps};
-  return printPipelineSummary(module, *func, simulation, options.printSchedule, os);
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
 }
 
 /// Writes what --emit asks for; output files appear only when all succeeded.

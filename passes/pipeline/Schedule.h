@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runtime/program/Instructions.h"
+#include "runtime/program/Trace.h"
 
 namespace mhcc::pipeline {
 
@@ -102,6 +103,10 @@ SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &
 
 /// A per-rank text timeline plus bubble and peak memory, for --print-schedule.
 std::string formatTimeline(const Schedule &schedule, const SimulationResult &result);
+
+/// The predicted timeline as Chrome trace events (runtime/program/Trace.h):
+/// the same track and slice names mhcrun --trace measures.
+std::string predictedTrace(const Schedule &schedule, const SimulationResult &result);
 
 } // namespace mhcc::pipeline
 

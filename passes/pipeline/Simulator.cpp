@@ -511,4 +511,17 @@ std::string formatTimeline(const Schedule &schedule, const SimulationResult &res
   return os.str();
 }
 
+std::string predictedTrace(const Schedule &schedule, const SimulationResult &result) {
+  std::vector<runtime::TraceSlice> slices;
+  for (int64_t r = 0; r < schedule.pp; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const runtime::Instr &instr = schedule.ranks[r][i];
+      const TimedInstr &t = result.timeline[r][i];
+      // The simulator's times are milliseconds; trace events count microseconds.
+      slices.push_back({r, instr.describe(), runtime::traceCategory(instr.kind), t.start * 1e3,
+                        (t.end - t.start) * 1e3, 0});
+    }
+  return runtime::chromeTrace(slices, schedule.pp, "predicted by mhcc");
+}
+
 } // namespace mhcc::pipeline

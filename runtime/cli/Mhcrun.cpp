@@ -111,7 +111,7 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 /// Everything the command line sets.
 struct RunFlags {
   std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
-  std::string saveDir, loadDir, exportPath, initFrom;
+  std::string saveDir, loadDir, exportPath, initFrom, tracePath;
   int64_t steps = 20, gpus = -1, saveInterval = 0, processes = 0;
   TrainOptions options;
   bool noProgress = false, inProcess = false;
@@ -180,6 +180,9 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
   app.add_option("--init-from", f.initFrom,
                  "Start from these weights (a safetensors file by parameter name) at iteration 0 with a fresh "
                  "optimizer");
+  app.add_option("--trace", f.tracePath,
+                 "Write the measured per-rank timeline here, as Chrome trace events (Perfetto, chrome://tracing), "
+                 "with the names 'mhcc --trace' predicts; CPU backend, every rank in this process");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -204,7 +207,9 @@ int parseFlags(int argc, char **argv, RunFlags &f) {
       return fail(problem);
   const std::vector<std::string> inputs = {f.artifactPath, f.dataPath,        f.dataPath + ".bin",
                                            f.dataPath + ".idx", f.initFrom};
+  o.trace = !f.tracePath.empty();
   for (const std::string &problem : {checkOutputPath("metrics", f.metricsPath, inputs),
+                                     checkOutputPath("trace", f.tracePath, inputs),
                                      checkOutputPath("export-safetensors", f.exportPath, inputs)})
     if (!problem.empty())
       return fail(problem);
@@ -396,6 +401,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
       metrics.flush();
     }
   };
+  std::vector<TraceSlice> trace; // with --trace: every step's instructions
   int64_t trained = 0;
   for (int64_t s = trainer.stepsDone(); s < f.steps; ++s, ++trained) {
     std::optional<StepResult> result = trainer.step(error);
@@ -406,6 +412,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
                   "; lower --lr or check the data");
     if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, &*result, error))
       return fail(error);
+    trace.insert(trace.end(), result->trace.begin(), result->trace.end());
     if (saver && f.saveInterval > 0 && result->step % f.saveInterval == 0 && result->step < f.steps &&
         !saver->save(trainer, error))
       return fail(rankPrefix + error);
@@ -431,6 +438,12 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     return fail(rankPrefix + error);
   if (!f.exportPath.empty() && role.writesFiles && !exportAll(trainer, f.exportPath, shard, error))
     return fail(rankPrefix + error);
+  if (!f.tracePath.empty()) {
+    std::ofstream out(f.tracePath, std::ios::trunc);
+    out << chromeTrace(trace, a.pp, "measured by mhcrun");
+    if (!out.flush())
+      return fail("--trace: cannot write " + f.tracePath);
+  }
   if (!speaker)
     return 0;
   if (!first) {
@@ -468,6 +481,9 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
+  if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
+    return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
+                             "the host clock sees only when work is issued); use --profile there for device time");
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);

@@ -235,11 +235,16 @@ bool Executor::runPipeline() {
   weightPending_.clear();
   reads_.clear();
   taps_.clear();
+  trace_.clear();
+  using Clock = std::chrono::steady_clock;
+  auto sinceEpoch = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - epoch_).count(); };
   losses_.assign(artifact_.microbatches, std::vector<double>(artifact_.stages.back().losses.size(), 0.0));
   const std::vector<Instr> &list = artifact_.ranks[rank_];
   for (size_t index = 0; index < list.size(); ++index) {
     const Instr &i = list[index];
     where_ = "instruction #" + std::to_string(index) + " " + i.describe();
+    const size_t first = index;
+    const Clock::time_point started = options_.trace ? Clock::now() : Clock::time_point();
     bool ok = true;
     switch (i.kind) {
     case OpKind::Forward: ok = forward(i.stage, i.mb); break;
@@ -262,6 +267,12 @@ bool Executor::runPipeline() {
     }
     if (!ok)
       return false;
+    if (options_.trace) {
+      // A communication group's instructions share the group's interval.
+      const double start = sinceEpoch(started), end = sinceEpoch(Clock::now());
+      for (size_t k = first; k <= index; ++k)
+        trace_.push_back({rank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
+    }
   }
   where_ = "end of step";
   return collectResults();

@@ -13,6 +13,7 @@
 
 #include "runtime/exec/Device.h"
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
@@ -32,6 +33,9 @@ public:
   const std::vector<std::vector<double>> &losses() const { return losses_; }
   /// With recordTaps: "<tap>@mb<k>" -> values.
   std::map<std::string, std::vector<float>> takeTaps() { return std::move(taps_); }
+  /// With TrainOptions::trace: this step's instructions, timed from `epoch`.
+  void setTraceEpoch(std::chrono::steady_clock::time_point epoch) { epoch_ = epoch; }
+  std::vector<TraceSlice> takeTrace() { return std::move(trace_); }
   const std::string &error() const { return error_; }
 
 private:
@@ -71,6 +75,8 @@ private:
   std::vector<PendingRead> reads_; // losses and tap copies, read after the pipeline
   std::vector<std::vector<double>> losses_;
   std::map<std::string, std::vector<float>> taps_;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::vector<TraceSlice> trace_;
 };
 
 } // namespace mhcc::runtime

@@ -7,6 +7,8 @@
 #ifndef MHCC_RUNTIME_EXEC_STEPTYPES_H
 #define MHCC_RUNTIME_EXEC_STEPTYPES_H
 
+#include "runtime/program/Trace.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -36,6 +38,9 @@ struct TrainOptions {
   /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
   /// nothing; false: the stream-ordered pool in every step.
   bool staticMemoryPlan = true;
+  /// Record each instruction's start and end (host clock) for mhcrun
+  /// --trace: exact on the CPU backend, whose instructions run when issued.
+  bool trace = false;
 };
 
 /// The token ids of one step, by microbatch: every rank gets all of them
@@ -68,6 +73,9 @@ struct StepResult {
   // With profile: milliseconds by "rank R fwd|bwd PRIM" (device time) and by
   // host phase ("host: ...").
   std::map<std::string, double> profileMs;
+  /// With trace: every local rank's instructions this step, microseconds
+  /// since the trainer started.
+  std::vector<TraceSlice> trace;
 };
 
 } // namespace mhcc::runtime

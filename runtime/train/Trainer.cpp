@@ -24,8 +24,11 @@ std::unique_ptr<Trainer> Trainer::create(Artifact artifact, const TokenDataset &
   trainer->devices_ = devices(trainer->artifact_, trainer->options_, trainer->failed_, error);
   if (trainer->devices_.empty())
     return nullptr;
-  for (auto &device : trainer->devices_)
+  const Clock::time_point epoch = Clock::now(); // of every rank's and step's trace
+  for (auto &device : trainer->devices_) {
     trainer->executors_.push_back(std::make_unique<Executor>(trainer->artifact_, trainer->options_, *device));
+    trainer->executors_.back()->setTraceEpoch(epoch);
+  }
   return trainer;
 }
 
@@ -107,6 +110,10 @@ std::optional<StepResult> Trainer::step(std::string &error) {
       result.taps.merge(executors_[k]->takeTaps());
     if (options_.profile)
       devices_[k]->takeProfile(result.profileMs);
+    for (TraceSlice &slice : executors_[k]->takeTrace()) {
+      slice.step = stepsDone_ + 1;
+      result.trace.push_back(std::move(slice));
+    }
   }
   const auto end = Clock::now();
   result.step = ++stepsDone_;

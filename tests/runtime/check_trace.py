@@ -1,0 +1,50 @@
+"""Compares a predicted (mhcc --trace) and a measured (mhcrun --trace) timeline.
+
+usage: check_trace.py PREDICTED.json MEASURED.json STEPS
+Exits 1 with a message when they do not describe the same instructions.
+"""
+import collections
+import json
+import sys
+
+
+def slices(path):
+    events = json.load(open(path))["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    return names, [e for e in events if e["ph"] == "X"]
+
+
+def main(predicted_path, measured_path, steps):
+    steps = int(steps)
+    tracks, predicted = slices(predicted_path)
+    measured_tracks, measured = slices(measured_path)
+    if tracks != measured_tracks:
+        sys.exit(f"tracks differ: {tracks} vs {measured_tracks}")
+    per_rank = collections.defaultdict(list)
+    for e in predicted:
+        per_rank[e["tid"]].append(e["name"])
+    for step in range(1, steps + 1):
+        got = collections.defaultdict(list)
+        for e in measured:
+            if e["args"]["step"] == step:
+                got[e["tid"]].append(e["name"])
+        for rank, names in per_rank.items():
+            if got[rank] != names:
+                sys.exit(f"step {step}, rank {rank}: measured {got[rank][:4]}... vs predicted {names[:4]}...")
+    for e in predicted + measured:
+        if e["dur"] < 0 or e["ts"] < 0:
+            sys.exit(f"negative time in {e}")
+    for rank in per_rank:
+        ends = 0.0
+        for e in sorted((e for e in measured if e["tid"] == rank), key=lambda e: e["ts"]):
+            # A communication group's instructions share one interval.
+            if e["ts"] + 1e-3 < ends and e["cat"] != "comm":
+                sys.exit(f"rank {rank}: {e['name']} starts before the previous slice ended")
+            ends = max(ends, e["ts"] + e["dur"])
+    count = sum(len(v) for v in per_rank.values())
+    print(f"{len(per_rank)} ranks, {count} instructions per step: the measured slices of each of {steps} steps "
+          f"are the predicted ones")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
