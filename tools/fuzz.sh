@@ -41,9 +41,10 @@ declare -A SOURCES=(
   [artifact]="runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [safetensors]="runtime/io/Safetensors.cpp"
   [dataset]="runtime/data/Dataset.cpp"
+  [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
 )
-declare -A LIBS=([artifact]="-lxxhash")
-ALL=(model_graph layout artifact safetensors dataset)
+declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash")
+ALL=(model_graph layout artifact safetensors dataset checkpoint)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
   [ -n "${SOURCES[$t]:-}" ] || { echo "fuzz.sh: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }
