@@ -114,11 +114,16 @@ bool parseSafetensors(const std::string &path, const std::vector<char> &bytes,
       t.dtype = entry.at("dtype").get<std::string>();
       t.shape = entry.at("shape").get<std::vector<int64_t>>();
       const auto range = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      // A negative dimension, or a product that wraps around (2^32 x 2^32),
+      // used to pass with an empty byte range; no count may exceed the data.
       uint64_t count = 1;
-      for (int64_t d : t.shape)
-        count *= d < 0 ? 0 : uint64_t(d);
-      if (range.size() != 2 || range[0] > range[1] || range[1] > dataSize || dtypeSize(t.dtype) == 0 ||
-          range[1] - range[0] != count * dtypeSize(t.dtype)) {
+      bool shapeOk = true;
+      for (int64_t d : t.shape) {
+        shapeOk = shapeOk && d >= 0 && (d == 0 || count <= dataSize / uint64_t(d));
+        count = shapeOk ? count * uint64_t(d) : 0;
+      }
+      if (!shapeOk || range.size() != 2 || range[0] > range[1] || range[1] > dataSize ||
+          dtypeSize(t.dtype) == 0 || range[1] - range[0] != count * dtypeSize(t.dtype)) {
         error = path + ": tensor '" + name + "' has a bad dtype, shape or byte range (truncated or corrupt)";
         return false;
       }
