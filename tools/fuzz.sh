@@ -62,22 +62,33 @@ fi
 
 # UBSan aborts at its first report (no recovery), so every report is a crash.
 CXXFLAGS=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$ROOT")
-mkdir -p "$OUT/bin" "$OUT/logs"
+mkdir -p "$OUT/bin" "$OUT/obj" "$OUT/logs"
+: >"$OUT/logs/build.log"
 
-build() { # TARGET: rebuilt only when a source, header or this script is newer
-  local t="$1" bin="$OUT/bin/${1}_fuzz" srcs=() s
-  for s in tests/fuzz/${t}_fuzz.cpp ${SOURCES[$t]}; do srcs+=("$ROOT/$s"); done
-  if [ -x "$bin" ] && [ -z "$( (find "${srcs[@]}" "$0" -newer "$bin"
-        find "$ROOT/runtime" "$ROOT/compiler" "$ROOT/passes" -name '*.h' -newer "$bin") 2>/dev/null)" ]; then
-    return 0
+# One object per source, shared by the targets that use it (Artifact.cpp is
+# in two), rebuilt when the source, any reader header or this script is newer.
+compile() { # SOURCE (relative to ROOT) -> prints the object's path
+  local src="$ROOT/$1" obj="$OUT/obj/${1//\//_}.o"
+  if [ ! -f "$obj" ] || [ -n "$( (find "$src" "$0" -newer "$obj"
+        find "$ROOT/runtime" "$ROOT/compiler" "$ROOT/passes" -name '*.h' -newer "$obj") 2>/dev/null)" ]; then
+    "$CXX" "${CXXFLAGS[@]}" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
+    mv "$obj.tmp" "$obj"
   fi
-  local start=$SECONDS
-  if ! "$CXX" "${CXXFLAGS[@]}" "${srcs[@]}" ${LIBS[$t]:-} -o "$bin.tmp" >"$OUT/logs/$t.build" 2>&1; then
-    cat "$OUT/logs/$t.build" >&2
-    echo "fuzz.sh: $t: build failed" >&2
-    return 1
-  fi
-  mv "$bin.tmp" "$bin"
+  echo "$obj"
+}
+
+build() { # TARGET
+  local t="$1" bin="$OUT/bin/${1}_fuzz" objs=() s obj start=$SECONDS
+  for s in tests/fuzz/${t}_fuzz.cpp ${SOURCES[$t]}; do
+    if ! obj=$(compile "$s"); then
+      cat "$OUT/logs/build.log" >&2
+      echo "fuzz.sh: $t: cannot compile $s" >&2
+      return 1
+    fi
+    objs+=("$obj")
+  done
+  "$CXX" "${CXXFLAGS[@]}" "${objs[@]}" ${LIBS[$t]:-} -o "$bin" >>"$OUT/logs/build.log" 2>&1 ||
+    { cat "$OUT/logs/build.log" >&2; echo "fuzz.sh: $t: link failed" >&2; return 1; }
   echo "fuzz.sh: built $t in $((SECONDS - start)) s"
 }
 
