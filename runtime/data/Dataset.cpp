@@ -85,7 +85,8 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
             std::to_string(code);
     return std::nullopt;
   }
-  if (count > idx.size() || idx.size() < header + count * 4 + count * 8 + docs * 8) {
+  // Both counts bounded by the file first, so the size sum cannot wrap.
+  if (count > idx.size() || docs > idx.size() || idx.size() < header + count * 4 + count * 8 + docs * 8) {
     error = prefix + ".idx: truncated (the header lists " + std::to_string(count) + " sequences)";
     return std::nullopt;
   }

@@ -52,6 +52,20 @@ TEST(Dataset, RejectsBadIndexFiles) {
   EXPECT_NE(error.find("lies outside the file"), std::string::npos) << error;
 }
 
+// A document count whose 8-byte entries wrap the size sum to a small number
+// (2^61 * 8 = 0 mod 2^64) passed the truncation check.
+TEST(Dataset, RejectsADocumentCountThatWrapsTheSizeCheck) {
+  std::string prefix = tempPath("wrap"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2, 3, 4}}, 4, error)) << error;
+  std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t docs = uint64_t(1) << 61;
+  idx.seekp(9 + 8 + 1 + 8); // magic, version, dtype, sequence count
+  idx.write(reinterpret_cast<const char *>(&docs), 8);
+  idx.close();
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+}
+
 TEST(Dataset, SamplingIsDeterministicAndSeedDependent) {
   std::vector<int32_t> stream(5000);
   for (size_t i = 0; i < stream.size(); ++i)
