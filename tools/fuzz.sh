@@ -105,8 +105,12 @@ for t in "${TARGETS[@]}"; do
   work="$OUT/corpus/$t" crashes="$OUT/crashes/$t" log="$OUT/logs/$t.log"
   rm -rf "$work" && mkdir -p "$work" "$crashes"
   cp "$ROOT/tests/fuzz/corpus/$t/"* "$work/" 2>/dev/null
+  # A dictionary of the format's keys and names, where there is one, lets
+  # mutations write whole JSON keys instead of guessing them byte by byte.
+  dict=()
+  [ ! -f "$ROOT/tests/fuzz/$t.dict" ] || dict=(-dict="$ROOT/tests/fuzz/$t.dict")
   start=$SECONDS
-  "$OUT/bin/${t}_fuzz" "${LIMIT[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
+  "$OUT/bin/${t}_fuzz" "${LIMIT[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
     -artifact_prefix="$crashes/" "$work" >"$log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
