@@ -109,11 +109,14 @@ for t in "${TARGETS[@]}"; do
   # mutations write whole JSON keys instead of guessing them byte by byte.
   dict=()
   [ ! -f "$ROOT/tests/fuzz/$t.dict" ] || dict=(-dict="$ROOT/tests/fuzz/$t.dict")
+  # The dataset and checkpoint harnesses write files under $TMPDIR.
+  tmp="$OUT/tmp/$t" && rm -rf "$tmp" && mkdir -p "$tmp"
   start=$SECONDS
-  "$OUT/bin/${t}_fuzz" "${LIMIT[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
+  TMPDIR="$tmp" "$OUT/bin/${t}_fuzz" "${LIMIT[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
     -artifact_prefix="$crashes/" "$work" >"$log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
+  rm -rf "$tmp"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
   result=ok

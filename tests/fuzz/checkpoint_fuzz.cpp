@@ -49,8 +49,10 @@ std::string reseal(nlohmann::json meta) {
 } // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
-  char tmpl[] = "/tmp/mhcc_checkpoint_fuzz.XXXXXX";
-  if (!mkdtemp(tmpl))
+    // Under $TMPDIR: tools/fuzz.sh points it into out/fuzz and removes it.
+  const char *tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/mhcc_checkpoint_fuzz.XXXXXX";
+  if (!mkdtemp(tmpl.data()))
     std::abort();
   ParameterState state;
   for (const ParamInfo &p : artifact().params) {

@@ -14,10 +14,12 @@
 namespace {
 std::string folder() {
   static std::string dir = [] {
-    char tmpl[] = "/tmp/mhcc_dataset_fuzz.XXXXXX";
-    if (!mkdtemp(tmpl))
+        // Under $TMPDIR: tools/fuzz.sh points it into out/fuzz and removes it.
+    const char *tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/mhcc_dataset_fuzz.XXXXXX";
+    if (!mkdtemp(tmpl.data()))
       std::abort();
-    return std::string(tmpl);
+    return tmpl;
   }();
   return dir;
 }
