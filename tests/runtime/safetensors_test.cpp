@@ -105,6 +105,10 @@ TEST(Safetensors, ShapesThatDoNotMatchTheirBytesAreRefused) {
   EXPECT_NE(error.find("tensor 'a' has a bad dtype, shape or byte range"), std::string::npos) << error;
   EXPECT_FALSE(parse({int64_t(1) << 32, int64_t(1) << 32}, error));
   EXPECT_FALSE(parse({int64_t(1) << 62, 4}, error));
+  // A float dimension was cast to int64_t unchecked (undefined for 3.3e40).
+  EXPECT_FALSE(parse({3.3e40}, error));
+  EXPECT_NE(error.find("3.3e+40 is not an integer"), std::string::npos) << error;
+  EXPECT_FALSE(parse({2.5, 4}, error));
   EXPECT_TRUE(parse({0, 4}, error)) << error; // empty tensors are fine
 }
 
