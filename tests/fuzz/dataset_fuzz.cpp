@@ -45,7 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   auto dataset = mhcc::runtime::TokenDataset::fromIndexed(prefix, error);
   if (!dataset)
     return 0;
-  // Every token read lies in the .bin, at least one byte each.
+  // Every token read lies in the .bin, at least one byte each, and none
+  // twice (the reader refuses overlapping sequences).
   if (dataset->size() > size)
     __builtin_trap();
   // Sample the way the trainer does, once the data passes its check.

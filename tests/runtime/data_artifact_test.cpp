@@ -68,6 +68,24 @@ TEST(Dataset, RejectsADocumentCountThatWrapsTheSizeCheck) {
   EXPECT_NE(error.find("truncated"), std::string::npos) << error;
 }
 
+// Sequences that overlap can list the .bin once per index entry: memory
+// without bound for a small pair of files (found by tests/fuzz/dataset_fuzz.cpp).
+TEST(Dataset, RejectsOverlappingSequences) {
+  std::string prefix = tempPath("overlap"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2}, {3, 4}}, 4, error)) << error;
+  std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+  const int32_t length = 4; // each sequence claims the whole 4-token .bin
+  const int64_t offset = 0;
+  idx.seekp(9 + 8 + 1 + 8 + 8);
+  idx.write(reinterpret_cast<const char *>(&length), 4);
+  idx.write(reinterpret_cast<const char *>(&length), 4);
+  idx.write(reinterpret_cast<const char *>(&offset), 8);
+  idx.write(reinterpret_cast<const char *>(&offset), 8);
+  idx.close();
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("list more tokens than"), std::string::npos) << error;
+}
+
 TEST(Dataset, SamplingIsDeterministicAndSeedDependent) {
   std::vector<int32_t> stream(5000);
   for (size_t i = 0; i < stream.size(); ++i)
