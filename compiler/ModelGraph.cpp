@@ -479,10 +479,8 @@ int64_t ModelGraph::numLayers() const {
 std::optional<ModelGraph> parseModelGraph(const std::string &text,
                                           ModelError &error) {
   json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error &e) {
-    size_t byte = e.byte == 0 ? 0 : e.byte - 1;
+  // "line L, column C" of a byte offset, for errors without a JSON pointer.
+  auto position = [&](size_t byte) {
     size_t line = 1, column = 1;
     for (size_t i = 0; i < byte && i < text.size(); ++i) {
       if (text[i] == '\n') {
@@ -492,11 +490,28 @@ std::optional<ModelGraph> parseModelGraph(const std::string &text,
         ++column;
       }
     }
+    return "line " + std::to_string(line) + ", column " + std::to_string(column);
+  };
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error &e) {
     std::string what = e.what();
     // nlohmann prefixes "[json.exception.parse_error.101] parse error at ...: ".
     size_t colon = what.rfind(": ");
-    error = {"line " + std::to_string(line) + ", column " + std::to_string(column),
+    error = {position(e.byte == 0 ? 0 : e.byte - 1),
              "invalid JSON: " + (colon == std::string::npos ? what : what.substr(colon + 2))};
+    return std::nullopt;
+  } catch (const json::out_of_range &e) {
+    // A number literal beyond double's range (`1e999`): the library throws
+    // out_of_range, not parse_error, and names the literal but no offset.
+    // (Found by tests/fuzz/model_graph_fuzz.cpp; it aborted mhcc.)
+    std::string what = e.what();
+    size_t open = what.find('\''), close = what.rfind('\'');
+    std::string literal = open < close ? what.substr(open + 1, close - open - 1) : "";
+    size_t at = literal.empty() ? std::string::npos : text.find(literal);
+    error = {position(at == std::string::npos ? 0 : at),
+             "invalid JSON: the number " + (literal.empty() ? what : literal) +
+                 " is out of range"};
     return std::nullopt;
   }
   try {

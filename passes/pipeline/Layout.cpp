@@ -7,6 +7,7 @@ namespace mhcc::pipeline {
 namespace {
 
 constexpr int64_t kMaxExpandedLength = 1 << 20;
+constexpr int kMaxNesting = 64;
 
 /// Recursive-descent expansion: sequence := item*; item := (symbol | '|' |
 /// '(' sequence ')') ('*' number)?
@@ -33,7 +34,16 @@ private:
       char c = text_[pos_];
       if (c == '(') {
         size_t open = pos_++;
-        if (!sequence(item, error))
+        // Each level is a stack frame: 6000 nested '(' overflowed the stack
+        // (found by tests/fuzz/layout_fuzz.cpp); no layout needs more than a few.
+        if (++depth_ > kMaxNesting) {
+          error = "parentheses nested deeper than " + std::to_string(kMaxNesting) +
+                  " at position " + std::to_string(open);
+          return false;
+        }
+        bool ok = sequence(item, error);
+        --depth_;
+        if (!ok)
           return false;
         if (pos_ >= text_.size() || text_[pos_] != ')') {
           error = "unbalanced '(' at position " + std::to_string(open);
@@ -75,6 +85,7 @@ private:
 
   const std::string &text_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 int64_t countOf(const std::string &s, char c) {

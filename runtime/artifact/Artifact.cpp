@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -186,9 +188,47 @@ template <typename T, typename Fields> json write(const T &object, Fields &&fiel
   return j;
 }
 
+template <typename T> struct IsVector : std::false_type {};
+template <typename T> struct IsVector<std::vector<T>> : std::true_type {};
+
+/// One member's value, strictly typed. nlohmann converts any JSON number to
+/// any arithmetic type with a plain cast: 3.3e40 into an int64_t is undefined
+/// behaviour (UBSan, found by tests/fuzz/artifact_fuzz.cpp) and 2.5 would
+/// silently become 2. An integer member takes only a JSON integer in its
+/// range; a floating-point member any number.
+template <typename T> T strictValue(const json &v, const char *key) {
+  if constexpr (IsVector<T>::value) {
+    if (!v.is_array())
+      throw std::runtime_error(std::string(key) + ": " + v.dump() + " is not a list");
+    T out;
+    for (const json &item : v)
+      out.push_back(strictValue<typename T::value_type>(item, key));
+    return out;
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    bool fits = false;
+    if (v.is_number_unsigned())
+      fits = v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+    else if (v.is_number_integer())
+      fits = std::is_signed_v<T> ? v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                       v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max())
+                                 : v.get<int64_t>() >= 0;
+    if (!fits)
+      throw std::runtime_error(std::string(key) + ": " + v.dump() + " is not an integer in range");
+    return v.get<T>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number())
+      throw std::runtime_error(std::string(key) + ": " + v.dump() + " is not a number");
+    return v.get<T>();
+  } else {
+    return v.get<T>();
+  }
+}
+
 /// The inverse: every key must be present with the member's type.
 template <typename T, typename Fields> T read(const json &j, Fields &&fields, T object = T()) {
-  fields(object, [&](const char *key, auto &member) { member = j.at(key).get<std::decay_t<decltype(member)>>(); });
+  fields(object, [&](const char *key, auto &member) {
+    member = strictValue<std::decay_t<decltype(member)>>(j.at(key), key);
+  });
   return object;
 }
 
@@ -224,8 +264,8 @@ Instr instrFromJson(const json &j) {
   if (!kind)
     throw std::runtime_error("unknown instruction kind " + j.at("kind").dump());
   i.kind = *kind;
-  i.stage = j.at("stage");
-  i.mb = j.at("mb");
+  i.stage = strictValue<decltype(i.stage)>(j.at("stage"), "stage");
+  i.mb = strictValue<decltype(i.mb)>(j.at("mb"), "mb");
   if (i.isComm()) {
     std::string payload = j.at("payload");
     if (payload != "act" && payload != "grad")

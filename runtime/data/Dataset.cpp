@@ -85,13 +85,15 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
             std::to_string(code);
     return std::nullopt;
   }
-  if (count > idx.size() || idx.size() < header + count * 4 + count * 8 + docs * 8) {
+  // Both counts bounded by the file first, so the size sum cannot wrap.
+  if (count > idx.size() || docs > idx.size() || idx.size() < header + count * 4 + count * 8 + docs * 8) {
     error = prefix + ".idx: truncated (the header lists " + std::to_string(count) + " sequences)";
     return std::nullopt;
   }
   std::vector<int32_t> tokens;
   const char *sizes = idx.data() + header;
   const char *pointers = sizes + count * 4;
+  uint64_t total = 0; // tokens listed so far
   for (uint64_t s = 0; s < count; ++s) {
     int32_t length;
     int64_t offset;
@@ -99,6 +101,15 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
     std::memcpy(&offset, pointers + s * 8, 8);
     if (length < 0 || offset < 0 || static_cast<uint64_t>(offset) + uint64_t(length) * width > bin.size()) {
       error = prefix + ".bin: sequence " + std::to_string(s) + " lies outside the file";
+      return std::nullopt;
+    }
+    // Megatron's sequences tile the .bin; overlapping ones could list the
+    // whole file once per index entry (found by tests/fuzz/dataset_fuzz.cpp:
+    // memory without bound), so no more tokens than the .bin holds.
+    total += uint64_t(length);
+    if (total * width > bin.size()) {
+      error = prefix + ".idx: its sequences list more tokens than " + prefix + ".bin holds (" +
+              std::to_string(bin.size() / width) + "); the .idx and .bin do not belong together";
       return std::nullopt;
     }
     for (int32_t k = 0; k < length; ++k) {

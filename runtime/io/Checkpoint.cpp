@@ -51,6 +51,10 @@ bool writeSynced(const std::string &path, const std::string &text, std::string &
 }
 
 bool readBytes(const std::string &path, std::vector<char> &bytes) {
+  // Only regular files: a FIFO or a device (/dev/zero) would never end.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    return false;
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return false;
@@ -250,12 +254,38 @@ bool readMeta(const std::string &path, const Artifact &a, nlohmann::json &meta, 
     error = path + ": corrupt (its checksum does not match); pass an earlier iter_* folder to --load";
     return false;
   }
-  if (meta.value("format", "") != kFormat) {
+  // The seal proves the bytes are what a save wrote, not that a save wrote
+  // them: an edited and resealed meta.json must still be refused with one
+  // line, never an exception from a missing or mistyped member.
+  if (!meta["format"].is_string() || meta["format"] != kFormat) {
     error = path + ": not an mhcc checkpoint of format " + kFormat;
     return false;
   }
-  if (meta.value("model_hash", "") != a.modelHash || meta.at("params") != paramTable(a)) {
-    error = path + ": saved for model " + meta.value("model", "?") + " (hash " + meta.value("model_hash", "?") +
+  std::string problem;
+  if (!meta["iteration"].is_number_unsigned() || meta["iteration"].get<uint64_t>() > uint64_t(INT64_MAX))
+    problem = "no non-negative integer \"iteration\"";
+  else if (!meta["files"].is_object() || meta["files"].empty())
+    problem = "no \"files\" object";
+  // (Only over an object: items() of a number yields no key and throws.)
+  static const nlohmann::json kNoFiles = nlohmann::json::object();
+  const nlohmann::json &files = problem.empty() ? meta["files"] : kNoFiles;
+  for (const auto &[name, entry] : files.items()) {
+    if (!problem.empty())
+      break;
+    // Plain names inside the folder: a path could read any file on the machine.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      problem = "the file name '" + name + "' is not a plain name in the checkpoint folder";
+    else if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
+             !entry.contains("xxh3") || !entry["xxh3"].is_string()) // const []: key must exist
+      problem = "the entry of file '" + name + "' needs \"bytes\" and \"xxh3\"";
+  }
+  if (!problem.empty()) {
+    error = path + ": malformed (" + problem + "); pass an earlier iter_* folder to --load";
+    return false;
+  }
+  if (!meta["model_hash"].is_string() || meta["model_hash"] != a.modelHash || meta["params"] != paramTable(a)) {
+    auto text = [&](const char *key) { return meta[key].is_string() ? meta[key].get<std::string>() : "?"; };
+    error = path + ": saved for model " + text("model") + " (hash " + text("model_hash") +
             "), but the artifact is " + a.model.name + " (hash " + a.modelHash +
             "); load it with an artifact of the same model, or start without --load";
     return false;

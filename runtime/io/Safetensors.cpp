@@ -3,8 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 
 namespace mhcc::runtime {
 
@@ -73,6 +75,21 @@ size_t dtypeSize(const std::string &dtype) {
     return 8;
   return 0;
 }
+/// JSON integers only: nlohmann casts a float to an integer type with no
+/// range check, and 3.3e40 into an int64_t is undefined behaviour (the class
+/// tests/fuzz/artifact_fuzz.cpp found; replayed here under UBSan).
+std::vector<int64_t> integerList(const nlohmann::json &j) {
+  if (!j.is_array())
+    throw std::runtime_error(j.dump() + " is not a list");
+  std::vector<int64_t> out;
+  for (const nlohmann::json &v : j) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+      throw std::runtime_error(v.dump() + " is not an integer");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
 } // namespace
 
 bool readSafetensors(const std::string &path, std::map<std::string, SafetensorsTensor> &tensors,
@@ -112,13 +129,21 @@ bool parseSafetensors(const std::string &path, const std::vector<char> &bytes,
       }
       SafetensorsTensor t;
       t.dtype = entry.at("dtype").get<std::string>();
-      t.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto range = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      t.shape = integerList(entry.at("shape"));
+      const std::vector<int64_t> offsets = integerList(entry.at("data_offsets"));
+      if (offsets.size() == 2 && (offsets[0] < 0 || offsets[1] < 0))
+        throw std::runtime_error("negative data_offsets");
+      const std::vector<uint64_t> range(offsets.begin(), offsets.end());
+      // A negative dimension, or a product that wraps around (2^32 x 2^32),
+      // used to pass with an empty byte range; no count may exceed the data.
       uint64_t count = 1;
-      for (int64_t d : t.shape)
-        count *= d < 0 ? 0 : uint64_t(d);
-      if (range.size() != 2 || range[0] > range[1] || range[1] > dataSize || dtypeSize(t.dtype) == 0 ||
-          range[1] - range[0] != count * dtypeSize(t.dtype)) {
+      bool shapeOk = true;
+      for (int64_t d : t.shape) {
+        shapeOk = shapeOk && d >= 0 && (d == 0 || count <= dataSize / uint64_t(d));
+        count = shapeOk ? count * uint64_t(d) : 0;
+      }
+      if (!shapeOk || range.size() != 2 || range[0] > range[1] || range[1] > dataSize ||
+          dtypeSize(t.dtype) == 0 || range[1] - range[0] != count * dtypeSize(t.dtype)) {
         error = path + ": tensor '" + name + "' has a bad dtype, shape or byte range (truncated or corrupt)";
         return false;
       }

@@ -126,6 +126,15 @@ TEST(ModelGraph, SyntaxErrorsGiveLineAndColumn) {
   EXPECT_NE(error.message.find("invalid JSON"), std::string::npos);
 }
 
+// nlohmann throws out_of_range, not parse_error, for such a literal; it
+// used to escape parseModelGraph and abort mhcc (found by libFuzzer).
+TEST(ModelGraph, NumberOutOfRangeIsOneError) {
+  ModelError error;
+  EXPECT_FALSE(parseModelGraph("{\"format\": \"mhcc-model-v1\",\n \"config\": {\"hidden\": -7e777}}", error));
+  EXPECT_EQ(error.pointer, "line 2, column 23");
+  EXPECT_NE(error.message.find("-7e777 is out of range"), std::string::npos) << error.message;
+}
+
 TEST(ModelGraph, CycleOfThreeIsNamedInDataFlowOrder) {
   json model = validModel(2);
   // l0.attention <- l1.mlp closes a loop through four sublayers.

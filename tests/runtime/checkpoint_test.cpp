@@ -13,6 +13,8 @@
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <cstring>
 #include <functional>
@@ -211,6 +213,56 @@ TEST(Checkpoint, RefusesCorruptTruncatedMissingAndForeignCheckpoints) {
   int64_t iteration = 0;
   EXPECT_TRUE(loadCheckpoint(dir, *artifact, state, iteration, error)) << error;
   EXPECT_EQ(iteration, 1);
+}
+
+// meta.json edited and resealed (its checksum recomputed, as anyone can):
+// a missing or mistyped member, or a file name outside the folder, is one
+// line, never an uncaught exception (libFuzzer found the missing
+// "iteration": tests/fuzz/checkpoint_fuzz.cpp) nor a read of /dev/zero.
+TEST(Checkpoint, RefusesResealedMalformedMeta) {
+  const std::string dir = tempDir("resealed");
+  train(gPp1, 1, "", dir);
+  const std::string metaPath = checkpointFolder(dir, 1) + "/meta.json";
+  std::ifstream in(metaPath);
+  const nlohmann::json saved = nlohmann::json::parse(in);
+  auto reseal = [&](nlohmann::json meta) {
+    meta.erase("meta_xxh3");
+    const std::string body = meta.dump();
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(body.data(), body.size()));
+    meta["meta_xxh3"] = hex;
+    std::ofstream(metaPath, std::ios::trunc) << meta.dump(1) + "\n";
+  };
+  auto resealAndLoad = [&](const nlohmann::json &meta) {
+    reseal(meta);
+    return loadError(dir);
+  };
+  nlohmann::json meta = saved;
+  meta.erase("iteration");
+  std::string error = resealAndLoad(meta);
+  EXPECT_NE(error.find("malformed (no non-negative integer \"iteration\")"), std::string::npos) << error;
+  meta = saved;
+  meta["files"] = 5;
+  error = resealAndLoad(meta);
+  EXPECT_NE(error.find("no \"files\" object"), std::string::npos) << error;
+  meta = saved;
+  meta["files"]["../../../../../../dev/zero"] = {{"bytes", 1}, {"xxh3", "0"}};
+  error = resealAndLoad(meta);
+  EXPECT_NE(error.find("is not a plain name"), std::string::npos) << error;
+  meta = saved;
+  meta["files"]["model.safetensors"]["bytes"] = "212";
+  error = resealAndLoad(meta);
+  EXPECT_NE(error.find("needs \"bytes\" and \"xxh3\""), std::string::npos) << error;
+  meta = saved;
+  meta["format"] = 1;
+  error = resealAndLoad(meta);
+  EXPECT_NE(error.find("not an mhcc checkpoint"), std::string::npos) << error;
+  // The reseal above is faithful: the saved members load again.
+  reseal(saved);
+  std::optional<Artifact> artifact = readArtifact(gPp1, error);
+  ParameterState state;
+  int64_t iteration = 0;
+  EXPECT_TRUE(loadCheckpoint(dir, *artifact, state, iteration, error)) << error;
 }
 
 } // namespace

@@ -5,6 +5,8 @@
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 
 #include <algorithm>
@@ -50,6 +52,38 @@ TEST(Dataset, RejectsBadIndexFiles) {
   std::ofstream(prefix + ".bin", std::ios::trunc) << "ab";
   EXPECT_FALSE(TokenDataset::open(prefix, error));
   EXPECT_NE(error.find("lies outside the file"), std::string::npos) << error;
+}
+
+// A document count whose 8-byte entries wrap the size sum to a small number
+// (2^61 * 8 = 0 mod 2^64) passed the truncation check.
+TEST(Dataset, RejectsADocumentCountThatWrapsTheSizeCheck) {
+  std::string prefix = tempPath("wrap"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2, 3, 4}}, 4, error)) << error;
+  std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t docs = uint64_t(1) << 61;
+  idx.seekp(9 + 8 + 1 + 8); // magic, version, dtype, sequence count
+  idx.write(reinterpret_cast<const char *>(&docs), 8);
+  idx.close();
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+}
+
+// Sequences that overlap can list the .bin once per index entry: memory
+// without bound for a small pair of files (found by tests/fuzz/dataset_fuzz.cpp).
+TEST(Dataset, RejectsOverlappingSequences) {
+  std::string prefix = tempPath("overlap"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2}, {3, 4}}, 4, error)) << error;
+  std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+  const int32_t length = 4; // each sequence claims the whole 4-token .bin
+  const int64_t offset = 0;
+  idx.seekp(9 + 8 + 1 + 8 + 8);
+  idx.write(reinterpret_cast<const char *>(&length), 4);
+  idx.write(reinterpret_cast<const char *>(&length), 4);
+  idx.write(reinterpret_cast<const char *>(&offset), 8);
+  idx.write(reinterpret_cast<const char *>(&offset), 8);
+  idx.close();
+  EXPECT_FALSE(TokenDataset::open(prefix, error));
+  EXPECT_NE(error.find("list more tokens than"), std::string::npos) << error;
 }
 
 TEST(Dataset, SamplingIsDeterministicAndSeedDependent) {
@@ -100,6 +134,31 @@ TEST(Artifact, EncodeDecodeRoundTrip) {
   EXPECT_EQ(encodeArtifact(*b), encodeArtifact(a));
   EXPECT_EQ(b->params[0].name, "embed.weight");
   EXPECT_EQ(b->stages[0].forward[0].op, Prim::Embed);
+}
+
+// An edited, resealed payload whose integer member holds a float: 3.3e40
+// into an int64_t was undefined behaviour in the JSON library's cast (found
+// by tests/fuzz/artifact_fuzz.cpp under UBSan) and 2.5 silently became 2.
+TEST(Artifact, IntegerMembersTakeOnlyIntegersInRange) {
+  const std::string bytes = encodeArtifact(smallArtifact());
+  auto decodeEdited = [&](const char *key, const nlohmann::json &value, std::string &error) {
+    nlohmann::json payload = nlohmann::json::parse(bytes.substr(32));
+    payload["pipeline"][key] = value;
+    const std::string text = payload.dump();
+    std::string resealed = bytes.substr(0, 16);
+    const uint64_t size = text.size(), sum = XXH3_64bits(text.data(), text.size());
+    resealed.append(reinterpret_cast<const char *>(&size), 8);
+    resealed.append(reinterpret_cast<const char *>(&sum), 8);
+    return decodeArtifact(resealed + text, error).has_value();
+  };
+  std::string error;
+  ASSERT_TRUE(decodeEdited("microbatches", smallArtifact().microbatches, error)) << error; // the reseal is faithful
+  EXPECT_FALSE(decodeEdited("microbatches", 3.3e40, error));
+  EXPECT_NE(error.find("microbatches: 3.3e+40 is not an integer in range"), std::string::npos) << error;
+  EXPECT_FALSE(decodeEdited("microbatches", 2.5, error));
+  EXPECT_NE(error.find("microbatches: 2.5 is not an integer in range"), std::string::npos) << error;
+  EXPECT_FALSE(decodeEdited("pp", 18446744073709551615ull, error));
+  EXPECT_NE(error.find("pp: 18446744073709551615 is not an integer"), std::string::npos) << error;
 }
 
 TEST(Artifact, DeviceCodeRoundTripsEveryByteAndIsChecked) {

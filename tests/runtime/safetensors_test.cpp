@@ -85,4 +85,31 @@ TEST(Safetensors, UnwritablePathIsAnError) {
   EXPECT_NE(error.find("/nonexistent-dir/x.safetensors"), std::string::npos);
 }
 
+// A header whose shape disagrees with its byte range: a negative dimension
+// or a product that wraps around 2^64 used to be accepted with zero bytes
+// (found with tests/fuzz/safetensors_fuzz.cpp's shape-matches-bytes check).
+TEST(Safetensors, ShapesThatDoNotMatchTheirBytesAreRefused) {
+  auto parse = [](const nlohmann::json &shape, std::string &error) {
+    const std::string header =
+        nlohmann::json{{"a", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}}.dump();
+    std::vector<char> bytes(8 + header.size());
+    const uint64_t length = header.size();
+    std::memcpy(bytes.data(), &length, 8);
+    std::memcpy(bytes.data() + 8, header.data(), header.size());
+    std::map<std::string, SafetensorsTensor> tensors;
+    std::map<std::string, std::string> metadata;
+    return parseSafetensors("x.safetensors", bytes, tensors, metadata, error);
+  };
+  std::string error;
+  EXPECT_FALSE(parse({-1, 4}, error));
+  EXPECT_NE(error.find("tensor 'a' has a bad dtype, shape or byte range"), std::string::npos) << error;
+  EXPECT_FALSE(parse({int64_t(1) << 32, int64_t(1) << 32}, error));
+  EXPECT_FALSE(parse({int64_t(1) << 62, 4}, error));
+  // A float dimension was cast to int64_t unchecked (undefined for 3.3e40).
+  EXPECT_FALSE(parse({3.3e40}, error));
+  EXPECT_NE(error.find("3.3e+40 is not an integer"), std::string::npos) << error;
+  EXPECT_FALSE(parse({2.5, 4}, error));
+  EXPECT_TRUE(parse({0, 4}, error)) << error; // empty tensors are fine
+}
+
 } // namespace

@@ -65,6 +65,18 @@ TEST(Layout, RejectsBadLayoutsWithReasons) {
   }
 }
 
+// Parentheses nest by recursion; a few thousand levels (a --layout of
+// 6000 '(') overflowed the stack (found by tests/fuzz/layout_fuzz.cpp).
+TEST(Layout, DeepNestingIsAnErrorNotAStackOverflow) {
+  std::string error;
+  EXPECT_FALSE(expandLayout(std::string(200000, '('), error));
+  EXPECT_NE(error.find("parentheses nested deeper than 64 at position 64"), std::string::npos) << error;
+  // 64 levels are fine.
+  auto stages = expandLayout(std::string(64, '(') + "Et|tL" + std::string(64, ')'), error);
+  ASSERT_TRUE(stages) << error;
+  EXPECT_EQ(*stages, (std::vector<std::string>{"Et", "tL"}));
+}
+
 TEST(Layout, UniformLayoutIsValid) {
   for (int64_t p = 1; p <= 8; ++p)
     for (int64_t v = 1; v <= 4; ++v)

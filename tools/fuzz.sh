@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/*_fuzz.cpp) with clang++-22 and
+# runs each over a copy of its seed corpus (tests/fuzz/corpus/TARGET).
+#
+#   tools/fuzz.sh [--runs N | --max-time S] [--out DIR] [--build-only] [TARGET...]
+#
+# The targets need only plain C++ (no MLIR), so they are built outside Bazel,
+# one compile at a time (the machines are small and shared). A crash, leak,
+# timeout (-timeout=10) or sanitizer report fails the target: its input is
+# saved under OUT/crashes/TARGET/ and the script exits non-zero.
+# Environment: CXX (default clang++-22), FUZZ_SKIP_IF_NO_CLANG=1 exits 0 with
+# a message when the compiler is missing (the test suite on a machine that
+# did not run tools/setup.sh).
+set -uo pipefail
+
+# Resolved through links: under Bazel the script is a runfiles link into the
+# source tree, and the targets compile from that tree.
+ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+RUNS=1000000
+MAX_TIME=""
+OUT="$ROOT/out/fuzz"
+BUILD_ONLY=0
+TARGETS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS="$2"; shift 2 ;;
+    --max-time) MAX_TIME="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --build-only) BUILD_ONLY=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
+    *) TARGETS+=("$1"); shift ;;
+  esac
+done
+
+# Each target's reader sources: what runtime/BUILD, compiler/BUILD and
+# passes/pipeline/BUILD compile for that reader, and the system libraries.
+declare -A SOURCES=(
+  [model_graph]="compiler/ModelGraph.cpp"
+  [layout]="passes/pipeline/Layout.cpp"
+  [artifact]="runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [safetensors]="runtime/io/Safetensors.cpp"
+  [dataset]="runtime/data/Dataset.cpp"
+  [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+)
+declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash")
+ALL=(model_graph layout artifact safetensors dataset checkpoint)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
+for t in "${TARGETS[@]}"; do
+  [ -n "${SOURCES[$t]:-}" ] || { echo "fuzz.sh: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }
+done
+
+CXX="${CXX:-clang++-22}"
+if ! command -v "$CXX" >/dev/null 2>&1; then
+  if [ "${FUZZ_SKIP_IF_NO_CLANG:-0}" = 1 ]; then
+    echo "fuzz.sh: SKIPPED: $CXX not found (tools/setup.sh installs clang-22 and libfuzzer-22-dev)"
+    exit 0
+  fi
+  echo "fuzz.sh: $CXX not found; run tools/setup.sh (clang-22, libfuzzer-22-dev)" >&2
+  exit 2
+fi
+
+# UBSan aborts at its first report (no recovery), so every report is a crash.
+CXXFLAGS=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$ROOT")
+mkdir -p "$OUT/bin" "$OUT/obj" "$OUT/logs"
+: >"$OUT/logs/build.log"
+
+# One object per source, shared by the targets that use it (Artifact.cpp is
+# in two), rebuilt when the source, any reader header or this script is newer.
+compile() { # SOURCE (relative to ROOT) -> prints the object's path
+  local src="$ROOT/$1" obj="$OUT/obj/${1//\//_}.o"
+  if [ ! -f "$obj" ] || [ -n "$( (find "$src" "$0" -newer "$obj"
+        find "$ROOT/runtime" "$ROOT/compiler" "$ROOT/passes" -name '*.h' -newer "$obj") 2>/dev/null)" ]; then
+    "$CXX" "${CXXFLAGS[@]}" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
+    mv "$obj.tmp" "$obj"
+  fi
+  echo "$obj"
+}
+
+build() { # TARGET
+  local t="$1" bin="$OUT/bin/${1}_fuzz" objs=() s obj start=$SECONDS
+  for s in tests/fuzz/${t}_fuzz.cpp ${SOURCES[$t]}; do
+    if ! obj=$(compile "$s"); then
+      cat "$OUT/logs/build.log" >&2
+      echo "fuzz.sh: $t: cannot compile $s" >&2
+      return 1
+    fi
+    objs+=("$obj")
+  done
+  "$CXX" "${CXXFLAGS[@]}" "${objs[@]}" ${LIBS[$t]:-} -o "$bin" >>"$OUT/logs/build.log" 2>&1 ||
+    { cat "$OUT/logs/build.log" >&2; echo "fuzz.sh: $t: link failed" >&2; return 1; }
+  echo "fuzz.sh: built $t in $((SECONDS - start)) s"
+}
+
+status=0
+for t in "${TARGETS[@]}"; do build "$t" || status=1; done
+[ $status -eq 0 ] || exit 1
+[ $BUILD_ONLY -eq 0 ] || exit 0
+
+LIMIT=(-runs="$RUNS")
+[ -z "$MAX_TIME" ] || LIMIT=(-max_total_time="$MAX_TIME")
+printf '%-12s %10s %8s %6s  %s\n' target execs cov secs result
+for t in "${TARGETS[@]}"; do
+  # The fuzzer adds what it finds to a copy, so the seeds in the repo stay small.
+  work="$OUT/corpus/$t" crashes="$OUT/crashes/$t" log="$OUT/logs/$t.log"
+  rm -rf "$work" && mkdir -p "$work" "$crashes"
+  cp "$ROOT/tests/fuzz/corpus/$t/"* "$work/" 2>/dev/null
+  # A dictionary of the format's keys and names, where there is one, lets
+  # mutations write whole JSON keys instead of guessing them byte by byte.
+  dict=()
+  [ ! -f "$ROOT/tests/fuzz/$t.dict" ] || dict=(-dict="$ROOT/tests/fuzz/$t.dict")
+  # The dataset and checkpoint harnesses write files under $TMPDIR.
+  tmp="$OUT/tmp/$t" && rm -rf "$tmp" && mkdir -p "$tmp"
+  start=$SECONDS
+  TMPDIR="$tmp" "$OUT/bin/${t}_fuzz" "${LIMIT[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
+    -artifact_prefix="$crashes/" "$work" >"$log" 2>&1
+  rc=$?
+  secs=$((SECONDS - start))
+  rm -rf "$tmp"
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  result=ok
+  if [ $rc -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$log"; then
+    result="FAILED (rc $rc; log $log; inputs: $(ls "$crashes" | tr '\n' ' '))"
+    grep -m3 -E 'ERROR:|runtime error:|SUMMARY:' "$log" | sed 's/^/    /'
+    status=1
+  fi
+  printf '%-12s %10s %8s %6s  %s\n' "$t" "${execs:-?}" "${cov:-?}" "$secs" "$result"
+done
+exit $status
