@@ -2,8 +2,6 @@
 #include "runtime/cpu/CpuDevice.h"
 
 #include "runtime/cpu/CpuRankBase.h"
-#include "runtime/train/Optimizer.h"
-#include "runtime/train/Parameters.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -37,9 +35,7 @@ struct CpuWorld {
   const Artifact &a;
   const TrainOptions &options;
   std::atomic<bool> &failed;
-  std::vector<std::vector<float>> weights, adamM, adamV; // by parameter: fp32 masters and moments
-  WorkingWeights working; // what the kernels read
-  std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]
+  HostParameters params; // one copy, read by every rank; the update runs once
   std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to)
 
   // The optimizer barrier: the last rank to arrive runs the update.
@@ -52,17 +48,8 @@ struct CpuWorld {
   StepResult result;
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
-      : a(artifact), options(opts), failed(failedFlag), working(artifact), peakBytes(artifact.pp, 0) {
-    for (const ParamInfo &info : a.params) {
-      weights.push_back(initialParameter(info, a.model.seed));
-      adamM.emplace_back(info.count(), 0.0f);
-      adamV.emplace_back(info.count(), 0.0f);
-    }
-    working.refresh(weights);
-    slotGrads.resize(a.stages.size());
-    for (size_t s = 0; s < a.stages.size(); ++s)
-      for (const ParamSlot &slot : a.stages[s].params)
-        slotGrads[s].emplace_back(a.params[slot.param].count(), 0.0f);
+      : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
+        peakBytes(artifact.pp, 0) {
     for (int64_t from = 0; from < a.pp; ++from)
       for (int64_t to = 0; to < a.pp; ++to)
         if (from != to)
@@ -82,12 +69,7 @@ struct CpuWorld {
       arrived = 0;
       result = StepResult();
       result.step = step;
-      std::vector<std::vector<const float *>> grads(a.stages.size());
-      for (size_t s = 0; s < a.stages.size(); ++s)
-        for (const std::vector<float> &g : slotGrads[s])
-          grads[s].push_back(g.data());
-      runtime::completeStep(a, options, losses, grads, weights, adamM, adamV, result);
-      working.refresh(weights);
+      params.update(a, options, losses, result);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -115,7 +97,7 @@ public:
   bool beginStep(const StepInputs &inputs) override {
     beginInputs(inputs);
     for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : world_->slotGrads[s])
+      for (std::vector<float> &g : world_->params.slotGrads[s])
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
   }
@@ -142,34 +124,27 @@ public:
         return false;
     return true;
   }
-  void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->weights; }
+  void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->params.weights; }
   // The CPU world holds every parameter; rank 0 speaks for it.
   bool saveState(ParameterState &state) override {
     if (rank_ != 0)
       return true;
-    state.weights = world_->weights;
-    state.adamM = world_->adamM;
-    state.adamV = world_->adamV;
+    state.weights = world_->params.weights;
+    state.adamM = world_->params.adamM;
+    state.adamV = world_->params.adamV;
     return true;
   }
   bool loadState(const ParameterState &state) override {
     if (rank_ != 0)
       return true;
-    for (size_t p = 0; p < a_.params.size(); ++p) {
-      world_->weights[p] = state.weights[p];
-      if (!state.adamM[p].empty())
-        world_->adamM[p] = state.adamM[p];
-      if (!state.adamV[p].empty())
-        world_->adamV[p] = state.adamV[p];
-    }
-    world_->working.refresh(world_->weights);
+    world_->params.load(state, true);
     return true;
   }
   void abort() override { world_->failed = true; }
 
 private:
-  float *weight(int param) override { return world_->working.at(world_->weights, param); }
-  float *slotGrad(int64_t stage, int slot) override { return world_->slotGrads[stage][slot].data(); }
+  float *weight(int param) override { return world_->params.weight(param); }
+  float *slotGrad(int64_t stage, int slot) override { return world_->params.slotGrads[stage][slot].data(); }
 
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;

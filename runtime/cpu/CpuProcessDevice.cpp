@@ -4,8 +4,6 @@
 #include "runtime/cpu/CpuRankBase.h"
 #include "runtime/cpu/SocketMesh.h"
 #include "runtime/dist/StopSignal.h"
-#include "runtime/train/Optimizer.h"
-#include "runtime/train/Parameters.h"
 
 #include <csignal>
 #include <cstdio>
@@ -53,27 +51,16 @@ class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
       : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), killAt_(testFaultStep("MHCC_TEST_KILL_RANK_AT", rank)),
-        hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)), working_(a) {
-    for (const ParamInfo &info : a.params) {
-      weights_.push_back(initialParameter(info, a.model.seed)); // every rank: the same seed, the same bits
-      adamM_.emplace_back(rank == 0 ? info.count() : 0, 0.0f);   // the optimizer runs on rank 0 only
-      adamV_.emplace_back(rank == 0 ? info.count() : 0, 0.0f);
-    }
-    // Rank 0 holds every stage's gradients (its own and the gathered ones),
-    // the others their own stages'.
-    slotGrads_.resize(a.stages.size());
-    for (size_t s = 0; s < a.stages.size(); ++s)
-      if (rank == 0 || a.rankOf(int64_t(s)) == rank)
-        for (const ParamSlot &slot : a.stages[s].params)
-          slotGrads_[s].emplace_back(a.params[slot.param].count(), 0.0f);
-    working_.refresh(weights_);
-  }
+        hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)),
+        // The optimizer runs on rank 0, which holds every stage's gradients
+        // (its own and the gathered ones); the others hold their own stages'.
+        params_(a, rank == 0, [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == rank; }) {}
 
   bool beginStep(const StepInputs &inputs) override {
     beginInputs(inputs);
     ++stepsRun_;
     exchanged_ = false;
-    for (auto &stage : slotGrads_)
+    for (auto &stage : params_.slotGrads)
       for (std::vector<float> &g : stage)
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
@@ -101,25 +88,18 @@ public:
         return false;
     return true;
   }
-  void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = weights_; }
+  void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = params_.weights; }
   // Rank 0 holds the moments, so it alone saves; every rank loads the weights.
   bool saveState(ParameterState &state) override {
     if (rank_ != 0)
       return true;
-    state.weights = weights_;
-    state.adamM = adamM_;
-    state.adamV = adamV_;
+    state.weights = params_.weights;
+    state.adamM = params_.adamM;
+    state.adamV = params_.adamV;
     return true;
   }
   bool loadState(const ParameterState &state) override {
-    for (size_t p = 0; p < a_.params.size(); ++p) {
-      weights_[p] = state.weights[p];
-      if (rank_ == 0 && !state.adamM[p].empty())
-        adamM_[p] = state.adamM[p];
-      if (rank_ == 0 && !state.adamV[p].empty())
-        adamV_[p] = state.adamV[p];
-    }
-    working_.refresh(weights_);
+    params_.load(state, rank_ == 0);
     return true;
   }
   void abort() override {
@@ -130,8 +110,8 @@ public:
   }
 
 private:
-  float *weight(int param) override { return working_.at(weights_, param); }
-  float *slotGrad(int64_t stage, int slot) override { return slotGrads_[stage][slot].data(); }
+  float *weight(int param) override { return params_.weight(param); }
+  float *slotGrad(int64_t stage, int slot) override { return params_.slotGrads[stage][slot].data(); }
 
   void injectTestFault() {
     if (stepsRun_ == killAt_)
@@ -165,9 +145,7 @@ private:
   const int64_t killAt_, hangAt_;
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
-  std::vector<std::vector<float>> weights_, adamM_, adamV_; // fp32 masters (moments on rank 0)
-  WorkingWeights working_;                                   // what the kernels read
-  std::vector<std::vector<std::vector<float>>> slotGrads_;  // [stage][slot]
+  HostParameters params_; // every weight on every rank; moments on rank 0
 };
 
 /// A rank's end of step for rank 0: peak, stop signal, losses, then its
@@ -183,7 +161,7 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
     pack.put(row.data(), row.size());
   }
   for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
-    for (const std::vector<float> &g : slotGrads_[s])
+    for (const std::vector<float> &g : params_.slotGrads[s])
       pack.put(g.data(), g.size());
   Frame reply;
   if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, options_.recvTimeoutSeconds, error_))
@@ -195,11 +173,11 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
             in.get(out.gradNorm) && in.get(out.numZeros) && in.get(out.learningRate) && in.get(out.stopSignal);
   out.peakBytes.assign(a_.pp, 0);
   ok = ok && in.get(out.peakBytes.data(), out.peakBytes.size());
-  for (std::vector<float> &w : weights_)
+  for (std::vector<float> &w : params_.weights)
     ok = ok && in.get(w.data(), w.size());
   if (!ok || in.at != reply.bytes.size())
     return fail("rank 0's update after the step is malformed (the ranks run different artifacts?)");
-  working_.refresh(weights_);
+  params_.working.refresh(params_.weights);
   if (hasMtp)
     out.mtpLoss = mtpLoss;
   return true;
@@ -227,7 +205,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
       ok = ok && in.get(cols) && cols >= 0 && (row.resize(size_t(cols)), in.get(row.data(), row.size()));
     }
     for (size_t s = r; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : slotGrads_[s])
+      for (std::vector<float> &g : params_.slotGrads[s])
         ok = ok && in.get(g.data(), g.size());
     if (!ok || in.at != gather.bytes.size())
       return fail("rank " + std::to_string(r) + "'s gradients are malformed (the ranks run different artifacts?)");
@@ -237,12 +215,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   }
   StepResult result;
   result.step = step;
-  std::vector<std::vector<const float *>> grads(a_.stages.size());
-  for (size_t s = 0; s < a_.stages.size(); ++s)
-    for (const std::vector<float> &g : slotGrads_[s])
-      grads[s].push_back(g.data());
-  runtime::completeStep(a_, options_, losses, grads, weights_, adamM_, adamV_, result);
-  working_.refresh(weights_);
+  params_.update(a_, options_, losses, result);
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
   pack.put(result.lmLoss);
@@ -253,7 +226,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   pack.put(result.learningRate);
   pack.put<int>(stop);
   pack.put(peaks.data(), peaks.size());
-  for (const std::vector<float> &w : weights_)
+  for (const std::vector<float> &w : params_.weights)
     pack.put(w.data(), w.size());
   for (int64_t r = 1; r < a_.pp; ++r)
     if (!mesh_->send(r, reply, error_))

@@ -2,6 +2,8 @@
 #include "runtime/cpu/CpuRankBase.h"
 
 #include "runtime/cpu/Bf16.h"
+#include "runtime/train/Optimizer.h"
+#include "runtime/train/Parameters.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +33,43 @@ void WorkingWeights::refresh(const std::vector<std::vector<float>> &masters) {
   copies_ = masters;
   for (std::vector<float> &w : copies_)
     roundBf16(w.data(), int64_t(w.size()));
+}
+
+HostParameters::HostParameters(const Artifact &a, bool withMoments,
+                               const std::function<bool(int64_t stage)> &holdsStage)
+    : working(a) {
+  for (const ParamInfo &info : a.params) {
+    weights.push_back(initialParameter(info, a.model.seed)); // the same bits wherever they are held
+    adamM.emplace_back(withMoments ? info.count() : 0, 0.0f);
+    adamV.emplace_back(withMoments ? info.count() : 0, 0.0f);
+  }
+  slotGrads.resize(a.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    if (holdsStage(int64_t(s)))
+      for (const ParamSlot &slot : a.stages[s].params)
+        slotGrads[s].emplace_back(a.params[slot.param].count(), 0.0f);
+  working.refresh(weights);
+}
+
+void HostParameters::update(const Artifact &a, const TrainOptions &options,
+                            const std::vector<std::vector<double>> &losses, StepResult &result) {
+  std::vector<std::vector<const float *>> grads(a.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (const std::vector<float> &g : slotGrads[s])
+      grads[s].push_back(g.data());
+  completeStep(a, options, losses, grads, weights, adamM, adamV, result);
+  working.refresh(weights);
+}
+
+void HostParameters::load(const ParameterState &state, bool withMoments) {
+  for (size_t p = 0; p < weights.size(); ++p) {
+    weights[p] = state.weights[p];
+    if (withMoments && !state.adamM[p].empty())
+      adamM[p] = state.adamM[p];
+    if (withMoments && !state.adamV[p].empty())
+      adamV[p] = state.adamV[p];
+  }
+  working.refresh(weights);
 }
 
 bool CpuRankBase::fail(const std::string &message) {

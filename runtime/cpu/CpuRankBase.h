@@ -15,6 +15,8 @@
 #include "runtime/cpu/StageExecutor.h"
 #include "runtime/exec/Device.h"
 
+#include <functional>
+
 namespace mhcc::runtime {
 
 /// The weights kernels read: the fp32 masters themselves, or (bf16 models)
@@ -31,6 +33,26 @@ public:
 private:
   bool bf16_;
   std::vector<std::vector<float>> copies_;
+};
+
+/// What a CPU device keeps of the parameters on the host: fp32 masters, the
+/// Adam moments (where the optimizer runs), each parameter use's gradient
+/// for the stages held, and the working copies the kernels read. One
+/// update path for both CPU devices, so their bits cannot drift apart.
+struct HostParameters {
+  std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
+  std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]; empty for stages not held
+  WorkingWeights working;
+
+  /// Initial values from the seed; moments sized only `withMoments`.
+  HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage);
+  float *weight(int param) { return working.at(weights, size_t(param)); }
+  /// Reduces every stage's slot gradients and applies the optimizer
+  /// (Optimizer.h's completeStep), then refreshes the working copies.
+  void update(const Artifact &a, const TrainOptions &options, const std::vector<std::vector<double>> &losses,
+              StepResult &result);
+  /// Masters from `state` (moments too where given and `withMoments`).
+  void load(const ParameterState &state, bool withMoments);
 };
 
 class CpuRankBase : public Device {
