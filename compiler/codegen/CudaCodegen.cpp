@@ -13,7 +13,8 @@
 namespace mhcc::codegen {
 namespace {
 
-// runtime/cuda/ModelKernels.cu as one string (a genrule wraps it).
+// The kernel library (runtime/cuda/ModelKernels.cu and the parts after it) as
+// one string (a genrule concatenates and wraps them).
 constexpr const char kKernelLibrary[] =
 #include "compiler/codegen/ModelKernelsSource.inc"
     ;
@@ -53,7 +54,14 @@ std::string emitModelKernels(const runtime::ModelInfo &model, const std::string 
      << model.ffnHidden << ", seq " << model.seqLen << "; the kernels take sizes as arguments, the mHC\n"
      << "// stream count and Sinkhorn iterations are compiled in (loops unrolled, per-token matrices sized exactly).\n"
      << "constexpr int kStreams = " << model.streams << ";\n"
-     << "constexpr int kSinkhornIterations = " << model.sinkhornIterations << ";\n\n"
+     << "constexpr int kSinkhornIterations = " << model.sinkhornIterations << ";\n";
+  // The activation storage type (docs/precision.md): bf16 models store
+  // activations, their gradients and the weights the kernels read in bf16.
+  const bool bf16 = model.dtype == "bf16";
+  os << "// dtype " << model.dtype << ": activations are stored as "
+     << (bf16 ? "bf16 (__nv_bfloat16), computed in fp32" : "fp32") << ".\n"
+     << "#include <cuda_bf16.h>\n"
+     << "using act_t = " << (bf16 ? "__nv_bfloat16" : "float") << ";\n\n"
      << kKernelLibrary;
   return out;
 }

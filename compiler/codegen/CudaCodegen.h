@@ -1,9 +1,11 @@
 //===- CudaCodegen.h - the model's CUDA kernels, generated and compiled -*- C++ -*-===//
 //
-// mhcc specializes the kernel library (runtime/cuda/ModelKernels.cu, beside
+// mhcc specializes the kernel library (runtime/cuda/ModelKernels.cu and its
+// parts MhcKernels.cu, MhcMixKernels.cu, LayerKernels.cu, beside
 // the runtime's launch table for it: every non-GEMM piece
 // of the forward and backward) to one model by prepending its constants
-// (stream count n, Sinkhorn iterations), then compiles it with nvcc into a
+// (stream count n, Sinkhorn iterations) and its activation storage type
+// (act_t: float, or __nv_bfloat16 for a bf16 model), then compiles it with nvcc into a
 // cubin for one GPU architecture. The artifact carries source and image; the
 // runtime loads the image through the driver API.
 //
@@ -18,7 +20,7 @@
 
 namespace mhcc::codegen {
 
-/// The CUDA source of the model's kernels: constants, then the library.
+/// The CUDA source of the model's kernels: constants and act_t, then the library.
 std::string emitModelKernels(const runtime::ModelInfo &model, const std::string &modelHash);
 
 /// The one GPU architecture mhcc compiles the kernels for. The runtime runs

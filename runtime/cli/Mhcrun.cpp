@@ -514,9 +514,6 @@ int runMhcrun(int argc, char **argv) {
       return fail("--dump-tensors needs every rank in this process: drop --processes");
     return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
-  if (backend == "cuda" && artifact->model.dtype == "bf16" && (!placement || placement->rank == 0))
-    std::cerr << "mhcrun: the CUDA backend computes bf16 models in fp32 for now (its bf16 kernels are issue 12); "
-                 "the CPU backend stores bf16 where the model does (docs/precision.md)\n";
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
   // In a multi-process run rank 0 speaks for all (every rank has the step's

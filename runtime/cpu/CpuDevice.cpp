@@ -167,7 +167,7 @@ private:
         message.mb != i.mb || int64_t(message.data.size()) != i.tokens * i.width)
       return fail("received a different message (s" + std::to_string(message.src) + "->s" +
                   std::to_string(message.dst) + " mb" + std::to_string(message.mb) + ")");
-    t.buffer = allocate(int64_t(message.data.size()), Queue::recvFrom(i.peer), false);
+    t.buffer = allocate(int64_t(message.data.size()), messageDtype(a_, i), Queue::recvFrom(i.peer), false);
     if (!t.buffer)
       return false;
     std::memcpy(t.buffer.data, message.data.data(), message.data.size() * sizeof(float));

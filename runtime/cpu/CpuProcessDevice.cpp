@@ -131,7 +131,7 @@ private:
       return fail("received a different message from rank " + std::to_string(i.peer) + " (s" +
                   std::to_string(frame.src) + "->s" + std::to_string(frame.dst) + " mb" + std::to_string(frame.mb) +
                   "); the ranks run different artifacts?");
-    t.buffer = allocate(i.tokens * i.width, Queue::recvFrom(i.peer), false);
+    t.buffer = allocate(i.tokens * i.width, messageDtype(a_, i), Queue::recvFrom(i.peer), false);
     if (!t.buffer)
       return false;
     std::memcpy(t.buffer.data, frame.bytes.data(), frame.bytes.size());

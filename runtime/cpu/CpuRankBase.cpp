@@ -83,7 +83,7 @@ void CpuRankBase::beginInputs(const StepInputs &inputs) {
   peak_ = live_;
 }
 
-Buffer CpuRankBase::allocate(int64_t count, Queue, bool) {
+Buffer CpuRankBase::allocate(int64_t count, Dtype dtype, Queue, bool) {
   // Always zero-filled: fresh pages cost nothing more, and no kernel can
   // read stale values.
   auto *data = static_cast<float *>(std::calloc(std::max<int64_t>(count, 1), sizeof(float)));
@@ -93,7 +93,7 @@ Buffer CpuRankBase::allocate(int64_t count, Queue, bool) {
   }
   live_ += count * 4;
   peak_ = std::max(peak_, live_);
-  return {data, count};
+  return {data, count, dtype}; // floats, whatever the dtype (rounded by the kernels)
 }
 
 void CpuRankBase::release(Buffer &buffer, Queue) {

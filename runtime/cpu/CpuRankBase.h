@@ -62,7 +62,8 @@ public:
   int64_t rank() const override { return rank_; }
   const std::string &error() const override { return error_; }
 
-  Buffer allocate(int64_t count, Queue queue, bool zeroed) override;
+  Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override;
+  int64_t auxCount(int64_t stage, size_t index) const override { return a_.stages[stage].forward[index].auxSize; }
   void release(Buffer &buffer, Queue queue) override;
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;

@@ -131,15 +131,17 @@ bool CudaRank::exchange(std::vector<Transfer> &group) {
   for (Transfer &t : group) {
     const Instr &i = *t.instr;
     const int64_t count = i.tokens * i.width;
+    const Dtype dtype = messageDtype(a_, i); // bf16 models send half the bytes
+    const ncclDataType_t type = dtype == Dtype::BF16 ? ncclBfloat16 : ncclFloat;
     if (i.kind == OpKind::Send) {
-      ncclSend(t.buffer.data, count, ncclFloat, 1, sendComm_.at(i.peer), sendStream_.at(i.peer));
+      ncclSend(t.buffer.data, count, type, 1, sendComm_.at(i.peer), sendStream_.at(i.peer));
     } else {
-      t.buffer = allocate(count, Queue::recvFrom(i.peer), false);
+      t.buffer = allocate(count, dtype, Queue::recvFrom(i.peer), false);
       if (!t.buffer) {
         ncclGroupEnd();
         return false;
       }
-      ncclRecv(t.buffer.data, count, ncclFloat, 0, recvComm_.at(i.peer), recvStream_.at(i.peer));
+      ncclRecv(t.buffer.data, count, type, 0, recvComm_.at(i.peer), recvStream_.at(i.peer));
     }
   }
   ncclResult_t status = ncclGroupEnd();

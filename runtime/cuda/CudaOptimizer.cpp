@@ -33,7 +33,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       if (use.rank == rank_) {
         ncclSend(useGradient(use), count, ncclFloat, 1, sendComm_[plan.owner], sendStream_[plan.owner]);
       } else if (plan.owner == rank_) {
-        Buffer t = allocate(count, Queue::recvFrom(use.rank), false);
+        Buffer t = allocate(count, Dtype::F32, Queue::recvFrom(use.rank), false);
         if (!t) {
           ncclGroupEnd();
           return false;
@@ -152,7 +152,10 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   }
   if (ncclResult_t status = ncclGroupEnd(); status != ncclSuccess)
     return fail(std::string("sending updated weights: ") + ncclGetErrorString(status));
-  return waitStreams(allStreams(), "the weight exchange") && check("optimizer");
+  if (!waitStreams(allStreams(), "the weight exchange"))
+    return false;
+  refreshLowWeights();
+  return check("optimizer");
 }
 
 bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) {

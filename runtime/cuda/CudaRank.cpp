@@ -7,6 +7,7 @@
 #include "runtime/train/Parameters.h"
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -20,7 +21,8 @@ std::string cudaWhat(cudaError_t status) {
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
-      plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)) {}
+      plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
+      bf16_(artifact.model.dtype == "bf16") {}
 
 CudaRank::~CudaRank() {
   cudaSetDevice(gpu_);
@@ -30,6 +32,8 @@ CudaRank::~CudaRank() {
     for (auto &[p, ptr] : *group)
       cudaFree(ptr);
   for (auto &[k, ptr] : slotGrads_)
+    cudaFree(ptr);
+  for (auto &[k, ptr] : lowWeights_)
     cudaFree(ptr);
   for (int32_t *p : tokens_)
     cudaFree(p);
@@ -46,8 +50,7 @@ CudaRank::~CudaRank() {
   for (cudaEvent_t event : freeEvents_)
     if (event)
       cudaEventDestroy(event);
-  if (blas_)
-    cublasDestroy(blas_);
+  gemms_.reset();
 }
 
 bool CudaRank::fail(const std::string &message) {
@@ -58,6 +61,8 @@ bool CudaRank::fail(const std::string &message) {
 
 bool CudaRank::check(const char *what) {
   std::string e = kernels_ ? kernels_->takeError() : std::string();
+  if (e.empty() && gemms_)
+    e = gemms_->takeError();
   if (e.empty())
     e = lastError(what);
   return e.empty() || fail(e);
@@ -83,16 +88,16 @@ bool CudaRank::setupDevice() {
   cudaDeviceGetDefaultMemPool(&pool, gpu_);
   uint64_t keep = UINT64_MAX; // the pool keeps what it has, for the next steps to reuse
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-  if (cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking) != cudaSuccess ||
-      cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS)
-    return fail("cannot create a stream or a cuBLAS handle on GPU " + std::to_string(gpu_));
-  cublasSetStream(blas_, compute_);
-  cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH); // fp32, no TF32
+  if (cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking) != cudaSuccess)
+    return fail("cannot create a stream on GPU " + std::to_string(gpu_));
+  gemms_ = std::make_unique<Gemms>();
+  if (std::string problem = gemms_->init(compute_); !problem.empty())
+    return fail(problem + " on GPU " + std::to_string(gpu_));
   if (!a_.deviceCode)
     return fail("the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc was not "
                 "found); recompile it with 'mhcc --cuda-arch sm_90', or run it with --backend cpu");
   std::string loadError;
-  if (!(kernels_ = ModelKernels::load(*a_.deviceCode, gpu_, loadError)))
+  if (!(kernels_ = ModelKernels::load(*a_.deviceCode, gpu_, int(a_.model.dtypeBytes()), loadError)))
     return fail(loadError);
   for (size_t param = 0; param < a_.params.size(); ++param) {
     const ParamPlan &plan = plans_[param];
@@ -106,6 +111,8 @@ bool CudaRank::setupDevice() {
     weights_[int(param)] = w;
     std::vector<float> initial = initialParameter(info, a_.model.seed);
     cudaMemcpy(w, initial.data(), bytes, cudaMemcpyHostToDevice);
+    if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(info.count() * 2, info.name))))
+      return false;
     const std::string gradient = "the gradient of " + info.name;
     if (plan.owner == rank_) {
       if (options_.optimizer != "sgd" && (!(adamM_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name)) ||
@@ -130,6 +137,7 @@ bool CudaRank::setupDevice() {
       cudaMalloc(&statPartials_, squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
+  refreshLowWeights();
   return check("setup");
 }
 
@@ -193,9 +201,10 @@ PlannedAllocator::Hooks CudaRank::planHooks() {
           [this](int stream, int buffer) { cudaStreamWaitEvent(streamById_[stream], freeEvents_[buffer], 0); }};
 }
 
-Buffer CudaRank::allocate(int64_t count, Queue queue, bool zeroed) {
+Buffer CudaRank::allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) {
   cudaStream_t st = stream(queue);
-  const int64_t bytes = std::max<int64_t>(1, count) * int64_t(sizeof(float));
+  const Buffer sized{nullptr, count, dtype};
+  const int64_t bytes = std::max<int64_t>(4, sized.bytes());
   void *p = nullptr;
   if (planner_.planned()) {
     std::string problem;
@@ -208,17 +217,32 @@ Buffer CudaRank::allocate(int64_t count, Queue queue, bool zeroed) {
   } else {
     cudaError_t status = cudaMallocAsync(&p, bytes, st);
     if (status != cudaSuccess) {
-      fail("out of GPU memory allocating " + std::to_string(count * 4) + " bytes (" + cudaWhat(status) + ")");
+      fail("out of GPU memory allocating " + std::to_string(bytes) + " bytes (" + cudaWhat(status) + ")");
       return {};
     }
     if (recording_)
       planner_.recordAlloc(bytes, streamId(st), reinterpret_cast<uintptr_t>(p));
   }
   if (zeroed)
-    cudaMemsetAsync(p, 0, count * sizeof(float), st);
-  live_ += count * 4;
+    cudaMemsetAsync(p, 0, sized.bytes(), st);
+  live_ += sized.bytes();
   peak_ = std::max(peak_, live_);
-  return {static_cast<float *>(p), count};
+  return {static_cast<float *>(p), count, dtype};
+}
+
+int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
+  const ForwardInstr &f = a_.stages[stage].forward[index];
+  const int64_t T = a_.model.tokens(), C = a_.model.hidden;
+  if (!bf16_)
+    return f.auxSize;
+  switch (f.op) { // the bf16 pieces of DeviceKernels.h's aux layouts take half the floats
+  case Prim::Attention:
+    return T * 2 * C + T * f.heads; // q, k, v, o in bf16; log-sum-exp in fp32
+  case Prim::SwiGlu:
+    return (3 * T * f.ffn + 1) / 2; // gate, up and their product in bf16
+  default:
+    return f.auxSize;
+  }
 }
 
 void CudaRank::release(Buffer &buffer, Queue queue) {
@@ -234,17 +258,22 @@ void CudaRank::release(Buffer &buffer, Queue queue) {
     if (recording_ && !planner_.recordFree(reinterpret_cast<uintptr_t>(buffer.data), streamId(st), problem))
       fail(problem);
   }
-  live_ -= buffer.count * 4;
+  live_ -= buffer.bytes();
   buffer = {};
 }
 
 void CudaRank::copy(Buffer dst, const Buffer &src) {
-  cudaMemcpyAsync(dst.data, src.data, std::min(dst.count, src.count) * sizeof(float), cudaMemcpyDeviceToDevice,
-                  compute_);
+  cudaMemcpyAsync(dst.data, src.data, std::min(dst.bytes(), src.bytes()), cudaMemcpyDeviceToDevice, compute_);
 }
 
 bool CudaRank::download(const Buffer &buffer, float *host) {
-  cudaError_t status = cudaMemcpy(host, buffer.data, buffer.count * sizeof(float), cudaMemcpyDeviceToHost);
+  std::vector<uint16_t> halves(buffer.dtype == Dtype::BF16 ? buffer.count : 0);
+  void *target = halves.empty() ? static_cast<void *>(host) : halves.data();
+  cudaError_t status = cudaMemcpy(target, buffer.data, buffer.bytes(), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < halves.size(); ++i) { // bf16 is the upper half of a float
+    const uint32_t bits = uint32_t(halves[i]) << 16;
+    std::memcpy(&host[i], &bits, 4);
+  }
   return status == cudaSuccess || fail("reading back a result: " + cudaWhat(status));
 }
 
@@ -396,7 +425,13 @@ bool CudaRank::loadState(const ParameterState &state) {
     if (state.adamV[p].size() == count)
       cudaMemcpy(adamV_[p], state.adamV[p].data(), count * 4, cudaMemcpyHostToDevice);
   }
+  refreshLowWeights();
   return check("uploading the weights and moments of a checkpoint");
+}
+
+void CudaRank::refreshLowWeights() {
+  for (auto &[p, low] : lowWeights_)
+    toBf16(weights_.at(p), low, a_.params[p].count(), compute_);
 }
 
 void CudaRank::abort() {

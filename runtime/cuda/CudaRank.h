@@ -11,10 +11,11 @@
 #define MHCC_RUNTIME_CUDA_CUDARANK_H
 
 #include "runtime/cuda/CudaDevice.h"
+#include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
 #include "runtime/memory/MemoryPlan.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -79,7 +80,8 @@ public:
   bool beginStep(const StepInputs &inputs) override;
   bool finishPipeline() override;
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override;
-  Buffer allocate(int64_t count, Queue queue, bool zeroed) override;
+  Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override;
+  int64_t auxCount(int64_t stage, size_t index) const override;
   void release(Buffer &buffer, Queue queue) override;
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;
@@ -111,12 +113,18 @@ private:
   // CudaLaunch.cpp
   Buffer scratch(int64_t count);
   void releaseScratch();
-  float *param(int64_t stage, const ForwardInstr &f, size_t k);
+  /// The weights the kernels read: the fp32 masters, or their bf16 copies.
+  template <typename A> const A *param(int64_t stage, const ForwardInstr &f, size_t k);
   float *paramGrad(int64_t stage, const ForwardInstr &f, size_t k);
+  template <typename A> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
+  template <typename A>
+  bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state);
   // CudaOptimizer.cpp
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
   bool updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result);
+  /// bf16 models: the kernels' copies of every held weight, from the masters.
+  void refreshLowWeights();
 
   const Artifact &a_;
   const TrainOptions &options_;
@@ -128,9 +136,11 @@ private:
   std::string error_;
 
   cudaStream_t compute_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
+  const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
+  std::unique_ptr<Gemms> gemms_;
   std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
-  std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter
+  std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters
+  std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_;       // by peer
   std::map<int64_t, cudaStream_t> sendStream_, recvStream_;

@@ -1,14 +1,18 @@
 //===- DeviceKernels.h - CUDA kernels for stage programs ------------*- C++ -*-===//
 //
 // The GPU versions of runtime/cpu/Kernels.h, same math and conventions
-// (row-major, backward adds into its outputs), in fp32: cuBLAS for the
-// products, the artifact's generated kernels (`k`, ModelKernels.h) for the
-// rest; fills, additions and the optimizer are here. Deterministic: no
-// atomics; every reduction runs in a fixed order (weight gradients over
-// tokens ascending, as on the CPU), and matrix products go through cuBLAS
-// without TF32, whose results are bit-reproducible for fixed shapes on one
-// GPU architecture. All pointers are device pointers; every launch is on
-// `stream`.
+// (row-major, backward adds into its outputs). Each is a template over the
+// activation storage type A: float for fp32 models, bf16 for bf16 models
+// (docs/precision.md: activations, their gradients and the weights the
+// kernels read are A; mHC coefficients, statistics, losses and the weights'
+// main gradients are fp32). Products go through Gemms (Gemm.h: cuBLAS SGEMM
+// for fp32, cuBLASLt with fp32 accumulation for bf16); the artifact's
+// generated kernels (`k`, ModelKernels.h, compiled for the model's A) do the
+// rest; fills, additions, conversions and the optimizer are here.
+// Deterministic: no atomics; every reduction runs in a fixed order (weight
+// gradients over tokens ascending, as on the CPU), products use algorithms
+// fixed per shape. All pointers are device pointers; every launch is on `s`.
+// `aux`, `stash` and `scratch` are raw float memory a call lays out itself.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
@@ -18,40 +22,52 @@
 #include <string>
 
 typedef struct CUstream_st *cudaStream_t;
-typedef struct cublasContext *cublasHandle_t;
+struct __nv_bfloat16;
 
 namespace mhcc::runtime::cuda {
 
+class Gemms;
 class ModelKernels;
+using bf16 = __nv_bfloat16;
 
-/// Returns "" or the CUDA / cuBLAS error of the last launches.
+/// Returns "" or the CUDA error of the last launches.
 std::string lastError(const char *what);
 
-// c[M,N] (+)= a[M,K] b[K,N]
-void matmul(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M, int64_t K,
-            int64_t N, bool accumulate);
+// Row-major products; C is the output's storage type (fp32 for the weights'
+// main gradients). c[M,N] (+)= a[M,K] b[K,N]
+template <typename A, typename C>
+void matmul(Gemms &g, const A *a, const A *b, C *c, int64_t M, int64_t K, int64_t N, bool accumulate);
 // c[K,N] += a[M,K]^T b[M,N]
-void matmulTransAAcc(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M,
-                     int64_t K, int64_t N);
+template <typename A, typename C>
+void matmulTransAAcc(Gemms &g, const A *a, const A *b, C *c, int64_t M, int64_t K, int64_t N);
 // c[M,K] += a[M,N] b[K,N]^T
-void matmulTransBAcc(cublasHandle_t h, const float *a, const float *b, float *c, int64_t M,
-                     int64_t N, int64_t K);
+template <typename A, typename C>
+void matmulTransBAcc(Gemms &g, const A *a, const A *b, C *c, int64_t M, int64_t N, int64_t K);
 
 void fill(float *p, int64_t count, float value, cudaStream_t s);
-void addInto(float *dst, const float *src, int64_t count, cudaStream_t s);
+template <typename A> void addInto(A *dst, const A *src, int64_t count, cudaStream_t s);
+/// Exact widening, and rounding to nearest even.
+void toFloat(const bf16 *src, float *dst, int64_t count, cudaStream_t s);
+void toBf16(const float *src, bf16 *dst, int64_t count, cudaStream_t s);
 
 /// tokens are device ids; `positions` / `offsets` (device) list, per vocab
 /// row, the rows t reading it in ascending t (CSR), for the deterministic
 /// backward.
-void embedForward(const ModelKernels &k, const int32_t *tokens, const float *table, float *out, int64_t rows, int64_t C,
+template <typename A>
+void embedForward(const ModelKernels &k, const int32_t *tokens, const A *table, A *out, int64_t rows, int64_t C,
                   int64_t shift, int64_t seq, cudaStream_t s);
+template <typename A>
 void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t *positions, int64_t vocab,
-                   const float *dOut, float *dTable, int64_t C, cudaStream_t s);
+                   const A *dOut, float *dTable, int64_t C, cudaStream_t s);
 
-void expandForward(const ModelKernels &k, const float *h, float *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void expandBackward(const ModelKernels &k, const float *dx, float *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void contractForward(const ModelKernels &k, const float *x, float *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void contractBackward(const ModelKernels &k, const float *dh, float *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A>
+void expandForward(const ModelKernels &k, const A *h, A *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A>
+void expandBackward(const ModelKernels &k, const A *dx, A *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A>
+void contractForward(const ModelKernels &k, const A *x, A *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A>
+void contractBackward(const ModelKernels &k, const A *dh, A *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 
 /// Which gradients a backward call computes. The zero-bubble split runs
 /// `inputs` (B: the input gradients, leaving in `stash` what the weight
@@ -62,79 +78,96 @@ struct GradParts {
   bool inputs = true, weights = true;
 };
 
-/// Scratch each call needs for itself, and the stash B leaves for W, in floats.
+/// Scratch each call needs for itself, and the stash B leaves for W, in
+/// floats, for activations of `actBytes` bytes (4 or 2).
 int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
-int64_t attentionForwardScratch(int64_t heads, int64_t seq);
+int64_t attentionForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t attentionBackwardStash(int64_t rows, int64_t C);
-int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq);
+int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t swigluBackwardStash(int64_t rows, int64_t F);
 int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 
 /// scratch: mhcCoeffsForwardScratch (the projection p = x W_map, row norms).
-void mhcCoeffsForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *bias,
-                      const float *alpha, float *coef, float *aux, float *scratch, int64_t rows,
-                      int64_t C, int64_t n, cudaStream_t s);
-/// stash: mhcCoeffsBackwardStash (the projection, dh, dp); scratch:
-/// mhcCoeffsBackwardScratch.
-void mhcCoeffsBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wmap, const float *alpha,
-                       const float *aux, const float *dCoef, float *dx, float *dWmap, float *dBias,
-                       float *dAlpha, float *stash, float *scratch, int64_t rows, int64_t C, int64_t n,
-                       GradParts parts, cudaStream_t s);
-void mhcPreForward(const ModelKernels &k, const float *x, const float *coef, float *u, int64_t rows, int64_t C, int64_t n,
+template <typename A>
+void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
+                      float *coef, float *aux, float *scratch, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// stash: mhcCoeffsBackwardStash (the projection and dh in fp32, dp in A);
+/// scratch: mhcCoeffsBackwardScratch.
+template <typename A>
+void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
+                       const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
+                       float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s);
+template <typename A>
+void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);
-void mhcPreBackward(const ModelKernels &k, const float *x, const float *coef, const float *du, float *dx, float *dCoef,
+template <typename A>
+void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-void mhcPostResForward(const ModelKernels &k, const float *x, const float *coef, const float *y, float *out, int64_t rows,
+template <typename A>
+void mhcPostResForward(const ModelKernels &k, const A *x, const float *coef, const A *y, A *out, int64_t rows,
                        int64_t C, int64_t n, cudaStream_t s);
-void mhcPostResBackward(const ModelKernels &k, const float *x, const float *coef, const float *y, const float *dOut,
-                        float *dx, float *dCoef, float *dy, int64_t rows, int64_t C, int64_t n,
-                        cudaStream_t s);
-void residualForward(const ModelKernels &k, const float *x, const float *y, float *out, int64_t count, cudaStream_t s);
-void residualBackward(const ModelKernels &k, const float *dOut, float *dx, float *dy, int64_t count, cudaStream_t s);
+template <typename A>
+void mhcPostResBackward(const ModelKernels &k, const A *x, const float *coef, const A *y, const A *dOut, A *dx,
+                        float *dCoef, A *dy, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A>
+void residualForward(const ModelKernels &k, const A *x, const A *y, A *out, int64_t count, cudaStream_t s);
+template <typename A>
+void residualBackward(const ModelKernels &k, const A *dOut, A *dx, A *dy, int64_t count, cudaStream_t s);
 
-void rmsNormForward(const ModelKernels &k, const float *u, const float *gain, float *y, float *aux, int64_t rows, int64_t C,
+template <typename A>
+void rmsNormForward(const ModelKernels &k, const A *u, const A *gain, A *y, float *aux, int64_t rows, int64_t C,
                     double eps, cudaStream_t s);
 /// scratch: rmsNormBackwardScratch (partial column sums of dGain).
-void rmsNormBackward(const ModelKernels &k, const float *u, const float *gain, const float *aux, const float *dy, float *du,
+template <typename A>
+void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const float *aux, const A *dy, A *du,
                      float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s);
 
-/// aux layout as on the CPU: [rows, 3C] rotated q, k, v; [rows, C] o;
-/// [rows, heads] log-sum-exp. Scores and probabilities of one sequence live
-/// in scratch (all heads: heads * seq^2 floats, twice in the backward);
-/// products through cuBLAS strided-batched GEMMs, causal softmax and its
-/// backward one block per row. scratch: attention{Forward,Backward}Scratch;
-/// stash (backward): attentionBackwardStash, the gradient of q, k, v.
-void attentionForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo, float *y,
-                      float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                      cudaStream_t s);
-void attentionBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wqkv, const float *wo,
-                       const float *aux, const float *dy, float *dx, float *dWqkv, float *dWo,
-                       float *stash, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                       GradParts parts, cudaStream_t s);
+/// aux layout: [rows, 3C] rotated q, k, v and [rows, C] output o (in A),
+/// then [rows, heads] fp32 log-sum-exp. bf16 models with head dim 64 or 128
+/// run flash attention (FlashAttention.h: no seq^2 memory); otherwise the
+/// scores and probabilities of one sequence live in fp32 scratch (all heads:
+/// heads * seq^2 floats, twice in the backward), products through cuBLAS
+/// strided-batched GEMMs, the causal softmax one block per row. scratch:
+/// attention{Forward,Backward}Scratch; stash (backward):
+/// attentionBackwardStash, the gradient of q, k, v (in A).
+/// Both return "" or flash attention's launch error.
+template <typename A>
+std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
+                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                             cudaStream_t s);
+template <typename A>
+std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
+                              const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
+                              float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
+                              cudaStream_t s);
 
-/// Backward: stash swigluBackwardStash (the gate and up gradients), scratch
-/// swigluBackwardScratch.
-void swigluForward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu, const float *wd,
-                   float *y, float *aux, int64_t rows, int64_t C, int64_t F, cudaStream_t s);
-void swigluBackward(const ModelKernels &k, cublasHandle_t h, const float *x, const float *wg, const float *wu,
-                    const float *wd, const float *aux, const float *dy, float *dx, float *dWg,
-                    float *dWu, float *dWd, float *stash, float *scratch, int64_t rows, int64_t C, int64_t F,
-                    GradParts parts, cudaStream_t s);
+/// aux: the gate and up projections and silu(a) b, each [rows, F] in A.
+/// Backward: stash swigluBackwardStash (the gate and up gradients),
+/// scratch swigluBackwardScratch.
+template <typename A>
+void swigluForward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, const A *wu, const A *wd, A *y,
+                   float *aux, int64_t rows, int64_t C, int64_t F, cudaStream_t s);
+template <typename A>
+void swigluBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, const A *wu, const A *wd,
+                    const float *aux, const A *dy, A *dx, float *dWg, float *dWu, float *dWd, float *stash,
+                    float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts, cudaStream_t s);
 
-void concatProjForward(cublasHandle_t h, const float *a, const float *b, const float *w, float *z,
-                       int64_t rows, int64_t C, int64_t N);
-void concatProjBackward(cublasHandle_t h, const float *a, const float *b, const float *w,
-                        const float *dz, float *da, float *db, float *dW, int64_t rows, int64_t C,
-                        int64_t N, GradParts parts);
+template <typename A>
+void concatProjForward(Gemms &g, const A *a, const A *b, const A *w, A *z, int64_t rows, int64_t C, int64_t N);
+template <typename A>
+void concatProjBackward(Gemms &g, const A *a, const A *b, const A *w, const A *dz, A *da, A *db, float *dW,
+                        int64_t rows, int64_t C, int64_t N, GradParts parts);
 
 /// loss: one device float (mean over unmasked rows).
-void crossEntropyForward(const ModelKernels &k, const float *logits, const int32_t *labels, float *aux, float *loss,
+template <typename A>
+void crossEntropyForward(const ModelKernels &k, const A *logits, const int32_t *labels, float *aux, float *loss,
                          int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s);
-void crossEntropyBackward(const ModelKernels &k, const float *logits, const int32_t *labels, const float *aux, float scale,
-                          float *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
+template <typename A>
+void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t *labels, const float *aux,
+                          float scale, A *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
                           cudaStream_t s);
 
 // ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----

@@ -63,7 +63,8 @@ const char *const kKernelNames[] = {
 
 } // namespace
 
-std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int device, std::string &error) {
+std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int device, int activationBytes,
+                                                 std::string &error) {
   const std::string where = "GPU " + std::to_string(device) + ": ";
   const Driver &d = driver();
   if (!d.error.empty()) {
@@ -105,18 +106,32 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
                   {"mhcc_abi_chunk_rows", kColumnChunkRows},
                   {"mhcc_abi_streams", code.streams},
                   {"mhcc_abi_sinkhorn_iterations", code.sinkhornIterations}};
-  for (const Expected &e : expected) {
+  auto readGlobal = [&](const char *global, int &value) {
     CUdeviceptr address = 0;
     size_t bytes = 0;
+    return d.moduleGetGlobal(&address, &bytes, kernels->module_, global) == CUDA_SUCCESS && bytes == sizeof(int) &&
+           cudaMemcpy(&value, reinterpret_cast<void *>(address), sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  };
+  for (const Expected &e : expected) {
     int value = 0;
-    if (d.moduleGetGlobal(&address, &bytes, kernels->module_, e.global) != CUDA_SUCCESS || bytes != sizeof(int) ||
-        cudaMemcpy(&value, reinterpret_cast<void *>(address), sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess ||
-        value != e.value) {
+    if (!readGlobal(e.global, value) || value != e.value) {
       error = where + "the artifact's kernels disagree with this mhcrun on " + e.global + " (image " +
               std::to_string(value) + ", expected " + std::to_string(e.value) +
               "); recompile the model with the mhcc of this release";
       return nullptr;
     }
+  }
+  // The activation storage type (act_t) the image was compiled for.
+  int imageActivationBytes = 0;
+  if (!readGlobal("mhcc_abi_activation_bytes", imageActivationBytes) || imageActivationBytes != activationBytes) {
+    auto describe = [](int bytes) {
+      return bytes == 4 ? std::string("fp32 (4 bytes)")
+                        : bytes == 2 ? std::string("bf16 (2 bytes)") : std::to_string(bytes) + " bytes";
+    };
+    error = where + "the artifact's kernels store activations as " + describe(imageActivationBytes) +
+            ", but this model's activations are " + describe(activationBytes) +
+            " (mhcc_abi_activation_bytes); recompile the artifact with this mhcc";
+    return nullptr;
   }
   return kernels;
 }

@@ -1,7 +1,9 @@
 //===- ModelKernels.cu - the model's CUDA kernels, specialized by mhcc ------===//
 //
-// mhcc prepends the model's constants (kStreams, kSinkhornIterations) and
-// compiles this file with nvcc into the artifact; the runtime loads the image
+// mhcc prepends the model's constants (kStreams, kSinkhornIterations) and its
+// activation storage type (act_t: float, or __nv_bfloat16 for a bf16 model)
+// and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu and
+// LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
 // through the CUDA driver API and launches these extern "C" kernels by name
 // (runtime/cuda/ModelKernels.h lists them with their parameters). Every
 // non-GEMM piece of the model's forward and backward is here; cuBLAS does
@@ -12,27 +14,59 @@
 // fp32, without atomics: every reduction runs in an order fixed by the
 // shapes alone, so results are bit-identical run to run and across layouts.
 //
+// Storage (docs/precision.md): activations, their gradients and the weights
+// as the kernels read them are act_t; every read of one goes through load()
+// (exact widening to fp32), every write through store() (round to nearest
+// even once, when the kernel's output is complete: a kernel adding into a
+// gradient loads the old value, adds in fp32 and stores the sum once). The
+// mHC coefficients, statistics (rstd, log-sum-exp, Sinkhorn state), the
+// projections p and dh, column partials, weight gradients (fp32 main
+// gradients), the causal softmax kernels' scores and the loss stay fp32. With
+// act_t = float, load() and store() are plain reads and writes: an fp32
+// model's kernels run exactly the operations, in the same order, they ran
+// before act_t existed.
+//
+// Vectorization: the memory-bound kernels move activations 16 bytes at a
+// time (kVec of them) where widths and pointers allow, one at a time
+// otherwise, and every output element is still the same expression of the
+// same operands, summed in the same order, as with one element per thread:
+// the per-row sums stage tiles of a row through shared memory so that each
+// lane still adds exactly the elements it added one access at a time (see
+// "16-byte accesses" below). An fp32 and a bf16 model keep their bits.
+//
 // The mhcc_abi_* globals let the runtime check that an image matches the
 // launch conventions it was built for.
 //
 //===----------------------------------------------------------------------===//
 #include <cstdint>
+#include <cstring>
+#include <cuda_bf16.h>
 
 constexpr int kThreads = 256;           // block size of every block-wide kernel
 constexpr int64_t kChunkRows = 64;      // rows per partial in two-stage column sums
 constexpr double kRopeBase = 10000.0;
 constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
-// Sinkhorn steps (2 per iteration) of a 4x4 matrix the backward keeps per
-// token instead of recomputing them: 40 iterations at n = 4, 10 at n = 8.
-constexpr int kCachedSinkhornSteps = 80;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 1;
+extern "C" __device__ const int mhcc_abi_version = 3;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
 extern "C" __device__ const int mhcc_abi_chunk_rows = int(kChunkRows);
+extern "C" __device__ const int mhcc_abi_activation_bytes = int(sizeof(act_t));
+
+// ---- activation storage --------------------------------------------------------------
+// Reads widen exactly to fp32; writes round to nearest even (the CPU's Bf16.h).
+// Where a stored value is an expression, kernels compute it into a local
+// before store(), as the built-in = and += evaluate their right side first:
+// with act_t = float the compiled code is then the pre-act_t code, instruction
+// for instruction (only the order of address arithmetic could differ otherwise).
+
+__device__ __forceinline__ float load(float v) { return v; }
+__device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
 __device__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -79,16 +113,125 @@ __device__ float blockMax(float v) {
   return m;
 }
 
-/// One warp per row: out[t] = sum of squares of row t.
-extern "C" __global__ void mhcc_row_squares(const float *x, float *out, int64_t rows, int64_t width) {
+// ---- 16-byte accesses ----------------------------------------------------------------
+// Elementwise kernels take kVec consecutive elements per thread (grid-stride
+// loops: any grid covers the work) when the width is a multiple of kVec and
+// the pointers are 16-byte aligned, else one element per step as before.
+// Per-row sums (one warp per row, lane l adding elements l, l + 32, ... in
+// order, then warpSum) load a stage of the row with 16-byte accesses into a
+// per-warp shared buffer and let lane l read its elements back from there:
+// the same summands in the same order, with many loads in flight. Packed
+// registers are reinterpreted with memcpy (well defined; compiles to moves).
+
+constexpr int kVec = 16 / int(sizeof(act_t)); // activations per 16-byte access
+
+__device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__device__ __forceinline__ int64_t gridThread() { return blockIdx.x * int64_t(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ int64_t gridThreads() { return int64_t(gridDim.x) * blockDim.x; }
+
+/// v[0, kVec) = the kVec activations packed in raw, widened.
+__device__ __forceinline__ void unpackVec(const uint4 &raw, float *v) {
+  act_t e[kVec];
+  memcpy(e, &raw, sizeof raw);
+  for (int k = 0; k < kVec; ++k)
+    v[k] = load(e[k]);
+}
+
+/// v[0, kVec) rounded to activations, packed.
+__device__ __forceinline__ uint4 packVec(const float *v) {
+  act_t e[kVec];
+  for (int k = 0; k < kVec; ++k)
+    store(&e[k], v[k]);
+  uint4 raw;
+  memcpy(&raw, e, sizeof raw);
+  return raw;
+}
+
+/// v[0, kVec) = the activations at p (16-byte aligned), widened.
+__device__ __forceinline__ void loadVec(const act_t *p, float *v) { unpackVec(*reinterpret_cast<const uint4 *>(p), v); }
+
+/// Rounds v[0, kVec) and writes them to p (16-byte aligned) in one store.
+__device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpret_cast<uint4 *>(p) = packVec(v); }
+
+/// A stage of kTiles * kLanes * kVec consecutive activations in registers,
+/// kVec per lane and tile: fetch() loads src[0, count) (16 bytes per lane and
+/// tile when `vec` and the stage is full, else element by element), put()
+/// writes them to a shared buffer at the same offsets.
+template <int kTiles, int kLanes> struct Stage {
+  static constexpr int kElems = kTiles * kLanes * kVec;
+  uint4 r[kTiles];
+  __device__ __forceinline__ void fetch(const act_t *src, int64_t count, bool vec, int lane) {
+    if (vec && count == kElems) {
+      for (int u = 0; u < kTiles; ++u)
+        r[u] = *reinterpret_cast<const uint4 *>(src + (u * kLanes + lane) * kVec);
+    } else {
+      for (int u = 0; u < kTiles; ++u) {
+        act_t e[kVec];
+        r[u] = make_uint4(0, 0, 0, 0);
+        memcpy(e, &r[u], sizeof r[u]);
+        for (int k = 0; k < kVec; ++k)
+          if ((u * kLanes + lane) * kVec + k < count)
+            e[k] = src[(u * kLanes + lane) * kVec + k];
+        memcpy(&r[u], e, sizeof r[u]);
+      }
+    }
+  }
+  __device__ __forceinline__ void put(act_t *dst, int lane) const {
+    for (int u = 0; u < kTiles; ++u)
+      *reinterpret_cast<uint4 *>(dst + (u * kLanes + lane) * kVec) = r[u];
+  }
+};
+
+/// Tiles (of 32 kVec activations) per array and stage of a warp streaming A
+/// arrays through shared memory: at most 10 tiles a warp (5 KB; 40 KB for a
+/// block of kThreads), at most 4 an array; 0 when A arrays do not fit.
+template <int A> constexpr int warpTiles() { return 10 / A < 4 ? 10 / A : 4; }
+
+/// Streams src[a][0, count) through the warp's shared buffers buf[a]
+/// (kTiles * 32 * kVec activations each), the next stage's loads in flight
+/// while body(base, n) reads the current stage: lane l's elements are
+/// buf[a][l + 32 j] for l + 32 j < n (row offset base + l + 32 j), the
+/// elements and order of `for (c = lane; c < count; c += 32)`.
+template <int kTiles, int A, typename Body>
+__device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const *buf, int64_t count, bool vec,
+                                           int lane, Body body) {
+  using S = Stage<kTiles, 32>;
+  S s[A];
+  for (int a = 0; a < A; ++a)
+    s[a].fetch(src[a], min(count, int64_t(S::kElems)), vec, lane);
+  for (int64_t base = 0; base < count; base += S::kElems) {
+    __syncwarp(); // every lane is done reading the previous stage
+    for (int a = 0; a < A; ++a)
+      s[a].put(buf[a], lane);
+    __syncwarp();
+    const int64_t next = base + S::kElems;
+    if (next < count)
+      for (int a = 0; a < A; ++a)
+        s[a].fetch(src[a] + next, min(count - next, int64_t(S::kElems)), vec, lane);
+    body(base, int(min(count - base, int64_t(S::kElems))));
+  }
+}
+
+/// One warp per row: out[t] = sum of squares of row t. Any block of whole
+/// warps up to kThreads.
+extern "C" __global__ void mhcc_row_squares(const act_t *x, float *out, int64_t rows, int64_t width) {
+  constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
+  __shared__ uint4 staged[kThreads / 32][E / kVec];
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (t >= rows)
     return;
-  const float *row = x + t * width;
+  const act_t *row = x + t * width;
+  act_t *const buf = reinterpret_cast<act_t *>(staged[threadIdx.x / 32]);
+  const bool vec = width % kVec == 0 && aligned16(x);
   float sq = 0;
-  for (int64_t k = lane; k < width; k += 32)
-    sq += row[k] * row[k];
+  warpStream<kTiles, 1>(&row, &buf, width, vec, lane, [&](int64_t, int n) {
+    for (int j = 0; j < E / 32; ++j) {
+      const int k = lane + 32 * j;
+      if (k < n)
+        sq += load(buf[k]) * load(buf[k]);
+    }
+  });
   sq = warpSum(sq);
   if (lane == 0)
     out[t] = sq;
@@ -111,538 +254,118 @@ __device__ void columnPartials(Value value, int64_t rows, int64_t cols, float *p
 
 // ---- elementwise, embedding, stream expand / contract -------------------------------
 
-extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const float *table, float *out, int64_t rows,
+extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const act_t *table, act_t *out, int64_t rows,
                                               int64_t C, int64_t shift, int64_t seq) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * C)
     return;
   int64_t t = i / C, c = i % C;
   int64_t src = (t % seq) + shift < seq ? t + shift : t;
-  out[i] = table[int64_t(tokens[src]) * C + c];
+  store(&out[i], load(table[int64_t(tokens[src]) * C + c]));
 }
 
 extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int32_t *positions, int64_t vocab,
-                                               const float *dOut, float *dTable, int64_t C) {
+                                               const act_t *dOut, float *dTable, int64_t C) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= vocab * C)
     return;
   int64_t v = i / C, c = i % C;
   float acc = dTable[i];
   for (int32_t p = offsets[v]; p < offsets[v + 1]; ++p)
-    acc += dOut[int64_t(positions[p]) * C + c];
+    acc += load(dOut[int64_t(positions[p]) * C + c]);
   dTable[i] = acc;
 }
 
-extern "C" __global__ void mhcc_expand_forward(const float *h, float *x, int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * kStreams * C)
+extern "C" __global__ void mhcc_expand_forward(const act_t *h, act_t *x, int64_t rows, int64_t C) {
+  if (C % kVec == 0 && aligned16(h) && aligned16(x)) {
+    // kVec columns of a row, every stream, a thread.
+    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+      int64_t t = q / C, c = q % C;
+      float v[kVec];
+      loadVec(h + q, v);
+      for (int s = 0; s < kStreams; ++s)
+        storeVec(x + (t * kStreams + s) * C + c, v);
+    }
     return;
-  int64_t t = i / (kStreams * C), c = i % C;
-  x[i] = h[t * C + c];
-}
-
-extern "C" __global__ void mhcc_expand_backward(const float *dx, float *dh, int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * C)
-    return;
-  int64_t t = i / C, c = i % C;
-  float acc = dh[i];
-  for (int64_t s = 0; s < kStreams; ++s)
-    acc += dx[(t * kStreams + s) * C + c];
-  dh[i] = acc;
-}
-
-extern "C" __global__ void mhcc_contract_forward(const float *x, float *h, int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * C)
-    return;
-  int64_t t = i / C, c = i % C;
-  float sum = 0;
-  for (int64_t s = 0; s < kStreams; ++s)
-    sum += x[(t * kStreams + s) * C + c];
-  h[i] = sum / float(kStreams);
-}
-
-extern "C" __global__ void mhcc_contract_backward(const float *dh, float *dx, int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * kStreams * C)
-    return;
-  int64_t t = i / (kStreams * C), c = i % C;
-  dx[i] += dh[t * C + c] / float(kStreams);
-}
-
-// ---- mHC ------------------------------------------------------------------------------
-
-/// m = exp(logits - row max): the positive matrix Sinkhorn starts from.
-__device__ void sinkhornStart(const float *logits, float *m) {
-  for (int i = 0; i < kStreams; ++i) {
-    float rowMax = logits[i * kStreams];
-    for (int j = 1; j < kStreams; ++j)
-      rowMax = fmaxf(rowMax, logits[i * kStreams + j]);
-    for (int j = 0; j < kStreams; ++j)
-      m[i * kStreams + j] = expf(logits[i * kStreams + j] - rowMax);
+  }
+  for (int64_t i = gridThread(); i < rows * kStreams * C; i += gridThreads()) {
+    int64_t t = i / (kStreams * C), c = i % C;
+    const float v = load(h[t * C + c]);
+    store(&x[i], v);
   }
 }
 
-/// One Sinkhorn step (even steps normalize rows, odd steps columns), each
-/// line summed in index order: the forward and the backward's replay share it.
-__device__ void sinkhornStep(float *mat, int step) {
-  const bool rowStep = step % 2 == 0;
-  for (int a = 0; a < kStreams; ++a) {
+extern "C" __global__ void mhcc_expand_backward(const act_t *dx, act_t *dh, int64_t rows, int64_t C) {
+  if (C % kVec == 0 && aligned16(dx) && aligned16(dh)) {
+    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+      int64_t t = q / C, c = q % C;
+      float acc[kVec], g[kStreams][kVec];
+      loadVec(dh + q, acc);
+      for (int s = 0; s < kStreams; ++s)
+        loadVec(dx + (t * kStreams + s) * C + c, g[s]);
+      for (int e = 0; e < kVec; ++e)
+        for (int s = 0; s < kStreams; ++s)
+          acc[e] += g[s][e];
+      storeVec(dh + q, acc);
+    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * C; i += gridThreads()) {
+    int64_t t = i / C, c = i % C;
+    float acc = load(dh[i]);
+    for (int64_t s = 0; s < kStreams; ++s)
+      acc += load(dx[(t * kStreams + s) * C + c]);
+    store(&dh[i], acc);
+  }
+}
+
+extern "C" __global__ void mhcc_contract_forward(const act_t *x, act_t *h, int64_t rows, int64_t C) {
+  if (C % kVec == 0 && aligned16(x) && aligned16(h)) {
+    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+      int64_t t = q / C, c = q % C;
+      float xs[kStreams][kVec], out[kVec];
+      for (int s = 0; s < kStreams; ++s)
+        loadVec(x + (t * kStreams + s) * C + c, xs[s]);
+      for (int e = 0; e < kVec; ++e) {
+        float sum = 0;
+        for (int s = 0; s < kStreams; ++s)
+          sum += xs[s][e];
+        out[e] = sum / float(kStreams);
+      }
+      storeVec(h + q, out);
+    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * C; i += gridThreads()) {
+    int64_t t = i / C, c = i % C;
     float sum = 0;
-    for (int b = 0; b < kStreams; ++b)
-      sum += rowStep ? mat[a * kStreams + b] : mat[b * kStreams + a];
-    sum = fmaxf(sum, kSinkhornClamp);
-    for (int b = 0; b < kStreams; ++b) {
-      if (rowStep)
-        mat[a * kStreams + b] /= sum;
-      else
-        mat[b * kStreams + a] /= sum;
-    }
+    for (int64_t s = 0; s < kStreams; ++s)
+      sum += load(x[(t * kStreams + s) * C + c]);
+    store(&h[i], sum / float(kStreams));
   }
 }
 
-/// Sinkhorn-Knopp on one kStreams x kStreams matrix, as on the CPU.
-__device__ void sinkhorn(const float *logits, float *out) {
-  float m[kStreams * kStreams];
-  sinkhornStart(logits, m);
-  for (int step = 0; step < 2 * kSinkhornIterations; ++step)
-    sinkhornStep(m, step);
-  for (int e = 0; e < kStreams * kStreams; ++e)
-    out[e] = m[e];
-}
-
-extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const float *p, const float *bias,
-                                                   const float *alpha, float *coef, float *aux, int64_t rows,
-                                                   int64_t C) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= rows)
-    return;
-  const int64_t width = kStreams * C;
-  const int K = kCoefficients;
-  float rms = sqrtf(squares[t] / float(width));
-  float r = 1.0f / (rms + kMhcRmsEps);
-  float *h = aux + t * (K + 1);
-  for (int k = 0; k < K; ++k) {
-    float a = k < kStreams ? alpha[0] : k < 2 * kStreams ? alpha[1] : alpha[2];
-    h[k] = r * p[t * K + k] * a + bias[k];
-  }
-  h[K] = r;
-  float *out = coef + t * K;
-  for (int k = 0; k < kStreams; ++k) {
-    out[k] = sigmoidf(h[k]);
-    out[kStreams + k] = 2.0f * sigmoidf(h[kStreams + k]);
-  }
-  sinkhorn(h + 2 * kStreams, out + 2 * kStreams);
-}
-
-/// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
-/// the scale of the RMS term; the reductions over tokens run afterwards.
-extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const float *p, const float *alpha,
-                                                    const float *aux, const float *dCoef, float *dh, float *dp,
-                                                    float *rScale, int64_t rows, int64_t C) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= rows)
-    return;
-  const int64_t width = kStreams * C;
-  const int K = kCoefficients;
-  const float *h = aux + t * (K + 1);
-  const float r = h[K];
-  const float *dc = dCoef + t * K;
-  float *g = dh + t * K;
-  for (int k = 0; k < kStreams; ++k) {
-    float s = sigmoidf(h[k]);
-    g[k] = dc[k] * s * (1.0f - s);
-    float s2 = sigmoidf(h[kStreams + k]);
-    g[kStreams + k] = 2.0f * dc[kStreams + k] * s2 * (1.0f - s2);
-  }
-  // Sinkhorn backward, each step's input recomputed from the logits.
-  {
-    constexpr int nn = kStreams * kStreams;
-    const float *logits = h + 2 * kStreams;
-    float m0[kStreams * kStreams];
-    sinkhornStart(logits, m0);
-    float gr[kStreams * kStreams];
-    for (int e = 0; e < nn; ++e)
-      gr[e] = dc[2 * kStreams + e];
-    // Walk the steps backwards. Each step's input matrix comes from one
-    // forward sweep saved in (thread-local) memory; past kCachedSinkhornSteps
-    // steps it is recomputed from m0 instead. Both produce the same bits.
-    float xs[kStreams * kStreams];
-    constexpr bool cached = 2 * kSinkhornIterations * nn <= kCachedSinkhornSteps * 16;
-    float saved[cached ? 2 * kSinkhornIterations * nn : 1];
-    if (cached) {
-      for (int e = 0; e < nn; ++e)
-        xs[e] = m0[e];
-      for (int step = 0; step < 2 * kSinkhornIterations; ++step) {
-        for (int e = 0; e < nn; ++e)
-          saved[step * nn + e] = xs[e];
-        sinkhornStep(xs, step);
+extern "C" __global__ void mhcc_contract_backward(const act_t *dh, act_t *dx, int64_t rows, int64_t C) {
+  if (C % kVec == 0 && aligned16(dh) && aligned16(dx)) {
+    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+      int64_t t = q / C, c = q % C;
+      float g[kVec], v[kStreams][kVec];
+      loadVec(dh + q, g);
+      for (int e = 0; e < kVec; ++e)
+        g[e] = g[e] / float(kStreams);
+      for (int s = 0; s < kStreams; ++s)
+        loadVec(dx + (t * kStreams + s) * C + c, v[s]);
+      for (int s = 0; s < kStreams; ++s) {
+        for (int e = 0; e < kVec; ++e)
+          v[s][e] = v[s][e] + g[e];
+        storeVec(dx + (t * kStreams + s) * C + c, v[s]);
       }
     }
-    for (int it = kSinkhornIterations - 1; it >= 0; --it) {
-      for (int half = 1; half >= 0; --half) {
-        // xs = the matrix entering step (2 it + half)
-        const int step = 2 * it + half;
-        if (cached) {
-          for (int e = 0; e < nn; ++e)
-            xs[e] = saved[step * nn + e];
-        } else {
-          for (int e = 0; e < nn; ++e)
-            xs[e] = m0[e];
-          for (int s2 = 0; s2 < step; ++s2)
-            sinkhornStep(xs, s2);
-        }
-        bool rowStep = half == 0;
-        for (int a = 0; a < kStreams; ++a) {
-          float sum = 0, dot = 0;
-          for (int b = 0; b < kStreams; ++b)
-            sum += rowStep ? xs[a * kStreams + b] : xs[b * kStreams + a];
-          bool clamped = sum < kSinkhornClamp;
-          sum = fmaxf(sum, kSinkhornClamp);
-          for (int b = 0; b < kStreams; ++b) {
-            int e = rowStep ? a * kStreams + b : b * kStreams + a;
-            dot += gr[e] * xs[e];
-          }
-          for (int b = 0; b < kStreams; ++b) {
-            int e = rowStep ? a * kStreams + b : b * kStreams + a;
-            gr[e] = gr[e] / sum - (clamped ? 0.0f : dot / (sum * sum));
-          }
-        }
-      }
-    }
-    for (int e = 0; e < nn; ++e)
-      g[2 * kStreams + e] = gr[e] * m0[e];
-  }
-  float dr = 0;
-  for (int k = 0; k < K; ++k) {
-    float a = k < kStreams ? alpha[0] : k < 2 * kStreams ? alpha[1] : alpha[2];
-    dp[t * K + k] = g[k] * r * a;
-    dr += g[k] * p[t * K + k] * a;
-  }
-  float rms = sqrtf(squares[t] / float(width));
-  rScale[t] = rms > 0 ? -dr * r * r / (float(width) * rms) : 0.0f;
-}
-
-/// Summands of dBias (column k) and of dAlpha (column g: pre, post, res).
-struct MhcBiasGrad {
-  const float *dh;
-  __device__ float operator()(int64_t t, int64_t k) const { return dh[t * kCoefficients + k]; }
-};
-struct MhcAlphaGrad {
-  const float *dh, *p, *aux;
-  __device__ float operator()(int64_t t, int64_t group) const {
-    const int K = kCoefficients;
-    int from = group == 0 ? 0 : group == 1 ? kStreams : 2 * kStreams;
-    int to = group == 0 ? kStreams : group == 1 ? 2 * kStreams : K;
-    float r = aux[t * (K + 1) + K], acc = 0;
-    for (int j = from; j < to; ++j)
-      acc += dh[t * K + j] * r * p[t * K + j];
-    return acc;
-  }
-};
-
-/// partial: columnChunks(rows) x kCoefficients.
-extern "C" __global__ void mhcc_mhc_bias_grad_partials(const float *dh, int64_t rows, float *partial) {
-  columnPartials(MhcBiasGrad{dh}, rows, kCoefficients, partial);
-}
-
-/// partial: columnChunks(rows) x 3.
-extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const float *p, const float *aux,
-                                                        int64_t rows, float *partial) {
-  columnPartials(MhcAlphaGrad{dh, p, aux}, rows, 3, partial);
-}
-
-extern "C" __global__ void mhcc_row_scale_add(const float *x, const float *scale, float *dx, int64_t rows,
-                                              int64_t width) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < rows * width)
-    dx[i] += scale[i / width] * x[i];
-}
-
-extern "C" __global__ void mhcc_mhc_pre_forward(const float *x, const float *coef, float *u, int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * C)
     return;
-  const int K = kCoefficients;
-  int64_t t = i / C, c = i % C;
-  float sum = 0;
-  for (int s = 0; s < kStreams; ++s)
-    sum += coef[t * K + s] * x[(t * kStreams + s) * C + c];
-  u[i] = sum;
-}
-
-extern "C" __global__ void mhcc_mhc_pre_backward_x(const float *coef, const float *du, float *dx, int64_t rows,
-                                                   int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * kStreams * C)
-    return;
-  const int K = kCoefficients;
-  int64_t t = i / (kStreams * C), s = (i / C) % kStreams, c = i % C;
-  dx[i] += coef[t * K + s] * du[t * C + c];
-}
-
-/// One warp per (t, s): dCoef[t, s] += <du[t], x[t, s]>.
-extern "C" __global__ void mhcc_mhc_pre_backward_coef(const float *x, const float *du, float *dCoef, int64_t rows,
-                                                      int64_t C) {
-  int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  int lane = threadIdx.x % 32;
-  if (i >= rows * kStreams)
-    return;
-  const int K = kCoefficients;
-  int64_t t = i / kStreams, s = i % kStreams;
-  float dot = 0;
-  for (int64_t c = lane; c < C; c += 32)
-    dot += du[t * C + c] * x[(t * kStreams + s) * C + c];
-  dot = warpSum(dot);
-  if (lane == 0)
-    dCoef[t * K + s] += dot;
-}
-
-extern "C" __global__ void mhcc_mhc_post_res_forward(const float *x, const float *coef, const float *y, float *out,
-                                                     int64_t rows, int64_t C) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * kStreams * C)
-    return;
-  const int K = kCoefficients;
-  int64_t t = e / (kStreams * C), i = (e / C) % kStreams, c = e % C;
-  const float *hpost = coef + t * K + kStreams, *hres = coef + t * K + 2 * kStreams;
-  float sum = 0;
-  for (int j = 0; j < kStreams; ++j)
-    sum += hres[i * kStreams + j] * x[(t * kStreams + j) * C + c];
-  out[e] = sum + hpost[i] * y[t * C + c];
-}
-
-/// dy[t,c] and dx[t,j,c]: sums over the output streams i, in order.
-extern "C" __global__ void mhcc_mhc_post_res_backward_values(const float *coef, const float *dOut, float *dx, float *dy,
-                                                             int64_t rows, int64_t C) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int K = kCoefficients;
-  if (e < rows * C) {
-    int64_t t = e / C, c = e % C;
-    const float *hpost = coef + t * K + kStreams;
-    float acc = dy[e];
-    for (int i = 0; i < kStreams; ++i)
-      acc += hpost[i] * dOut[(t * kStreams + i) * C + c];
-    dy[e] = acc;
   }
-  if (e < rows * kStreams * C) {
-    int64_t t = e / (kStreams * C), j = (e / C) % kStreams, c = e % C;
-    const float *hres = coef + t * K + 2 * kStreams;
-    float acc = dx[e];
-    for (int i = 0; i < kStreams; ++i)
-      acc += hres[i * kStreams + j] * dOut[(t * kStreams + i) * C + c];
-    dx[e] = acc;
+  for (int64_t i = gridThread(); i < rows * kStreams * C; i += gridThreads()) {
+    int64_t t = i / (kStreams * C), c = i % C;
+    const float g = load(dh[t * C + c]) / float(kStreams);
+    store(&dx[i], load(dx[i]) + g);
   }
 }
-
-/// One warp per (t, i): dCoef's post entry <dOut[t,i], y[t]> and res row
-/// <dOut[t,i], x[t,j]> for every j.
-extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const float *x, const float *y, const float *dOut,
-                                                           float *dCoef, int64_t rows, int64_t C) {
-  int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  int lane = threadIdx.x % 32;
-  if (e >= rows * kStreams)
-    return;
-  const int K = kCoefficients;
-  int64_t t = e / kStreams, i = e % kStreams;
-  const float *g = dOut + (t * kStreams + i) * C;
-  float dotY = 0;
-  for (int64_t c = lane; c < C; c += 32)
-    dotY += g[c] * y[t * C + c];
-  dotY = warpSum(dotY);
-  if (lane == 0)
-    dCoef[t * K + kStreams + i] += dotY;
-  for (int j = 0; j < kStreams; ++j) {
-    const float *xj = x + (t * kStreams + j) * C;
-    float dot = 0;
-    for (int64_t c = lane; c < C; c += 32)
-      dot += g[c] * xj[c];
-    dot = warpSum(dot);
-    if (lane == 0)
-      dCoef[t * K + 2 * kStreams + i * kStreams + j] += dot;
-  }
-}
-
-extern "C" __global__ void mhcc_residual_forward(const float *x, const float *y, float *out, int64_t count) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count)
-    out[i] = x[i] + y[i];
-}
-
-extern "C" __global__ void mhcc_residual_backward(const float *dOut, float *dx, float *dy, int64_t count) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count) {
-    dx[i] += dOut[i];
-    dy[i] += dOut[i];
-  }
-}
-
-// ---- RMSNorm ----------------------------------------------------------------------------
-
-extern "C" __global__ void mhcc_rms_norm_stats(const float *squares, float *aux, int64_t rows, int64_t C, float eps) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t < rows)
-    aux[t] = 1.0f / sqrtf(squares[t] / float(C) + eps);
-}
-
-extern "C" __global__ void mhcc_rms_norm_apply(const float *u, const float *gain, const float *aux, float *y,
-                                               int64_t rows, int64_t C) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < rows * C)
-    y[i] = u[i] * aux[i / C] * gain[i % C];
-}
-
-/// One warp per row.
-extern "C" __global__ void mhcc_rms_norm_backward_row(const float *u, const float *gain, const float *aux,
-                                                      const float *dy, float *du, int64_t rows, int64_t C) {
-  int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  int lane = threadIdx.x % 32;
-  if (t >= rows)
-    return;
-  float s = aux[t], dot = 0;
-  for (int64_t c = lane; c < C; c += 32)
-    dot += gain[c] * dy[t * C + c] * u[t * C + c];
-  dot = warpSum(dot);
-  float k = s * s * s / float(C) * dot;
-  for (int64_t c = lane; c < C; c += 32)
-    du[t * C + c] += s * gain[c] * dy[t * C + c] - k * u[t * C + c];
-}
-
-struct RmsNormGainGrad {
-  const float *u, *aux, *dy;
-  int64_t C;
-  __device__ float operator()(int64_t t, int64_t c) const { return dy[t * C + c] * u[t * C + c] * aux[t]; }
-};
-
-/// partial: columnChunks(rows) x C.
-extern "C" __global__ void mhcc_rms_norm_gain_grad_partials(const float *u, const float *aux, const float *dy,
-                                                            int64_t rows, int64_t C, float *partial) {
-  columnPartials(RmsNormGainGrad{u, aux, dy, C}, rows, C, partial);
-}
-
-// ---- attention ---------------------------------------------------------------------------
-
-extern "C" __global__ void mhcc_rope(float *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, int inverse,
-                                     int64_t rowStride) {
-  const int64_t d = C / heads, pairs = d / 2;
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * 2 * heads * pairs)
-    return;
-  int64_t t = e / (2 * heads * pairs);
-  int64_t rest = e % (2 * heads * pairs);
-  int64_t which = rest / (heads * pairs); // 0: q, 1: k
-  int64_t h = (rest / pairs) % heads, j = rest % pairs;
-  double theta = double(t % seq) * pow(kRopeBase, -2.0 * double(j) / double(d));
-  float c = float(cos(theta)), s = float(sin(theta));
-  if (inverse)
-    s = -s;
-  float *v = qkv + t * rowStride + which * C + h * d + 2 * j;
-  float a = v[0], b = v[1];
-  v[0] = a * c - b * s;
-  v[1] = a * s + b * c;
-}
-
-/// One block per score row (head, query i) of one sequence: causal softmax
-/// in place (P, zero above the diagonal) and the row's log-sum-exp.
-extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_t seq, int64_t heads,
-                                               int64_t lseOffset) {
-  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
-  float *row = scores + (h * seq + i) * seq;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    m = fmaxf(m, row[j]);
-  m = blockMax(m);
-  float sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    sum += expf(row[j] - m);
-  sum = blockSum(sum);
-  const float inv = 1.0f / sum;
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x)
-    row[j] = j <= i ? expf(row[j] - m) * inv : 0.0f;
-  if (threadIdx.x == 0)
-    lse[(lseOffset + i) * heads + h] = m + logf(sum);
-}
-
-/// Backward of one score row: P from the saved log-sum-exp, then
-/// dS = P (dP - <P, dP>) * scale; P replaces the scores, dS replaces dP.
-extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse, int64_t seq,
-                                                        int64_t heads, int64_t lseOffset, float scale) {
-  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
-  float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
-  const float l = lse[(lseOffset + i) * heads + h];
-  float dot = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    dot += expf(row[j] - l) * grad[j];
-  dot = blockSum(dot);
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-    float p = j <= i ? expf(row[j] - l) : 0.0f;
-    row[j] = p;
-    grad[j] = p * (grad[j] - dot) * scale;
-  }
-}
-
-// ---- SwiGLU ---------------------------------------------------------------------------------
-
-extern "C" __global__ void mhcc_swiglu_gate(const float *a, const float *b, float *hsw, int64_t count) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count)
-    hsw[i] = a[i] * sigmoidf(a[i]) * b[i];
-}
-
-extern "C" __global__ void mhcc_swiglu_backward_gate(const float *a, const float *b, const float *dh, float *da,
-                                                     float *db, int64_t count) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= count)
-    return;
-  float s = sigmoidf(a[i]);
-  db[i] = dh[i] * a[i] * s;
-  da[i] = dh[i] * b[i] * s * (1.0f + a[i] * (1.0f - s));
-}
-
-// ---- cross-entropy ------------------------------------------------------------------------
-
-/// One block per row.
-extern "C" __global__ void mhcc_log_sum_exp(const float *logits, float *aux, int64_t rows, int64_t V) {
-  const float *row = logits + blockIdx.x * V;
-  float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    m = fmaxf(m, row[v]);
-  m = blockMax(m);
-  float sum = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    sum += expf(row[v] - m);
-  sum = blockSum(sum);
-  if (threadIdx.x == 0)
-    aux[blockIdx.x] = m + logf(sum);
-}
-
-extern "C" __global__ void mhcc_loss(const float *logits, const int32_t *labels, const float *aux, float *loss,
-                                     int64_t rows, int64_t V, int64_t shift, int64_t seq) {
-  if (blockIdx.x * blockDim.x + threadIdx.x != 0)
-    return;
-  float total = 0;
-  int64_t counted = 0;
-  for (int64_t t = 0; t < rows; ++t)
-    if ((t % seq) + shift < seq) {
-      total += aux[t] - logits[t * V + labels[t + shift]];
-      ++counted;
-    }
-  *loss = counted ? total / float(counted) : 0.0f;
-}
-
-extern "C" __global__ void mhcc_cross_entropy_backward(const float *logits, const int32_t *labels, const float *aux,
-                                                       float factor, float *dLogits, int64_t rows, int64_t V,
-                                                       int64_t shift, int64_t seq) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * V)
-    return;
-  int64_t t = i / V, v = i % V;
-  if ((t % seq) + shift >= seq)
-    return;
-  float g = factor * expf(logits[i] - aux[t]);
-  if (labels[t + shift] == v)
-    g -= factor;
-  dLogits[i] += g;
-}
-

@@ -1,7 +1,7 @@
 //===- ModelKernels.h - the artifact's generated CUDA kernels ------*- C++ -*-===//
 //
-// mhcc compiles the model's non-GEMM kernels (runtime/cuda/ModelKernels.cu,
-// specialized to the model's stream count and Sinkhorn iterations) into a
+// mhcc compiles the model's non-GEMM kernels (runtime/cuda/ModelKernels.cu
+// and the parts after it, specialized to the model's stream count and Sinkhorn iterations) into a
 // cubin inside the artifact. This loads that image on one device through the
 // CUDA driver API (entry points resolved through the runtime, so nothing links
 // libcuda) and launches its kernels by name. One instance per device: a module
@@ -26,7 +26,7 @@ struct DeviceCode;
 namespace mhcc::runtime::cuda {
 
 /// The image's kernels, by their extern "C" names; parameter lists are in
-/// runtime/cuda/ModelKernels.cu.
+/// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,LayerKernels}.cu.
 #define MHCC_MODEL_KERNELS(X)                                                                     \
   X(RowSquares, "mhcc_row_squares")                                                               \
   X(EmbedForward, "mhcc_embed_forward")                                                           \
@@ -69,16 +69,19 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 1;
+inline constexpr int kModelKernelsAbi = 3;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 
 class ModelKernels {
 public:
-  /// Loads `code` into the current device's context. On failure, `error` is
-  /// one line naming the device and the fix (a wrong GPU architecture, an
-  /// image from another model, a driver that cannot load it).
-  static std::unique_ptr<ModelKernels> load(const DeviceCode &code, int device, std::string &error);
+  /// Loads `code` into the current device's context. `activationBytes` is the
+  /// model's activation storage size (2 for bf16, 4 for fp32); the image must
+  /// have been compiled for it. On failure, `error` is one line naming the
+  /// device and the fix (a wrong GPU architecture, an image from another model
+  /// or dtype, a driver that cannot load it).
+  static std::unique_ptr<ModelKernels> load(const DeviceCode &code, int device, int activationBytes,
+                                            std::string &error);
   ~ModelKernels();
   ModelKernels(const ModelKernels &) = delete;
   ModelKernels &operator=(const ModelKernels &) = delete;

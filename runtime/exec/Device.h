@@ -13,6 +13,7 @@
 #define MHCC_RUNTIME_EXEC_DEVICE_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/program/Dtype.h"
 #include "runtime/exec/StepTypes.h"
 
 #include <atomic>
@@ -25,11 +26,15 @@
 
 namespace mhcc::runtime {
 
-/// A tensor in the device's memory: `count` floats.
+/// A tensor in the device's memory: `count` elements of `dtype` at `data`
+/// (a float pointer on the CPU backend; a GPU's bf16 buffer reads through as<>).
 struct Buffer {
   float *data = nullptr;
   int64_t count = 0;
+  Dtype dtype = Dtype::F32;
   explicit operator bool() const { return data != nullptr; }
+  template <typename T> T *as() const { return reinterpret_cast<T *>(data); }
+  int64_t bytes() const { return count * dtypeBytes(dtype); }
 };
 
 /// Where work is ordered on a device: its compute queue, or the queue of
@@ -42,6 +47,14 @@ struct Queue {
   static Queue sendTo(int64_t peer) { return {Send, peer}; }
   static Queue recvFrom(int64_t peer) { return {Recv, peer}; }
 };
+
+/// What a SEND / RECV carries: the stored dtype of the boundary value (an
+/// activation, or the gradient of one), so a bf16 model's messages are bf16.
+inline Dtype messageDtype(const Artifact &a, const Instr &i) {
+  const StageProgram &src = a.stages[i.srcStage];
+  const int value = i.payload == Payload::Activation ? src.output : src.gradInput;
+  return value >= 0 ? dtypeOf(src.values[value].dtype) : Dtype::F32;
+}
 
 /// One (stage, microbatch)'s buffers, owned by the executor.
 struct StageState {
@@ -93,15 +106,19 @@ public:
                              StepResult &result) = 0;
 
   // ---- memory -----------------------------------------------------------------
-  /// `count` floats ordered on `queue`; zero-filled when `zeroed`. An empty
-  /// buffer (and error() set) when memory runs out.
-  virtual Buffer allocate(int64_t count, Queue queue, bool zeroed) = 0;
+  /// `count` elements of `dtype` ordered on `queue`; zero-filled when
+  /// `zeroed`. An empty buffer (and error() set) when memory runs out.
+  virtual Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) = 0;
+  /// Floats forward instruction `index` of `stage` keeps for its backward:
+  /// the artifact's auxSize, or less where the device stores pieces in bf16.
+  virtual int64_t auxCount(int64_t stage, size_t index) const = 0;
   /// Gives `buffer` back once the work queued on `queue` so far is done;
   /// clears it. A no-op for an empty buffer.
   virtual void release(Buffer &buffer, Queue queue) = 0;
   /// dst = src, on the compute queue.
   virtual void copy(Buffer dst, const Buffer &src) = 0;
-  /// Copies to the host; only after finishPipeline.
+  /// Copies to the host as floats (bf16 widened exactly); only after
+  /// finishPipeline.
   virtual bool download(const Buffer &buffer, float *host) = 0;
 
   // ---- compute ----------------------------------------------------------------

@@ -17,7 +17,7 @@ void Executor::tap(const ValueInfo &info, const Buffer &buffer, int64_t mb) {
     return;
   // A copy on the device, read after the pipeline: nothing here may block
   // the host (a blocked host can deadlock the pipeline).
-  Buffer copy = device_.allocate(buffer.count, Queue::compute(), false);
+  Buffer copy = device_.allocate(buffer.count, buffer.dtype, Queue::compute(), false);
   if (!copy) {
     fail(device_.error());
     return;
@@ -75,18 +75,19 @@ bool Executor::forward(int64_t s, int64_t mb) {
   for (size_t i = 0; i < p.forward.size(); ++i) {
     const ForwardInstr &f = p.forward[i];
     Buffer &out = st.values[f.output];
-    out = device_.allocate(p.values[f.output].rows * p.values[f.output].cols, Queue::compute(), false);
-    if (f.auxSize)
-      st.aux[i] = device_.allocate(f.auxSize, Queue::compute(), false);
+    const ValueInfo &v = p.values[f.output];
+    out = device_.allocate(v.rows * v.cols, dtypeOf(v.dtype), Queue::compute(), false);
+    if (f.auxSize) // raw floats the device lays out
+      st.aux[i] = device_.allocate(device_.auxCount(s, i), Dtype::F32, Queue::compute(), false);
     if (!out || (f.auxSize && !st.aux[i]) || !device_.forward(s, mb, i, st))
       return fail(device_.error());
     if (f.op == Prim::CrossEntropy) {
       // The loss scalar is read after the pipeline; the value itself dies
       // with the stage's backward.
-      Buffer loss = device_.allocate(1, Queue::compute(), false);
+      Buffer loss = device_.allocate(1, Dtype::F32, Queue::compute(), false);
       if (!loss)
         return fail(device_.error());
-      device_.copy(loss, Buffer{out.data, 1});
+      device_.copy(loss, Buffer{out.data, 1, out.dtype});
       reads_.push_back({"", mb, size_t(f.loss), loss});
     }
     tap(p.values[f.output], out, mb);
@@ -150,7 +151,8 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
     written.push_back(b.gradOutput);
     for (int id : written)
       if (id >= 0 && !st.values[id] &&
-          !(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, Queue::compute(), true)))
+          !(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, dtypeOf(p.values[id].dtype),
+                                             Queue::compute(), true)))
         return fail(device_.error());
     if (!device_.backward(s, mb, index, part, st))
       return fail(device_.error());

@@ -7,10 +7,10 @@
 #include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
 #include "runtime/cuda/Gpus.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -35,22 +35,21 @@ protected:
     if (gpus.gpus.empty())
       GTEST_SKIP() << gpus.unavailableReason;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-    cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH);
+    gemms_ = std::make_unique<cuda::Gemms>();
+    ASSERT_EQ(gemms_->init(nullptr), "");
     std::string error;
     std::optional<Artifact> artifact = readArtifact(gArtifact, error);
     ASSERT_TRUE(artifact) << error;
     ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
     ASSERT_EQ(artifact->deviceCode->streams, 4);
     ASSERT_EQ(artifact->deviceCode->sinkhornIterations, 20);
-    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, error);
+    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, 4, error);
     ASSERT_TRUE(kernels_) << error;
   }
   void TearDown() override {
     for (void *p : allocations_)
       cudaFree(p);
-    if (handle_)
-      cublasDestroy(handle_);
+    gemms_.reset();
   }
 
   template <typename T> T *upload(const std::vector<T> &host) {
@@ -128,7 +127,7 @@ protected:
 
   void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
 
-  cublasHandle_t handle_ = nullptr;
+  std::unique_ptr<cuda::Gemms> gemms_;
   std::unique_ptr<cuda::ModelKernels> kernels_;
   std::vector<void *> allocations_;
   std::mt19937 rng_{42};
@@ -141,13 +140,13 @@ TEST_F(CudaKernels, MatrixProducts) {
   float *da = upload(a), *db = upload(b), *ddy = upload(dy);
   check("matmul", {std::vector<float>(T * F, 0.5f)},
         [&](auto &o) { k::matmul(a.data(), b.data(), o[0].data(), T, C, F); },
-        [&](auto &o) { cuda::matmul(handle_, da, db, o[0], T, C, F, false); });
+        [&](auto &o) { cuda::matmul(*gemms_, da, db, o[0], T, C, F, false); });
   check("matmulTransAAcc", {random(C * F)},
         [&](auto &o) { k::matmulTransAAcc(a.data(), dy.data(), o[0].data(), T, C, F); },
-        [&](auto &o) { cuda::matmulTransAAcc(handle_, da, ddy, o[0], T, C, F); });
+        [&](auto &o) { cuda::matmulTransAAcc(*gemms_, da, ddy, o[0], T, C, F); });
   check("matmulTransBAcc", {random(T * C)},
         [&](auto &o) { k::matmulTransBAcc(dy.data(), b.data(), o[0].data(), T, F, C); },
-        [&](auto &o) { cuda::matmulTransBAcc(handle_, ddy, db, o[0], T, F, C); });
+        [&](auto &o) { cuda::matmulTransBAcc(*gemms_, ddy, db, o[0], T, F, C); });
 }
 
 TEST_F(CudaKernels, EmbeddingExpandContract) {
@@ -195,7 +194,7 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
           k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
         },
         [&](auto &o) {
-          cuda::mhcCoeffsForward(*kernels_, handle_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, nullptr);
+          cuda::mhcCoeffsForward(*kernels_, *gemms_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, nullptr);
         });
   std::vector<float> coef(T * K);
   k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(), T, C, N, iters);
@@ -207,7 +206,7 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
                                o[2].data(), o[3].data(), T, C, N, iters);
         },
         [&](auto &o, cuda::GradParts parts) {
-          cuda::mhcCoeffsBackward(*kernels_, handle_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], stash, scratch, T,
+          cuda::mhcCoeffsBackward(*kernels_, *gemms_, dxp, dw, dalpha, daux, ddc, o[0], o[1], o[2], o[3], stash, scratch, T,
                                   C, N, parts, nullptr);
         });
   auto y = random(T * C), du = random(T * C), dOut = random(T * N * C);
@@ -239,16 +238,16 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
                       width, heads, seq);
   std::string shape = " (rows " + std::to_string(rows) + ", seq " + std::to_string(seq) + ", C " +
                       std::to_string(width) + ", heads " + std::to_string(heads) + ")";
-  float *forwardScratch = upload(std::vector<float>(cuda::attentionForwardScratch(heads, seq)));
+  float *forwardScratch = upload(std::vector<float>(cuda::attentionForwardScratch(rows, width, heads, seq, 4)));
   check("attention" + shape, {std::vector<float>(rows * width), std::vector<float>(attnAux)},
         [&](auto &o) {
           k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), rows, width, heads, seq);
         },
         [&](auto &o) {
-          cuda::attentionForward(*kernels_, handle_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
+          cuda::attentionForward(*kernels_, *gemms_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
         });
   float *dattn = upload(attn);
-  float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq)));
+  float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq, 4)));
   float *backwardStash = upload(std::vector<float>(cuda::attentionBackwardStash(rows, width)));
   checkParts("attention backward" + shape, {random(rows * width), random(width * 3 * width), random(width * width)},
         [&](auto &o) {
@@ -256,7 +255,7 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
                                o[2].data(), rows, width, heads, seq);
         },
         [&](auto &o, cuda::GradParts parts) {
-          cuda::attentionBackward(*kernels_, handle_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardStash,
+          cuda::attentionBackward(*kernels_, *gemms_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardStash,
                                   backwardScratch, rows, width, heads, seq, parts, nullptr);
         });
 }
@@ -290,7 +289,7 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), std::vector<float>(T * C).data(), sw.data(), T, C, F);
   check("swiglu", {std::vector<float>(T * C), std::vector<float>(3 * T * F)},
         [&](auto &o) { k::swigluForward(u.data(), wg.data(), wu.data(), wd.data(), o[0].data(), o[1].data(), T, C, F); },
-        [&](auto &o) { cuda::swigluForward(*kernels_, handle_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
+        [&](auto &o) { cuda::swigluForward(*kernels_, *gemms_, du_, dwg, dwu, dwd, o[0], o[1], T, C, F, nullptr); });
   float *dsw = upload(sw);
   checkParts("swiglu backward", {random(T * C), random(C * F), random(C * F), random(F * C)},
         [&](auto &o) {
@@ -298,7 +297,7 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
                             o[2].data(), o[3].data(), T, C, F);
         },
         [&](auto &o, cuda::GradParts parts) {
-          cuda::swigluBackward(*kernels_, handle_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], stash, scratch, T, C,
+          cuda::swigluBackward(*kernels_, *gemms_, du_, dwg, dwu, dwd, dsw, ddy, o[0], o[1], o[2], o[3], stash, scratch, T, C,
                                F, parts, nullptr);
         });
 

@@ -1,8 +1,11 @@
 // The CUDA backend end to end: deterministic run to run, bit-identical
 // across pipeline layouts (PP1 reference against PP2 and PP2/VPP2 when two
 // GPUs are visible: losses, every reduced gradient, every tapped boundary
-// and activation, final weights), and within 1e-5 relative of the CPU
-// backend on the losses. Skips cleanly without a GPU.
+// and activation, final weights), and close to the CPU backend on the
+// losses: 1e-5 relative in fp32; 1e-3 in bf16 (grad norm 2e-2), where the GPU
+// rounds where the CPU keeps fp32 (flash attention's probabilities, two
+// products summed into one bf16 gradient) and sums in another order
+// (docs/precision.md). Skips cleanly without a GPU.
 //
 // usage: gpu_training_test DATA CPU_REFERENCE|- GPU_REFERENCE OTHER...
 // ("-": no CPU comparison, for models too large for the CPU backend)
@@ -10,6 +13,7 @@
 #include "runtime/cuda/Gpus.h"
 #include "tests/runtime/TrainingCompare.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mhcc::runtime {
@@ -34,19 +38,50 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
     expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
   }
   TrainingRun cpu;
-  if (gArtifacts[0] != "-")
+  double lossTolerance = 1e-5, normTolerance = 1e-5, gradTolerance = 1e-4;
+  if (gArtifacts[0] != "-") {
     cpu = train(gArtifacts[0], *data, 2);
+    std::optional<Artifact> reference = readArtifact(gArtifacts[0], error);
+    ASSERT_TRUE(reference) << error;
+    if (reference->model.dtype == "bf16")
+      lossTolerance = 1e-3, normTolerance = 2e-2, gradTolerance = 3e-2;
+  }
+  // Step 1's reduced gradients, parameter by parameter (a wrong small
+  // gradient hides in the global norm, and Adam's first update is nearly
+  // lr * sign(g) whatever its size): the L2 distance to the CPU's, relative to
+  // the larger of the parameter's gradient norm and 1e-3 of the global one.
+  // The floor is needed in bf16: some mHC gradients (layer 0's bias, whose
+  // streams are identical copies; alpha) are ~1e-5 of the global norm and
+  // mostly rounding, as far from an fp32 run's as from the GPU's
+  // (docs/precision.md).
+  if (!cpu.steps.empty()) {
+    std::vector<std::pair<double, std::string>> distances;
+    const double floor = 1e-3 * cpu.steps[0].gradNorm;
+    for (const auto &[name, g] : cpu.steps[0].paramGrads) {
+      const std::vector<float> &h = gpu.steps[0].paramGrads.at(name);
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < g.size(); ++i)
+        diff += (double(h[i]) - g[i]) * (double(h[i]) - g[i]), norm += double(g[i]) * g[i];
+      distances.push_back({std::sqrt(diff) / std::max(std::sqrt(norm), floor), name});
+    }
+    std::sort(distances.rbegin(), distances.rend());
+    for (size_t i = 0; i < std::min<size_t>(3, distances.size()); ++i)
+      std::printf("step 1 gradient of %s: relative distance to the CPU's %.2e\n", distances[i].second.c_str(),
+                  distances[i].first);
+    EXPECT_LT(distances.front().first, gradTolerance)
+        << "step 1: the gradient of " << distances.front().second << " is far from the CPU's";
+  }
   for (size_t s = 0; s < cpu.steps.size(); ++s) {
     double lm = std::abs(gpu.steps[s].lmLoss - cpu.steps[s].lmLoss) / cpu.steps[s].lmLoss;
     ASSERT_EQ(gpu.steps[s].mtpLoss.has_value(), cpu.steps[s].mtpLoss.has_value());
     double mtp = cpu.steps[s].mtpLoss
                      ? std::abs(*gpu.steps[s].mtpLoss - *cpu.steps[s].mtpLoss) / *cpu.steps[s].mtpLoss
                      : 0.0;
-    EXPECT_LT(lm, 1e-5) << "step " << s + 1 << ": GPU lm loss " << gpu.steps[s].lmLoss << ", CPU "
+    EXPECT_LT(lm, lossTolerance) << "step " << s + 1 << ": GPU lm loss " << gpu.steps[s].lmLoss << ", CPU "
                         << cpu.steps[s].lmLoss;
-    EXPECT_LT(mtp, 1e-5) << "step " << s + 1;
+    EXPECT_LT(mtp, lossTolerance) << "step " << s + 1;
     double norm = std::abs(gpu.steps[s].gradNorm - cpu.steps[s].gradNorm) / cpu.steps[s].gradNorm;
-    EXPECT_LT(norm, 1e-5) << "step " << s + 1 << ": grad norm";
+    EXPECT_LT(norm, normTolerance) << "step " << s + 1 << ": grad norm";
     RecordProperty("lm_loss_relative_difference_step" + std::to_string(s + 1), std::to_string(lm));
     std::printf("step %zu: lm loss GPU %.9f CPU %.9f (relative %.2e), grad norm GPU %.6f CPU %.6f\n", s + 1,
                 gpu.steps[s].lmLoss, cpu.steps[s].lmLoss, lm, gpu.steps[s].gradNorm, cpu.steps[s].gradNorm);

@@ -1,0 +1,182 @@
+//===- AttentionKernels.cu - causal attention with RoPE on the GPU ----------===//
+//
+// The projections, RoPE and the output product around one of two cores:
+// flash attention (FlashAttention.h) for bf16 models with a head dimension
+// it supports, else the reference core below: per sequence, the scores and
+// probabilities of all heads in fp32 scratch, products through cuBLAS
+// strided-batched SGEMMs, causal softmax one block per row (the fp32 path
+// whose bits the fp32 goldens hold). A bf16 model on the reference core
+// widens q, k, v and dO to fp32 scratch and rounds o and dQKV back.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/DeviceKernelsImpl.h"
+#include "runtime/cuda/FlashAttention.h"
+
+#include <cublas_v2.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace mhcc::runtime::cuda {
+namespace {
+
+/// Column-major strided-batched product (one batch entry per attention head).
+void gemmBatched(Gemms &g, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                 float alpha, const float *a, int64_t lda, int64_t strideA, const float *b, int64_t ldb,
+                 int64_t strideB, float *c, int64_t ldc, int64_t strideC, int64_t batch) {
+  const float zero = 0.0f;
+  cublasSgemmStridedBatched(g.blas(), ta, tb, int(m), int(n), int(k), &alpha, a, int(lda), strideA, b, int(ldb),
+                            strideB, &zero, c, int(ldc), strideC, int(batch));
+}
+
+/// Flash attention's shapes (FlashAttention.h): head dim 64 or 128, whole key
+/// tiles. MHCC_ATTENTION=reference forces the reference core, to tell a
+/// flash-attention problem from any other (docs/precision.md).
+bool useFlash(int64_t C, int64_t heads, int64_t seq, int actBytes) {
+  static const bool reference = [] {
+    const char *choice = std::getenv("MHCC_ATTENTION");
+    return choice && std::string(choice) == "reference";
+  }();
+  const int64_t d = C / heads;
+  return actBytes == 2 && !reference && (d == 64 || d == 128) && seq % 64 == 0;
+}
+
+/// o and lse from the rotated q, k, v (all fp32); scores: heads * seq^2.
+void referenceForward(const ModelKernels &k, Gemms &g, const float *qkv, float *o, float *lse, float *scores,
+                      int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s) {
+  const int64_t d = C / heads;
+  const float scale = 1.0f / std::sqrt(float(d));
+  // Per sequence, all heads at once (row-major S = scale Q K^T, O = P V
+  // through column-major GEMMs on the strided q / k / v columns).
+  for (int64_t b = 0; b < rows / seq; ++b) {
+    const float *q = qkv + b * seq * 3 * C, *kk = q + C, *v = q + 2 * C;
+    gemmBatched(g, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, scale, kk, 3 * C, d, q, 3 * C, d, scores, seq, seq * seq,
+                heads);
+    k.launch(ModelKernel::CausalSoftmax, unsigned(heads * seq), 1, kThreads, s, scores, lse, seq, heads,
+             int64_t(b * seq));
+    gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, v, 3 * C, d, scores, seq, seq * seq, o + b * seq * C,
+                C, d, heads);
+  }
+}
+
+/// dQkv (rows x 3C, before RoPE is undone) from dO (all fp32); scratch:
+/// 2 heads seq^2.
+void referenceBackward(const ModelKernels &k, Gemms &g, const float *qkv, const float *lse, const float *dO,
+                       float *dQkv, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                       cudaStream_t s) {
+  float *probs = scratch, *dScores = probs + heads * seq * seq;
+  const int64_t d = C / heads;
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int64_t b = 0; b < rows / seq; ++b) {
+    const float *q = qkv + b * seq * 3 * C, *kk = q + C, *v = q + 2 * C, *gO = dO + b * seq * C;
+    float *dq = dQkv + b * seq * 3 * C, *dk = dq + C, *dv = dq + 2 * C;
+    // Scores again (the same GEMM as the forward, so the same bits), dP = dO V^T.
+    gemmBatched(g, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, scale, kk, 3 * C, d, q, 3 * C, d, probs, seq, seq * seq,
+                heads);
+    gemmBatched(g, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, 1.0f, v, 3 * C, d, gO, C, d, dScores, seq, seq * seq,
+                heads);
+    k.launch(ModelKernel::CausalSoftmaxBackward, unsigned(heads * seq), 1, kThreads, s, probs, dScores, lse, seq,
+             heads, int64_t(b * seq), scale);
+    // dQ = dS K, dK = dS^T Q, dV = P^T dO.
+    gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, kk, 3 * C, d, dScores, seq, seq * seq, dq, 3 * C, d,
+                heads);
+    gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_T, d, seq, seq, 1.0f, q, 3 * C, d, dScores, seq, seq * seq, dk, 3 * C, d,
+                heads);
+    gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_T, d, seq, seq, 1.0f, gO, C, d, probs, seq, seq * seq, dv, 3 * C, d,
+                heads);
+  }
+}
+
+template <typename A>
+void rope(const ModelKernels &k, A *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, bool inverse,
+          cudaStream_t s) {
+  // One thread per (row, q or k, 4 pairs) where the head dim allows (any grid
+  // is correct: the kernel loops grid-stride).
+  const int64_t pairs = C / heads / 2;
+  k.launch(ModelKernel::Rope, blocks(rows * 2 * ((pairs + 3) / 4)), 1, kThreads, s, qkv, rows, C, heads, seq,
+           int(inverse), int64_t(3 * C));
+}
+
+} // namespace
+
+int64_t attentionForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes) {
+  if (useFlash(C, heads, seq, actBytes))
+    return 0;
+  return heads * seq * seq + (actBytes == 2 ? rows * 4 * C : 0); // scores; fp32 q, k, v and o
+}
+
+int64_t attentionBackwardStash(int64_t rows, int64_t C) { return 3 * rows * C; }
+
+// The backward's scratch: dO (rows * C floats, whatever its type), then the
+// core's: flash attention's, or the reference core's probabilities and their
+// gradients (and for bf16 fp32 copies of q, k, v, dO and dQKV).
+int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes) {
+  if (useFlash(C, heads, seq, actBytes))
+    return rows * C + flashAttentionBackwardScratch(rows, C, heads);
+  return rows * C + 2 * heads * seq * seq + (actBytes == 2 ? 7 * rows * C : 0);
+}
+
+template <typename A>
+std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
+                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
+                             cudaStream_t s) {
+  std::string error;
+  A *qkv = reinterpret_cast<A *>(aux), *o = qkv + rows * 3 * C;
+  float *lse = reinterpret_cast<float *>(o + rows * C);
+  matmul(g, x, wqkv, qkv, rows, C, 3 * C, false);
+  rope(k, qkv, rows, C, heads, seq, false, s);
+  if constexpr (std::is_same_v<A, float>) {
+    referenceForward(k, g, qkv, o, lse, scratch, rows, C, heads, seq, s);
+  } else if (useFlash(C, heads, seq, 2)) {
+    error = flashAttentionForward(qkv, o, lse, rows, C, heads, seq, s);
+  } else {
+    float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * C;
+    toFloat(qkv, qkv32, rows * 3 * C, s);
+    referenceForward(k, g, qkv32, o32, lse, scratch, rows, C, heads, seq, s);
+    toBf16(o32, o, rows * C, s);
+  }
+  matmul(g, o, wo, y, rows, C, C, false);
+  return error;
+}
+
+template <typename A>
+std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
+                              const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
+                              float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
+                              cudaStream_t s) {
+  std::string error;
+  const A *qkv = reinterpret_cast<const A *>(aux), *o = qkv + rows * 3 * C;
+  const float *lse = reinterpret_cast<const float *>(o + rows * C);
+  A *dQkv = reinterpret_cast<A *>(stash);
+  if (parts.inputs) {
+    A *dO = reinterpret_cast<A *>(scratch);
+    overwriteTransB(g, dy, wo, dO, rows, C, C, s); // dO = dy Wo^T
+    float *rest = scratch + rows * C;
+    if constexpr (std::is_same_v<A, float>) {
+      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, C, heads, seq, s);
+    } else if (useFlash(C, heads, seq, 2)) {
+      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, C, heads, seq, s);
+    } else {
+      float *qkv32 = rest + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * C, *dQkv32 = dO32 + rows * C;
+      toFloat(qkv, qkv32, rows * 3 * C, s);
+      toFloat(dO, dO32, rows * C, s);
+      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, C, heads, seq, s);
+      toBf16(dQkv32, dQkv, rows * 3 * C, s);
+    }
+    rope(k, dQkv, rows, C, heads, seq, true, s);
+    matmulTransBAcc(g, dQkv, wqkv, dx, rows, 3 * C, C);
+  }
+  if (parts.weights) {
+    matmulTransAAcc(g, o, dy, dWo, rows, C, C);
+    matmulTransAAcc(g, x, dQkv, dWqkv, rows, C, 3 * C);
+  }
+  return error;
+}
+
+template decltype(attentionForward<float>) attentionForward<float>;
+template decltype(attentionForward<bf16>) attentionForward<bf16>;
+template decltype(attentionBackward<float>) attentionBackward<float>;
+template decltype(attentionBackward<bf16>) attentionBackward<bf16>;
+
+} // namespace mhcc::runtime::cuda

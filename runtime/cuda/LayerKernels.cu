@@ -1,0 +1,416 @@
+//===- LayerKernels.cu - RMSNorm, RoPE, SwiGLU, cross-entropy -------------------===//
+//
+// A part of the model's kernel library: mhcc concatenates ModelKernels.cu,
+// MhcKernels.cu, MhcMixKernels.cu and LayerKernels.cu (in that order) after
+// the model's constants and compiles them as one file; the helpers and
+// conventions are ModelKernels.cu's.
+//
+//===----------------------------------------------------------------------===//
+
+// ---- RMSNorm ----------------------------------------------------------------------------
+
+extern "C" __global__ void mhcc_rms_norm_stats(const float *squares, float *aux, int64_t rows, int64_t C, float eps) {
+  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t < rows)
+    aux[t] = 1.0f / sqrtf(squares[t] / float(C) + eps);
+}
+
+extern "C" __global__ void mhcc_rms_norm_apply(const act_t *u, const act_t *gain, const float *aux, act_t *y,
+                                               int64_t rows, int64_t C) {
+  if (C % kVec == 0 && aligned16(u) && aligned16(gain) && aligned16(y)) {
+    for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
+      const float s = aux[i / C];
+      float uv[kVec], gv[kVec], out[kVec];
+      loadVec(u + i, uv);
+      loadVec(gain + i % C, gv);
+      for (int k = 0; k < kVec; ++k)
+        out[k] = uv[k] * s * gv[k];
+      storeVec(y + i, out);
+    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * C; i += gridThreads())
+    store(&y[i], load(u[i]) * aux[i / C] * load(gain[i % C]));
+}
+
+/// One warp per row (any block of whole warps up to kThreads).
+extern "C" __global__ void mhcc_rms_norm_backward_row(const act_t *u, const act_t *gain, const float *aux,
+                                                      const act_t *dy, act_t *du, int64_t rows, int64_t C) {
+  constexpr int kTiles = warpTiles<4>(), E = kTiles * 32 * kVec;
+  __shared__ uint4 staged[kThreads / 32][4][E / kVec];
+  int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  if (t >= rows)
+    return;
+  act_t *buf[4];
+  for (int a = 0; a < 4; ++a)
+    buf[a] = reinterpret_cast<act_t *>(staged[threadIdx.x / 32][a]);
+  const act_t *src[4] = {gain, dy + t * C, u + t * C, du + t * C};
+  const bool vec = C % kVec == 0 && aligned16(u) && aligned16(gain) && aligned16(dy) && aligned16(du);
+  float s = aux[t], dot = 0;
+  warpStream<kTiles, 3>(src, buf, C, vec, lane, [&](int64_t, int n) {
+    for (int j = 0; j < E / 32; ++j) {
+      const int c = lane + 32 * j;
+      if (c < n)
+        dot += load(buf[0][c]) * load(buf[1][c]) * load(buf[2][c]);
+    }
+  });
+  dot = warpSum(dot);
+  float k = s * s * s / float(C) * dot;
+  act_t *duRow = du + t * C, *bdu = buf[3];
+  warpStream<kTiles, 4>(src, buf, C, vec, lane, [&](int64_t base, int n) {
+    for (int j = 0; j < E / 32; ++j) {
+      const int c = lane + 32 * j;
+      if (c < n) {
+        const float g = s * load(buf[0][c]) * load(buf[1][c]) - k * load(buf[2][c]);
+        store(&bdu[c], load(bdu[c]) + g);
+      }
+    }
+    __syncwarp();
+    if (vec && n == E) {
+      for (int v = 0; v < kTiles; ++v)
+        *reinterpret_cast<uint4 *>(duRow + base + (v * 32 + lane) * kVec) =
+            *reinterpret_cast<const uint4 *>(bdu + (v * 32 + lane) * kVec);
+    } else {
+      for (int c = lane; c < n; c += 32)
+        duRow[base + c] = bdu[c];
+    }
+  });
+}
+
+struct RmsNormGainGrad {
+  const act_t *u;
+  const float *aux;
+  const act_t *dy;
+  int64_t C;
+  __device__ float operator()(int64_t t, int64_t c) const { return load(dy[t * C + c]) * load(u[t * C + c]) * aux[t]; }
+};
+
+/// partial: columnChunks(rows) x C. One thread per column of a chunk (as
+/// columnPartials), the rows' loads issued in groups of 16 ahead of their adds.
+extern "C" __global__ void mhcc_rms_norm_gain_grad_partials(const act_t *u, const float *aux, const act_t *dy,
+                                                            int64_t rows, int64_t C, float *partial) {
+  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t chunk = blockIdx.y;
+  if (c >= C)
+    return;
+  constexpr int G = 16;
+  const int64_t end = min(rows, (chunk + 1) * kChunkRows);
+  int64_t t = chunk * kChunkRows;
+  float acc = 0;
+  for (; t + G <= end; t += G) {
+    float d[G], uu[G], a[G];
+    for (int g = 0; g < G; ++g) {
+      d[g] = load(dy[(t + g) * C + c]);
+      uu[g] = load(u[(t + g) * C + c]);
+      a[g] = aux[t + g];
+    }
+    for (int g = 0; g < G; ++g)
+      acc += d[g] * uu[g] * a[g];
+  }
+  for (; t < end; ++t)
+    acc += load(dy[t * C + c]) * load(u[t * C + c]) * aux[t];
+  partial[chunk * C + c] = acc;
+}
+
+// ---- attention ---------------------------------------------------------------------------
+
+/// pow(kRopeBase, -2 j / d): the frequency of pair j.
+__device__ __forceinline__ double ropeFreq(int64_t j, int64_t d) { return pow(kRopeBase, -2.0 * double(j) / double(d)); }
+
+/// The rotation at position t % seq of a pair with frequency freq (the
+/// inverse: -angle).
+__device__ __forceinline__ void ropeAngle(int64_t t, int64_t seq, double freq, int inverse, float &c, float &s) {
+  double theta = double(t % seq) * freq;
+  c = float(cos(theta));
+  s = float(sin(theta));
+  if (inverse)
+    s = -s;
+}
+
+/// The block computes the pairs' frequencies once (shared memory, up to
+/// kRopeMaxPairs pairs). Where the head dim is a multiple of 8 (and C and
+/// rowStride of kVec): one thread per (row, q or k, kRopePairs pairs), the
+/// angles computed once and applied to every head, kRopeHeads heads' loads in
+/// flight at a time. Else one thread per pair.
+constexpr int kRopePairs = 4, kRopeHeads = kVec, kRopeMaxPairs = 256;
+constexpr int kRopeVecs = 2 * kRopePairs / kVec; // 16-byte vectors a head's kRopePairs pairs take
+
+extern "C" __global__ void mhcc_rope(act_t *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, int inverse,
+                                     int64_t rowStride) {
+  __shared__ double freqs[kRopeMaxPairs];
+  const int64_t d = C / heads, pairs = d / 2;
+  const bool cached = pairs <= kRopeMaxPairs;
+  if (cached) {
+    for (int64_t j = threadIdx.x; j < pairs; j += blockDim.x)
+      freqs[j] = ropeFreq(j, d);
+    __syncthreads();
+  }
+  if (d % (2 * kRopePairs) == 0 && C % kVec == 0 && rowStride % kVec == 0 && aligned16(qkv)) {
+    const int64_t groups = pairs / kRopePairs;
+    for (int64_t q = gridThread(); q < rows * 2 * groups; q += gridThreads()) {
+      const int64_t t = q / (2 * groups), which = q / groups % 2, j0 = q % groups * kRopePairs;
+      float c[kRopePairs], s[kRopePairs];
+      for (int p = 0; p < kRopePairs; ++p)
+        ropeAngle(t, seq, cached ? freqs[j0 + p] : ropeFreq(j0 + p, d), inverse, c[p], s[p]);
+      act_t *v = qkv + t * rowStride + which * C + 2 * j0;
+      for (int64_t h0 = 0; h0 < heads; h0 += kRopeHeads) {
+        uint4 raw[kRopeHeads][kRopeVecs];
+        for (int b = 0; b < kRopeHeads; ++b)
+          if (h0 + b < heads)
+            for (int u = 0; u < kRopeVecs; ++u)
+              raw[b][u] = *reinterpret_cast<const uint4 *>(v + (h0 + b) * d + u * kVec);
+        for (int b = 0; b < kRopeHeads; ++b)
+          if (h0 + b < heads)
+            for (int u = 0; u < kRopeVecs; ++u) {
+              float e[kVec];
+              unpackVec(raw[b][u], e);
+              for (int k = 0; k < kVec / 2; ++k) {
+                const int p = u * kVec / 2 + k;
+                float a = e[2 * k], bb = e[2 * k + 1];
+                e[2 * k] = a * c[p] - bb * s[p];
+                e[2 * k + 1] = a * s[p] + bb * c[p];
+              }
+              storeVec(v + (h0 + b) * d + u * kVec, e);
+            }
+      }
+    }
+    return;
+  }
+  for (int64_t e = gridThread(); e < rows * 2 * heads * pairs; e += gridThreads()) {
+    int64_t t = e / (2 * heads * pairs);
+    int64_t rest = e % (2 * heads * pairs);
+    int64_t which = rest / (heads * pairs); // 0: q, 1: k
+    int64_t h = (rest / pairs) % heads, j = rest % pairs;
+    float c, s;
+    ropeAngle(t, seq, cached ? freqs[j] : ropeFreq(j, d), inverse, c, s);
+    act_t *v = qkv + t * rowStride + which * C + h * d + 2 * j;
+    float a = load(v[0]), b = load(v[1]);
+    store(&v[0], a * c - b * s);
+    store(&v[1], a * s + b * c);
+  }
+}
+
+/// One block per score row (head, query i) of one sequence: causal softmax
+/// in place (P, zero above the diagonal) and the row's log-sum-exp.
+extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_t seq, int64_t heads,
+                                               int64_t lseOffset) {
+  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  float *row = scores + (h * seq + i) * seq;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    m = fmaxf(m, row[j]);
+  m = blockMax(m);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    sum += expf(row[j] - m);
+  sum = blockSum(sum);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x)
+    row[j] = j <= i ? expf(row[j] - m) * inv : 0.0f;
+  if (threadIdx.x == 0)
+    lse[(lseOffset + i) * heads + h] = m + logf(sum);
+}
+
+/// Backward of one score row: P from the saved log-sum-exp, then
+/// dS = P (dP - <P, dP>) * scale; P replaces the scores, dS replaces dP.
+extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse, int64_t seq,
+                                                        int64_t heads, int64_t lseOffset, float scale) {
+  const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
+  const float l = lse[(lseOffset + i) * heads + h];
+  float dot = 0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    dot += expf(row[j] - l) * grad[j];
+  dot = blockSum(dot);
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
+    float p = j <= i ? expf(row[j] - l) : 0.0f;
+    row[j] = p;
+    grad[j] = p * (grad[j] - dot) * scale;
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------
+
+extern "C" __global__ void mhcc_swiglu_gate(const act_t *a, const act_t *b, act_t *hsw, int64_t count) {
+  const int64_t vecs = aligned16(a) && aligned16(b) && aligned16(hsw) ? count / kVec : 0;
+  for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
+    float av[kVec], bv[kVec], out[kVec];
+    loadVec(a + q * kVec, av);
+    loadVec(b + q * kVec, bv);
+    for (int k = 0; k < kVec; ++k) {
+      const float v = av[k] * sigmoidf(av[k]) * bv[k];
+      out[k] = v;
+    }
+    storeVec(hsw + q * kVec, out);
+  }
+  for (int64_t i = vecs * kVec + gridThread(); i < count; i += gridThreads()) {
+    const float v = load(a[i]) * sigmoidf(load(a[i])) * load(b[i]);
+    store(&hsw[i], v);
+  }
+}
+
+extern "C" __global__ void mhcc_swiglu_backward_gate(const act_t *a, const act_t *b, const act_t *dh, act_t *da,
+                                                     act_t *db, int64_t count) {
+  const bool vec = aligned16(a) && aligned16(b) && aligned16(dh) && aligned16(da) && aligned16(db);
+  const int64_t vecs = vec ? count / kVec : 0;
+  for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
+    float av[kVec], bv[kVec], hv[kVec], gav[kVec], gbv[kVec];
+    loadVec(a + q * kVec, av);
+    loadVec(b + q * kVec, bv);
+    loadVec(dh + q * kVec, hv);
+    for (int k = 0; k < kVec; ++k) {
+      float s = sigmoidf(av[k]);
+      const float gb = hv[k] * av[k] * s;
+      gbv[k] = gb;
+      const float ga = hv[k] * bv[k] * s * (1.0f + av[k] * (1.0f - s));
+      gav[k] = ga;
+    }
+    storeVec(db + q * kVec, gbv);
+    storeVec(da + q * kVec, gav);
+  }
+  for (int64_t i = vecs * kVec + gridThread(); i < count; i += gridThreads()) {
+    float s = sigmoidf(load(a[i]));
+    const float gb = load(dh[i]) * load(a[i]) * s;
+    store(&db[i], gb);
+    const float ga = load(dh[i]) * load(b[i]) * s * (1.0f + load(a[i]) * (1.0f - s));
+    store(&da[i], ga);
+  }
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------
+
+/// One block of kThreads per row; thread i takes elements i, i + kThreads, ...
+/// in order, as one element per step did. The row goes through shared memory
+/// in stages of kLseTiles * kThreads * kVec elements (16-byte loads, the next
+/// stage in flight); the first kLseSlots - 1 stages stay there for the second
+/// pass, later ones are loaded again.
+constexpr int kLseTiles = 2, kLseSlots = 5;
+
+extern "C" __global__ void mhcc_log_sum_exp(const act_t *logits, float *aux, int64_t rows, int64_t V) {
+  using S = Stage<kLseTiles, kThreads>;
+  constexpr int E = S::kElems;
+  __shared__ uint4 staged[kLseSlots][E / kVec];
+  const act_t *row = logits + blockIdx.x * V;
+  const bool vec = V % kVec == 0 && aligned16(logits);
+  const int lane = threadIdx.x;
+  const int64_t stages = (V + E - 1) / E;
+  auto slot = [&](int64_t i) { return reinterpret_cast<act_t *>(staged[i < kLseSlots - 1 ? i : kLseSlots - 1]); };
+  S s;
+  s.fetch(row, min(V, int64_t(E)), vec, lane);
+  float m = -INFINITY;
+  for (int64_t i = 0; i < stages; ++i) {
+    const int64_t base = i * E;
+    const int n = int(min(V - base, int64_t(E)));
+    __syncthreads(); // the rolling slot's readers are done
+    s.put(slot(i), lane);
+    __syncthreads();
+    if (base + E < V)
+      s.fetch(row + base + E, min(V - base - E, int64_t(E)), vec, lane);
+    const act_t *b = slot(i);
+    for (int j = 0; j < E / kThreads; ++j) {
+      const int c = lane + kThreads * j;
+      if (c < n)
+        m = fmaxf(m, load(b[c]));
+    }
+  }
+  m = blockMax(m);
+  const int64_t kept = kLseSlots - 1;
+  if (stages > kept)
+    s.fetch(row + kept * E, min(V - kept * E, int64_t(E)), vec, lane);
+  float sum = 0;
+  for (int64_t i = 0; i < stages; ++i) {
+    const int64_t base = i * E;
+    const int n = int(min(V - base, int64_t(E)));
+    if (i >= kept) {
+      __syncthreads();
+      s.put(slot(i), lane);
+      __syncthreads();
+      if (base + E < V)
+        s.fetch(row + base + E, min(V - base - E, int64_t(E)), vec, lane);
+    }
+    const act_t *b = slot(i);
+    for (int j = 0; j < E / kThreads; ++j) {
+      const int c = lane + kThreads * j;
+      if (c < n)
+        sum += expf(load(b[c]) - m);
+    }
+  }
+  sum = blockSum(sum);
+  if (threadIdx.x == 0)
+    aux[blockIdx.x] = m + logf(sum);
+}
+
+/// One block (any size up to kThreads): its threads gather each row's term
+/// (+0 for a row without a label: adding +0 leaves the running total, which is
+/// never -0, unchanged), then one thread adds them in row order, as the serial
+/// loop did.
+extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels, const float *aux, float *loss,
+                                     int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+  constexpr int kRows = 2048; // rows gathered per pass
+  __shared__ float terms[kRows];
+  __shared__ int64_t counts[kThreads];
+  if (blockIdx.x != 0)
+    return;
+  float total = 0;
+  int64_t counted = 0;
+  for (int64_t first = 0; first < rows; first += kRows) {
+    const int n = int(min(rows - first, int64_t(kRows)));
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+      const int64_t t = first + r;
+      float term = 0.0f;
+      if ((t % seq) + shift < seq) {
+        term = aux[t] - load(logits[t * V + labels[t + shift]]);
+        ++counted;
+      }
+      terms[r] = term;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int r = 0; r < n; ++r)
+        total += terms[r];
+    __syncthreads();
+  }
+  counts[threadIdx.x] = counted;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    counted = 0;
+    for (int i = 0; i < int(blockDim.x); ++i)
+      counted += counts[i];
+    *loss = counted ? total / float(counted) : 0.0f;
+  }
+}
+
+extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, const int32_t *labels, const float *aux,
+                                                       float factor, act_t *dLogits, int64_t rows, int64_t V,
+                                                       int64_t shift, int64_t seq) {
+  if (V % kVec == 0 && aligned16(logits) && aligned16(dLogits)) {
+    for (int64_t i = gridThread() * kVec; i < rows * V; i += gridThreads() * kVec) {
+      int64_t t = i / V, v = i % V;
+      if ((t % seq) + shift >= seq)
+        continue;
+      const float at = aux[t];
+      const int32_t label = labels[t + shift];
+      float lv[kVec], dv[kVec];
+      loadVec(logits + i, lv);
+      loadVec(dLogits + i, dv);
+      for (int k = 0; k < kVec; ++k) {
+        float g = factor * expf(lv[k] - at);
+        if (label == v + k)
+          g -= factor;
+        dv[k] = dv[k] + g;
+      }
+      storeVec(dLogits + i, dv);
+    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * V; i += gridThreads()) {
+    int64_t t = i / V, v = i % V;
+    if ((t % seq) + shift >= seq)
+      continue;
+    float g = factor * expf(load(logits[i]) - aux[t]);
+    if (labels[t + shift] == v)
+      g -= factor;
+    store(&dLogits[i], load(dLogits[i]) + g);
+  }
+}
