@@ -23,6 +23,9 @@ MODELS = {
     "small_ci": ("small's depth (12 layers, n = 4) shrunk to C=64 and seq 64 for CPU parity tests.",
                  dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=64, streams=4),
                  12, [1]),
+    "small_bf16": ("small in bf16: flash attention (head dim 64) and cuBLASLt on the GPU.",
+                   dict(vocab=256, hidden=512, heads=8, ffn_hidden=1408, seq_len=1024,
+                        streams=4, dtype="bf16"), 12, []),
     "small_n1": ("small as a plain residual model (n = 1), for overhead comparisons.",
                  dict(vocab=256, hidden=512, heads=8, ffn_hidden=1408,
                       seq_len=1024, streams=1), 12, []),
@@ -38,6 +41,12 @@ MODELS = {
     "transport_c7168": ("DeepSeek-V3-width transport case: n*C = 28672 on the wire.",
                         dict(vocab=256, hidden=7168, heads=56, ffn_hidden=18432,
                              seq_len=512, streams=4), 4, []),
+    "transport_c4096_bf16": ("transport_c4096 in bf16: half the bytes on the wire.",
+                             dict(vocab=256, hidden=4096, heads=32, ffn_hidden=11008,
+                                  seq_len=512, streams=4, dtype="bf16"), 4, []),
+    "transport_c7168_bf16": ("transport_c7168 in bf16: half the bytes on the wire.",
+                             dict(vocab=256, hidden=7168, heads=56, ffn_hidden=18432,
+                                  seq_len=512, streams=4, dtype="bf16"), 4, []),
 }
 
 

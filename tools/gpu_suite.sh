@@ -34,7 +34,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
-TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2)
+TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
+      tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Refusal: an artifact without kernels. (Kernels for another architecture
@@ -51,6 +52,17 @@ declare -A ARTIFACT=(
   [c7168_pp1]="models/transport_c7168.json --microbatches 2 --pp 1"
   [c7168_pp2]="models/transport_c7168.json --microbatches 2 --pp 2"
   [c7168_pp2_vpp2]="models/transport_c7168.json --microbatches 2 --pp 2 --vpp 2"
+  # bf16 (docs/precision.md): flash attention (head dim 64 / 128) and cuBLASLt.
+  [small_bf16_m2_pp1]="models/small_bf16.json --microbatches 2 --pp 1"
+  [small_bf16_m2_pp2]="models/small_bf16.json --microbatches 2 --pp 2"
+  [small_bf16_m2_pp2_vpp2]="models/small_bf16.json --microbatches 2 --pp 2 --vpp 2"
+  [small_bf16_m2_pp2_zb]="models/small_bf16.json --microbatches 2 --pp 2 --schedule zb-h1"
+  [c4096_bf16_pp1]="models/transport_c4096_bf16.json --microbatches 2 --pp 1"
+  [c4096_bf16_pp2]="models/transport_c4096_bf16.json --microbatches 2 --pp 2"
+  [c4096_bf16_pp2_vpp2]="models/transport_c4096_bf16.json --microbatches 2 --pp 2 --vpp 2"
+  [c7168_bf16_pp1]="models/transport_c7168_bf16.json --microbatches 2 --pp 1"
+  [c7168_bf16_pp2]="models/transport_c7168_bf16.json --microbatches 2 --pp 2"
+  [c7168_bf16_pp2_vpp2]="models/transport_c7168_bf16.json --microbatches 2 --pp 2 --vpp 2"
   # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
   [small_m4_pp1]="models/small.json --microbatches 4 --pp 1"
   [small_m4_pp4]="models/small.json --microbatches 4 --pp 4"
@@ -65,6 +77,7 @@ declare -A ARTIFACT=(
   [small_pp2_vpp2]="models/small.json --microbatches 8 --pp 2 --vpp 2"
   [small_pp2_zb]="models/small.json --microbatches 8 --pp 2 --schedule zb-h1"
   [1b_pp1]="models/1b.json --microbatches 8 --pp 1"
+  [1b_m1_pp1]="models/1b.json --microbatches 1 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
   [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"
@@ -75,14 +88,20 @@ declare -A ARTIFACT=(
 )
 BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_zb small_pp2_vpp2 small_pp4 small_pp4_vpp2
                1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2 1b_pp4 1b_pp4_vpp2"
-# H200 SXM fp32 (no tensor cores: the backend runs fp32 without TF32).
-PEAK_TFLOPS=67
+# H200 SXM peaks MFU is judged against: fp32 without tensor cores (the
+# backend runs fp32 without TF32), and dense bf16 tensor cores (measured,
+# docs/gpu_results.md) for bf16 models.
+PEAK_F32=67
+PEAK_BF16=790
+peak_of() { grep -q '"dtype": "bf16"' "models/$(model_of "$1").json" 2>/dev/null && echo $PEAK_BF16 || echo $PEAK_F32; }
+model_of() { local spec=${ARTIFACT[$1]:-}; spec=${spec%% *}; spec=${spec#models/}; echo "${spec%.json}"; }
 
 case "${1:-}" in
 bundle)
   # Our own libraries linked in statically, so the binaries travel alone
   # (system libraries: CUDA, cuBLAS, NCCL, MPI come from the GPU machine).
-  targets=("${GPU_TESTS[@]}" //tools:mhcrun //tools:libmhcc_mpi.so //tools:gemm_bench //compiler:mhcc)
+  targets=("${GPU_TESTS[@]}" //tools:mhcrun //tools:libmhcc_mpi.so //tools:gemm_bench //tools:attention_bench
+           //compiler:mhcc)
   for a in "${TINY[@]}"; do targets+=("//tests:$a"); done
   build=(bazel build --dynamic_mode=off "${targets[@]}")
   "${build[@]}" >/dev/null 2>&1 || { "${build[@]}"; exit 1; }
@@ -91,15 +110,20 @@ bundle)
     path=${t#//}
     cp "bazel-bin/${path/://}" "$bundle/${t##*:}"
   done
-  cp bazel-bin/tools/mhcrun bazel-bin/tools/libmhcc_mpi.so bazel-bin/tools/gemm_bench "$bundle/"
+  cp bazel-bin/tools/mhcrun bazel-bin/tools/libmhcc_mpi.so bazel-bin/tools/gemm_bench bazel-bin/tools/attention_bench \
+     "$bundle/"
   [ -n "${GPU_SUITE_BASELINE:-}" ] && cp "$GPU_SUITE_BASELINE" "$bundle/mhcrun_baseline"
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
     bazel-bin/compiler/mhcc --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
+    peak_of "$name" > "$bundle/$name.peak"
+    # shellcheck disable=SC2086
+    bazel-bin/compiler/mhcc --cuda-arch none ${ARTIFACT[$name]} --print-schedule 2>/dev/null |
+      sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
   done
-  cp data/corpus.txt tools/metrics_to_golden.py "$bundle/"
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2; do
+  cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py "$bundle/"
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
   git rev-parse HEAD > "$bundle/COMMIT"
@@ -108,7 +132,7 @@ bundle)
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2; do
     src="$dir/golden_values_h200_$recipe.json"
     [ -f "$src" ] || { echo "no $src (not run: fewer GPUs?)"; continue; }
     mkdir -p "goldens/$recipe"
@@ -140,6 +164,23 @@ run)
     if timeout 300 ./gemm_bench > "$logs/gemm_bench.log" 2>&1; then r=PASS; else r=FAIL; fi
     row "ceilings (gemm_bench)" $r "$(grep '^copy' "$logs/gemm_bench.log"); table in gemm_bench.log"
     cp "$logs/gemm_bench.log" "$out/" 2>/dev/null
+    # Flash attention against a naive fp32 reference, determinism, TFLOP/s.
+    if timeout 300 ./attention_bench > "$logs/attention_bench.log" 2>&1; then r=PASS; else r=FAIL; fi
+    row "flash attention (attention_bench)" $r "$(grep -E 'TFLOP/s' "$logs/attention_bench.log" | tr '\n' ';' | cut -c1-200)"
+    cp "$logs/attention_bench.log" "$out/" 2>/dev/null
+  fi
+
+  if [[ $parts == *" kernels "* ]]; then
+    # Every kernel of one 1b step (one microbatch) under Nsight Compute: time
+    # and DRAM bytes from the hardware counters, GB/s against the copy
+    # bandwidth gemm_bench measures in the same run (opt-in part).
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    copy=$(timeout 120 ./gemm_bench 2>/dev/null | sed -n 's/^copy: \([0-9.]*\) GB.*/\1/p' | head -1)
+    if [ -n "$ncu" ] && timeout 400 "$ncu" --clock-control none --csv --launch-skip 0 --launch-count 2000 \
+         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+         ./mhcrun 1b_m1_pp1.mhcc --data corpus.txt --steps 1 --no-progress > "$logs/ncu_1b.csv" 2> "$logs/ncu_1b.err" &&
+       python3 kernel_table.py "$logs/ncu_1b.csv" "${copy:-4300}" > "$out/kernel_table.txt"; then r=PASS; else r=FAIL; fi
+    row "kernel table (ncu, 1b step)" $r "copy ${copy:-?} GB/s; $(head -3 "$out/kernel_table.txt" 2>/dev/null | tail -1 | cut -c1-120)"
   fi
 
   if [[ $parts == *" checks "* ]]; then
@@ -153,6 +194,14 @@ run)
     declare -A PARITY=(
       [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
       [small]="small_m2_pp1:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
+      # bf16: against the CPU within 1e-3 (the GPU's roundings differ, docs/precision.md).
+      [tiny_bf16]="tiny_bf16_pp1:tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb"
+      [small_bf16]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2 small_bf16_m2_pp2_vpp2 small_bf16_m2_pp2_zb"
+      # Opt-in: small_bf16 on the reference attention core (MHCC_ATTENTION=reference).
+      [small_bf16_ref]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2"
+      [small_bf16_pool]="small_bf16_m2_pp1:small_bf16_m2_pp1"
+      [c4096_bf16]="-:c4096_bf16_pp1 c4096_bf16_pp2 c4096_bf16_pp2_vpp2"
+      [c7168_bf16]="-:c7168_bf16_pp1 c7168_bf16_pp2 c7168_bf16_pp2_vpp2"
       [c4096]="-:c4096_pp1 c4096_pp2 c4096_pp2_vpp2"
       [c7168]="-:c7168_pp1 c7168_pp2 c7168_pp2_vpp2"
       # Opt-in (not in the default list): GPU vs CPU for the transport case
@@ -167,7 +216,7 @@ run)
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
       [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -176,7 +225,8 @@ run)
       for a in $list; do args+=" $a.mhcc"; done
       plan=static; [[ $name == *_pool ]] && plan=pool
       # shellcheck disable=SC2086
-      if MHCC_TEST_MEMORY_PLAN=$plan timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
+      attention=; [[ $name == *_ref ]] && attention=reference
+      if MHCC_ATTENTION=$attention MHCC_TEST_MEMORY_PLAN=$plan timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
         r=PASS; else r=FAIL; fi
       row "parity $name ($(echo $list | wc -w) layouts, x2)" $r \
           "$(grep -E '^step [0-9]:|^\[  (PASSED|FAILED|SKIPPED) ' "$logs/parity_$name.log" | tr '\n' ' ' | cut -c1-220)"
@@ -234,6 +284,18 @@ run)
       else r=FAIL; detail="$(tail -2 "$logs/golden_tiny_pp2_mpirun.1.log" | tr '\n' ' ' | cut -c1-150)"; fi
       row "golden tiny PP2 (mpirun -np 2)" $r "$detail"
     fi
+    # bf16 (tiny's reference attention core, cuBLASLt): PP1 and PP2/VPP2 equal.
+    if golden tiny_bf16 tiny_bf16_pp1 && detail=$(check_golden tiny_bf16 tiny_bf16); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
+    row "golden tiny_bf16 (PP1)" $r "$detail; $(tail -1 "$logs/golden_tiny_bf16.1.log" | cut -c1-80)"
+    if [ "$gpus" -ge 2 ]; then
+      detail=
+      if golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2 env && detail=$(check_golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2) &&
+         same_json "$logs/golden_values_h200_tiny_bf16.json" "$logs/golden_values_h200_tiny_bf16_pp2_vpp2.json"; then
+        r=PASS; detail+="; equal to PP1's"
+      else r=FAIL; detail="${detail:-run failed}"; fi
+      row "golden tiny_bf16 PP2/VPP2 (--gpus 2)" $r "$detail"
+    fi
+    cp "$logs"/golden_values_h200_tiny_bf16.json "$logs"/golden_values_h200_tiny_bf16_pp2_vpp2.json "$out/" 2>/dev/null
     if [ "$gpus" -ge 4 ]; then
       detail=
       if golden tiny_pp4_vpp2 tiny_pp4_vpp2 env && detail=$(check_golden tiny_pp4_vpp2 tiny_pp4_vpp2) &&
@@ -291,7 +353,10 @@ PY
   bench_numbers() {
     local bin=$1 name=$2 log=$3
     # shellcheck disable=SC2086
-    if ! timeout 400 "$bin" "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $PEAK_TFLOPS \
+    local peak dtype
+    peak=$(cat "$name.peak" 2>/dev/null || echo $PEAK_F32)
+    dtype=$([ "$peak" = $PEAK_BF16 ] && echo bf16 || echo fp32)
+    if ! timeout 400 "$bin" "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $peak \
         ${GPU_SUITE_MHCRUN_FLAGS:-} --metrics "$log.jsonl" > "$log.log" 2>&1; then
       numbers=$(tail -1 "$log.log" | cut -c1-150); return 1
     fi
@@ -301,9 +366,9 @@ rows = [json.loads(l) for l in open('$log.jsonl')][1:]
 tflops = statistics.median(r['tflops'] for r in rows)
 # No device allocation after the first step: the same bytes reserved from step 2 on.
 steady = all(r['device reserved bytes per rank'] == rows[0]['device reserved bytes per rank'] for r in rows)
-print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% (fp32), peak MiB %s, memory %s' % (
+print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% ($dtype), peak MiB %s, memory %s' % (
       statistics.median(r['elapsed ms'] for r in rows), statistics.median(r['tokens per second'] for r in rows),
-      tflops, 100 * tflops / ($PEAK_TFLOPS * len(rows[-1]['peak bytes per rank'])),
+      tflops, 100 * tflops / ($peak * len(rows[-1]['peak bytes per rank'])),
       ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank']),
       'steady' if steady else 'GREW after step 2'))
 sys.exit(0 if steady else 1)")
@@ -328,7 +393,19 @@ print('%.0f tokens/s, new/baseline %.3f' % (med('$logs/baseline_$name.jsonl'), m
     done
     for name in ${GPU_SUITE_PROFILE:-}; do
       timeout 200 ./mhcrun "$name.mhcc" --data corpus.txt --steps 3 --no-progress --profile --in-process \
-        > "$logs/profile_$name.log" 2>&1
+        > "$logs/profile_$name.log" 2>&1 && r=PASS || r=FAIL
+      # Measured bubble: idle / (ranks x pipeline wall), the busy time being
+      # the sum of each rank's timed primitives; beside mhcc's prediction.
+      measured=$(python3 -c "
+import re, sys
+busy, wall = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r'\s*([0-9.]+)\s+rank (\d+) ', line)
+    if m: busy[m.group(2)] = busy.get(m.group(2), 0.0) + float(m.group(1))
+    m = re.match(r'\s*([0-9.]+)\s+host: pipeline', line)
+    if m: wall = float(m.group(1))
+print('%.3f' % (1 - sum(busy.values()) / (len(busy) * wall)) if wall and busy else '?')" "$logs/profile_$name.log")
+      row "profile $name" $r "bubble measured $measured, predicted $(cat "$name.bubble" 2>/dev/null || echo ?); top items in profile_$name.log"
     done
   fi
 
