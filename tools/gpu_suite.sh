@@ -78,6 +78,7 @@ declare -A ARTIFACT=(
   [small_pp2_zb]="models/small.json --microbatches 8 --pp 2 --schedule zb-h1"
   [1b_pp1]="models/1b.json --microbatches 8 --pp 1"
   [1b_m1_pp1]="models/1b.json --microbatches 1 --pp 1"
+  [1b_f32_pp1]="models/1b_f32.json --microbatches 8 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
   [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"
@@ -346,6 +347,25 @@ PY
       row "checkpoint PP2" SKIP "needs 2 GPUs, $gpus visible"
     fi
     cp -r ck_pp2/iter_0000010/meta.json "$logs/ck_pp2_meta.json" 2>/dev/null
+  fi
+
+  if [[ $parts == *" convergence "* ]]; then
+    # bf16 against fp32 for 1b over GPU_SUITE_CONVERGENCE_STEPS (default 100)
+    # iterations on the shipped text: the final lm losses within 1% (opt-in).
+    steps=${GPU_SUITE_CONVERGENCE_STEPS:-100}
+    for name in 1b_pp1 1b_f32_pp1; do
+      timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps "$steps" --no-progress \
+        --metrics "$logs/convergence_$name.jsonl" > "$logs/convergence_$name.log" 2>&1
+    done
+    detail=$(python3 -c "
+import json, sys
+rows = [[json.loads(l) for l in open('$logs/convergence_%s.jsonl' % n)] for n in ('1b_pp1', '1b_f32_pp1')]
+if min(len(r) for r in rows) < $steps: print('a run stopped early'); sys.exit(1)
+bf, fp = rows[0][-1]['lm loss'], rows[1][-1]['lm loss']
+every = ' '.join('%d:%.4f/%.4f' % (a['iteration'], a['lm loss'], b['lm loss']) for a, b in zip(*rows) if a['iteration'] % 10 == 0)
+print('final lm loss bf16 %.5f fp32 %.5f (relative %.2e); every 10 (bf16/fp32) %s' % (bf, fp, abs(bf - fp) / fp, every))
+sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
+    row "convergence 1b bf16 vs fp32 ($steps it)" $r "$detail"
   fi
 
   # bench_numbers MHCRUN NAME LOGPREFIX: 5 iterations, medians of the last 4,
