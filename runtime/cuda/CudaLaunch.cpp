@@ -74,8 +74,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     expandForward(k, in(0), out, T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
-    mhcCoeffsForward(k, g, in(0), w(0), w(1), w(2), out32, aux, scratch(mhcCoeffsForwardScratch(T, n)).data, T, C,
-                     n, stream);
+    mhcCoeffsForward(k, g, in(0), w(0), w(1), w(2), out32, aux, T, C, n, stream);
     break;
   case Prim::MhcPre:
     mhcPreForward(k, in(0), in32(1), out, T, C, n, stream);

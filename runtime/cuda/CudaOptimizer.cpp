@@ -49,6 +49,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
     follow(compute_, stream);
   cudaMemsetAsync(stats_, 0, 2 * P * sizeof(double), compute_);
   gradient.assign(P, nullptr);
+  std::vector<StatsTensor> tensors;
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     if (plan.owner != rank_ || plan.uses.empty())
@@ -63,8 +64,13 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       for (size_t u = 1; u < plan.uses.size(); ++u)
         addInto(gradient[p], useData(u), count, compute_);
     }
-    squaresAndZeros(gradient[p], count, stats_ + 2 * p, statPartials_, compute_);
+    tensors.push_back({gradient[p], count, int64_t(p)});
   }
+  // Every owned gradient's statistics in two launches (the upload is staged
+  // from pageable memory before cudaMemcpyAsync returns).
+  cudaMemcpyAsync(statTensors_, tensors.data(), tensors.size() * sizeof(StatsTensor), cudaMemcpyHostToDevice,
+                  compute_);
+  squaresAndZeros(statTensors_, int64_t(tensors.size()), stats_, statPartials_, compute_);
   return check("gradient reduction");
 }
 
@@ -126,12 +132,13 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     if (!gradient[p])
       continue;
     const int64_t count = a_.params[p].count();
+    bf16 *low = bf16_ ? lowWeights_.at(int(p)) : nullptr; // the kernels' copy, rounded in the same pass
     if (k.sgd)
-      sgd(weights_[int(p)], gradient[p], count, float(k.lr), k.clip, compute_);
+      sgd(weights_[int(p)], gradient[p], count, float(k.lr), k.clip, low, compute_);
     else
       adamW(weights_[int(p)], gradient[p], adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1,
             k.beta2, k.eps, k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f,
-            compute_);
+            low, compute_);
   }
   if (!check("optimizer update"))
     return false;
@@ -154,7 +161,7 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     return fail(std::string("sending updated weights: ") + ncclGetErrorString(status));
   if (!waitStreams(allStreams(), "the weight exchange"))
     return false;
-  refreshLowWeights();
+  refreshLowWeights(true);
   return check("optimizer");
 }
 

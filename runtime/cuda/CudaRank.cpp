@@ -41,6 +41,7 @@ CudaRank::~CudaRank() {
     cudaFree(p);
   cudaFree(stats_);
   cudaFree(statPartials_);
+  cudaFree(statTensors_);
   cudaFree(sharedStats_);
   cudaFree(arena_);
   for (auto &[key, pointers] : csrs_) {
@@ -134,7 +135,8 @@ bool CudaRank::setupDevice() {
   staticBytes_ += 2 * a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
   const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 2 * a_.pp;
   if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
-      cudaMalloc(&statPartials_, squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
+      cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
+      cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
   refreshLowWeights();
@@ -233,6 +235,8 @@ Buffer CudaRank::allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) 
 int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const ForwardInstr &f = a_.stages[stage].forward[index];
   const int64_t T = a_.model.tokens(), C = a_.model.hidden;
+  if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
+    return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
   if (!bf16_)
     return f.auxSize;
   switch (f.op) { // the bf16 pieces of DeviceKernels.h's aux layouts take half the floats
@@ -429,9 +433,10 @@ bool CudaRank::loadState(const ParameterState &state) {
   return check("uploading the weights and moments of a checkpoint");
 }
 
-void CudaRank::refreshLowWeights() {
+void CudaRank::refreshLowWeights(bool receivedOnly) {
   for (auto &[p, low] : lowWeights_)
-    toBf16(weights_.at(p), low, a_.params[p].count(), compute_);
+    if (!receivedOnly || plans_[p].owner != rank_)
+      toBf16(weights_.at(p), low, a_.params[p].count(), compute_);
 }
 
 void CudaRank::abort() {

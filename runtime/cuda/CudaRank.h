@@ -123,8 +123,9 @@ private:
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
   bool updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result);
-  /// bf16 models: the kernels' copies of every held weight, from the masters.
-  void refreshLowWeights();
+  /// bf16 models: the kernels' copies of the held weights, from the masters
+  /// (with `receivedOnly`, those the owner's update did not already round).
+  void refreshLowWeights(bool receivedOnly = false);
 
   const Artifact &a_;
   const TrainOptions &options_;
@@ -149,6 +150,7 @@ private:
   bool aborted_ = false;
   std::vector<int32_t *> tokens_, labels_; // by microbatch
   double *stats_ = nullptr, *statPartials_ = nullptr, *sharedStats_ = nullptr;
+  StatsTensor *statTensors_ = nullptr; // the owned gradients of a step, for squaresAndZeros
   int64_t staticBytes_ = 0;   // weights, gradients, optimizer state, token ids
   int64_t live_ = 0, peak_ = 0; // staticBytes plus what the step allocates
 

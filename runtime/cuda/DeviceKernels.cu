@@ -39,11 +39,25 @@ __global__ void toBf16Kernel(const float *src, bf16 *dst, int64_t count) {
 
 constexpr int kStatBlocks = 256; // fixed: the sum's association depends on the size alone
 
-/// Per block: the sum of squares (double) and the zero count of a strided slice.
-__global__ void squaresAndZerosKernel(const float *g, int64_t count, double *partials) {
+inline __host__ __device__ int statBlocks(int64_t count) {
+  const int64_t wanted = (count + kThreads - 1) / kThreads;
+  return int(wanted < 1 ? 1 : wanted > kStatBlocks ? kStatBlocks : wanted);
+}
+
+/// Per block (x) of a tensor (y): the sum of squares (double) and the zero
+/// count of a strided slice; a tensor of `count` floats uses statBlocks(count)
+/// blocks, whatever the grid.
+__global__ void squaresAndZerosKernel(const StatsTensor *tensors, double *partials) {
+  const StatsTensor t = tensors[blockIdx.y];
+  const int used = statBlocks(t.count);
+  if (int(blockIdx.x) >= used)
+    return;
+  const float *g = t.gradient;
+  const int64_t count = t.count;
+  partials += blockIdx.y * 2 * int64_t(kStatBlocks);
   __shared__ double squares[kThreads], zeros[kThreads];
   double sq = 0, z = 0;
-  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < count; i += int64_t(kThreads) * gridDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < count; i += int64_t(kThreads) * used) {
     double v = g[i];
     sq += v * v;
     z += g[i] == 0.0f;
@@ -64,18 +78,25 @@ __global__ void squaresAndZerosKernel(const float *g, int64_t count, double *par
   }
 }
 
-__global__ void finishSquaresAndZerosKernel(const double *partials, int blocksUsed, double *out) {
+/// One thread per tensor adds its blocks' partials in order.
+__global__ void finishSquaresAndZerosKernel(const StatsTensor *tensors, int64_t count, const double *partials,
+                                            double *out) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= count)
+    return;
+  const StatsTensor t = tensors[k];
+  partials += k * 2 * int64_t(kStatBlocks);
   double sq = 0, z = 0;
-  for (int b = 0; b < blocksUsed; ++b) {
+  for (int b = 0; b < statBlocks(t.count); ++b) {
     sq += partials[2 * b];
     z += partials[2 * b + 1];
   }
-  out[0] = sq;
-  out[1] = z;
+  out[2 * t.slot] = sq;
+  out[2 * t.slot + 1] = z;
 }
 
 __global__ void adamWKernel(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip,
-                            float b1, float b2, float eps, float c1, float c2, float decay) {
+                            float b1, float b2, float eps, float c1, float c2, float decay, bf16 *low) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count)
     return;
@@ -86,33 +107,39 @@ __global__ void adamWKernel(float *w, const float *g, float *m, float *v, int64_
   v[i] = vv;
   float update = (mm / c1) / (sqrtf(vv / c2) + eps);
   w[i] -= lr * (update + decay * w[i]);
+  if (low)
+    low[i] = __float2bfloat16_rn(w[i]);
 }
 
-__global__ void sgdKernel(float *w, const float *g, int64_t count, float lr, float clip) {
+__global__ void sgdKernel(float *w, const float *g, int64_t count, float lr, float clip, bf16 *low) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count)
-    w[i] -= lr * (g[i] * clip);
+  if (i >= count)
+    return;
+  w[i] -= lr * (g[i] * clip);
+  if (low)
+    low[i] = __float2bfloat16_rn(w[i]);
 }
 
 } // namespace
 
-void squaresAndZeros(const float *g, int64_t count, double *out, double *partials, cudaStream_t s) {
-  int used = int(std::min<int64_t>(kStatBlocks, std::max<int64_t>(1, (count + kThreads - 1) / kThreads)));
-  squaresAndZerosKernel<<<used, kThreads, 0, s>>>(g, count, partials);
-  finishSquaresAndZerosKernel<<<1, 1, 0, s>>>(partials, used, out);
+void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, double *partials, cudaStream_t s) {
+  if (!count)
+    return;
+  squaresAndZerosKernel<<<dim3(kStatBlocks, unsigned(count)), kThreads, 0, s>>>(tensors, partials);
+  finishSquaresAndZerosKernel<<<blocks(count), kThreads, 0, s>>>(tensors, count, partials, out);
 }
 int64_t squaresAndZerosScratch() { return 2 * kStatBlocks; }
 
 void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
-           float beta2, float eps, float correction1, float correction2, float decay, cudaStream_t s) {
+           float beta2, float eps, float correction1, float correction2, float decay, bf16 *low, cudaStream_t s) {
   if (count)
     adamWKernel<<<blocks(count), kThreads, 0, s>>>(w, g, m, v, count, lr, clip, beta1, beta2, eps, correction1,
-                                                  correction2, decay);
+                                                  correction2, decay, low);
 }
 
-void sgd(float *w, const float *g, int64_t count, float lr, float clip, cudaStream_t s) {
+void sgd(float *w, const float *g, int64_t count, float lr, float clip, bf16 *low, cudaStream_t s) {
   if (count)
-    sgdKernel<<<blocks(count), kThreads, 0, s>>>(w, g, count, lr, clip);
+    sgdKernel<<<blocks(count), kThreads, 0, s>>>(w, g, count, lr, clip, low);
 }
 
 std::string lastError(const char *what) {
@@ -211,9 +238,9 @@ inline unsigned coeffBlocks(int64_t rows, int64_t n) {
 
 template <typename A>
 void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
-                      float *coef, float *aux, float *scratch, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
   const int64_t K = n * n + 2 * n, width = n * C;
-  float *p = scratch, *squares = scratch + rows * K;
+  float *p = aux + rows * (K + 1), *squares = p + rows * K; // kept for the backward
   matmul(g, x, wmap, p, rows, width, K, false);
   k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
   k.launch(ModelKernel::MhcCoeffsForward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, bias, alpha,
@@ -225,12 +252,11 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
                        const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
                        float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s) {
   const int64_t K = n * n + 2 * n, width = n * C;
-  float *p = stash, *dh = stash + rows * K;
-  A *dp = reinterpret_cast<A *>(stash + 2 * rows * K);
-  float *rScale = scratch, *squares = rScale + rows, *partial = squares + rows;
+  const float *p = aux + rows * (K + 1), *squares = p + rows * K; // the forward's
+  float *dh = stash;
+  A *dp = reinterpret_cast<A *>(stash + rows * K);
+  float *rScale = scratch, *partial = scratch + rows;
   if (parts.inputs) {
-    matmul(g, x, wmap, p, rows, width, K, false);
-    k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
     matmulTransBAcc(g, dp, wmap, dx, rows, K, width);
@@ -370,11 +396,9 @@ void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t 
            scale / float(counted), dLogits, rows, V, shift, seq);
 }
 
-int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
-int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 3 * rows * (n * n + 2 * n); }
-int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) {
-  return 2 * rows + columnChunks(rows) * (n * n + 2 * n);
-}
+int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
+int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 2 * rows * (n * n + 2 * n); }
+int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) { return rows + columnChunks(rows) * (n * n + 2 * n); }
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
 int64_t swigluBackwardStash(int64_t rows, int64_t F) { return 2 * rows * F; }
 int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }

@@ -80,7 +80,9 @@ struct GradParts {
 
 /// Scratch each call needs for itself, and the stash B leaves for W, in
 /// floats, for activations of `actBytes` bytes (4 or 2).
-int64_t mhcCoeffsForwardScratch(int64_t rows, int64_t n);
+/// Floats the GPU keeps in the coefficients' aux beyond the CPU's: the
+/// projection p = x W_map and the row sums of squares, for the backward.
+int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
@@ -90,12 +92,13 @@ int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t
 int64_t swigluBackwardStash(int64_t rows, int64_t F);
 int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 
-/// scratch: mhcCoeffsForwardScratch (the projection p = x W_map, row norms).
+/// aux: [rows, K+1] (the logits h and 1/rms, as on the CPU), then
+/// mhcCoeffsAuxExtra (p and the squares, which the backward reuses).
 template <typename A>
 void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
-                      float *coef, float *aux, float *scratch, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-/// stash: mhcCoeffsBackwardStash (the projection and dh in fp32, dp in A);
-/// scratch: mhcCoeffsBackwardScratch.
+                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// stash: mhcCoeffsBackwardStash (dh in fp32, dp in A); scratch:
+/// mhcCoeffsBackwardScratch.
 template <typename A>
 void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
                        const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
@@ -172,13 +175,22 @@ void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t 
 
 // ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----
 
-/// out[0] = sum of squares (double), out[1] = number of zeros; the summation
-/// order depends on `count` alone. partials: squaresAndZerosScratch() doubles.
-void squaresAndZeros(const float *g, int64_t count, double *out, double *partials, cudaStream_t s);
+/// A gradient whose statistics go to out[2 slot] (sum of squares, double)
+/// and out[2 slot + 1] (number of zeros).
+struct StatsTensor {
+  const float *gradient;
+  int64_t count;
+  int64_t slot;
+};
+/// The statistics of `count` tensors (a device array) in two launches; each
+/// tensor's summation order depends on its size alone. partials:
+/// count * squaresAndZerosScratch() doubles.
+void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, double *partials, cudaStream_t s);
 int64_t squaresAndZerosScratch();
+/// `low` (may be null): the bf16 copy of w, rounded from the updated value.
 void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
-           float beta2, float eps, float correction1, float correction2, float decay, cudaStream_t s);
-void sgd(float *w, const float *g, int64_t count, float lr, float clip, cudaStream_t s);
+           float beta2, float eps, float correction1, float correction2, float decay, bf16 *low, cudaStream_t s);
+void sgd(float *w, const float *g, int64_t count, float lr, float clip, bf16 *low, cudaStream_t s);
 
 } // namespace mhcc::runtime::cuda
 

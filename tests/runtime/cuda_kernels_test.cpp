@@ -187,17 +187,25 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
   const int64_t iters = 20;
   std::vector<float> aux(T * (K + 1));
   float *dxp = upload(x), *dw = upload(wmap), *dbias = upload(bias), *dalpha = upload(alpha);
-  float *scratch = upload(std::vector<float>(cuda::mhcCoeffsForwardScratch(T, N) + cuda::mhcCoeffsBackwardScratch(T, N)));
+  float *scratch = upload(std::vector<float>(cuda::mhcCoeffsBackwardScratch(T, N)));
   float *stash = upload(std::vector<float>(cuda::mhcCoeffsBackwardStash(T, N)));
-  check("mhc coeffs", {std::vector<float>(T * K), std::vector<float>(T * (K + 1))},
+  // The GPU's aux goes on with the projection p = x W_map and the rows' sums
+  // of squares (mhcCoeffsAuxExtra), which its backward reuses.
+  std::vector<float> extra(T * K + T);
+  k::matmul(x.data(), wmap.data(), extra.data(), T, N * C, K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < N * C; ++c)
+      extra[T * K + t] += x[t * N * C + c] * x[t * N * C + c];
+  ASSERT_EQ(int64_t(extra.size()), cuda::mhcCoeffsAuxExtra(T, N));
+  check("mhc coeffs", {std::vector<float>(T * K), std::vector<float>(T * (K + 1) + extra.size())},
         [&](auto &o) {
           k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), o[0].data(), o[1].data(), T, C, N, iters);
+          std::copy(extra.begin(), extra.end(), o[1].begin() + T * (K + 1));
         },
-        [&](auto &o) {
-          cuda::mhcCoeffsForward(*kernels_, *gemms_, dxp, dw, dbias, dalpha, o[0], o[1], scratch, T, C, N, nullptr);
-        });
+        [&](auto &o) { cuda::mhcCoeffsForward(*kernels_, *gemms_, dxp, dw, dbias, dalpha, o[0], o[1], T, C, N, nullptr); });
   std::vector<float> coef(T * K);
   k::mhcCoeffsForward(x.data(), wmap.data(), bias.data(), alpha.data(), coef.data(), aux.data(), T, C, N, iters);
+  aux.insert(aux.end(), extra.begin(), extra.end());
   auto dCoef = random(T * K);
   float *daux = upload(aux), *ddc = upload(dCoef), *dcoef = upload(coef);
   checkParts("mhc coeffs backward", {random(T * N * C), random(N * C * K), random(K), random(3)},
