@@ -159,7 +159,14 @@ void alignReceivesToSenders(Schedule &schedule) {
       return it == index.end() ? -1 : it->second;
     };
     std::vector<bool> taken(list.size(), false);
-    std::map<int64_t, int64_t> nextFromPeer;
+    // Receives not yet placed, per peer, by the sender's FIFO position: the
+    // prefetch below takes a prefix of each, so the whole pass stays
+    // O(L log L) for a list of L instructions.
+    std::map<int64_t, std::map<int64_t, size_t>> pending;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].kind == OpKind::Recv)
+        if (int64_t k = senderIndex(list[i]); k >= 0)
+          pending[list[i].peer][k] = i;
     std::vector<Instr> out;
     for (size_t begin = 0; begin < list.size();) {
       if (taken[begin]) {
@@ -183,14 +190,15 @@ void alignReceivesToSenders(Schedule &schedule) {
         if (list[i].kind == OpKind::Recv)
           highest[list[i].peer] = std::max(highest[list[i].peer], senderIndex(list[i]));
       }
-      // Prefetch the receives the sender issues before the latest one needed.
-      for (size_t i = end; i < list.size(); ++i) {
-        const Instr &later = list[i];
-        if (taken[i] || later.kind != OpKind::Recv || !highest.count(later.peer))
-          continue;
-        int64_t k = senderIndex(later);
-        if (k >= 0 && k < highest[later.peer]) {
-          Instr moved = later;
+      // Prefetch the receives the sender issues before the latest one needed
+      // (those already placed, this group's included, just leave the queue).
+      for (const auto &[peer, latest] : highest) {
+        std::map<int64_t, size_t> &queue = pending[peer];
+        for (auto it = queue.begin(); it != queue.end() && it->first < latest; it = queue.erase(it)) {
+          const size_t i = it->second;
+          if (taken[i] || i < end)
+            continue;
+          Instr moved = list[i];
           moved.group = list[begin].group;
           recvs.push_back(moved);
           taken[i] = true;
