@@ -42,9 +42,10 @@ declare -A SOURCES=(
   [safetensors]="runtime/io/Safetensors.cpp"
   [dataset]="runtime/data/Dataset.cpp"
   [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [mhcrun_flags]="runtime/cli/RunFlags.cpp runtime/cli/FlagChecks.cpp"
 )
 declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash")
-ALL=(model_graph layout artifact safetensors dataset checkpoint)
+ALL=(model_graph layout artifact safetensors dataset checkpoint mhcrun_flags)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
   [ -n "${SOURCES[$t]:-}" ] || { echo "fuzz.sh: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }

@@ -1,0 +1,134 @@
+//===- RunFlags.cpp - the mhcrun command line, parsed and checked -----------===//
+#include "runtime/cli/RunFlags.h"
+
+#include "runtime/artifact/Artifact.h"
+#include "runtime/cli/FlagChecks.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <unistd.h>
+
+namespace mhcc::runtime {
+
+int failLine(const std::string &message) {
+  // One write: the ranks of a multi-process run share stderr, and a line
+  // written in pieces interleaves with theirs.
+  const std::string line = "mhcrun: " + message + "\n";
+  std::fflush(stdout);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0)
+    std::cerr << line;
+  return 1;
+}
+
+namespace {
+constexpr auto fail = failLine;
+} // namespace
+
+/// The options, declared once; every default is shown by --help.
+int parseRunFlags(int argc, char **argv, RunFlags &f) {
+  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU "
+               "reference backend"};
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact format " +
+                                        std::to_string(kArtifactVersion) + ")");
+  TrainOptions &o = f.options;
+  app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
+  app.add_option("--backend", f.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--steps", f.steps,
+                 "The last training iteration (Megatron's --train-iters: resumed from iteration 10, --steps 20 "
+                 "trains iterations 11 to 20)")->check(CLI::PositiveNumber);
+  app.add_option("--data", f.dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
+  app.add_option("--data-seed", o.dataSeed, "Seed of the microbatch sampler");
+  app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
+  app.add_option("--recv-timeout", o.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
+  app.add_flag("--no-progress", f.noProgress, "No progress bar, even on a terminal");
+  app.add_option("--gpus", f.gpus,
+                 "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
+                 "backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
+                 "ranks instead");
+  app.add_option("--processes", f.processes,
+                 "CPU backend: one process per pipeline rank on this host (must equal the artifact's pp), "
+                 "channels over Unix sockets; the same bits as one process. Under mpirun or srun, --backend cpu "
+                 "does the same with the launcher's processes")
+      ->check(CLI::PositiveNumber);
+  CLI::Option *plan = app.add_option("--memory-plan", f.memoryPlan,
+                 "CUDA backend: 'static' (the first step is recorded, later steps use fixed offsets in one "
+                 "arena, no allocation inside a step) or 'pool' (stream-ordered pool every step)")
+      ->check(CLI::IsMember({"pool", "static"}));
+  app.add_flag("--in-process", f.inProcess,
+               "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
+               "(debugging)");
+  app.add_flag("--profile", o.profile,
+               "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
+               "on the CUDA backend, thread time on the CPU) and the host phases");
+  app.add_option("--peak-tflops", f.peakTflops,
+                 "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dump-tensors", f.dumpDir,
+                 "Write DIR/init.safetensors (initial weights, every microbatch's tokens and labels) and "
+                 "DIR/step<k>.safetensors (gradients before clipping, updated weights, losses) for "
+                 "tools/reference; needs every rank in this process (CPU backend, or --in-process)");
+  app.add_option("--save", f.saveDir,
+                 "Save checkpoints here (DIR/iter_0000010/, DIR/latest_checkpointed_iteration.txt): every "
+                 "--save-interval iterations and after the last");
+  app.add_option("--save-interval", f.saveInterval, "Iterations between saves (0: only after the last)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--load", f.loadDir,
+                 "Resume from DIR's latest checkpoint (or from an iter_* folder), under any pipeline layout");
+  app.add_option("--export-safetensors", f.exportPath,
+                 "After the last iteration, write the fp32 weights by parameter name to this safetensors file");
+  app.add_option("--init-from", f.initFrom,
+                 "Start from these weights (a safetensors file by parameter name) at iteration 0 with a fresh "
+                 "optimizer");
+  app.add_option("--trace", f.tracePath,
+                 "Write the measured per-rank timeline here, as Chrome trace events (Perfetto, chrome://tracing), "
+                 "with the names 'mhcc --trace' predicts; CPU backend, every rank in this process");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  // CLI11 takes an empty argument as a value; no file has an empty name.
+  if (f.artifactPath.empty())
+    return fail("the artifact path is empty: give the file 'mhcc --emit=artifact' wrote");
+  if (f.dataPath.empty())
+    return fail("--data: the path is empty: give a text file or a Megatron dataset prefix");
+  if (f.processes > 0 && f.gpus > 0)
+    return fail("--processes starts CPU ranks, --gpus CUDA ranks: pass one of them");
+  if (f.gpus == 0 || f.gpus < -1)
+    return fail("--gpus " + std::to_string(f.gpus) + ": give a positive number of GPUs");
+  if (!f.loadDir.empty() && !f.initFrom.empty())
+    return fail("--load resumes weights and optimizer, --init-from only weights: pass one of them");
+  if (f.saveInterval > 0 && f.saveDir.empty())
+    return fail("--save-interval needs --save DIR");
+  // NaN passes CLI11's range checks (every comparison with it is false).
+  for (const std::string &problem :
+       {checkNumber("lr", o.lr, 0, 1e3, true), checkNumber("clip-grad", o.clipGrad, 0, 1e30, false),
+        checkNumber("weight-decay", o.weightDecay, 0, 1e3, false),
+        // A deadline past ~30 years would overflow the clock's arithmetic.
+        checkNumber("recv-timeout", o.recvTimeoutSeconds, 0, 1e9, true),
+        checkNumber("peak-tflops", f.peakTflops, 0, 1e9, false)})
+    if (!problem.empty())
+      return fail(problem);
+  const std::vector<std::string> inputs = {f.artifactPath, f.dataPath,        f.dataPath + ".bin",
+                                           f.dataPath + ".idx", f.initFrom};
+  o.trace = !f.tracePath.empty();
+  for (const std::string &problem : {checkOutputPath("metrics", f.metricsPath, inputs),
+                                     checkOutputPath("trace", f.tracePath, inputs),
+                                     checkOutputPath("export-safetensors", f.exportPath, inputs)})
+    if (!problem.empty())
+      return fail(problem);
+  o.staticMemoryPlan = f.memoryPlan == "static";
+  o.recordTaps = o.recordTaps || !f.dumpDir.empty(); // the dump needs the reduced gradients
+  f.memoryPlanGiven = plan->count() > 0;
+  return -1; // go on
+}
+
+} // namespace mhcc::runtime
