@@ -24,6 +24,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "tools/BenchTiming.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,14 +40,6 @@ namespace {
 namespace fa = mhcc::runtime::cuda;
 using bf16 = __nv_bfloat16;
 
-#define CHECK_CUDA(call)                                                                            \
-  do {                                                                                              \
-    cudaError_t e = (call);                                                                         \
-    if (e != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "attention_bench: %s: %s\n", #call, cudaGetErrorString(e));              \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 #define CHECK_OK(call)                                                                              \
   do {                                                                                              \
     std::string err_ = (call);                                                                      \
@@ -314,28 +308,6 @@ bool checkRefusals() {
   return ok;
 }
 
-/// Median milliseconds of `body` over 20 runs after 3 warm-ups.
-template <typename Body> float medianMs(Body body) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i)
-    body();
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    body();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 void bench(const Shape &s) {
   Buffers b(s);

@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "tools/BenchTiming.cuh"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,14 +29,6 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                            \
-  do {                                                                                              \
-    cudaError_t e = (call);                                                                         \
-    if (e != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "gemm_bench: %s: %s\n", #call, cudaGetErrorString(e));                   \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 #define CHECK_BLAS(call)                                                                            \
   do {                                                                                              \
     int blasStatus_ = static_cast<int>(call);                                                       \
@@ -61,28 +55,6 @@ __global__ void toBf16(const float *in, __nv_bfloat16 *out, size_t n) {
     out[i] = __float2bfloat16_rn(in[i]);
 }
 
-/// Median milliseconds of `body` over 20 runs after 3 warm-ups.
-template <typename Body> float medianMs(Body body) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i)
-    body();
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    body();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 struct Shape {
   const char *name;
