@@ -106,6 +106,10 @@ int64_t attentionForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t 
   return heads * seq * seq + (actBytes == 2 ? rows * 4 * C : 0); // scores; fp32 q, k, v and o
 }
 
+int64_t attentionAuxFloats(int64_t rows, int64_t C, int64_t heads, int actBytes) {
+  return (4 * rows * C * actBytes + 3) / 4 + rows * heads; // q, k, v, o in A; log-sum-exp
+}
+
 int64_t attentionBackwardStash(int64_t rows, int64_t C) { return 3 * rows * C; }
 
 // The backward's scratch: dO (rows * C floats, whatever its type), then the

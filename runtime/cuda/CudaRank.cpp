@@ -237,13 +237,12 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const int64_t T = a_.model.tokens(), C = a_.model.hidden;
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
-  if (!bf16_)
-    return f.auxSize;
-  switch (f.op) { // the bf16 pieces of DeviceKernels.h's aux layouts take half the floats
+  const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
+  switch (f.op) {
   case Prim::Attention:
-    return T * 2 * C + T * f.heads; // q, k, v, o in bf16; log-sum-exp in fp32
+    return attentionAuxFloats(T, C, f.heads, actBytes);
   case Prim::SwiGlu:
-    return (3 * T * f.ffn + 1) / 2; // gate, up and their product in bf16
+    return swigluAuxFloats(T, f.ffn, actBytes);
   default:
     return f.auxSize;
   }

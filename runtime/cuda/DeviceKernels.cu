@@ -400,6 +400,7 @@ int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * 
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 2 * rows * (n * n + 2 * n); }
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) { return rows + columnChunks(rows) * (n * n + 2 * n); }
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
+int64_t swigluAuxFloats(int64_t rows, int64_t F, int actBytes) { return (3 * rows * F * actBytes + 3) / 4; }
 int64_t swigluBackwardStash(int64_t rows, int64_t F) { return 2 * rows * F; }
 int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
 

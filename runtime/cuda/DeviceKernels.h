@@ -86,6 +86,10 @@ int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
+/// The floats of the aux layouts below (for 4-byte activations, the
+/// artifact's auxSize; bf16 pieces take half).
+int64_t attentionAuxFloats(int64_t rows, int64_t C, int64_t heads, int actBytes);
+int64_t swigluAuxFloats(int64_t rows, int64_t F, int actBytes);
 int64_t attentionForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t attentionBackwardStash(int64_t rows, int64_t C);
 int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
