@@ -4,8 +4,12 @@
 #
 #   tools/fuzz.sh [--runs N | --max-time S] [--out DIR] [--build-only] [TARGET...]
 #
-# The targets need only plain C++ (no MLIR), so they are built outside Bazel,
-# one compile at a time (the machines are small and shared). A crash, leak,
+# They are built outside Bazel, one compile at a time (the machines are
+# small and shared): the readers' plain C++ from the source tree, and for the
+# MLIR targets (importer, pipe_ir, mhcc_flags) also the dialects and passes,
+# with the headers mlir-tblgen generates taken from Bazel's output tree
+# (FUZZ_GEN_DIR, else `bazel build` of the tblgen rules). The suite's smoke
+# run of those three is tests/fuzz/fuzz_replay_main.cpp, built by Bazel. A crash, leak,
 # timeout (-timeout=10) or sanitizer report fails the target: its input is
 # saved under OUT/crashes/TARGET/ and the script exits non-zero.
 # Environment: CXX (default clang++-22), FUZZ_SKIP_IF_NO_CLANG=1 exits 0 with
@@ -42,13 +46,36 @@ declare -A SOURCES=(
   [safetensors]="runtime/io/Safetensors.cpp"
   [dataset]="runtime/data/Dataset.cpp"
   [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [checkpoint_tensors]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [mhcrun_flags]="runtime/cli/RunFlags.cpp runtime/cli/FlagChecks.cpp"
 )
-declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash")
-ALL=(model_graph layout artifact safetensors dataset checkpoint mhcrun_flags)
+# The MLIR targets: the dialects, passes and compiler sources they run, built
+# with the headers mlir-tblgen generates (Bazel's; see GEN below) and linked
+# with Debian's libMLIR.so and libLLVM.so (not instrumented: the fuzzer's
+# coverage and sanitizers are on mhcc's own code).
+MLIR_CORE="compiler/ModelGraph.cpp compiler/Importer.cpp compiler/Pipeline.cpp
+  dialects/mhc/IR/MhcDialect.cpp dialects/mhc/IR/MhcOps.cpp dialects/pipe/IR/PipeDialect.cpp
+  passes/CostModel.cpp passes/ModelSummary.cpp passes/ModelUnits.cpp passes/PipeInsertP2P.cpp
+  passes/PipePartition.cpp passes/PipeSchedule.cpp passes/PipeVerifySchedule.cpp passes/PipelineIR.cpp
+  passes/TestMisorderP2P.cpp passes/pipeline/AutoPartition.cpp passes/pipeline/Layout.cpp
+  passes/pipeline/Schedule.cpp passes/pipeline/Simulator.cpp
+  runtime/program/Instructions.cpp runtime/program/Program.cpp runtime/program/Trace.cpp"
+SOURCES[importer]="$MLIR_CORE"
+SOURCES[pipe_ir]="$MLIR_CORE"
+SOURCES[mhcc_flags]="$MLIR_CORE compiler/DriverSteps.cpp runtime/cli/FlagChecks.cpp"
+MLIR_LIBS="-L/usr/lib/llvm-22/lib -Wl,-rpath,/usr/lib/llvm-22/lib -lMLIR -lLLVM"
+declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash" [checkpoint_tensors]="-lxxhash"
+  [importer]="$MLIR_LIBS" [pipe_ir]="$MLIR_LIBS" [mhcc_flags]="$MLIR_LIBS")
+MLIR_TARGETS=(importer pipe_ir mhcc_flags)
+ALL=(model_graph layout artifact safetensors dataset checkpoint checkpoint_tensors mhcrun_flags importer pipe_ir mhcc_flags)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
   [ -n "${SOURCES[$t]:-}" ] || { echo "fuzz.sh: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }
+done
+
+needs_mlir=0
+for t in "${TARGETS[@]}"; do
+  for m in "${MLIR_TARGETS[@]}"; do [ "$t" != "$m" ] || needs_mlir=1; done
 done
 
 CXX="${CXX:-clang++-22}"
@@ -62,17 +89,45 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
 fi
 
 # UBSan aborts at its first report (no recovery), so every report is a crash.
-CXXFLAGS=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$ROOT")
+# vptr checks are off as in Bazel's asan configuration (.bazelrc): Debian's
+# LLVM has no RTTI, so UBSan cannot check the dynamic type of its objects.
+CXXFLAGS=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize=vptr -fno-sanitize-recover=all -I"$ROOT")
+mkdir -p "$OUT"
+if [ $needs_mlir = 1 ]; then
+  # The dialects' and passes' generated headers (*.h.inc): FUZZ_GEN_DIR, or
+  # Bazel's output tree after building just the mlir-tblgen rules.
+  GEN="${FUZZ_GEN_DIR:-}"
+  if [ -z "$GEN" ]; then
+    (cd "$ROOT" && bazel build //dialects/mhc:mhc_inc_gen //dialects/pipe:pipe_inc_gen //passes:passes_inc_gen \
+      >"$OUT/bazel.log" 2>&1) || { cat "$OUT/bazel.log" >&2; echo "fuzz.sh: bazel could not generate the MLIR headers" >&2; exit 1; }
+    GEN="$(cd "$ROOT" && bazel info bazel-bin 2>/dev/null)"
+  fi
+  [ -f "$GEN/dialects/mhc/IR/MhcOps.h.inc" ] || { echo "fuzz.sh: no generated MLIR headers under '$GEN'" >&2; exit 1; }
+  CXXFLAGS+=(-I"$GEN" -I/usr/lib/llvm-22/include)
+fi
 mkdir -p "$OUT/bin" "$OUT/obj" "$OUT/logs"
 : >"$OUT/logs/build.log"
 
-# One object per source, shared by the targets that use it (Artifact.cpp is
-# in two), rebuilt when the source, any reader header or this script is newer.
+# One object per source, shared by the targets that use it, rebuilt when the
+# source or a header it includes (clang's -MMD list) is newer, or when the
+# compile flags changed (every object then).
+flags_file="$OUT/obj/flags"
+if [ "$(cat "$flags_file" 2>/dev/null)" != "$CXX ${CXXFLAGS[*]}" ]; then
+  rm -f "$OUT/obj/"*.o "$OUT/obj/"*.d
+  echo "$CXX ${CXXFLAGS[*]}" >"$flags_file"
+fi
+stale() { # OBJECT: missing, or older than a file its .d lists
+  local obj="$1" dep
+  [ -f "$obj" ] && [ -f "$obj.d" ] || return 0
+  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
+    [ "$dep" -nt "$obj" ] && return 0
+  done
+  return 1
+}
 compile() { # SOURCE (relative to ROOT) -> prints the object's path
   local src="$ROOT/$1" obj="$OUT/obj/${1//\//_}.o"
-  if [ ! -f "$obj" ] || [ -n "$( (find "$src" "$0" -newer "$obj"
-        find "$ROOT/runtime" "$ROOT/compiler" "$ROOT/passes" -name '*.h' -newer "$obj") 2>/dev/null)" ]; then
-    "$CXX" "${CXXFLAGS[@]}" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
+  if stale "$obj"; then
+    "$CXX" "${CXXFLAGS[@]}" -MMD -MF "$obj.d" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
     mv "$obj.tmp" "$obj"
   fi
   echo "$obj"
@@ -108,8 +163,10 @@ for t in "${TARGETS[@]}"; do
   cp "$ROOT/tests/fuzz/corpus/$t/"* "$work/" 2>/dev/null
   # A dictionary of the format's keys and names, where there is one, lets
   # mutations write whole JSON keys instead of guessing them byte by byte.
-  dict=()
-  [ ! -f "$ROOT/tests/fuzz/$t.dict" ] || dict=(-dict="$ROOT/tests/fuzz/$t.dict")
+  # (The tensor-file and importer targets read the formats of two others.)
+  declare -A SAME_FORMAT=([checkpoint_tensors]=safetensors [importer]=model_graph)
+  dict=() format="${SAME_FORMAT[$t]:-$t}"
+  [ ! -f "$ROOT/tests/fuzz/$format.dict" ] || dict=(-dict="$ROOT/tests/fuzz/$format.dict")
   # The dataset and checkpoint harnesses write files under $TMPDIR.
   tmp="$OUT/tmp/$t" && rm -rf "$tmp" && mkdir -p "$tmp"
   start=$SECONDS
@@ -123,6 +180,11 @@ for t in "${TARGETS[@]}"; do
   result=ok
   if [ $rc -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$log"; then
     result="FAILED (rc $rc; log $log; inputs: $(ls "$crashes" | tr '\n' ' '))"
+    # A target may mute stderr while an input runs (mhcc_flags): replay each
+    # saved input with it open, so the report is in the log.
+    for input in "$crashes"/*; do
+      [ -f "$input" ] && MHCC_FUZZ_VERBOSE=1 TMPDIR="$OUT" "$OUT/bin/${t}_fuzz" "$input" >>"$log" 2>&1
+    done
     grep -m3 -E 'ERROR:|runtime error:|SUMMARY:' "$log" | sed 's/^/    /'
     status=1
   fi

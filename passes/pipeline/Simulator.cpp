@@ -120,13 +120,15 @@ private:
 
   int64_t rankOf(int64_t stage) const { return stage % p_; }
 
+  /// A compute instruction's time; 0 for the rest, whose `stage` may be -1
+  /// (the optimizer step): the stage is looked up only where it is one.
   double computeTime(const Instr &instr) const {
-    const StageSpec &s = spec_.stages[instr.stage];
     switch (instr.kind) {
-    case OpKind::Forward: return s.forwardTime;
-    case OpKind::Backward: return s.backwardTime;
-    case OpKind::BackwardInput: return s.backwardTime - s.weightGradTime;
-    case OpKind::BackwardWeight: return s.weightGradTime;
+    case OpKind::Forward: return spec_.stages[instr.stage].forwardTime;
+    case OpKind::Backward: return spec_.stages[instr.stage].backwardTime;
+    case OpKind::BackwardInput:
+      return spec_.stages[instr.stage].backwardTime - spec_.stages[instr.stage].weightGradTime;
+    case OpKind::BackwardWeight: return spec_.stages[instr.stage].weightGradTime;
     default: return 0;
     }
   }

@@ -1,0 +1,159 @@
+//===- DriverSteps.cpp - mhcc's flag checks, compile and summary -----------===//
+//
+// The parts of mhcc between parsing the command line and writing the output
+// (compiler/Driver.h); Driver.cpp's runMhcc strings them together.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/Driver.h"
+
+#include "compiler/codegen/CudaCodegen.h"
+#include "compiler/Importer.h"
+#include "compiler/ModelGraph.h"
+#include "passes/ModelUnits.h"
+#include "passes/PipelineIR.h"
+#include "runtime/cli/FlagChecks.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+
+using namespace mlir;
+
+namespace mhcc {
+
+llvm::cl::OptionCategory &cudaCategory() {
+  static llvm::cl::OptionCategory category("CUDA kernels");
+  return category;
+}
+
+int fail(const std::string &message) {
+  llvm::errs() << "mhcc: " << message << "\n";
+  return 1;
+}
+
+namespace {
+
+/// What the pipeline phases decided, if they ran: layout, boundaries and the
+/// schedule's predicted bubble and memory (with --print-schedule, the full
+/// per-rank timeline).
+LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
+                                   const SimulationOptions &simulation, bool timeline,
+                                   const std::string &tracePath, llvm::raw_ostream &os) {
+  if (!func->hasAttr(pipe::kLayoutAttr))
+    return success();
+  FailureOr<pipeline::Layout> layout = layoutOf(func);
+  if (failed(layout))
+    return failure();
+  os << "pipeline: pp = " << layout->pp << ", vpp = " << layout->vpp << ", layout "
+     << layout->toString() << "\n";
+  for (auto boundary : func.getOps<pipe::BoundaryOp>()) {
+    auto type = cast<RankedTensorType>(boundary.getInput().getType());
+    os << "  boundary stage " << boundary.getSrcStage() << " -> " << boundary.getDstStage()
+       << " (rank " << boundary.getSrcRank() << " -> " << boundary.getDstRank()
+       << (boundary.getWraparound() ? ", wraparound" : "") << "): activation and gradient "
+       << type << "\n";
+  }
+  for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
+    pipeline::Schedule schedule = readSchedule(scheduleOp);
+    FailureOr<pipeline::ScheduleSpec> spec = scheduleSpecOf(
+        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
+    if (failed(spec))
+      return failure();
+    pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
+    os << llvm::formatv("schedule {0}: m = {1}{2}, verified; predicted step {3:F3} ms at {4} "
+                        "TFLOP/s and {5} GB/s P2P, bubble fraction {6:F4} (idle / (ranks x step))\n",
+                        pipeline::scheduleKindName(schedule.kind), schedule.microbatches,
+                        schedule.groupSize ? llvm::formatv(", g = {0}", schedule.groupSize).str()
+                                           : std::string(),
+                        result.makespan, simulation.tflops, simulation.linkGBps,
+                        result.bubbleFraction);
+    if (timeline)
+      os << pipeline::formatTimeline(schedule, result);
+    if (!tracePath.empty()) {
+      std::error_code error;
+      llvm::raw_fd_ostream trace(tracePath, error);
+      if (error)
+        return func.emitError() << "--trace: cannot write '" << tracePath << "': " << error.message();
+      trace << pipeline::predictedTrace(schedule, result);
+      trace.close();
+      if (trace.has_error())
+        return func.emitError() << "--trace: writing '" << tracePath << "' failed";
+    }
+  }
+  return success();
+}
+
+} // namespace
+
+std::optional<std::string> checkFlags(const DriverOptions &options,
+                                      const PipelineOptions &pipeline) {
+  if (std::optional<OptionError> error = pipeline.validate())
+    return "--" + error->option + ": " + error->message;
+  if (!std::isfinite(options.simTflops) || !(options.simTflops > 0))
+    return llvm::formatv("--sim-tflops: must be a positive, finite rate, got {0}", options.simTflops.getValue()).str();
+  if (!std::isfinite(options.simLinkGBps) || !(options.simLinkGBps >= 0))
+    return llvm::formatv("--sim-link-gbps: must be 0 (free communication) or a positive, finite bandwidth, got {0}",
+                         options.simLinkGBps.getValue())
+        .str();
+  if (options.needsArtifact() && pipeline.compileTo != Phase::Schedule)
+    return std::string("--compile-to: --emit=artifact, programs and cuda need every phase; "
+                       "drop --compile-to");
+  const std::string &arch = options.cudaArch;
+  const std::string supported = codegen::kCudaArch;
+  if (arch != "auto" && arch != "none" && arch != supported)
+    return "--cuda-arch: " + arch + " is not supported: mhcc's kernels and the runtime's GPU " +
+           "check are for " + supported + " (H100, H200) only; use --cuda-arch " + supported +
+           ", or none for a CPU-only artifact";
+  if (options.output != "-")
+    if (std::string problem = runtime::checkOutputPath("o", options.output, {options.input}); !problem.empty())
+      return problem.substr(1); // "-o PATH: ...", as the other -o errors read
+  if (std::string problem = runtime::checkOutputPath("trace", options.trace, {options.input, options.output});
+      !problem.empty())
+    return problem;
+  if (options.emit == EmitKind::Artifact && options.output == "-")
+    return std::string("-o: --emit=artifact writes a binary file: give it a name with -o FILE");
+  return std::nullopt;
+}
+
+OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &input,
+                                   const PipelineOptions &pipeline) {
+  ModelError error;
+  std::optional<ModelGraph> graph = loadModelGraph(input, error);
+  if (!graph) {
+    llvm::errs() << formatModelError(input, error) << "\n";
+    return nullptr;
+  }
+  OwningOpRef<ModuleOp> module = importModelGraph(context, *graph, input);
+  if (!module) {
+    fail("internal error: the imported IR of " + input +
+         " does not verify (please report it with the model file)");
+    return nullptr;
+  }
+  PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm))) {
+    fail("bad pass manager options");
+    return nullptr;
+  }
+  buildPipeline(pm, pipeline);
+  if (failed(pm.run(*module))) {
+    fail("compilation of " + input + " failed (see above)");
+    return nullptr;
+  }
+  return module;
+}
+
+LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
+                           llvm::raw_ostream &os) {
+  FailureOr<func::FuncOp> func = findModelFunc(module);
+  if (failed(func))
+    return failure();
+  FailureOr<ModelUnits> model = collectModelUnits(*func);
+  if (failed(model))
+    return failure();
+  os << formatModelSummary(*model);
+  SimulationOptions simulation{options.simTflops, options.simLinkGBps};
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
+}
+
+} // namespace mhcc
