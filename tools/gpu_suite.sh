@@ -17,7 +17,8 @@
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens checkpoint
 # bench"; checkpoint: tiny 10 + 10 iterations == 20 at PP1 and at PP2 with
 # --gpus 2, and the PP2 checkpoint resumed under PP1; opt-in "ceilings":
-# tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table),
+# tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
+# "sanitizers": compute-sanitizer memcheck, racecheck and synccheck),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
 # and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
@@ -182,6 +183,37 @@ run)
          ./mhcrun 1b_m1_pp1.mhcc --data corpus.txt --steps 1 --no-progress > "$logs/ncu_1b.csv" 2> "$logs/ncu_1b.err" &&
        python3 kernel_table.py "$logs/ncu_1b.csv" "${copy:-4300}" > "$out/kernel_table.txt"; then r=PASS; else r=FAIL; fi
     row "kernel table (ncu, 1b step)" $r "copy ${copy:-?} GB/s; $(head -3 "$out/kernel_table.txt" 2>/dev/null | tail -1 | cut -c1-120)"
+  fi
+
+  if [[ $parts == *" sanitizers "* ]]; then
+    # compute-sanitizer over the GPU code (opt-in part): memcheck (invalid and
+    # misaligned accesses, leaks of device memory), racecheck (shared-memory
+    # hazards: flash attention's tiles, the Sinkhorn lanes, the reductions)
+    # and synccheck (barriers in divergent code), each over flash attention's
+    # short-sequence checks, the kernel tests and one tiny bf16 training step
+    # (every model kernel, cuBLASLt). API errors are not reported: NCCL probes
+    # kernel images with cudaFuncGetAttributes inside ncclCommInitRank and
+    # catches the error itself.
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    declare -A SANITIZED=(
+      [attention]="./attention_bench --small"
+      [kernels]="./cuda_kernels_test tiny_pp1.mhcc"
+      [tiny_bf16_step]="./mhcrun tiny_bf16_pp1.mhcc --data corpus.txt --steps 1 --no-progress"
+    )
+    for tool in memcheck racecheck synccheck; do
+      for name in attention kernels tiny_bf16_step; do
+        log="$logs/sanitizer_${tool}_$name.log" start=$SECONDS
+        extra=() && [ $tool = memcheck ] && extra=(--leak-check full)
+        # shellcheck disable=SC2086
+        timeout "${GPU_SUITE_SANITIZER_TIMEOUT:-200}" "$cs" --tool $tool "${extra[@]}" --report-api-errors no \
+          --error-exitcode 99 ${SANITIZED[$name]} > "$log" 2>&1
+        rc=$?
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+        case $rc in 0) r=PASS ;; 124) r=TIME ;; *) r=FAIL ;; esac
+        row "$tool $name" $r "rc $rc, $((SECONDS - start)) s; ${summary:-no summary}"
+        cp "$log" "$out/" 2>/dev/null
+      done
+    done
   fi
 
   if [[ $parts == *" checks "* ]]; then
