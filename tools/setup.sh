@@ -9,7 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libcli11-dev libxxhash-dev
   clang-22 libfuzzer-22-dev libclang-rt-22-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-matplotlib
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,1 @@
+../../tools/plot_metrics.py
