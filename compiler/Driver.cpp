@@ -152,7 +152,15 @@ int runMhcc(int argc, char **argv) {
   DialectRegistry registry;
   registerAllDialects(registry);
   MLIRContext context(registry);
-  OwningOpRef<ModuleOp> module = compileModel(context, options.input, pipeline);
+  // --schedule auto's ranking: in the summary, else one note on stderr.
+  std::string ranking;
+  llvm::raw_string_ostream rankingStream(ranking);
+  OwningOpRef<ModuleOp> module =
+      compileModel(context, options.input, pipeline, simulationOptions(options), rankingStream);
+  if (!ranking.empty() && (!module || options.emit != EmitKind::Summary))
+    llvm::errs() << "mhcc: note: " << ranking;
+  else if (!ranking.empty())
+    llvm::outs() << ranking;
   if (!module)
     return 1;
   return emitOutput(*module, options);

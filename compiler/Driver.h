@@ -11,6 +11,7 @@
 #define MHCC_COMPILER_DRIVER_H
 
 #include "compiler/Pipeline.h"
+#include "passes/PipelineIR.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -87,9 +88,14 @@ struct DriverOptions {
 std::optional<std::string> checkFlags(const DriverOptions &options, const PipelineOptions &pipeline);
 
 /// Reads the model graph at `input`, imports it and runs the pipeline's
-/// phases; on failure the error has been printed and the result is null.
+/// phases (for --schedule auto, every candidate's, writing the ranking to
+/// `report`); on failure the error has been printed and the result is null.
 mlir::OwningOpRef<mlir::ModuleOp> compileModel(mlir::MLIRContext &context, const std::string &input,
-                                               const PipelineOptions &pipeline);
+                                               const PipelineOptions &pipeline,
+                                               const SimulationOptions &simulation, llvm::raw_ostream &report);
+
+/// The simulator's rates the flags ask for (--sim-tflops, --sim-link-gbps).
+SimulationOptions simulationOptions(const DriverOptions &options);
 
 /// The summary: the model's sizes and costs, and what the pipeline decided
 /// (with --print-schedule the per-rank timeline, with --trace the trace file).

@@ -6,6 +6,8 @@
 //===----------------------------------------------------------------------===//
 #include "compiler/Driver.h"
 
+#include "compiler/AutoSchedule.h"
+
 #include "compiler/codegen/CudaCodegen.h"
 #include "compiler/Importer.h"
 #include "compiler/ModelGraph.h"
@@ -116,8 +118,13 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
   return std::nullopt;
 }
 
+SimulationOptions simulationOptions(const DriverOptions &options) {
+  return SimulationOptions{options.simTflops, options.simLinkGBps};
+}
+
 OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &input,
-                                   const PipelineOptions &pipeline) {
+                                   const PipelineOptions &pipeline, const SimulationOptions &simulation,
+                                   llvm::raw_ostream &report) {
   ModelError error;
   std::optional<ModelGraph> graph = loadModelGraph(input, error);
   if (!graph) {
@@ -129,6 +136,12 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
     fail("internal error: the imported IR of " + input +
          " does not verify (please report it with the model file)");
     return nullptr;
+  }
+  if (pipeline.schedule == "auto") {
+    OwningOpRef<ModuleOp> chosen = compileAutoSchedule(*module, pipeline, simulation, report);
+    if (!chosen)
+      fail("--schedule auto: no candidate schedule compiles for " + input + " (the ranking says why)");
+    return chosen;
   }
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm))) {
@@ -152,8 +165,7 @@ LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
   if (failed(model))
     return failure();
   os << formatModelSummary(*model);
-  SimulationOptions simulation{options.simTflops, options.simLinkGBps};
-  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
+  return printPipelineSummary(module, *func, simulationOptions(options), options.printSchedule, options.trace, os);
 }
 
 } // namespace mhcc

@@ -47,8 +47,9 @@ void PipelineOptions::bindOptions(Binder &binder) {
   binder.option(microbatches, "microbatches", cl::desc("Microbatches per step m"),
                 cl::cat(pipelineCategory()));
   binder.option(schedule, "schedule",
-                cl::desc("gpipe, 1f1b, interleaved or zb-h1 (default: 1f1b, interleaved if "
-                         "--vpp > 1)"),
+                cl::desc("gpipe, 1f1b, interleaved, zb-h1, or auto: the fastest predicted of "
+                         "1f1b, zb-h1 and interleaved with 2-4 chunks (default: 1f1b, "
+                         "interleaved if --vpp > 1)"),
                 cl::cat(pipelineCategory()));
   binder.option(microbatchGroup, "microbatch-group",
                 cl::desc("Interleaved microbatch group g (default p)"),
@@ -107,10 +108,19 @@ std::optional<OptionError> PipelineOptions::validate() const {
                                        " needs " + std::to_string(pp * vpp) +
                                        " (separate them with '|'; a stage may be empty)"};
   }
+  if (schedule == "auto") {
+    // Each candidate is checked by this function again, with its kind and vpp.
+    if (compileTo < Phase::Schedule)
+      return OptionError{"schedule", "auto compares complete schedules; drop --compile-to"};
+    if (vpp != 1 && layout.empty())
+      return OptionError{"schedule", "auto chooses the chunks per rank itself; drop --vpp (or give "
+                                     "--layout to fix them)"};
+    return std::nullopt;
+  }
   std::optional<pipeline::ScheduleKind> kind = pipeline::parseScheduleKind(scheduleKind());
   if (!kind)
     return OptionError{"schedule", "unknown schedule '" + schedule +
-                                       "'; choose gpipe, 1f1b, interleaved or zb-h1"};
+                                       "'; choose gpipe, 1f1b, interleaved, zb-h1 or auto"};
   if (compileTo < Phase::Schedule)
     return std::nullopt;
   if (std::optional<std::string> problem =

@@ -45,7 +45,7 @@ struct PipelineOptions {
   std::string layout;       // empty: cost-balanced automatic partition
   double memoryCapGib = 0;  // automatic partition only; 0: no cap
   int64_t microbatches = 8;
-  std::string schedule;     // empty: 1f1b for vpp = 1, else interleaved
+  std::string schedule;     // empty: 1f1b for vpp = 1, else interleaved; "auto" (AutoSchedule.h)
   int64_t microbatchGroup = 0; // interleaved g; 0: p
   bool testMisorderP2P = false;
 

@@ -8,6 +8,7 @@
 // Only mhcc's own flags are passed on: LLVM's and MLIR's generic ones may
 // print and exit (--help, --version), write files (response files, IR
 // dumps) or run forever by design (--debug-counter), none of which mhcc owns.
+#include "compiler/AutoSchedule.h"
 #include "compiler/Driver.h"
 #include "compiler/InitAll.h"
 
@@ -145,14 +146,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (p.pp < 1 || p.vpp < 1 || p.microbatches < 1 || p.pp > p.kMaxPipelineRanks ||
       p.vpp > p.kMaxVirtualStages || p.microbatches > p.kMaxMicrobatches)
     __builtin_trap(); // checkFlags accepted values validate() promises to refuse
-  if (p.pp * p.vpp * p.microbatches > kMaxFuzzedStageMicrobatches)
+  const int64_t chunks = p.schedule == "auto" && p.layout.empty() ? mhcc::kAutoMaxVpp : p.vpp;
+  if (p.pp * chunks * p.microbatches > kMaxFuzzedStageMicrobatches)
     return 0;
 
   DialectRegistry registry;
   mhcc::registerAllDialects(registry);
   MLIRContext context(registry, MLIRContext::Threading::DISABLED);
   ScopedDiagnosticHandler noDiagnostics(&context, [](Diagnostic &) { return success(); });
-  OwningOpRef<ModuleOp> module = mhcc::compileModel(context, h.modelPath, h.pipeline);
+  std::string ranking;
+  llvm::raw_string_ostream rankingStream(ranking);
+  OwningOpRef<ModuleOp> module = mhcc::compileModel(context, h.modelPath, h.pipeline,
+                                                    mhcc::simulationOptions(h.options), rankingStream);
   if (!module)
     return 0;
   h.options.trace.setValue(""); // checked above; never written here
