@@ -62,7 +62,7 @@ MLIR_CORE="compiler/ModelGraph.cpp compiler/Importer.cpp compiler/Pipeline.cpp
   runtime/program/Instructions.cpp runtime/program/Program.cpp runtime/program/Trace.cpp"
 SOURCES[importer]="$MLIR_CORE"
 SOURCES[pipe_ir]="$MLIR_CORE"
-SOURCES[mhcc_flags]="$MLIR_CORE compiler/DriverSteps.cpp runtime/cli/FlagChecks.cpp"
+SOURCES[mhcc_flags]="$MLIR_CORE compiler/DriverSteps.cpp compiler/AutoSchedule.cpp runtime/cli/FlagChecks.cpp"
 MLIR_LIBS="-L/usr/lib/llvm-22/lib -Wl,-rpath,/usr/lib/llvm-22/lib -lMLIR -lLLVM"
 declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash" [checkpoint_tensors]="-lxxhash"
   [importer]="$MLIR_LIBS" [pipe_ir]="$MLIR_LIBS" [mhcc_flags]="$MLIR_LIBS")
@@ -92,6 +92,7 @@ fi
 # vptr checks are off as in Bazel's asan configuration (.bazelrc): Debian's
 # LLVM has no RTTI, so UBSan cannot check the dynamic type of its objects.
 CXXFLAGS=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize=vptr -fno-sanitize-recover=all -I"$ROOT")
+MLIR_FLAGS=()
 mkdir -p "$OUT"
 if [ $needs_mlir = 1 ]; then
   # The dialects' and passes' generated headers (*.h.inc): FUZZ_GEN_DIR, or
@@ -103,19 +104,27 @@ if [ $needs_mlir = 1 ]; then
     GEN="$(cd "$ROOT" && bazel info bazel-bin 2>/dev/null)"
   fi
   [ -f "$GEN/dialects/mhc/IR/MhcOps.h.inc" ] || { echo "fuzz.sh: no generated MLIR headers under '$GEN'" >&2; exit 1; }
-  CXXFLAGS+=(-I"$GEN" -I/usr/lib/llvm-22/include)
+  # LLVM's inline allocators must not poison memory the uninstrumented
+  # libMLIR also allocates from (tests/fuzz/llvm_no_poisoning.h says why).
+  MLIR_FLAGS=(-I"$GEN" -I/usr/lib/llvm-22/include -include "$ROOT/tests/fuzz/llvm_no_poisoning.h")
 fi
-mkdir -p "$OUT/bin" "$OUT/obj" "$OUT/logs"
+mkdir -p "$OUT/bin" "$OUT/logs"
 : >"$OUT/logs/build.log"
 
-# One object per source, shared by the targets that use it, rebuilt when the
+# One object per source and flag set (obj/ for the plain readers, obj-mlir/
+# for the MLIR targets), shared by the targets that use it, rebuilt when the
 # source or a header it includes (clang's -MMD list) is newer, or when the
-# compile flags changed (every object then).
-flags_file="$OUT/obj/flags"
-if [ "$(cat "$flags_file" 2>/dev/null)" != "$CXX ${CXXFLAGS[*]}" ]; then
-  rm -f "$OUT/obj/"*.o "$OUT/obj/"*.d
-  echo "$CXX ${CXXFLAGS[*]}" >"$flags_file"
-fi
+# flags changed (every object of the set then).
+prepare_objects() { # DIR FLAGS...
+  local dir="$1"; shift
+  mkdir -p "$dir"
+  if [ "$(cat "$dir/flags" 2>/dev/null)" != "$CXX $*" ]; then
+    rm -f "$dir/"*.o "$dir/"*.d
+    echo "$CXX $*" >"$dir/flags"
+  fi
+}
+prepare_objects "$OUT/obj" "${CXXFLAGS[@]}"
+[ $needs_mlir = 0 ] || prepare_objects "$OUT/obj-mlir" "${CXXFLAGS[@]}" "${MLIR_FLAGS[@]}"
 stale() { # OBJECT: missing, or older than a file its .d lists
   local obj="$1" dep
   [ -f "$obj" ] && [ -f "$obj.d" ] || return 0
@@ -124,19 +133,23 @@ stale() { # OBJECT: missing, or older than a file its .d lists
   done
   return 1
 }
-compile() { # SOURCE (relative to ROOT) -> prints the object's path
-  local src="$ROOT/$1" obj="$OUT/obj/${1//\//_}.o"
+compile() { # SOURCE (relative to ROOT) DIR FLAGS... -> prints the object's path
+  local src="$ROOT/$1" obj="$2/${1//\//_}.o"
+  shift 2
   if stale "$obj"; then
-    "$CXX" "${CXXFLAGS[@]}" -MMD -MF "$obj.d" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
+    "$CXX" "$@" -MMD -MF "$obj.d" -c "$src" -o "$obj.tmp" >>"$OUT/logs/build.log" 2>&1 || return 1
     mv "$obj.tmp" "$obj"
   fi
   echo "$obj"
 }
 
+is_mlir_target() { local m; for m in "${MLIR_TARGETS[@]}"; do [ "$1" != "$m" ] || return 0; done; return 1; }
+
 build() { # TARGET
-  local t="$1" bin="$OUT/bin/${1}_fuzz" objs=() s obj start=$SECONDS
+  local t="$1" bin="$OUT/bin/${1}_fuzz" objs=() s obj start=$SECONDS dir="$OUT/obj" flags=("${CXXFLAGS[@]}")
+  if is_mlir_target "$t"; then dir="$OUT/obj-mlir" flags+=("${MLIR_FLAGS[@]}"); fi
   for s in tests/fuzz/${t}_fuzz.cpp ${SOURCES[$t]}; do
-    if ! obj=$(compile "$s"); then
+    if ! obj=$(compile "$s" "$dir" "${flags[@]}"); then
       cat "$OUT/logs/build.log" >&2
       echo "fuzz.sh: $t: cannot compile $s" >&2
       return 1

@@ -13,7 +13,7 @@
 # Skips (exit 0, SKIPPED) only where Debian's python3-matplotlib is missing.
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
-tool="${root}/tests/tools/plot_metrics.py" # a symlink to tools/plot_metrics.py
+tool="${root}/tools/plot_metrics.py"
 mhcc="${root}/compiler/mhcc"
 tiny="${root}/models/tiny.json"
 golden="${root}/goldens/tiny/golden_values_cpu.json"

@@ -1,1 +1,0 @@
-../../tools/plot_metrics.py
