@@ -411,7 +411,9 @@ int runMhcrun(int argc, char **argv) {
   DeviceFactory devices;
   std::unique_ptr<SocketFolder> sockets;
   if (placement) {
-    if (!(bootstrap = makeBootstrap(*placement, f.options.recvTimeoutSeconds, error)))
+    // Start-up (rank 0 preparing what it broadcasts) is not a step: at
+    // least the 120 s it always had, whatever --recv-timeout says.
+    if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)))
       return fail(rankPrefix + error);
     if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
       return fail(rankPrefix + error);

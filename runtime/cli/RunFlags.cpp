@@ -47,7 +47,10 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   app.add_option("--weight-decay", o.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
   app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
-  app.add_option("--recv-timeout", o.recvTimeoutSeconds, "Seconds a receive may wait")->check(CLI::PositiveNumber);
+  app.add_option("--recv-timeout", o.recvTimeoutSeconds,
+                 "Seconds a rank waited on may go without progress before it is declared stuck (the waiting rank "
+                 "then fails, naming it); a slow rank that progresses is waited for")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--no-progress", f.noProgress, "No progress bar, even on a terminal");
   app.add_option("--gpus", f.gpus,
                  "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "

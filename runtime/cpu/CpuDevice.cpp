@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 
 namespace mhcc::runtime {
@@ -47,13 +49,35 @@ struct CpuWorld {
   std::vector<int64_t> peakBytes;          // by rank
   StepResult result;
 
+  // By rank, for the receive deadline (--recv-timeout): when it last ran an
+  // instruction or completed an exchange (Clock ticks), whom it waits on (-1: nobody).
+  std::unique_ptr<std::atomic<int64_t>[]> lastProgress, waitingOn;
+
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
       : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
-        peakBytes(artifact.pp, 0) {
+        peakBytes(artifact.pp, 0), lastProgress(new std::atomic<int64_t>[artifact.pp]),
+        waitingOn(new std::atomic<int64_t>[artifact.pp]) {
     for (int64_t from = 0; from < a.pp; ++from)
       for (int64_t to = 0; to < a.pp; ++to)
         if (from != to)
           channels[{from, to}];
+    for (int64_t r = 0; r < a.pp; ++r) {
+      lastProgress[r] = Clock::now().time_since_epoch().count();
+      waitingOn[r] = -1;
+    }
+  }
+
+  /// Follows the waits from `peer` to the rank at their end, the one that
+  /// waits on nobody (or on `self`, or a cycle: then `peer`).
+  int64_t stuckRank(int64_t peer, int64_t self) const {
+    int64_t rank = peer;
+    for (int64_t hops = 0; hops < a.pp; ++hops) {
+      const int64_t next = waitingOn[rank];
+      if (next < 0 || next == self || next == rank)
+        return rank;
+      rank = next;
+    }
+    return peer;
   }
 
   /// Every rank calls this once per step; the last one reduces the
@@ -95,6 +119,7 @@ public:
       : CpuRankBase(world->a, world->options, rank), world_(std::move(world)) {}
 
   bool beginStep(const StepInputs &inputs) override {
+    progressed();
     beginInputs(inputs);
     for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
       for (std::vector<float> &g : world_->params.slotGrads[s])
@@ -122,7 +147,18 @@ public:
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Recv && !receive(t))
         return false;
+    progressed();
     return true;
+  }
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    const bool ok = CpuRankBase::forward(stage, mb, index, state);
+    progressed();
+    return ok;
+  }
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
+    const bool ok = CpuRankBase::backward(stage, mb, index, part, state);
+    progressed();
+    return ok;
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = world_->params.weights; }
   // The CPU world holds every parameter; rank 0 speaks for it.
@@ -146,20 +182,43 @@ private:
   float *weight(int param) override { return world_->params.weight(param); }
   float *slotGrad(int64_t stage, int slot) override { return world_->params.slotGrads[stage][slot].data(); }
 
+  void progressed() { world_->lastProgress[rank_] = Clock::now().time_since_epoch().count(); }
+
+  /// Waits for the message; fails when the wait and the rank at the end of
+  /// the chain of waits have both gone the limit without progress (a slow
+  /// rank that progresses is waited for, however long).
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
     Channel &channel = world_->channels[{i.peer, rank_}];
     std::unique_lock<std::mutex> lock(channel.mutex);
     const double timeout = world_->options.recvTimeoutSeconds;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout);
+    const std::chrono::duration<double> limit(timeout);
+    const auto start = Clock::now();
+    world_->waitingOn[rank_] = i.peer;
     while (channel.queue.empty()) {
+      const auto now = Clock::now();
+      std::string problem;
       if (world_->failed)
-        return fail("stopped while waiting for rank " + std::to_string(i.peer) + ": another rank failed");
-      if (Clock::now() > deadline)
-        return fail("no message from rank " + std::to_string(i.peer) + " within " + std::to_string(int(timeout)) +
-                    " s");
+        problem = "stopped while waiting for rank " + std::to_string(i.peer) + ": another rank failed";
+      if (problem.empty() && now - start > limit) {
+        const int64_t stuck = world_->stuckRank(i.peer, rank_);
+        const Clock::time_point last{Clock::duration(world_->lastProgress[stuck].load())};
+        if (now - last > limit) {
+          char text[32];
+          std::snprintf(text, sizeof text, "%g", timeout);
+          problem = "rank " + std::to_string(stuck) + " is stuck: it made no progress for " + text + " s" +
+                    (stuck == i.peer ? "" : ", and rank " + std::to_string(i.peer) + " waits on it") +
+                    " (--recv-timeout sets the limit)";
+        }
+      }
+      if (!problem.empty()) {
+        world_->waitingOn[rank_] = -1;
+        return fail(problem);
+      }
       channel.ready.wait_for(lock, kWaitSlice);
     }
+    progressed(); // before the wait ends: never "waits on nobody" with an old progress
+    world_->waitingOn[rank_] = -1;
     Message message = std::move(channel.queue.front());
     channel.queue.pop_front();
     lock.unlock();

@@ -5,6 +5,8 @@
 #include "runtime/cpu/SocketMesh.h"
 #include "runtime/dist/StopSignal.h"
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -38,7 +40,9 @@ struct Unpacker {
 
 /// MHCC_TEST_KILL_RANK_AT / MHCC_TEST_HANG_RANK_AT = "R:K": rank R SIGKILLs
 /// itself, or sleeps forever, in the first exchange of the K-th step this
-/// process runs: a rank lost or stuck mid-step, for the fault tests only.
+/// process runs: a rank lost or stuck mid-step. MHCC_TEST_SLOW_RANK = "R:MS":
+/// rank R sleeps MS milliseconds before every instruction, a slow rank that
+/// progresses. For the fault tests only.
 int64_t testFaultStep(const char *name, int64_t rank) {
   const char *value = std::getenv(name);
   long long r = -1, k = -1;
@@ -52,11 +56,14 @@ public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
       : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), killAt_(testFaultStep("MHCC_TEST_KILL_RANK_AT", rank)),
         hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)),
+        slowMs_(testFaultStep("MHCC_TEST_SLOW_RANK", rank)),
         // The optimizer runs on rank 0, which holds every stage's gradients
         // (its own and the gathered ones); the others hold their own stages'.
         params_(a, rank == 0, [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == rank; }) {}
 
   bool beginStep(const StepInputs &inputs) override {
+    mesh_->setLocalWork(false); // from here a peer waiting on this rank sees its instructions
+    mesh_->progressed();
     beginInputs(inputs);
     ++stepsRun_;
     exchanged_ = false;
@@ -67,7 +74,22 @@ public:
   }
   bool finishPipeline() override { return true; } // every receive completed inside exchange
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
-    return rank_ == 0 ? reduceAndUpdate(step, losses, result) : sendAndTake(losses, result);
+    const bool ok = rank_ == 0 ? reduceAndUpdate(step, losses, result) : sendAndTake(losses, result);
+    mesh_->setLocalWork(true); // until the next step: printing, saving
+    return ok;
+  }
+  // Each instruction is progress a waiting peer sees (SocketMesh's heartbeats).
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    slowDown();
+    const bool ok = CpuRankBase::forward(stage, mb, index, state);
+    mesh_->progressed();
+    return ok;
+  }
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
+    slowDown();
+    const bool ok = CpuRankBase::backward(stage, mb, index, part, state);
+    mesh_->progressed();
+    return ok;
   }
 
   bool exchange(std::vector<Transfer> &group) override {
@@ -113,6 +135,11 @@ private:
   float *weight(int param) override { return params_.weight(param); }
   float *slotGrad(int64_t stage, int slot) override { return params_.slotGrads[stage][slot].data(); }
 
+  void slowDown() {
+    if (slowMs_ > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(slowMs_));
+  }
+
   void injectTestFault() {
     if (stepsRun_ == killAt_)
       std::raise(SIGKILL);
@@ -124,7 +151,7 @@ private:
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
     Frame frame;
-    if (!mesh_->receive(i.peer, frame, options_.recvTimeoutSeconds, error_))
+    if (!mesh_->receive(i.peer, frame, error_))
       return false;
     if (frame.kind != Frame::Data || frame.payload != int32_t(i.payload) || frame.src != i.srcStage ||
         frame.dst != i.dstStage || frame.mb != i.mb || int64_t(frame.bytes.size()) != i.tokens * i.width * 4)
@@ -142,7 +169,7 @@ private:
   bool sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out);
 
   std::unique_ptr<SocketMesh> mesh_;
-  const int64_t killAt_, hangAt_;
+  const int64_t killAt_, hangAt_, slowMs_;
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
   HostParameters params_; // every weight on every rank; moments on rank 0
@@ -164,7 +191,7 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
     for (const std::vector<float> &g : params_.slotGrads[s])
       pack.put(g.data(), g.size());
   Frame reply;
-  if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, options_.recvTimeoutSeconds, error_))
+  if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, error_))
     return false;
   Unpacker in{reply.bytes};
   int32_t hasMtp = 0;
@@ -194,7 +221,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   int stop = stopSignal();
   for (int64_t r = 1; r < a_.pp; ++r) {
     Frame gather;
-    if (!mesh_->receive(r, gather, options_.recvTimeoutSeconds, error_))
+    if (!mesh_->receive(r, gather, error_))
       return false;
     Unpacker in{gather.bytes};
     int64_t rankStop = 0, rows = 0;
@@ -215,6 +242,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   }
   StepResult result;
   result.step = step;
+  mesh_->setLocalWork(true); // the others wait on this update: it is progress
   params_.update(a_, options_, losses, result);
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
@@ -252,8 +280,10 @@ DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir
               ": start one process per pipeline rank";
       return devices;
     }
-    std::unique_ptr<SocketMesh> mesh =
-        SocketMesh::connect(rank, size, socketDir, options.recvTimeoutSeconds, error);
+    // Starting may take longer than a step's waits (the processes start
+    // and read the artifact at their own pace): at least the old 120 s.
+    std::unique_ptr<SocketMesh> mesh = SocketMesh::connect(
+        rank, size, socketDir, std::max(120.0, options.recvTimeoutSeconds), options.recvTimeoutSeconds, error);
     if (mesh)
       devices.push_back(std::make_unique<CpuProcessDevice>(artifact, options, std::move(mesh), rank));
     return devices;

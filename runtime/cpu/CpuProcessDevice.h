@@ -9,6 +9,9 @@
 // completeStep (Optimizer.h) as CpuWorld over the same arrays in the same
 // order, then sends every rank the updated weights and the step's numbers.
 // The gather also carries each rank's stop signal, so all stop together.
+// Each instruction, exchange and message counts as the rank's progress,
+// which the mesh's heartbeats carry to the peers: a rank waited on is
+// declared stuck only when it stops progressing (SocketMesh.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CPU_CPUPROCESSDEVICE_H

@@ -115,7 +115,9 @@ bool CudaRank::setupComms(const CommIds &ids) {
   for (auto &[peer, comm] : recvComm_)
     ncclRecv(probe + 1, 1, ncclFloat, 0, comm, recvStream_[peer]);
   status = ncclGroupEnd();
-  bool connected = status == ncclSuccess && waitStreams(allStreams(), "the connection probes");
+  // Start-up, not a step: the ranks join at their own pace.
+  bool connected = status == ncclSuccess &&
+                   waitStreams(allStreams(), "the connection probes", std::max(120.0, options_.recvTimeoutSeconds));
   cudaFree(probe);
   if (status != ncclSuccess)
     return fail(std::string("connecting the pair communicators: ") + ncclGetErrorString(status));
@@ -123,6 +125,9 @@ bool CudaRank::setupComms(const CommIds &ids) {
 }
 
 bool CudaRank::exchange(std::vector<Transfer> &group) {
+  // Progress marks: the compute issued so far, then each message's stream
+  // (waitStreams counts each that completes as progress).
+  markProgress(compute_);
   // Sends follow the compute that produced their data.
   for (const Transfer &t : group)
     if (t.instr->kind == OpKind::Send)
@@ -147,6 +152,12 @@ bool CudaRank::exchange(std::vector<Transfer> &group) {
   ncclResult_t status = ncclGroupEnd();
   if (status != ncclSuccess)
     return fail("NCCL group: " + std::string(ncclGetErrorString(status)));
+  std::set<cudaStream_t> marked;
+  for (const Transfer &t : group) {
+    cudaStream_t st = stream(t.instr->kind == OpKind::Send ? Queue::sendTo(t.instr->peer) : Queue::recvFrom(t.instr->peer));
+    if (marked.insert(st).second)
+      markProgress(st);
+  }
   for (Transfer &t : group)
     if (t.instr->kind == OpKind::Recv) {
       cudaEvent_t ready;

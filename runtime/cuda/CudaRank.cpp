@@ -7,6 +7,7 @@
 #include "runtime/train/Parameters.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <chrono>
 #include <set>
@@ -51,6 +52,11 @@ CudaRank::~CudaRank() {
   for (cudaEvent_t event : freeEvents_)
     if (event)
       cudaEventDestroy(event);
+  for (auto &[stream, marks] : progressMarks_)
+    for (cudaEvent_t event : marks)
+      cudaEventDestroy(event);
+  for (cudaEvent_t event : spareMarks_)
+    cudaEventDestroy(event);
   gemms_.reset();
 }
 
@@ -163,20 +169,56 @@ std::vector<cudaStream_t> CudaRank::allStreams() {
   return streams;
 }
 
-bool CudaRank::waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.recvTimeoutSeconds);
+void CudaRank::markProgress(cudaStream_t stream) {
+  cudaEvent_t event;
+  if (!spareMarks_.empty()) {
+    event = spareMarks_.back();
+    spareMarks_.pop_back();
+  } else if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+    return; // a mark fewer only makes the wait less patient
+  }
+  cudaEventRecord(event, stream);
+  progressMarks_[stream].push_back(event);
+}
+
+bool CudaRank::progressed() {
+  bool any = false;
+  for (auto &[stream, marks] : progressMarks_) // a stream's marks complete in order
+    while (!marks.empty() && cudaEventQuery(marks.front()) == cudaSuccess) {
+      spareMarks_.push_back(marks.front());
+      marks.pop_front();
+      any = true;
+    }
+  return any;
+}
+
+bool CudaRank::waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what, double limitSeconds) {
+  using Clock = std::chrono::steady_clock;
+  const std::chrono::duration<double> limit(limitSeconds > 0 ? limitSeconds : options_.recvTimeoutSeconds);
+  auto lastProgress = Clock::now(), lastLook = lastProgress;
   for (cudaStream_t st : streams) {
     cudaError_t status;
     while ((status = cudaStreamQuery(st)) == cudaErrorNotReady) {
       if (peerFailed_ && peerFailed_->load())
         return fail("stopped while waiting for " + what + ": another rank failed");
-      if (std::chrono::steady_clock::now() > deadline)
-        return fail(what + " did not finish within " + std::to_string(int(options_.recvTimeoutSeconds)) +
-                    " s (a peer never sent, or a collective hangs; raise --recv-timeout if the step is just slow)");
+      const auto now = Clock::now();
+      if (now - lastLook > std::chrono::milliseconds(10)) { // progress marks, 100 times a second
+        lastLook = now;
+        if (progressed())
+          lastProgress = now;
+        else if (now - lastProgress > limit) {
+          char text[32];
+          std::snprintf(text, sizeof text, "%g", limit.count());
+          return fail(what + " made no progress for " + text +
+                      " s: a peer is stuck or lost (nothing arrived that this GPU waits on), or a collective hangs "
+                      "(--recv-timeout sets the limit)");
+        }
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if (status != cudaSuccess)
       return fail(what + ": " + cudaWhat(status));
+    lastProgress = Clock::now(); // a queue drained is progress too
   }
   return true;
 }

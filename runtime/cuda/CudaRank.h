@@ -20,6 +20,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -101,7 +102,14 @@ private:
   bool check(const char *what);
   cudaStream_t stream(Queue queue);
   std::vector<cudaStream_t> allStreams();
-  bool waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what);
+  /// Waits until every stream is idle; fails when no progress mark completes
+  /// and no stream drains for `limitSeconds` (0: --recv-timeout), so a slow
+  /// step that progresses is waited for and a stuck peer is not.
+  bool waitStreams(const std::vector<cudaStream_t> &streams, const std::string &what, double limitSeconds = 0);
+  /// Records a progress mark on `stream` (after each exchange's work).
+  void markProgress(cudaStream_t stream);
+  /// True when a mark completed since the last look.
+  bool progressed();
   static void follow(cudaStream_t waiter, cudaStream_t producer);
   int streamId(cudaStream_t stream);
   PlannedAllocator::Hooks planHooks();
@@ -170,6 +178,10 @@ private:
   /// With profiling: events around each primitive, read after the step.
   std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> timings_;
   std::map<std::string, double> profileMs_;
+  /// Progress marks (--recv-timeout), by stream in record order, and done
+  /// ones kept for reuse.
+  std::map<cudaStream_t, std::deque<cudaEvent_t>> progressMarks_;
+  std::vector<cudaEvent_t> spareMarks_;
 };
 
 } // namespace mhcc::runtime::cuda

@@ -25,7 +25,11 @@ struct TrainOptions {
   double clipGrad = 1.0; // global-norm clipping across all stages; 0: off
   int64_t warmupSteps = 0;
   uint64_t dataSeed = 1234;
-  double recvTimeoutSeconds = 120;
+  /// How long a rank waited on may go without progress (an instruction, an
+  /// exchange; on a GPU, a completed piece of the queued work) before the
+  /// waiting rank declares it stuck and fails: a slow rank that progresses is
+  /// waited for however long a wait lasts (docs/runtime.md, "A lost rank").
+  double recvTimeoutSeconds = 30;
   /// Keep every tapped activation and gradient (model-graph node outputs,
   /// hence every pipeline boundary) and the reduced parameter gradients of
   /// each step: what the parity tests compare.
