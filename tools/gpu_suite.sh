@@ -16,7 +16,8 @@
 #
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens checkpoint
 # bench"; checkpoint: tiny 10 + 10 iterations == 20 at PP1 and at PP2 with
-# --gpus 2, and the PP2 checkpoint resumed under PP1; opt-in "ceilings":
+# --gpus 2, the PP2 checkpoint resumed under PP1, and SIGTERM to a --gpus 2
+# run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
@@ -386,6 +387,31 @@ PY
       if ck_run pp2_to_pp1 tiny_pp1 20 --load ck_pp2/iter_0000010 &&
          ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp2_to_pp1.jsonl"; then r=PASS; else r=FAIL; fi
       row "checkpoint PP2 -> PP1 resume" $r "iterations 11-20 equal PP1's uninterrupted run"
+      # SIGTERM to the --gpus parent after a couple of iterations: both ranks
+      # agree on it through the statistics all-reduce, stop after the same
+      # iteration N and save it; the parent exits 143; N + 3 iterations
+      # resumed from the save equal an uninterrupted run's.
+      rm -rf ck_pp2_term
+      ./mhcrun tiny_pp2.mhcc --data corpus.txt --steps 100000 --no-progress --gpus 2 --save ck_pp2_term \
+        --metrics "$logs/ck_pp2_term_a.jsonl" > "$logs/ck_pp2_term_a.log" 2>&1 &
+      parent=$!
+      for _ in $(seq 1200); do
+        [ "$(cat "$logs/ck_pp2_term_a.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break
+        sleep 0.05
+      done
+      kill -TERM "$parent"
+      rc=0
+      wait "$parent" || rc=$?
+      n=$(wc -l < "$logs/ck_pp2_term_a.jsonl")
+      if [ "$rc" = 143 ] &&
+         grep -qx "mhcrun: stopped by SIGTERM after iteration $n; checkpoint ck_pp2_term/$(printf 'iter_%07d' "$n")" \
+           "$logs/ck_pp2_term_a.log" &&
+         [ "$(cat ck_pp2_term/latest_checkpointed_iteration.txt)" = "$n" ] &&
+         ck_run pp2_term_full tiny_pp2 $((n + 3)) --gpus 2 &&
+         ck_run pp2_term_b tiny_pp2 $((n + 3)) --gpus 2 --load ck_pp2_term &&
+         ck_same "$logs/ck_pp2_term_full.jsonl" "$logs/ck_pp2_term_a.jsonl" "$logs/ck_pp2_term_b.jsonl"
+      then r=PASS; else r=FAIL; fi
+      row "checkpoint PP2 (--gpus 2) SIGTERM" $r "exit $rc, stopped after iteration $n, saved; resumed == uninterrupted"
     else
       row "checkpoint PP2" SKIP "needs 2 GPUs, $gpus visible"
     fi

@@ -422,12 +422,11 @@ int runMhcrun(int argc, char **argv) {
   } else {
     devices = backend == "cuda" ? cudaDevices() : cpuDevices();
   }
-  // SIGTERM / SIGINT stop at an iteration boundary where the ranks can agree
-  // on it: one process, or CPU ranks (their gather carries it). A CUDA rank
-  // of a multi-process run keeps the default (the --gpus parent forwards the
-  // signal and the rank dies): its ranks have no such agreement yet.
-  if (!placement || backend == "cpu")
-    installStopHandler();
+  // SIGTERM / SIGINT stop at an iteration boundary. The ranks of a
+  // multi-process run agree on it through the step's collective (the CPU
+  // ranks' gather, the CUDA ranks' statistics all-reduce), so every rank
+  // stops after the same iteration.
+  installStopHandler();
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
     return fail(rankPrefix + error);
@@ -436,9 +435,9 @@ int runMhcrun(int argc, char **argv) {
   Role role;
   role.speaker = speaker;
   role.rankPrefix = rankPrefix;
+  role.agreedStop = placement.has_value();
   if (placement && backend == "cpu") {
     role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
-    role.agreedStop = true;
   } else if (placement) {
     role.shard.rank = placement->rank;
     role.shard.size = placement->size;

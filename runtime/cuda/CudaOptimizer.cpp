@@ -4,13 +4,16 @@
 // gradient is reduced on its owner in use order, squares and zeros and the
 // losses are shared by one all-reduce (each entry non-zero on one rank only,
 // so the sum is exact), the owner updates the weights and sends them to the
-// other holders.
+// other holders. The all-reduce also carries each rank's stop signal, so
+// every rank stops after the same iteration.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaRank.h"
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/dist/StopSignal.h"
 #include "runtime/train/Optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mhcc::runtime::cuda {
@@ -75,11 +78,14 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
 }
 
 /// One all-reduce: [squares, zeros] per parameter, losses, peak and
-/// reserved bytes per rank; fills `result` from it.
+/// reserved bytes and the stop signal seen (SIGTERM / SIGINT, 0: none) per
+/// rank; fills `result` from it, with the largest signal as the one every
+/// rank acts on.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
   const size_t P = a_.params.size(), L = a_.stages.back().losses.size();
   const size_t lossAt = 2 * P, peakAt = lossAt + a_.microbatches * L, reservedAt = peakAt + a_.pp;
-  std::vector<double> stats(reservedAt + a_.pp, 0.0);
+  const size_t stopAt = reservedAt + a_.pp;
+  std::vector<double> stats(stopAt + a_.pp, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
   if (!waitStreams({compute_}, "the gradient statistics"))
     return false;
   cudaMemcpy(stats.data(), stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
@@ -96,6 +102,9 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   if (planner_.planned())
     reserved += uint64_t(planner_.plan().arenaBytes);
   stats[reservedAt + rank_] = double(reserved);
+  // Read once the pipeline is done: a signal arriving later counts at the
+  // next step, on every rank alike.
+  stats[stopAt + rank_] = double(stopSignal());
   cudaMemcpyAsync(sharedStats_, stats.data(), stats.size() * sizeof(double), cudaMemcpyHostToDevice, compute_);
   if (ncclResult_t status = ncclAllReduce(sharedStats_, sharedStats_, stats.size(), ncclDouble, ncclSum, world_, compute_);
       status != ncclSuccess)
@@ -119,6 +128,7 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   for (int64_t k = 0; k < a_.pp; ++k) {
     result.peakBytes.push_back(int64_t(stats[peakAt + k]));
     result.deviceReservedBytes.push_back(int64_t(stats[reservedAt + k]));
+    result.stopSignal = std::max(result.stopSignal, int(stats[stopAt + k]));
   }
   return true;
 }

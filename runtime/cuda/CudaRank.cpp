@@ -139,7 +139,9 @@ bool CudaRank::setupDevice() {
         cudaMalloc(&labels_[mb], a_.model.tokens() * sizeof(int32_t)) != cudaSuccess)
       return fail("out of GPU memory for the token ids");
   staticBytes_ += 2 * a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
-  const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 2 * a_.pp;
+  // shareStatistics' all-reduce: squares and zeros per parameter, losses,
+  // then peak bytes, reserved bytes and stop signal per rank.
+  const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 3 * a_.pp;
   if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||

@@ -68,8 +68,8 @@ struct StepResult {
   /// steady from the second step when steps allocate nothing new.
   std::vector<int64_t> deviceReservedBytes;
   /// A stop signal (SIGTERM / SIGINT) any rank had seen by the end of this
-  /// step, agreed by every rank through the step's collective (multi-process
-  /// CPU backend); 0: none, or a device that does not share it.
+  /// step, agreed by every rank through the step's collective (the CPU
+  /// ranks' gather, the CUDA ranks' statistics all-reduce); 0: none.
   int stopSignal = 0;
   // With recordTaps:
   std::map<std::string, std::vector<float>> taps;       // "<tap>@mb<k>"
