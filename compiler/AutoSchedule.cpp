@@ -119,10 +119,9 @@ OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptio
       return a.result.makespan < b.result.makespan;
     return a.peakBytes < b.peakBytes;
   });
-  report << llvm::formatv("schedule auto: pp = {0}, m = {1}, {2} candidates at {3} TFLOP/s and {4} GB/s P2P "
+  report << llvm::formatv("schedule auto: pp = {0}, m = {1}, {2} candidates with {3} "
                           "(predicted step, bubble = idle / (ranks x step), peak live activations per rank):\n",
-                          options.pp, options.microbatches, candidates.size(), simulation.tflops,
-                          simulation.linkGBps);
+                          options.pp, options.microbatches, candidates.size(), simulation.profile.describe());
   int rank = 0;
   for (const Candidate &c : candidates) {
     if (c.refusal.empty()) {

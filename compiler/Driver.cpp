@@ -99,13 +99,14 @@ LogicalResult addDeviceCode(runtime::Artifact &artifact, const DriverOptions &op
 }
 
 /// Writes what --emit asks for; output files appear only when all succeeded.
-int emitOutput(ModuleOp module, const DriverOptions &options) {
+int emitOutput(ModuleOp module, const DriverOptions &options, const SimulationOptions &simulation) {
   std::optional<runtime::Artifact> artifact;
   if (options.needsArtifact()) {
     FailureOr<runtime::Artifact> built = buildArtifact(module, hashFile(options.input));
     if (failed(built))
       return fail("cannot build the artifact of " + options.input + " (see above)");
     artifact = std::move(*built);
+    artifact->prediction = predictStep(module, simulation);
   }
   if (options.emit == EmitKind::Artifact) {
     std::string writeError;
@@ -125,7 +126,7 @@ int emitOutput(ModuleOp module, const DriverOptions &options) {
     out->os() << formatPrograms(*artifact);
   else if (options.emit == EmitKind::Cuda)
     out->os() << codegen::emitModelKernels(artifact->model, artifact->modelHash);
-  else if (failed(printSummary(module, options, out->os())))
+  else if (failed(printSummary(module, options, simulation, out->os())))
     return 1;
   out->keep();
   return 0;
@@ -155,15 +156,15 @@ int runMhcc(int argc, char **argv) {
   // --schedule auto's ranking: in the summary, else one note on stderr.
   std::string ranking;
   llvm::raw_string_ostream rankingStream(ranking);
-  OwningOpRef<ModuleOp> module =
-      compileModel(context, options.input, pipeline, simulationOptions(options), rankingStream);
+  SimulationOptions simulation;
+  OwningOpRef<ModuleOp> module = compileModel(context, options.input, pipeline, options, simulation, rankingStream);
   if (!ranking.empty() && (!module || options.emit != EmitKind::Summary))
     llvm::errs() << "mhcc: note: " << ranking;
   else if (!ranking.empty())
     llvm::outs() << ranking;
   if (!module)
     return 1;
-  return emitOutput(*module, options);
+  return emitOutput(*module, options, simulation);
 }
 
 } // namespace mhcc

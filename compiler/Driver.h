@@ -12,6 +12,7 @@
 
 #include "compiler/Pipeline.h"
 #include "passes/PipelineIR.h"
+#include "runtime/artifact/Artifact.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -60,11 +61,17 @@ struct DriverOptions {
       llvm::cl::desc("Write the predicted per-rank timeline here, as Chrome trace events (Perfetto, "
                      "chrome://tracing); mhcrun --trace writes the measured one with the same names"),
       llvm::cl::value_desc("file.json"), llvm::cl::cat(pipelineCategory())};
+  llvm::cl::opt<std::string> deviceProfile{
+      "device-profile",
+      llvm::cl::desc("Rates the schedule simulator assumes: a built-in profile (h200-bf16, h200-fp32, "
+                     "cpu) or a file from mhcrun --device-profile-out (default: cpu with --cuda-arch "
+                     "none, else the H200 profile of the model's dtype)"),
+      llvm::cl::value_desc("name|file.json"), llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<double> simTflops{"sim-tflops",
-                                  llvm::cl::desc("Compute rate the schedule simulator assumes"),
+                                  llvm::cl::desc("A flat compute rate for every unit instead of a device profile"),
                                   llvm::cl::init(400), llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<double> simLinkGBps{
-      "sim-link-gbps", llvm::cl::desc("P2P bandwidth the schedule simulator assumes (GB/s)"),
+      "sim-link-gbps", llvm::cl::desc("P2P bandwidth with --sim-tflops, or instead of the profile's (GB/s)"),
       llvm::cl::init(200), llvm::cl::cat(pipelineCategory())};
 
   llvm::cl::opt<std::string> cudaArch{
@@ -87,20 +94,30 @@ struct DriverOptions {
 /// before the model is read, never at its location), or nullopt.
 std::optional<std::string> checkFlags(const DriverOptions &options, const PipelineOptions &pipeline);
 
-/// Reads the model graph at `input`, imports it and runs the pipeline's
-/// phases (for --schedule auto, every candidate's, writing the ranking to
-/// `report`); on failure the error has been printed and the result is null.
+/// Reads the model graph at `input`, chooses the simulator's rates for it
+/// (simulationOptions), imports it and runs the pipeline's phases (for
+/// --schedule auto, every candidate's, writing the ranking to `report`); on
+/// failure the error has been printed and the result is null.
 mlir::OwningOpRef<mlir::ModuleOp> compileModel(mlir::MLIRContext &context, const std::string &input,
-                                               const PipelineOptions &pipeline,
-                                               const SimulationOptions &simulation, llvm::raw_ostream &report);
+                                               const PipelineOptions &pipeline, const DriverOptions &options,
+                                               SimulationOptions &simulation, llvm::raw_ostream &report);
 
-/// The simulator's rates the flags ask for (--sim-tflops, --sim-link-gbps).
-SimulationOptions simulationOptions(const DriverOptions &options);
+/// The simulator's rates for a model of `dtype`: --device-profile, else
+/// --sim-tflops / --sim-link-gbps when given, else the built-in profile of
+/// the target (cpu for --cuda-arch none, else h200-bf16 / h200-fp32);
+/// --sim-link-gbps given with a profile replaces its link bandwidth.
+/// nullopt and `error` when the profile cannot be read.
+std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
+                                                   std::string &error);
 
 /// The summary: the model's sizes and costs, and what the pipeline decided
 /// (with --print-schedule the per-rank timeline, with --trace the trace file).
 mlir::LogicalResult printSummary(mlir::ModuleOp module, const DriverOptions &options,
-                                 llvm::raw_ostream &os);
+                                 const SimulationOptions &simulation, llvm::raw_ostream &os);
+
+/// The simulator's step time and bubble for the module's schedule, as the
+/// artifact records them; nullopt without a schedule.
+std::optional<runtime::Prediction> predictStep(mlir::ModuleOp module, const SimulationOptions &simulation);
 
 /// Prints "mhcc: MESSAGE" and returns mhcc's failure status, 1.
 int fail(const std::string &message);

@@ -63,13 +63,12 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
     if (failed(spec))
       return failure();
     pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
-    os << llvm::formatv("schedule {0}: m = {1}{2}, verified; predicted step {3:F3} ms at {4} "
-                        "TFLOP/s and {5} GB/s P2P, bubble fraction {6:F4} (idle / (ranks x step))\n",
+    os << llvm::formatv("schedule {0}: m = {1}{2}, verified; predicted step {3:F3} ms with {4}, "
+                        "bubble fraction {5:F4} (idle / (ranks x step))\n",
                         pipeline::scheduleKindName(schedule.kind), schedule.microbatches,
                         schedule.groupSize ? llvm::formatv(", g = {0}", schedule.groupSize).str()
                                            : std::string(),
-                        result.makespan, simulation.tflops, simulation.linkGBps,
-                        result.bubbleFraction);
+                        result.makespan, simulation.profile.describe(), result.bubbleFraction);
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {
@@ -98,6 +97,8 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
     return llvm::formatv("--sim-link-gbps: must be 0 (free communication) or a positive, finite bandwidth, got {0}",
                          options.simLinkGBps.getValue())
         .str();
+  if (!options.deviceProfile.empty() && options.simTflops.getNumOccurrences() > 0)
+    return std::string("--sim-tflops: a flat rate and --device-profile exclude each other; keep one");
   if (options.needsArtifact() && pipeline.compileTo != Phase::Schedule)
     return std::string("--compile-to: --emit=artifact, programs and cuda need every phase; "
                        "drop --compile-to");
@@ -118,19 +119,45 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
   return std::nullopt;
 }
 
-SimulationOptions simulationOptions(const DriverOptions &options) {
-  return SimulationOptions{options.simTflops, options.simLinkGBps};
+std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
+                                                   std::string &error) {
+  const bool flatRate = options.simTflops.getNumOccurrences() > 0;
+  const bool link = options.simLinkGBps.getNumOccurrences() > 0;
+  SimulationOptions simulation;
+  if (options.deviceProfile.empty() && (flatRate || link)) {
+    simulation.profile = nominalProfile(options.simTflops, options.simLinkGBps);
+    return simulation;
+  }
+  std::string name = options.deviceProfile;
+  if (name.empty())
+    name = options.cudaArch == "none" ? "cpu" : dtype == "bf16" ? "h200-bf16" : "h200-fp32";
+  std::optional<DeviceProfile> profile = loadDeviceProfile(name, error);
+  if (!profile) {
+    error = "--device-profile: " + error;
+    return std::nullopt;
+  }
+  simulation.profile = *profile;
+  if (link)
+    simulation.profile.linkGBps = options.simLinkGBps;
+  return simulation;
 }
 
 OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &input,
-                                   const PipelineOptions &pipeline, const SimulationOptions &simulation,
-                                   llvm::raw_ostream &report) {
+                                   const PipelineOptions &pipeline, const DriverOptions &options,
+                                   SimulationOptions &simulation, llvm::raw_ostream &report) {
   ModelError error;
   std::optional<ModelGraph> graph = loadModelGraph(input, error);
   if (!graph) {
     llvm::errs() << formatModelError(input, error) << "\n";
     return nullptr;
   }
+  std::string profileError;
+  std::optional<SimulationOptions> rates = simulationOptions(options, graph->config.dtype, profileError);
+  if (!rates) {
+    fail(profileError);
+    return nullptr;
+  }
+  simulation = *rates;
   OwningOpRef<ModuleOp> module = importModelGraph(context, *graph, input);
   if (!module) {
     fail("internal error: the imported IR of " + input +
@@ -156,7 +183,21 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
   return module;
 }
 
-LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
+std::optional<runtime::Prediction> predictStep(ModuleOp module, const SimulationOptions &simulation) {
+  FailureOr<func::FuncOp> func = findModelFunc(module);
+  auto scheduleOps = module.getOps<pipe::ScheduleOp>();
+  if (failed(func) || scheduleOps.empty())
+    return std::nullopt;
+  pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
+  FailureOr<pipeline::ScheduleSpec> spec =
+      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
+  if (failed(spec))
+    return std::nullopt;
+  pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
+  return runtime::Prediction{result.makespan, result.bubbleFraction, simulation.profile.describe()};
+}
+
+LogicalResult printSummary(ModuleOp module, const DriverOptions &options, const SimulationOptions &simulation,
                            llvm::raw_ostream &os) {
   FailureOr<func::FuncOp> func = findModelFunc(module);
   if (failed(func))
@@ -165,7 +206,7 @@ LogicalResult printSummary(ModuleOp module, const DriverOptions &options,
   if (failed(model))
     return failure();
   os << formatModelSummary(*model);
-  return printPipelineSummary(module, *func, simulationOptions(options), options.printSchedule, options.trace, os);
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
 }
 
 } // namespace mhcc

@@ -152,10 +152,11 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.groupSize = groupSize;
   spec.tokens = dims->tokens();
   spec.elementBytes = dims->dtypeBytes();
-  spec.linkBytesPerTime = options.linkGBps * 1e6; // bytes per millisecond
+  const DeviceProfile &profile = options.profile;
+  spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
+  spec.linkLatency = profile.linkLatencyUs * 1e-3;
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});
-  const double flopsPerMs = options.tflops * 1e9;
   for (Operation &op : func.getBody().front()) {
     if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
       int64_t src = boundary.getSrcStage();
@@ -177,12 +178,15 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
       return op.emitOpError() << "has no " << pipe::kStageAttr << " (run -pipe-partition first)";
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
-    double forward = cost.forwardFlopsPerToken * spec.tokens / flopsPerMs;
-    stage.forwardTime += forward;
-    stage.backwardTime += 2 * forward;
-    stage.weightGradTime += forward;
+    const double flops = cost.forwardFlopsPerToken * spec.tokens;
+    const double backward = profile.backwardMs(*kind, 2 * flops, spec.tokens);
+    stage.forwardTime += profile.forwardMs(*kind, flops, spec.tokens);
+    stage.backwardTime += backward;
+    stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     stage.savedBytes += cost.savedBytesPerToken * spec.tokens;
+    stage.params += cost.params;
   }
+  spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   for (int64_t s = 0; s + 1 < stages; ++s)
     if (spec.stages[s].outputWidth == 0)
       return func.emitError() << "no pipe.boundary from stage " << s << " to " << s + 1

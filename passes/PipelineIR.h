@@ -10,6 +10,7 @@
 
 #include "dialects/pipe/IR/PipeOps.h"
 #include "passes/CostModel.h"
+#include "passes/DeviceProfile.h"
 #include "passes/pipeline/AutoPartition.h"
 #include "passes/pipeline/Layout.h"
 #include "passes/pipeline/Schedule.h"
@@ -37,9 +38,10 @@ mlir::LogicalResult applyLayout(mlir::func::FuncOp func, const pipeline::Layout 
 /// The partition recorded on a function by applyLayout.
 mlir::FailureOr<pipeline::Layout> layoutOf(mlir::func::FuncOp func);
 
+/// The rates the schedule simulator assumes (DeviceProfile.h); the passes'
+/// own verification uses the nominal rates with free communication.
 struct SimulationOptions {
-  double tflops = 400;   // sustained compute rate per GPU
-  double linkGBps = 0;   // P2P bandwidth; 0 = communication is free
+  DeviceProfile profile = nominalProfile(400, 0);
 };
 
 /// Per-stage costs (forward/backward time in ms, saved bytes) and boundary

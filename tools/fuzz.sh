@@ -55,7 +55,7 @@ declare -A SOURCES=(
 # coverage and sanitizers are on mhcc's own code).
 MLIR_CORE="compiler/ModelGraph.cpp compiler/Importer.cpp compiler/Pipeline.cpp
   dialects/mhc/IR/MhcDialect.cpp dialects/mhc/IR/MhcOps.cpp dialects/pipe/IR/PipeDialect.cpp
-  passes/CostModel.cpp passes/ModelSummary.cpp passes/ModelUnits.cpp passes/PipeInsertP2P.cpp
+  passes/CostModel.cpp passes/DeviceProfile.cpp passes/ModelSummary.cpp passes/ModelUnits.cpp passes/PipeInsertP2P.cpp
   passes/PipePartition.cpp passes/PipeSchedule.cpp passes/PipeVerifySchedule.cpp passes/PipelineIR.cpp
   passes/TestMisorderP2P.cpp passes/pipeline/AutoPartition.cpp passes/pipeline/Layout.cpp
   passes/pipeline/Schedule.cpp passes/pipeline/Simulator.cpp

@@ -42,6 +42,7 @@ struct StageSpec {
   double backwardTime = 0;    // BWD, or B + W
   double weightGradTime = 0;  // W's share of backwardTime (zero-bubble split)
   int64_t savedBytes = 0;     // activations kept from FWD to BWD, per microbatch
+  int64_t params = 0;         // parameters the stage updates (the optimizer's work)
   /// Width per token of the stage's output boundary (0 for the last stage).
   int64_t outputWidth = 0;
 };
@@ -54,6 +55,8 @@ struct ScheduleSpec {
   int64_t tokens = 1;    // T per microbatch
   int64_t elementBytes = 4;
   double linkBytesPerTime = 0; // P2P bandwidth; 0 = free communication
+  double linkLatency = 0;      // per message
+  double optimizerNsPerParam = 0; // OPTIM: the rank's stages' parameters x this
   std::vector<StageSpec> stages; // pp * vpp of them
 };
 

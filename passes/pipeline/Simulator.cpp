@@ -122,8 +122,9 @@ private:
 
   /// A compute instruction's time; 0 for the rest, whose `stage` may be -1
   /// (the optimizer step): the stage is looked up only where it is one.
-  double computeTime(const Instr &instr) const {
+  double computeTime(int64_t rank, const Instr &instr) const {
     switch (instr.kind) {
+    case OpKind::Optimizer: return optimizerTime(rank);
     case OpKind::Forward: return spec_.stages[instr.stage].forwardTime;
     case OpKind::Backward: return spec_.stages[instr.stage].backwardTime;
     case OpKind::BackwardInput:
@@ -131,6 +132,14 @@ private:
     case OpKind::BackwardWeight: return spec_.stages[instr.stage].weightGradTime;
     default: return 0;
     }
+  }
+
+  /// AdamW over the parameters of rank r's stages (ms).
+  double optimizerTime(int64_t r) const {
+    int64_t params = 0;
+    for (size_t s = r; s < spec_.stages.size(); s += p_)
+      params += spec_.stages[s].params;
+    return params * spec_.optimizerNsPerParam * 1e-6;
   }
 
   int64_t messageBytes(const Instr &instr) const {
@@ -305,7 +314,7 @@ private:
         return;
       }
       double bandwidth = spec_.linkBytesPerTime;
-      double transfer = bandwidth > 0 ? messageBytes(s) / bandwidth : 0;
+      double transfer = (bandwidth > 0 ? messageBytes(s) / bandwidth : 0) + spec_.linkLatency;
       double done = std::max(send.time, recv.time) + transfer;
       complete_[send.rank][send.index] = done;
       complete_[recv.rank][recv.index] = done;
@@ -404,7 +413,7 @@ private:
     default:
       break;
     }
-    double duration = computeTime(instr);
+    double duration = computeTime(r, instr);
     result_->timeline[r][index] = {st.clock, st.clock + duration};
     st.clock += duration;
     result_->busy[r] += duration;

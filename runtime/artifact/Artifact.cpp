@@ -124,6 +124,12 @@ template <typename Code, typename Field> void deviceCodeFields(Code &c, Field &&
   field("source", c.source);
 }
 
+template <typename P, typename Field> void predictionFields(P &p, Field &&field) {
+  field("step_ms", p.stepMs);
+  field("bubble_fraction", p.bubbleFraction);
+  field("profile", p.profile);
+}
+
 /// SEND / RECV fields (the payload is an enumeration, converted apart).
 template <typename Message, typename Field> void messageFields(Message &i, Field &&field) {
   field("peer", i.peer);
@@ -327,8 +333,12 @@ json toJson(const Artifact &a) {
     deviceCode = write(*a.deviceCode, MHCC_FIELDS(deviceCodeFields));
     deviceCode["image"] = base64Encode(a.deviceCode->image);
   }
+  json prediction = nullptr;
+  if (a.prediction)
+    prediction = write(*a.prediction, MHCC_FIELDS(predictionFields));
   return {{"model", model},
           {"model_hash", a.modelHash},
+          {"prediction", prediction},
           {"pipeline", write(a, MHCC_FIELDS(pipelineFields))},
           {"params", writeList(a.params, MHCC_FIELDS(paramFields))},
           {"stages", stages},
@@ -358,6 +368,8 @@ Artifact artifactFromJson(const json &j) {
     d.image = base64Decode(code->at("image"));
     a.deviceCode = std::move(d);
   }
+  if (auto p = j.find("prediction"); p != j.end() && !p->is_null())
+    a.prediction = read<Prediction>(*p, MHCC_FIELDS(predictionFields));
   return a;
 }
 

@@ -49,6 +49,15 @@ struct DeviceCode {
   std::string image;    // the cubin
 };
 
+/// What mhcc's schedule simulator predicted for one step, and with which
+/// rates (passes/DeviceProfile.h): mhcrun --profile prints its measurement
+/// beside it.
+struct Prediction {
+  double stepMs = 0;
+  double bubbleFraction = 0; // idle / (ranks x step)
+  std::string profile;       // the rates' description
+};
+
 struct Artifact {
   ModelInfo model;
   std::string modelHash; // of the model graph the artifact was compiled from
@@ -60,6 +69,8 @@ struct Artifact {
   std::string ir;                        // the final IR, for debugging
   /// Absent when compiled with --cuda-arch none: the CPU backend only.
   std::optional<DeviceCode> deviceCode;
+  /// Absent in artifacts from before the prediction was recorded.
+  std::optional<Prediction> prediction;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
 };

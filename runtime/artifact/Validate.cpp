@@ -1,6 +1,8 @@
 //===- Validate.cpp - everything the executor indexes, checked up front ------===//
 #include "runtime/artifact/Artifact.h"
 
+#include <cmath>
+
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -41,6 +43,9 @@ public:
       if (code->arch.rfind("sm_", 0) != 0 || code->image.empty())
         return "the CUDA kernels have no image for a GPU architecture (arch '" + code->arch + "')";
     }
+    if (const auto &p = a_.prediction)
+      if (!std::isfinite(p->stepMs) || p->stepMs < 0 || !(p->bubbleFraction >= 0 && p->bubbleFraction < 1))
+        return "the recorded prediction is not a step time and a bubble fraction in [0, 1)";
     if (static_cast<int64_t>(a_.stages.size()) != a_.pp * a_.vpp)
       return std::to_string(a_.stages.size()) + " stage programs for pp * vpp = " +
              std::to_string(a_.pp * a_.vpp);

@@ -1,0 +1,99 @@
+// passes/DeviceProfile: the rates the schedule simulator assumes. Measured
+// times become rates through the cost model, hand-written rates are read as
+// they are, every built-in profile parses, and bad files are one error each.
+#include "passes/DeviceProfile.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace mhcc {
+namespace {
+
+constexpr const char kMeasured[] = R"({"format": "mhcc-device-profile-v1", "name": "m", "source": "a run",
+  "dtype": "f32",
+  "measured_on": {"vocab": 256, "hidden": 64, "heads": 4, "ffn_hidden": 176, "seq_len": 128,
+                  "micro_batch": 1, "streams": 4, "sinkhorn_iterations": 20},
+  "unit_ms": {"attention": {"forward": 2.0, "backward": 5.0}, "expand": {"forward": 0.1, "backward": 0.2}},
+  "link_gbps": 50, "link_latency_us": 5, "optimizer_ns_per_param": 3})";
+
+TEST(DeviceProfile, MeasuredTimesBecomeRatesThatGiveTheTimesBack) {
+  std::string error;
+  std::optional<DeviceProfile> p = parseDeviceProfile(kMeasured, error);
+  ASSERT_TRUE(p) << error;
+  ModelInfo dims;
+  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
+  dims.streams = 4, dims.sinkhornIterations = 20;
+  const double flops = unitCost(UnitKind::AttentionSublayer, dims).forwardFlopsPerToken * 128;
+  ASSERT_GT(flops, 0);
+  // The measured model costs what was measured; twice the FLOPs, twice the time.
+  EXPECT_NEAR(p->forwardMs(UnitKind::AttentionSublayer, flops, 128), 2.0, 1e-12);
+  EXPECT_NEAR(p->backwardMs(UnitKind::AttentionSublayer, 2 * flops, 128), 5.0, 1e-12);
+  EXPECT_NEAR(p->forwardMs(UnitKind::AttentionSublayer, 2 * flops, 128), 4.0, 1e-12);
+  // Expand has no FLOPs in the cost model: time per token.
+  EXPECT_NEAR(p->forwardMs(UnitKind::Expand, 0, 256), 0.2, 1e-12);
+  // Units not measured fall back to the default rate.
+  EXPECT_NEAR(p->forwardMs(UnitKind::LmHead, 400e9, 128), 1.0, 1e-12);
+  EXPECT_EQ(p->linkGBps, 50);
+  EXPECT_EQ(p->linkLatencyUs, 5);
+  EXPECT_EQ(p->optimizerNsPerParam, 3);
+  EXPECT_NE(p->describe().find("device profile m (a run; 50.00 GB/s P2P)"), std::string::npos) << p->describe();
+}
+
+TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {
+  std::string error;
+  std::optional<DeviceProfile> p = parseDeviceProfile(kMeasured, error);
+  ASSERT_TRUE(p) << error;
+  std::optional<DeviceProfile> q = parseDeviceProfile(formatDeviceProfile(*p), error);
+  ASSERT_TRUE(q) << error;
+  for (UnitKind kind : {UnitKind::AttentionSublayer, UnitKind::Expand}) {
+    EXPECT_DOUBLE_EQ(q->forwardMs(kind, 1e9, 100), p->forwardMs(kind, 1e9, 100));
+    EXPECT_DOUBLE_EQ(q->backwardMs(kind, 1e9, 100), p->backwardMs(kind, 1e9, 100));
+  }
+  EXPECT_EQ(q->name, "m");
+  EXPECT_EQ(q->linkGBps, 50);
+}
+
+TEST(DeviceProfile, EveryBuiltinProfileParsesAndNamesItsSource) {
+  ASSERT_FALSE(builtinDeviceProfileNames().empty());
+  for (const std::string &name : builtinDeviceProfileNames()) {
+    std::optional<DeviceProfile> p = builtinDeviceProfile(name);
+    ASSERT_TRUE(p) << name;
+    EXPECT_EQ(p->name, name);
+    EXPECT_FALSE(p->source.empty()) << name;
+    EXPECT_FALSE(p->units.empty()) << name << ": a built-in profile is a measurement";
+    EXPECT_TRUE(p->units.count(UnitKind::AttentionSublayer) && p->units.count(UnitKind::MlpSublayer)) << name;
+  }
+}
+
+TEST(DeviceProfile, BadProfilesAreOneErrorEach) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"[]", "not a JSON object"},
+      {R"({"format": "v0"})", "\"format\""},
+      {R"({"format": "mhcc-device-profile-v1", "link_gbps": -1})", "link_gbps"},
+      {R"({"format": "mhcc-device-profile-v1", "default_tflops": 0})", "default_tflops"},
+      {R"({"format": "mhcc-device-profile-v1", "units": {"warp": {"forward_tflops": 1, "backward_tflops": 1}}})",
+       "unknown unit kind \"warp\""},
+      {R"({"format": "mhcc-device-profile-v1", "units": {"mlp": {"forward_tflops": 1}}})", "units.mlp"},
+      {R"({"format": "mhcc-device-profile-v1", "unit_ms": {"mlp": {"forward": 1, "backward": 1}}})",
+       "measured_on"},
+      {R"({"format": "mhcc-device-profile-v1", "measured_on": {"vocab": 2, "hidden": 2, "heads": 1,
+          "ffn_hidden": 2, "seq_len": 2, "micro_batch": 1, "streams": 1, "sinkhorn_iterations": 1},
+          "unit_ms": {"mlp": {"forward": 0, "backward": 1}}})",
+       "unit_ms.mlp"},
+      {R"({"format": "mhcc-device-profile-v1", "name": 3})", "\"name\" must be a string"},
+  };
+  for (const auto &[text, expected] : cases) {
+    std::string error;
+    EXPECT_FALSE(parseDeviceProfile(text, error)) << text;
+    EXPECT_NE(error.find(expected), std::string::npos) << text << " -> " << error;
+  }
+  std::string error;
+  EXPECT_FALSE(loadDeviceProfile("/dev/zero", error));
+  EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
+  EXPECT_FALSE(loadDeviceProfile("no-such-profile", error));
+  EXPECT_NE(error.find("neither a built-in profile"), std::string::npos) << error;
+}
+
+} // namespace
+} // namespace mhcc
