@@ -19,7 +19,8 @@
 # --gpus 2, the PP2 checkpoint resumed under PP1, and SIGTERM to a --gpus 2
 # run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
-# "sanitizers": compute-sanitizer memcheck, racecheck and synccheck),
+# "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
+# "profiles": device profiles of 1b and small for mhcc --device-profile),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
 # and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
@@ -366,7 +367,7 @@ run)
     ck_same() {
       python3 - "$@" <<'PY'
 import json, sys
-keys = ["iteration", "lm loss", "mtp loss", "grad norm", "learning rate"]
+keys = ["iteration", "lm_loss", "mtp_loss", "grad_norm", "learning_rate"]
 rows = lambda paths: [[json.loads(l).get(k) for k in keys] for p in paths for l in open(p)]
 full, got = rows([sys.argv[1]]), rows(sys.argv[2:])
 sys.exit(0 if got and full[-len(got):] == got else 1)
@@ -430,11 +431,49 @@ PY
 import json, sys
 rows = [[json.loads(l) for l in open('$logs/convergence_%s.jsonl' % n)] for n in ('1b_pp1', '1b_f32_pp1')]
 if min(len(r) for r in rows) < $steps: print('a run stopped early'); sys.exit(1)
-bf, fp = rows[0][-1]['lm loss'], rows[1][-1]['lm loss']
-every = ' '.join('%d:%.4f/%.4f' % (a['iteration'], a['lm loss'], b['lm loss']) for a, b in zip(*rows) if a['iteration'] % 10 == 0)
+bf, fp = rows[0][-1]['lm_loss'], rows[1][-1]['lm_loss']
+every = ' '.join('%d:%.4f/%.4f' % (a['iteration'], a['lm_loss'], b['lm_loss']) for a, b in zip(*rows) if a['iteration'] % 10 == 0)
 print('final lm loss bf16 %.5f fp32 %.5f (relative %.2e); every 10 (bf16/fp32) %s' % (bf, fp, abs(bf - fp) / fp, every))
 sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
     row "convergence 1b bf16 vs fp32 ($steps it)" $r "$detail"
+    cp "$logs"/convergence_*.jsonl "$out/" 2>/dev/null # for tools/plot_metrics.py
+  fi
+
+  if [[ $parts == *" profiles "* ]]; then
+    # Device profiles (passes/DeviceProfile.h) measured on this GPU, one per
+    # artifact, into $OUT/profile_NAME.json, with the measured step beside
+    # the prediction the artifact carries (opt-in). 1b gives the built-in
+    # h200-bf16 / h200-fp32; small checks a profile measured on one model
+    # predicting another.
+    for spec in 1b_pp1:6 1b_f32_pp1:4 small_pp1:6 small_bf16_m2_pp1:6; do
+      name=${spec%%:*} steps=${spec#*:}
+      if timeout 300 ./mhcrun "$name.mhcc" --data corpus.txt --steps "$steps" --no-progress \
+           --device-profile-out "$out/profile_$name.json" > "$logs/profile_$name.log" 2>&1; then r=PASS; else r=FAIL; fi
+      row "device profile $name" $r "$(grep -o 'measured step.*' "$logs/profile_$name.log" | cut -c1-150)"
+      cp "$logs/profile_$name.log" "$out/" 2>/dev/null
+    done
+    # The NVTX ranges around every instruction: an Nsight Systems capture of
+    # two tiny steps names them as the trace does (FWD(s0,mb0), ...).
+    nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -z "$nsys" ] && [ -n "$ncu" ]; then
+      # Without nsys: Nsight Compute profiles only the kernels inside the
+      # push/pop range named FWD(s0,mb1), which exists only if mhcrun marks it.
+      timeout 180 "$ncu" --nvtx --nvtx-include "FWD(s0,mb1)/" --metrics gpu__time_duration.sum --csv \
+        ./mhcrun tiny_pp1.mhcc --data corpus.txt --steps 1 --no-progress > "$out/nvtx_ncu.csv" 2> "$logs/nvtx_ncu.err"
+      kernels=$(grep -c '"gpu__time_duration.sum"' "$out/nvtx_ncu.csv")
+      if [ "$kernels" -ge 1 ]; then r=PASS; else r=FAIL; fi
+      row "NVTX ranges (ncu --nvtx)" $r "$kernels kernels profiled inside the range FWD(s0,mb1)"
+    elif [ -z "$nsys" ]; then
+      row "NVTX ranges" SKIP "neither nsys nor ncu on this machine"
+    else
+      timeout 180 "$nsys" profile --trace=cuda,nvtx --force-overwrite true -o "$logs/nvtx_tiny" \
+        ./mhcrun tiny_pp1.mhcc --data corpus.txt --steps 2 --no-progress > "$logs/nvtx.log" 2>&1
+      timeout 120 "$nsys" stats --report nvtx_sum --format csv "$logs/nvtx_tiny.nsys-rep" > "$out/nvtx_sum.csv" 2>&1
+      ranges=$(grep -c 'FWD(s0,mb\|BWD(s0,mb\|OPTIM' "$out/nvtx_sum.csv")
+      if [ "$ranges" -ge 3 ]; then r=PASS; else r=FAIL; fi
+      row "NVTX ranges (nsys)" $r "$ranges FWD/BWD/OPTIM range names in nvtx_sum.csv"
+    fi
   fi
 
   # bench_numbers MHCRUN NAME LOGPREFIX: 5 iterations, medians of the last 4,
@@ -454,11 +493,11 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open('$log.jsonl')][1:]
 tflops = statistics.median(r['tflops'] for r in rows)
 # No device allocation after the first step: the same bytes reserved from step 2 on.
-steady = all(r['device reserved bytes per rank'] == rows[0]['device reserved bytes per rank'] for r in rows)
+steady = all(r['device_reserved_bytes_per_rank'] == rows[0]['device_reserved_bytes_per_rank'] for r in rows)
 print('%.1f ms/iter, %.0f tokens/s, %.2f TFLOP/s, MFU %.1f%% ($dtype), peak MiB %s, memory %s' % (
-      statistics.median(r['elapsed ms'] for r in rows), statistics.median(r['tokens per second'] for r in rows),
-      tflops, 100 * tflops / ($peak * len(rows[-1]['peak bytes per rank'])),
-      ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak bytes per rank']),
+      statistics.median(r['elapsed_ms'] for r in rows), statistics.median(r['tokens_per_second'] for r in rows),
+      tflops, 100 * tflops / ($peak * len(rows[-1]['peak_bytes_per_rank'])),
+      ' '.join('%.0f' % (b / 2**20) for b in rows[-1]['peak_bytes_per_rank']),
       'steady' if steady else 'GREW after step 2'))
 sys.exit(0 if steady else 1)")
   }
@@ -475,7 +514,7 @@ sys.exit(0 if steady else 1)")
         bench_numbers ./mhcrun_baseline "$name" "$logs/baseline_$name"
         numbers="$ours; baseline $(python3 -c "
 import json, statistics
-med = lambda p: statistics.median(json.loads(l)['tokens per second'] for l in list(open(p))[1:])
+med = lambda p: statistics.median(json.loads(l)['tokens_per_second'] for l in list(open(p))[1:])
 print('%.0f tokens/s, new/baseline %.3f' % (med('$logs/baseline_$name.jsonl'), med('$logs/bench_$name.jsonl') / med('$logs/baseline_$name.jsonl')))" 2>/dev/null || echo failed)"
       fi
       row "bench $name" $r "$numbers"

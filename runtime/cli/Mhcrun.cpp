@@ -10,6 +10,7 @@
 #include "runtime/cli/Mhcrun.h"
 
 #include "runtime/cli/Checkpointing.h"
+#include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cpu/CpuDevice.h"
@@ -50,13 +51,19 @@ std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerSte
                        double peakTflops) {
   char line[1024];
   double peakMiB = 0;
-  for (int64_t bytes : r.peakBytes)
+  std::string perRank; // " (per rank a b ...)" with more than one rank
+  for (int64_t bytes : r.peakBytes) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, " %.1f", bytes / 1048576.0);
+    perRank += mib;
     peakMiB = std::max(peakMiB, bytes / 1048576.0);
+  }
+  perRank = r.peakBytes.size() > 1 ? " (per rank" + perRank + ")" : "";
   std::snprintf(line, sizeof line,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration "
                 "(ms): %.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E |%s "
                 "grad norm: %.3f | num zeros: %lld | tokens per second: %.1f | TFLOP/s: %.3f |%s peak "
-                "memory per rank (MiB): %.1f |",
+                "memory (MiB): %.1f%s |",
                 timestamp().c_str(), (long long)r.step, (long long)steps,
                 (long long)(r.step * samplesPerStep), r.seconds * 1e3, r.learningRate,
                 (long long)samplesPerStep, r.lmLoss,
@@ -74,7 +81,7 @@ std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerSte
                   return std::string(b);
                 }() + " |").c_str()
                                : "",
-                peakMiB);
+                peakMiB, perRank.c_str());
   return line;
 }
 
@@ -135,17 +142,20 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   return backend;
 }
 
+/// One --metrics line. Keys are snake_case, one style (docs/runtime.md);
+/// tools/metrics_to_golden.py maps them to Megatron's golden-value names.
 nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
-  nlohmann::json line = {{"iteration", r.step},        {"lm loss", r.lmLoss},
-                         {"grad norm", r.gradNorm},    {"num-zeros", r.numZeros},
-                         {"tokens per second", r.tokens / r.seconds},
+  const int64_t peakMax = r.peakBytes.empty() ? 0 : *std::max_element(r.peakBytes.begin(), r.peakBytes.end());
+  nlohmann::json line = {{"iteration", r.step},          {"lm_loss", r.lmLoss},
+                         {"grad_norm", r.gradNorm},      {"num_zeros", r.numZeros},
+                         {"tokens_per_second", r.tokens / r.seconds},
                          {"tflops", r.tokens / r.seconds * flopsPerToken / 1e12},
-                         {"elapsed ms", r.seconds * 1e3}, {"learning rate", r.learningRate},
-                         {"peak bytes per rank", r.peakBytes}};
+                         {"elapsed_ms", r.seconds * 1e3}, {"learning_rate", r.learningRate},
+                         {"peak_bytes_per_rank", r.peakBytes}, {"peak_bytes_max", peakMax}};
   if (r.mtpLoss)
-    line["mtp loss"] = *r.mtpLoss;
+    line["mtp_loss"] = *r.mtpLoss;
   if (!r.deviceReservedBytes.empty())
-    line["device reserved bytes per rank"] = r.deviceReservedBytes;
+    line["device_reserved_bytes_per_rank"] = r.deviceReservedBytes;
   return line;
 }
 
@@ -227,6 +237,7 @@ struct Role {
   CheckpointShard shard;    // how the ranks split a checkpoint
   bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
   bool agreedStop = false;  // stops on the signal the step's collective agreed on
+  std::string backend;      // "cpu" or "cuda": names a measured device profile
 };
 
 /// After iteration `result.step` of a run asked to stop: the final save (unless
@@ -244,6 +255,35 @@ int stopAfter(Trainer &trainer, const StepResult &result, int signal, const RunF
                         : std::string("no checkpoint (no --save)"))
               << std::endl;
   return 128 + signal;
+}
+
+/// --device-profile-out: the rates of this run (MeasuredProfile.h), named
+/// after the backend and dtype, atomically.
+bool writeDeviceProfile(const Artifact &a, const std::map<std::string, double> &profileMs, int64_t iterations,
+                        const std::string &backend, const RunFlags &f, std::string &error) {
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const std::string source = "mhcrun --profile, " + a.model.name + " pp " + std::to_string(a.pp) + " vpp " +
+                             std::to_string(a.vpp) + " m " + std::to_string(a.microbatches) + ", " + backend +
+                             " backend, " + std::to_string(iterations) + " iterations, " + date;
+  std::optional<std::string> json =
+      measuredDeviceProfile(a, profileMs, iterations, backend + "-" + a.model.dtype, source, error);
+  if (!json) {
+    error = "--device-profile-out: " + error;
+    return false;
+  }
+  const std::string tmp = f.deviceProfileOut + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << *json;
+  out.close();
+  std::error_code ec;
+  if (!out || (std::filesystem::rename(tmp, f.deviceProfileOut, ec), ec)) {
+    std::filesystem::remove(tmp, ec);
+    error = "--device-profile-out: cannot write " + f.deviceProfileOut;
+    return false;
+  }
+  return true;
 }
 
 /// The iterations: one line each (rank 0 speaks for all), metrics, profile.
@@ -332,8 +372,13 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
                 (long long)trainer.stepsDone(), (long long)f.steps);
     return 0;
   }
-  if (f.options.profile)
-    printProfile(profileMs, trained > 1 ? trained - 1 : 1);
+  const int64_t profiled = trained > 1 ? trained - 1 : 1;
+  if (f.options.profile) {
+    printProfile(profileMs, profiled);
+    std::printf("%s\n", measuredStepLine(a, profileMs, profiled).c_str());
+  }
+  if (!f.deviceProfileOut.empty() && !writeDeviceProfile(a, profileMs, profiled, role.backend, f, error))
+    return fail(error);
   std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)trained, *first, *last);
   return 0;
 }
@@ -436,6 +481,7 @@ int runMhcrun(int argc, char **argv) {
   role.speaker = speaker;
   role.rankPrefix = rankPrefix;
   role.agreedStop = placement.has_value();
+  role.backend = backend;
   if (placement && backend == "cpu") {
     role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
   } else if (placement) {

@@ -71,6 +71,9 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   app.add_flag("--profile", o.profile,
                "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
                "on the CUDA backend, thread time on the CPU) and the host phases");
+  app.add_option("--device-profile-out", f.deviceProfileOut,
+                 "With --profile (implied): write the rates this run achieved, per model unit, as a device profile "
+                 "for mhcc --device-profile (the schedule simulator's costs)");
   app.add_option("--peak-tflops", f.peakTflops,
                  "Peak TFLOP/s per device (all ranks together are counted) for MFU; 0: not printed")
       ->check(CLI::NonNegativeNumber);
@@ -123,8 +126,10 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   const std::vector<std::string> inputs = {f.artifactPath, f.dataPath,        f.dataPath + ".bin",
                                            f.dataPath + ".idx", f.initFrom};
   o.trace = !f.tracePath.empty();
+  o.profile = o.profile || !f.deviceProfileOut.empty();
   for (const std::string &problem : {checkOutputPath("metrics", f.metricsPath, inputs),
                                      checkOutputPath("trace", f.tracePath, inputs),
+                                     checkOutputPath("device-profile-out", f.deviceProfileOut, inputs),
                                      checkOutputPath("export-safetensors", f.exportPath, inputs)})
     if (!problem.empty())
       return fail(problem);

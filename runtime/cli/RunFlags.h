@@ -18,6 +18,7 @@ namespace mhcc::runtime {
 struct RunFlags {
   std::string artifactPath, backend = "auto", dataPath, metricsPath, memoryPlan = "static", dumpDir;
   std::string saveDir, loadDir, exportPath, initFrom, tracePath;
+  std::string deviceProfileOut; // --device-profile-out: implies --profile
   int64_t steps = 20, gpus = -1, saveInterval = 0, processes = 0;
   TrainOptions options;
   bool noProgress = false, inProcess = false;

@@ -6,6 +6,8 @@
 #include "runtime/cuda/Gpus.h"
 #include "runtime/train/Parameters.h"
 
+#include <nvtx3/nvToolsExt.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -422,6 +424,10 @@ void CudaRank::markEnd(const std::string &name, cudaEvent_t start) {
   cudaEventRecord(end, compute_);
   timings_.emplace_back("rank " + std::to_string(rank_) + " " + name, start, end);
 }
+
+void CudaRank::beginInstruction(const std::string &name) { nvtxRangePushA(name.c_str()); }
+
+void CudaRank::endInstruction() { nvtxRangePop(); }
 
 void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
   for (auto &[name, ms] : profileMs_)

@@ -91,6 +91,9 @@ public:
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
+  /// NVTX ranges (nvtx3, header-only: free when no profiler is attached).
+  void beginInstruction(const std::string &name) override;
+  void endInstruction() override;
   void downloadParameters(std::vector<std::vector<float>> &weights) override;
   bool saveState(ParameterState &state) override;
   bool loadState(const ParameterState &state) override;

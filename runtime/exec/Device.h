@@ -138,6 +138,12 @@ public:
   virtual void waitFor(Transfer &arrival) = 0;
 
   // ---- reporting --------------------------------------------------------------
+  /// Brackets the work one instruction (or one communication group) issues,
+  /// named as the trace names its slices, for profilers: NVTX ranges on the
+  /// GPU, so an Nsight Systems capture shows the schedule's structure. No-ops
+  /// by default.
+  virtual void beginInstruction(const std::string &name) {}
+  virtual void endInstruction() {}
   /// Adds this step's time per "rank R fwd|bwd|bwd-weight PRIM" (ms) and clears it.
   virtual void takeProfile(std::map<std::string, double> &profileMs) = 0;
   /// Parameter values in table order; a device fills the ones it owns.

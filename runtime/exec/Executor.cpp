@@ -247,6 +247,7 @@ bool Executor::runPipeline() {
     where_ = "instruction #" + std::to_string(index) + " " + i.describe();
     const size_t first = index;
     const Clock::time_point started = options_.trace ? Clock::now() : Clock::time_point();
+    device_.beginInstruction(i.describe());
     bool ok = true;
     switch (i.kind) {
     case OpKind::Forward: ok = forward(i.stage, i.mb); break;
@@ -267,6 +268,7 @@ bool Executor::runPipeline() {
     case OpKind::Free: ok = freeOutput(i); break;
     case OpKind::Optimizer: break; // the trainer runs it once the list is done
     }
+    device_.endInstruction();
     if (!ok)
       return false;
     if (options_.trace) {

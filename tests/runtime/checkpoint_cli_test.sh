@@ -25,7 +25,7 @@ run() { "${mhcrun}" "$@" --data "${corpus}" --backend cpu --no-progress; }
 same_metrics() { # EXPECTED_FILE TAIL_FILES...
   "${python}" - "$@" <<'EOF'
 import json, sys
-keys = ["iteration", "lm loss", "mtp loss", "grad norm", "learning rate"]
+keys = ["iteration", "lm_loss", "mtp_loss", "grad_norm", "learning_rate"]
 rows = lambda paths: [[json.loads(l).get(k) for k in keys] for p in paths for l in open(p)]
 expected, got = rows([sys.argv[1]]), rows(sys.argv[2:])
 if expected[-len(got):] != got or len(got) == 0:
@@ -88,7 +88,7 @@ grep -q "weights from ${work}/w.safetensors, iteration 0, fresh optimizer" "${wo
 "${python}" -c "
 import json, sys
 fresh, init = (json.loads(open(p).readline()) for p in sys.argv[1:])
-assert init['iteration'] == 1 and init['lm loss'] < fresh['lm loss'] - 0.5, (fresh, init)
+assert init['iteration'] == 1 and init['lm_loss'] < fresh['lm_loss'] - 0.5, (fresh, init)
 " "${work}/fresh.json" "${work}/init.json"
 echo "ok: --init-from starts from the exported weights"
 

@@ -6,7 +6,7 @@
 same_metrics() {
   /usr/bin/python3 - "$@" <<'PY'
 import json, sys
-keys = ["iteration", "lm loss", "mtp loss", "grad norm", "num-zeros", "learning rate", "peak bytes per rank"]
+keys = ["iteration", "lm_loss", "mtp_loss", "grad_norm", "num_zeros", "learning_rate", "peak_bytes_per_rank"]
 rows = lambda paths: [[json.loads(l).get(k) for k in keys] for p in paths for l in open(p)]
 expected, got = rows([sys.argv[1]]), rows(sys.argv[2:])
 if expected[-len(got):] != got or len(got) == 0:

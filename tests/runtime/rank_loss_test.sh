@@ -91,7 +91,7 @@ MHCC_TEST_SLOW_RANK=2:100 "${mhcrun}" "${pp4}" --data "${corpus}" --backend cpu 
   { echo "slow rank: the run failed:" >&2; cat "${dir}/err.log" >&2; exit 1; }
 [ "$(wc -l < "${dir}/m.json")" = 2 ] && [ ! -s "${dir}/err.log" ] ||
   { echo "slow rank: expected 2 iterations and no error:" >&2; cat "${dir}/err.log" >&2; exit 1; }
-iteration=$(/usr/bin/python3 -c "import json,sys; print(min(json.loads(l)['elapsed ms'] for l in open(sys.argv[1])) / 1e3)" \
+iteration=$(/usr/bin/python3 -c "import json,sys; print(min(json.loads(l)['elapsed_ms'] for l in open(sys.argv[1])) / 1e3)" \
             "${dir}/m.json")
 /usr/bin/python3 -c "import sys; sys.exit(0 if ${iteration} > 4 else 1)" ||
   { echo "slow rank: an iteration took ${iteration} s; too fast to make the waits outlast the limit" >&2; exit 1; }

@@ -1,0 +1,188 @@
+//===- MeasuredProfile.cpp - a device profile from mhcrun --profile --------===//
+#include "runtime/cli/MeasuredProfile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <sstream>
+
+namespace mhcc::runtime {
+namespace {
+
+/// Calls of each primitive per microbatch, over the whole model.
+std::map<Prim, int64_t> callsPerMicrobatch(const Artifact &a) {
+  std::map<Prim, int64_t> calls;
+  for (const StageProgram &stage : a.stages)
+    for (const ForwardInstr &f : stage.forward)
+      ++calls[f.op];
+  return calls;
+}
+
+/// Milliseconds per microbatch of each primitive's forward and backward
+/// (B and W together), summed over ranks.
+void primitiveMs(const std::map<std::string, double> &profileMs, double microbatchSteps,
+                 std::map<Prim, double> &forward, std::map<Prim, double> &backward) {
+  for (const auto &[key, ms] : profileMs) {
+    std::istringstream words(key);
+    std::string rankWord, rank, phase, prim;
+    if (!(words >> rankWord >> rank >> phase >> prim) || rankWord != "rank")
+      continue; // "host: ..." lines
+    std::optional<Prim> p = parsePrim(prim);
+    if (!p)
+      continue;
+    (phase == "fwd" ? forward : backward)[*p] += ms / microbatchSteps;
+  }
+}
+
+using Composition = std::vector<std::pair<Prim, int64_t>>;
+
+/// What each unit kind's forward calls, as compiler/Lowering.cpp emits it.
+Composition sublayer(bool attention, bool mhc) {
+  Composition c = {{Prim::RmsNorm, 1}, {attention ? Prim::Attention : Prim::SwiGlu, 1}};
+  if (mhc) {
+    c.push_back({Prim::MhcCoeffs, 1});
+    c.push_back({Prim::MhcPre, 1});
+    c.push_back({Prim::MhcPostRes, 1});
+  } else {
+    c.push_back({Prim::Residual, 1});
+  }
+  return c;
+}
+
+/// The unit kinds, by the names passes/CostModel.cpp gives them.
+enum Unit { Embedding, Expand, Attention, Mlp, Contract, FinalNorm, LmHead, Loss, Mtp, kUnits };
+constexpr std::array<const char *, kUnits> kUnitNames = {"embedding", "expand",   "attention", "mlp", "contract",
+                                                         "final_norm", "lm_head", "loss",      "mtp"};
+
+Composition compositionOf(Unit unit, bool mhc) {
+  switch (unit) {
+  case Embedding: return {{Prim::Embed, 1}};
+  case Expand: return {{Prim::Expand, 1}};
+  case Attention: return sublayer(true, mhc);
+  case Mlp: return sublayer(false, mhc);
+  case Contract: return {{Prim::Contract, 1}};
+  case FinalNorm: return {{Prim::RmsNorm, 1}};
+  case LmHead: return {{Prim::LmHead, 1}};
+  case Loss: return {{Prim::CrossEntropy, 1}};
+  case Mtp: {
+    // Contract, two norms, the shifted embedding, ConcatProj, expand, one
+    // attention and one MLP sublayer, contract, final norm, head, loss.
+    Composition c = {{Prim::Contract, 2}, {Prim::RmsNorm, 3},   {Prim::Embed, 1},   {Prim::ConcatProj, 1},
+                     {Prim::Expand, 1},   {Prim::LmHead, 1},    {Prim::CrossEntropy, 1}};
+    for (bool attention : {true, false})
+      for (const auto &entry : sublayer(attention, mhc))
+        c.push_back(entry);
+    return c;
+  }
+  default: return {};
+  }
+}
+
+} // namespace
+
+std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::map<std::string, double> &profileMs,
+                                                 int64_t iterations, const std::string &name,
+                                                 const std::string &source, std::string &error) {
+  std::map<Prim, int64_t> calls = callsPerMicrobatch(a);
+  const bool mhc = a.model.streams > 1;
+  // Units per model, from the calls that only one unit kind besides MTP makes.
+  const int64_t mtp = calls[Prim::ConcatProj];
+  std::array<int64_t, kUnits> units{};
+  units[Embedding] = calls[Prim::Embed] - mtp;
+  units[Expand] = calls[Prim::Expand] - mtp;
+  units[Attention] = calls[Prim::Attention] - mtp;
+  units[Mlp] = calls[Prim::SwiGlu] - mtp;
+  units[Contract] = calls[Prim::Contract] - 2 * mtp;
+  units[LmHead] = calls[Prim::LmHead] - mtp;
+  units[Loss] = calls[Prim::CrossEntropy] - mtp;
+  units[Mtp] = mtp;
+  units[FinalNorm] = calls[Prim::RmsNorm] - units[Attention] - units[Mlp] - 5 * mtp;
+  // The composition must account for every call, or the lowering changed.
+  std::map<Prim, int64_t> composed;
+  for (int u = 0; u < kUnits; ++u)
+    for (const auto &[prim, count] : compositionOf(Unit(u), mhc))
+      composed[prim] += count * units[u];
+  for (const auto &[prim, count] : calls)
+    if (composed[prim] != count || units[FinalNorm] < 0) {
+      error = std::string("the artifact's ") + primName(prim) + " calls (" + std::to_string(count) +
+              " per microbatch) do not compose into its units as the lowering builds them (" +
+              std::to_string(composed[prim]) + "): runtime/cli/MeasuredProfile.cpp needs updating";
+      return std::nullopt;
+    }
+
+  std::map<Prim, double> forwardMs, backwardMs;
+  primitiveMs(profileMs, double(iterations) * a.microbatches, forwardMs, backwardMs);
+  nlohmann::ordered_json unitMs = nlohmann::ordered_json::object();
+  for (int u = 0; u < kUnits; ++u) {
+    if (units[u] == 0)
+      continue;
+    double fwd = 0, bwd = 0; // ms per unit and microbatch
+    for (const auto &[prim, count] : compositionOf(Unit(u), mhc)) {
+      fwd += count * forwardMs[prim] / calls[prim];
+      bwd += count * backwardMs[prim] / calls[prim];
+    }
+    if (fwd > 0 && bwd > 0) // else not timed in any profiled step
+      unitMs[kUnitNames[u]] = {{"forward", fwd}, {"backward", bwd}};
+  }
+  const ModelInfo &m = a.model;
+  nlohmann::ordered_json j;
+  j["format"] = "mhcc-device-profile-v1";
+  j["name"] = name;
+  j["source"] = source;
+  j["dtype"] = m.dtype;
+  j["measured_on"] = {{"model", m.name},          {"vocab", m.vocab},         {"hidden", m.hidden},
+                      {"heads", m.heads},         {"ffn_hidden", m.ffnHidden}, {"seq_len", m.seqLen},
+                      {"micro_batch", m.microBatch}, {"streams", m.streams},
+                      {"sinkhorn_iterations", m.sinkhornIterations}, {"dtype", m.dtype}};
+  j["unit_ms"] = unitMs;
+  int64_t params = 0;
+  for (const ParamInfo &info : a.params)
+    params += info.count();
+  if (auto it = profileMs.find("host: gradient reduction and optimizer"); it != profileMs.end() && params > 0)
+    j["optimizer_ns_per_param"] = it->second / iterations * 1e6 / params;
+  return j.dump(1) + "\n";
+}
+
+std::string measuredStepLine(const Artifact &a, const std::map<std::string, double> &profileMs,
+                             int64_t iterations) {
+  auto wall = profileMs.find("host: pipeline (all ranks, wall)");
+  if (wall == profileMs.end() || wall->second <= 0 || iterations < 1)
+    return "mhcrun: no pipeline time measured";
+  // The step as the simulator counts it: the pipeline and the optimizer,
+  // which every rank runs (or waits for) after its list.
+  auto optimizer = profileMs.find("host: gradient reduction and optimizer");
+  const double optimizerMs = optimizer == profileMs.end() ? 0 : optimizer->second / iterations;
+  const double stepMs = wall->second / iterations + optimizerMs;
+  std::map<int64_t, double> busyMs; // by rank
+  for (const auto &[key, ms] : profileMs) {
+    std::istringstream words(key);
+    std::string rankWord;
+    int64_t rank = -1;
+    if (words >> rankWord >> rank && rankWord == "rank")
+      busyMs[rank] += ms / iterations;
+  }
+  double busy = 0;
+  for (auto &[rank, ms] : busyMs)
+    busy += (ms += optimizerMs);
+  const double ranks = double(busyMs.size());
+  const double bubble = ranks > 0 ? std::max(0.0, 1 - busy / (ranks * stepMs)) : 0;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "mhcrun: measured step %.3f ms (pipeline and optimizer, wall), bubble fraction %.4f (idle / "
+                "(ranks x step), %lld rank(s) profiled)",
+                stepMs, bubble, (long long)busyMs.size());
+  std::string text = line;
+  if (a.prediction) {
+    std::snprintf(line, sizeof line, "; predicted %.3f ms, %.4f with %s (ratio %.2f)", a.prediction->stepMs,
+                  a.prediction->bubbleFraction, a.prediction->profile.c_str(),
+                  a.prediction->stepMs > 0 ? stepMs / a.prediction->stepMs : 0.0);
+    text += line;
+  } else {
+    text += "; the artifact records no prediction (compiled before mhcc recorded one)";
+  }
+  return text;
+}
+
+} // namespace mhcc::runtime
