@@ -8,6 +8,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms bazel-skylib
   libopenmpi-dev openmpi-bin
   libcli11-dev libxxhash-dev
+  libsentencepiece-dev sentencepiece
   clang-22 libfuzzer-22-dev libclang-rt-22-dev
   python3 python3-numpy python3-matplotlib
 )
