@@ -45,6 +45,11 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
   app.add_option("--weight-decay", o.weightDecay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--adam-beta1", o.beta1, "AdamW's first-moment decay (Megatron's --adam-beta1)");
+  app.add_option("--adam-beta2", o.beta2, "AdamW's second-moment decay (Megatron's --adam-beta2)");
+  app.add_option("--adam-eps", o.adamEps,
+                 "AdamW's epsilon (Megatron's --adam-eps): the first step moves each weight by about lr x "
+                 "g / (|g| + eps), so gradients far below eps move little");
   app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
   app.add_option("--recv-timeout", o.recvTimeoutSeconds,
@@ -118,6 +123,8 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   for (const std::string &problem :
        {checkNumber("lr", o.lr, 0, 1e3, true), checkNumber("clip-grad", o.clipGrad, 0, 1e30, false),
         checkNumber("weight-decay", o.weightDecay, 0, 1e3, false),
+        checkNumber("adam-beta1", o.beta1, 0, 0.999999, false), checkNumber("adam-beta2", o.beta2, 0, 0.999999, false),
+        checkNumber("adam-eps", o.adamEps, 0, 1, true),
         // A deadline past ~30 years would overflow the clock's arithmetic.
         checkNumber("recv-timeout", o.recvTimeoutSeconds, 0, 1e9, true),
         checkNumber("peak-tflops", f.peakTflops, 0, 1e9, false)})
