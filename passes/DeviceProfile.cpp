@@ -19,6 +19,13 @@ constexpr UnitKind kUnitKinds[] = {UnitKind::Embedding,   UnitKind::Expand,    U
                                    UnitKind::MlpSublayer, UnitKind::Contract,  UnitKind::FinalNorm,
                                    UnitKind::LmHead,      UnitKind::Loss,      UnitKind::Mtp};
 
+std::optional<UnitKind> parseUnitKind(const std::string &name) {
+  for (UnitKind k : kUnitKinds)
+    if (name == unitKindName(k))
+      return k;
+  return std::nullopt;
+}
+
 /// The built-in profiles: `mhcrun --profile --device-profile-out` output,
 /// recorded with its source (docs/benchmarks.md, docs/gpu_results.md).
 #include "passes/DeviceProfiles.inc"
@@ -71,10 +78,7 @@ bool readMeasurement(const nlohmann::json &j, std::map<UnitKind, std::vector<Poi
     return false;
   }
   for (const auto &[name, times] : j["unit_ms"].items()) {
-    std::optional<UnitKind> kind;
-    for (UnitKind k : kUnitKinds)
-      if (name == unitKindName(k))
-        kind = k;
+    std::optional<UnitKind> kind = parseUnitKind(name);
     if (!kind) {
       error = "unit_ms: \"" + name + "\" is not a unit kind";
       return false;
@@ -226,10 +230,7 @@ std::optional<DeviceProfile> parseDeviceProfile(const std::string &text, std::st
       return std::nullopt;
     }
     for (const auto &[name, rates] : j["units"].items()) {
-      std::optional<UnitKind> kind;
-      for (UnitKind k : kUnitKinds)
-        if (name == unitKindName(k))
-          kind = k;
+      std::optional<UnitKind> kind = parseUnitKind(name);
       if (!kind) {
         error = "unknown unit kind \"" + name + "\" in \"units\"";
         return std::nullopt;

@@ -15,25 +15,14 @@ bazel build //compiler:mhcc >/dev/null 2>&1 || bazel build //compiler:mhcc
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-make_model() { # LAYERS OUT
+make_model() { # LAYERS OUT: tiny's sizes, LAYERS layers, no MTP (tools/gen_models.py's graph)
   python3 - "$1" "$2" <<'PY'
 import json, sys
+sys.path.insert(0, "tools")
+from gen_models import MODELS, graph
 layers, out = int(sys.argv[1]), sys.argv[2]
-config = dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128, streams=4)
-nodes = [{"name": "embed", "op": "embedding"},
-         {"name": "expand", "op": "mhc_expand", "inputs": ["embed"]}]
-prev = "expand"
-for i in range(layers):
-    for sub in ("attention", "mlp"):
-        name = f"layer{i}.{sub}"
-        nodes.append({"name": name, "op": "mhc_sublayer", "inputs": [prev], "attrs": {"sublayer": sub}})
-        prev = name
-nodes += [{"name": "contract", "op": "mhc_contract", "inputs": [prev]},
-          {"name": "final_norm", "op": "rmsnorm", "inputs": ["contract"]},
-          {"name": "lm_head", "op": "lm_head", "inputs": ["final_norm"]},
-          {"name": "loss", "op": "cross_entropy", "inputs": ["lm_head"]}]
-json.dump({"format": "mhcc-model-v1", "name": f"deep{layers}", "config": config, "nodes": nodes},
-          open(out, "w"))
+config = MODELS["tiny"][1]
+json.dump(graph(f"deep{layers}", "compile benchmark", config, layers, []), open(out, "w"))
 PY
 }
 
