@@ -48,6 +48,7 @@ declare -A SOURCES=(
   [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [checkpoint_tensors]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [mhcrun_flags]="runtime/cli/RunFlags.cpp runtime/cli/FlagChecks.cpp"
+  [prep]="tools/prep/Prep.cpp tools/prep/IndexedWriter.cpp runtime/cli/FlagChecks.cpp runtime/data/Dataset.cpp"
 )
 # The MLIR targets: the dialects, passes and compiler sources they run, built
 # with the headers mlir-tblgen generates (Bazel's; see GEN below) and linked
@@ -64,10 +65,10 @@ SOURCES[importer]="$MLIR_CORE"
 SOURCES[pipe_ir]="$MLIR_CORE"
 SOURCES[mhcc_flags]="$MLIR_CORE compiler/DriverSteps.cpp compiler/AutoSchedule.cpp runtime/cli/FlagChecks.cpp"
 MLIR_LIBS="-L/usr/lib/llvm-22/lib -Wl,-rpath,/usr/lib/llvm-22/lib -lMLIR -lLLVM"
-declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash" [checkpoint_tensors]="-lxxhash"
+declare -A LIBS=([artifact]="-lxxhash" [checkpoint]="-lxxhash" [checkpoint_tensors]="-lxxhash" [prep]="-lsentencepiece"
   [importer]="$MLIR_LIBS" [pipe_ir]="$MLIR_LIBS" [mhcc_flags]="$MLIR_LIBS")
 MLIR_TARGETS=(importer pipe_ir mhcc_flags)
-ALL=(model_graph layout artifact safetensors dataset checkpoint checkpoint_tensors mhcrun_flags importer pipe_ir mhcc_flags)
+ALL=(model_graph layout artifact safetensors dataset checkpoint checkpoint_tensors mhcrun_flags prep importer pipe_ir mhcc_flags)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
   [ -n "${SOURCES[$t]:-}" ] || { echo "fuzz.sh: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }

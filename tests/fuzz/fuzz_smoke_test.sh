@@ -8,4 +8,4 @@ set -uo pipefail
 script="$(readlink -f tools/fuzz.sh)"
 out="${TEST_TMPDIR:-$(mktemp -d)}/fuzz"
 FUZZ_SKIP_IF_NO_CLANG=1 "$script" --runs "${FUZZ_SMOKE_RUNS:-2000}" --out "$out" \
-  model_graph layout artifact safetensors dataset checkpoint checkpoint_tensors mhcrun_flags
+  model_graph layout artifact safetensors dataset checkpoint checkpoint_tensors mhcrun_flags prep

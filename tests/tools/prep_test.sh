@@ -171,6 +171,7 @@ old_sum=$(cat out/old.bin out/old.idx | md5sum)
 printf '{"text": "fine"}\n{"text": "unterminated\n' > notjson.jsonl
 printf '{"text": "a"}\n{"text": "b"}\n{"txt": "c", "id": 3}\n' > nokey.jsonl
 printf '{"text": 42}\n' > number.jsonl
+printf '{"text": "a", "n": 1e99999}\n' > hugenumber.jsonl
 printf '[1, 2]\n' > array.jsonl
 printf '{"text": "bad \xff byte"}\n' > badutf8.jsonl
 printf '\n\n' > blank.txt
@@ -185,6 +186,7 @@ cases=(
   "--input a.txt --input notjson.jsonl|notjson.jsonl:2: not JSON (column "
   "--input nokey.jsonl|nokey.jsonl:3: no \"text\" key (its keys: \"id\", \"txt\"); pick one with --json-key"
   "--input number.jsonl|number.jsonl:1: \"text\" is a number, not a string"
+  "--input hugenumber.jsonl|hugenumber.jsonl:1: not JSON: a number out of range ("
   "--input array.jsonl|array.jsonl:1: a JSON array, not an object with a \"text\" string"
   "--input badutf8.jsonl|badutf8.jsonl:1: not JSON (column "
   "--input blank.txt|no documents: the inputs hold no non-empty line (2 empty skipped); nothing written"

@@ -248,6 +248,12 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
         } catch (const nlohmann::json::parse_error &e) {
           error = where + jsonProblem(e);
           return done(false);
+        } catch (const nlohmann::json::exception &e) {
+          // out_of_range: a number literal beyond double's range (found by
+          // tests/fuzz/prep_fuzz.cpp), which parse reports apart from syntax.
+          error = where + "not JSON: a number out of range (" + std::string(e.what()).substr(
+                                                                  std::string(e.what()).find(']') + 2) + ")";
+          return done(false);
         }
         if (!object.is_object()) {
           error = where + "a JSON " + object.type_name() + ", not an object with a \"" + o.jsonKey + "\" string";
