@@ -20,7 +20,8 @@
 # run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
-# "profiles": device profiles of 1b and small for mhcc --device-profile),
+# "profiles": device profiles of 1b and small for mhcc --device-profile;
+# opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
 # and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
@@ -437,6 +438,33 @@ print('final lm loss bf16 %.5f fp32 %.5f (relative %.2e); every 10 (bf16/fp32) %
 sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
     row "convergence 1b bf16 vs fp32 ($steps it)" $r "$detail"
     cp "$logs"/convergence_*.jsonl "$out/" 2>/dev/null # for tools/plot_metrics.py
+  fi
+
+  if [[ $parts == *" faults "* ]]; then
+    # Issue 15 on GPUs (opt-in): rank 1 of a --gpus 2 run SIGKILLed, or stuck,
+    # in its first exchange of iteration 3 (runtime/exec/TestFaults.h). The
+    # survivor and the parent must exit non-zero within 60 s (the stuck case
+    # with the default --recv-timeout), naming rank 1 and iteration 3, and
+    # leave no mhcrun process behind.
+    if [ "$gpus" -lt 2 ]; then
+      row "faults (--gpus 2)" SKIP "needs 2 GPUs, $gpus visible"
+    else
+      for kind in KILL HANG; do
+        start=$SECONDS
+        env "MHCC_TEST_${kind}_RANK_AT=1:3" timeout 120 ./mhcrun tiny_pp2.mhcc --data corpus.txt --steps 8 \
+          --no-progress --gpus 2 > "$logs/fault_$kind.log" 2>&1
+        rc=$? secs=$((SECONDS - start))
+        sleep 1
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 60 ] && grep -q "rank 1" "$logs/fault_$kind.log" &&
+           grep -q "iteration 3" "$logs/fault_$kind.log" && ! pgrep -f "mhcrun tiny_pp2.mhcc" > /dev/null; then
+          r=PASS
+        else
+          r=FAIL
+        fi
+        row "fault: rank 1 $kind, iteration 3" $r "exit $rc after $secs s; $(grep -m1 -E 'rank 1|lost|stuck' "$logs/fault_$kind.log" | cut -c1-140)"
+        cp "$logs/fault_$kind.log" "$out/" 2>/dev/null
+      done
+    fi
   fi
 
   if [[ $parts == *" profiles "* ]]; then

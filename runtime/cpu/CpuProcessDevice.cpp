@@ -1,5 +1,6 @@
 //===- CpuProcessDevice.cpp - one CPU pipeline rank per process ---------------===//
 #include "runtime/cpu/CpuProcessDevice.h"
+#include "runtime/exec/TestFaults.h"
 
 #include "runtime/cpu/CpuRankBase.h"
 #include "runtime/cpu/SocketMesh.h"
@@ -38,25 +39,10 @@ struct Unpacker {
   template <typename T> bool get(T &value) { return get(&value, 1); }
 };
 
-/// MHCC_TEST_KILL_RANK_AT / MHCC_TEST_HANG_RANK_AT = "R:K": rank R SIGKILLs
-/// itself, or sleeps forever, in the first exchange of the K-th step this
-/// process runs: a rank lost or stuck mid-step. MHCC_TEST_SLOW_RANK = "R:MS":
-/// rank R sleeps MS milliseconds before every instruction, a slow rank that
-/// progresses. For the fault tests only.
-int64_t testFaultStep(const char *name, int64_t rank) {
-  const char *value = std::getenv(name);
-  long long r = -1, k = -1;
-  if (!value || std::sscanf(value, "%lld:%lld", &r, &k) != 2 || r != rank)
-    return -1;
-  return k;
-}
-
 class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
-      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), killAt_(testFaultStep("MHCC_TEST_KILL_RANK_AT", rank)),
-        hangAt_(testFaultStep("MHCC_TEST_HANG_RANK_AT", rank)),
-        slowMs_(testFaultStep("MHCC_TEST_SLOW_RANK", rank)),
+      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank),
         // The optimizer runs on rank 0, which holds every stage's gradients
         // (its own and the gathered ones); the others hold their own stages'.
         params_(a, rank == 0, [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == rank; }) {}
@@ -80,13 +66,13 @@ public:
   }
   // Each instruction is progress a waiting peer sees (SocketMesh's heartbeats).
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
-    slowDown();
+    faults_.slowDown();
     const bool ok = CpuRankBase::forward(stage, mb, index, state);
     mesh_->progressed();
     return ok;
   }
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
-    slowDown();
+    faults_.slowDown();
     const bool ok = CpuRankBase::backward(stage, mb, index, part, state);
     mesh_->progressed();
     return ok;
@@ -95,7 +81,7 @@ public:
   bool exchange(std::vector<Transfer> &group) override {
     if (!exchanged_) {
       exchanged_ = true;
-      injectTestFault();
+      faults_.atExchange(stepsRun_);
     }
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Send) {
@@ -135,18 +121,7 @@ private:
   float *weight(int param) override { return params_.weight(param); }
   float *slotGrad(int64_t stage, int slot) override { return params_.slotGrads[stage][slot].data(); }
 
-  void slowDown() {
-    if (slowMs_ > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(slowMs_));
-  }
 
-  void injectTestFault() {
-    if (stepsRun_ == killAt_)
-      std::raise(SIGKILL);
-    if (stepsRun_ == hangAt_)
-      while (true)
-        std::this_thread::sleep_for(std::chrono::hours(1));
-  }
 
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
@@ -169,7 +144,7 @@ private:
   bool sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out);
 
   std::unique_ptr<SocketMesh> mesh_;
-  const int64_t killAt_, hangAt_, slowMs_;
+  const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
   HostParameters params_; // every weight on every rank; moments on rank 0

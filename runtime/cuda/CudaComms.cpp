@@ -125,6 +125,10 @@ bool CudaRank::setupComms(const CommIds &ids) {
 }
 
 bool CudaRank::exchange(std::vector<Transfer> &group) {
+  if (!exchanged_) { // a rank lost or stuck mid-step, for the fault tests
+    exchanged_ = true;
+    faults_.atExchange(stepsRun_);
+  }
   // Progress marks: the compute issued so far, then each message's stream
   // (waitStreams counts each that completes as progress).
   markProgress(compute_);

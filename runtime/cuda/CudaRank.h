@@ -10,6 +10,7 @@
 #ifndef MHCC_RUNTIME_CUDA_CUDARANK_H
 #define MHCC_RUNTIME_CUDA_CUDARANK_H
 
+#include "runtime/exec/TestFaults.h"
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
@@ -143,6 +144,9 @@ private:
   const int64_t rank_;
   const int gpu_;
   const std::atomic<bool> *peerFailed_;
+  const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)
+  int64_t stepsRun_ = 0;
+  bool exchanged_ = false; // in this step
   std::vector<ParamPlan> plans_;
   std::vector<Pair> pairs_;
   std::string error_;
