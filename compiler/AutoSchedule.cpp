@@ -1,9 +1,7 @@
 //===- AutoSchedule.cpp - mhcc --schedule auto ------------------------------===//
 #include "compiler/AutoSchedule.h"
 
-#include "dialects/pipe/IR/PipeOps.h"
 #include "passes/CostModel.h"
-#include "passes/pipeline/Layout.h"
 #include "passes/pipeline/Schedule.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -81,22 +79,13 @@ void compileCandidate(ModuleOp imported, const PipelineOptions &base, const Simu
     c.module = nullptr;
     return;
   }
-  FailureOr<func::FuncOp> func = findModelFunc(*c.module);
-  auto scheduleOps = c.module->getOps<pipe::ScheduleOp>();
-  if (failed(func) || scheduleOps.empty()) {
-    c.refusal = "no schedule was emitted";
-    c.module = nullptr;
-    return;
-  }
-  pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
-  FailureOr<pipeline::ScheduleSpec> spec =
-      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
-  if (failed(spec)) {
+  FailureOr<pipeline::SimulationResult> result = simulateModuleSchedule(*c.module, simulation);
+  if (failed(result)) {
     c.refusal = firstError.empty() ? "cannot cost the schedule" : firstError;
     c.module = nullptr;
     return;
   }
-  c.result = pipeline::simulateSchedule(schedule, *spec);
+  c.result = std::move(*result);
   for (int64_t bytes : c.result.peakBytes)
     c.peakBytes = std::max(c.peakBytes, bytes);
 }

@@ -184,17 +184,10 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
 }
 
 std::optional<runtime::Prediction> predictStep(ModuleOp module, const SimulationOptions &simulation) {
-  FailureOr<func::FuncOp> func = findModelFunc(module);
-  auto scheduleOps = module.getOps<pipe::ScheduleOp>();
-  if (failed(func) || scheduleOps.empty())
+  FailureOr<pipeline::SimulationResult> result = simulateModuleSchedule(module, simulation);
+  if (failed(result))
     return std::nullopt;
-  pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
-  FailureOr<pipeline::ScheduleSpec> spec =
-      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
-  if (failed(spec))
-    return std::nullopt;
-  pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
-  return runtime::Prediction{result.makespan, result.bubbleFraction, simulation.profile.describe()};
+  return runtime::Prediction{result->makespan, result->bubbleFraction, simulation.profile.describe()};
 }
 
 LogicalResult printSummary(ModuleOp module, const DriverOptions &options, const SimulationOptions &simulation,

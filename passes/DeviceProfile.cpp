@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <sys/stat.h>
 
@@ -18,6 +19,12 @@ constexpr const char kFormat[] = "mhcc-device-profile-v1";
 constexpr UnitKind kUnitKinds[] = {UnitKind::Embedding,   UnitKind::Expand,    UnitKind::AttentionSublayer,
                                    UnitKind::MlpSublayer, UnitKind::Contract,  UnitKind::FinalNorm,
                                    UnitKind::LmHead,      UnitKind::Loss,      UnitKind::Mtp};
+
+/// A unit's rates in the JSON form, for the reader and the writer alike.
+constexpr std::pair<const char *, double UnitRates::*> kRateKeys[] = {
+    {"forward_tflops", &UnitRates::forwardTflops},           {"backward_tflops", &UnitRates::backwardTflops},
+    {"forward_ns_per_token", &UnitRates::forwardNsPerToken}, {"backward_ns_per_token", &UnitRates::backwardNsPerToken},
+    {"forward_overhead_us", &UnitRates::forwardOverheadUs},  {"backward_overhead_us", &UnitRates::backwardOverheadUs}};
 
 std::optional<UnitKind> parseUnitKind(const std::string &name) {
   for (UnitKind k : kUnitKinds)
@@ -237,16 +244,11 @@ std::optional<DeviceProfile> parseDeviceProfile(const std::string &text, std::st
       }
       UnitRates r;
       bool ok = rates.is_object();
-      for (auto [key, field] : {std::pair<const char *, double *>{"forward_tflops", &r.forwardTflops},
-                                {"backward_tflops", &r.backwardTflops},
-                                {"forward_ns_per_token", &r.forwardNsPerToken},
-                                {"backward_ns_per_token", &r.backwardNsPerToken},
-                                {"forward_overhead_us", &r.forwardOverheadUs},
-                                {"backward_overhead_us", &r.backwardOverheadUs}})
+      for (auto [key, field] : kRateKeys)
         if (ok && rates.contains(key)) {
           ok = nonNegativeFinite(rates[key]);
           if (ok)
-            *field = rates[key].get<double>();
+            r.*field = rates[key].get<double>();
         }
       if (!ok || (r.forwardTflops <= 0 && r.forwardNsPerToken <= 0) ||
           (r.backwardTflops <= 0 && r.backwardNsPerToken <= 0)) {
@@ -298,20 +300,10 @@ std::string formatDeviceProfile(const DeviceProfile &p) {
   for (UnitKind kind : kUnitKinds)
     if (auto it = p.units.find(kind); it != p.units.end())
     {
-      const UnitRates &r = it->second;
       nlohmann::ordered_json rates = nlohmann::ordered_json::object();
-      if (r.forwardTflops > 0)
-        rates["forward_tflops"] = r.forwardTflops;
-      if (r.backwardTflops > 0)
-        rates["backward_tflops"] = r.backwardTflops;
-      if (r.forwardNsPerToken > 0)
-        rates["forward_ns_per_token"] = r.forwardNsPerToken;
-      if (r.backwardNsPerToken > 0)
-        rates["backward_ns_per_token"] = r.backwardNsPerToken;
-      if (r.forwardOverheadUs > 0)
-        rates["forward_overhead_us"] = r.forwardOverheadUs;
-      if (r.backwardOverheadUs > 0)
-        rates["backward_overhead_us"] = r.backwardOverheadUs;
+      for (auto [key, field] : kRateKeys)
+        if (it->second.*field > 0) // 0: not given
+          rates[key] = it->second.*field;
       units[unitKindName(kind)] = rates;
     }
   j["units"] = units;

@@ -194,6 +194,19 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   return spec;
 }
 
+FailureOr<pipeline::SimulationResult> simulateModuleSchedule(ModuleOp module, const SimulationOptions &options) {
+  FailureOr<func::FuncOp> func = findModelFunc(module);
+  auto scheduleOps = module.getOps<pipe::ScheduleOp>();
+  if (failed(func) || scheduleOps.empty())
+    return failure();
+  pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
+  FailureOr<pipeline::ScheduleSpec> spec =
+      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options);
+  if (failed(spec))
+    return failure();
+  return pipeline::simulateSchedule(schedule, *spec);
+}
+
 pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &schedule,
                               Type elementType) {
   auto module = func->getParentOfType<ModuleOp>();

@@ -51,6 +51,12 @@ mlir::FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(mlir::func::FuncOp func,
                                                        int64_t microbatches, int64_t groupSize,
                                                        const SimulationOptions &options);
 
+/// Simulates the module's (first) pipe.schedule with `options`' rates:
+/// failure when the module has no model function or schedule, or the
+/// schedule cannot be costed (after a diagnostic).
+mlir::FailureOr<pipeline::SimulationResult> simulateModuleSchedule(mlir::ModuleOp module,
+                                                                   const SimulationOptions &options);
+
 /// Writes `schedule` as a pipe.schedule op at the end of the module.
 pipe::ScheduleOp emitSchedule(mlir::func::FuncOp func, const pipeline::Schedule &schedule,
                               mlir::Type elementType);

@@ -20,19 +20,31 @@ std::map<Prim, int64_t> callsPerMicrobatch(const Artifact &a) {
   return calls;
 }
 
+/// One "rank R PHASE PRIM" key of the devices' profile times (PHASE: fwd,
+/// bwd, bwd-weight); nullopt for the trainer's "host: ..." keys.
+struct ProfileKey {
+  int64_t rank = -1;
+  std::string phase, prim;
+};
+
+std::optional<ProfileKey> parseProfileKey(const std::string &key) {
+  std::istringstream words(key);
+  std::string rankWord;
+  ProfileKey k;
+  if (!(words >> rankWord >> k.rank >> k.phase >> k.prim) || rankWord != "rank")
+    return std::nullopt;
+  return k;
+}
+
 /// Milliseconds per microbatch of each primitive's forward and backward
 /// (B and W together), summed over ranks.
 void primitiveMs(const std::map<std::string, double> &profileMs, double microbatchSteps,
                  std::map<Prim, double> &forward, std::map<Prim, double> &backward) {
   for (const auto &[key, ms] : profileMs) {
-    std::istringstream words(key);
-    std::string rankWord, rank, phase, prim;
-    if (!(words >> rankWord >> rank >> phase >> prim) || rankWord != "rank")
-      continue; // "host: ..." lines
-    std::optional<Prim> p = parsePrim(prim);
-    if (!p)
-      continue;
-    (phase == "fwd" ? forward : backward)[*p] += ms / microbatchSteps;
+    std::optional<ProfileKey> k = parseProfileKey(key);
+    std::optional<Prim> p = k ? parsePrim(k->prim) : std::nullopt;
+    if (p)
+      (k->phase == "fwd" ? forward : backward)[*p] += ms / microbatchSteps;
   }
 }
 
@@ -156,13 +168,9 @@ std::string measuredStepLine(const Artifact &a, const std::map<std::string, doub
   const double optimizerMs = optimizer == profileMs.end() ? 0 : optimizer->second / iterations;
   const double stepMs = wall->second / iterations + optimizerMs;
   std::map<int64_t, double> busyMs; // by rank
-  for (const auto &[key, ms] : profileMs) {
-    std::istringstream words(key);
-    std::string rankWord;
-    int64_t rank = -1;
-    if (words >> rankWord >> rank && rankWord == "rank")
-      busyMs[rank] += ms / iterations;
-  }
+  for (const auto &[key, ms] : profileMs)
+    if (std::optional<ProfileKey> k = parseProfileKey(key))
+      busyMs[k->rank] += ms / iterations;
   double busy = 0;
   for (auto &[rank, ms] : busyMs)
     busy += (ms += optimizerMs);
