@@ -1,8 +1,8 @@
 //===- BenchTiming.cuh - what the GPU benchmarks share ----------*- CUDA -*-===//
 //
 // Included by tools/gemm_bench.cu and tools/attention_bench.cu: the CUDA
-// error check (one line naming the program and the call, exit 1) and the
-// median time of a queued body.
+// error check (one line naming the program and the call, exit 1), the median
+// time of a queued body, and reproducible random operands.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_TOOLS_BENCHTIMING_CUH
@@ -24,6 +24,19 @@
       std::exit(1);                                                                                 \
     }                                                                                               \
   } while (0)
+
+/// p[i] = a hash of (i, seed) scaled into [-scale, scale), converted to T
+/// (float, or bf16 rounded to nearest even): the same operands every run.
+template <typename T> __global__ void fillRandom(T *p, size_t n, unsigned seed, float scale) {
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i >= n)
+    return;
+  unsigned x = unsigned(i) * 2654435761u ^ seed;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  x ^= x >> 15;
+  p[i] = T(scale * (float(x & 0xffffff) / float(0x800000) - 1.0f));
+}
 
 /// Median milliseconds of `body` over 20 runs after 3 warm-ups.
 template <typename Body> float medianMs(Body body) {

@@ -49,17 +49,6 @@ using bf16 = __nv_bfloat16;
     }                                                                                               \
   } while (0)
 
-__global__ void fillRandom(bf16 *p, size_t n, unsigned seed, float scale) {
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= n)
-    return;
-  unsigned x = unsigned(i) * 2654435761u ^ seed;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  x ^= x >> 15;
-  p[i] = __float2bfloat16_rn(scale * (float(x & 0xffffff) / float(0x800000) - 1.0f));
-}
-
 unsigned blocksFor(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 // ---- fp32 reference: one thread per (token, head), every score recomputed ------------------

@@ -38,17 +38,6 @@ namespace {
     }                                                                                               \
   } while (0)
 
-__global__ void fillRandom(float *p, size_t n, unsigned seed, float scale) {
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= n)
-    return;
-  unsigned x = unsigned(i) * 2654435761u ^ seed;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  x ^= x >> 15;
-  p[i] = scale * (float(x & 0xffffff) / float(0x800000) - 1.0f);
-}
-
 __global__ void toBf16(const float *in, __nv_bfloat16 *out, size_t n) {
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i < n)
