@@ -37,7 +37,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
-GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:gpu_training_test)
+GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
       tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb)
 # name -> "model mhcc-flags"
@@ -231,8 +231,9 @@ run)
   fi
 
   if [[ $parts == *" checks "* ]]; then
-    declare -A CHECK_ARGS=([gpu_test]="" [cuda_kernels_test]="tiny_pp1.mhcc")
-    for name in gpu_test cuda_kernels_test; do
+    declare -A CHECK_ARGS=([gpu_test]="" [cuda_kernels_test]="tiny_pp1.mhcc"
+                           [cuda_bf16_kernels_test]="tiny_bf16_pp1.mhcc")
+    for name in gpu_test cuda_kernels_test cuda_bf16_kernels_test; do
       # shellcheck disable=SC2086
       if timeout 300 "./$name" ${CHECK_ARGS[$name]} > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
       row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"

@@ -155,8 +155,9 @@ public:
     progressed();
     return ok;
   }
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
-    const bool ok = CpuRankBase::backward(stage, mb, index, part, state);
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override {
+    const bool ok = CpuRankBase::backward(stage, mb, index, part, state, fresh);
     progressed();
     return ok;
   }

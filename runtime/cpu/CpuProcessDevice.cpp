@@ -71,9 +71,10 @@ public:
     mesh_->progressed();
     return ok;
   }
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override {
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override {
     faults_.slowDown();
-    const bool ok = CpuRankBase::backward(stage, mb, index, part, state);
+    const bool ok = CpuRankBase::backward(stage, mb, index, part, state, fresh);
     mesh_->progressed();
     return ok;
   }

@@ -137,7 +137,8 @@ bool CpuRankBase::forward(int64_t stage, int64_t mb, size_t index, StageState &s
   return true;
 }
 
-bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) {
+bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                           const std::vector<int> &) {
   StageContext<float> c = contextFor(stage, mb);
   const BackwardInstr &b = c.program.backward[index];
   backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part);

@@ -68,7 +68,9 @@ public:
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override;
+  /// `fresh` needs nothing here: allocate() always zero-fills.
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override;
   void waitFor(Transfer &) override {} // a receive completes inside exchange
   void takeProfile(std::map<std::string, double> &profileMs) override;
 

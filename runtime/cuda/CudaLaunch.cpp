@@ -40,8 +40,9 @@ bool CudaRank::forward(int64_t s, int64_t mb, size_t index, StageState &st) {
   return bf16_ ? forwardAs<bf16>(s, mb, index, st) : forwardAs<float>(s, mb, index, st);
 }
 
-bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st) {
-  return bf16_ ? backwardAs<bf16>(s, mb, index, part, st) : backwardAs<float>(s, mb, index, part, st);
+bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
+                        const std::vector<int> &fresh) {
+  return bf16_ ? backwardAs<bf16>(s, mb, index, part, st, fresh) : backwardAs<float>(s, mb, index, part, st, fresh);
 }
 
 template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
@@ -117,7 +118,8 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
 }
 
 template <typename A>
-bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st) {
+bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
+                          const std::vector<int> &fresh) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
   const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
@@ -146,6 +148,20 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   Gemms &g = *gemms_;
   cudaStream_t stream = compute_;
   const ModelKernels &k = *kernels_;
+  // Fresh gradients: the post/res backward writes its three (its kernel's
+  // `fresh` bits: dx, dCoef, dy); every other one is zero-filled here.
+  int freshMask = 0;
+  for (int id : fresh) {
+    int bit = 0;
+    if (f.op == Prim::MhcPostRes && parts.inputs)
+      for (int j = 0; j < 3; ++j)
+        if (b.gradInputs[j] == id)
+          bit = 1 << j;
+    if (bit)
+      freshMask |= bit;
+    else
+      cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
+  }
   std::string error;
   cudaEvent_t started = nullptr;
   markStart(started);
@@ -189,7 +205,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                    scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream);
     break;
   case Prim::MhcPostRes:
-    mhcPostResBackward(k, in(0), in32(1), in(2), dOut, din(0), din32(1), din(2), T, C, n, stream);
+    mhcPostResBackward(k, in(0), in32(1), in(2), dOut, din(0), din32(1), din(2), freshMask, T, C, n, stream);
     break;
   case Prim::Residual:
     residualBackward(k, dOut, din(0), din(1), T * C, stream);

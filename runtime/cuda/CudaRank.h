@@ -88,7 +88,8 @@ public:
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) override;
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override;
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
@@ -130,7 +131,8 @@ private:
   float *paramGrad(int64_t stage, const ForwardInstr &f, size_t k);
   template <typename A> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
   template <typename A>
-  bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state);
+  bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                  const std::vector<int> &fresh);
   // CudaOptimizer.cpp
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);

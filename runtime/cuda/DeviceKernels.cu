@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 
 namespace mhcc::runtime::cuda {
@@ -259,8 +260,16 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
-    matmulTransBAcc(g, dp, wmap, dx, rows, K, width);
-    k.launch(ModelKernel::RowScaleAdd, vecBlocks<A>(rows * width), 1, kThreads, s, x, rScale, dx, rows, width);
+    if constexpr (std::is_same_v<A, bf16>) {
+      // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu).
+      const unsigned columnTiles = unsigned((width + kInputGradColumns - 1) / kInputGradColumns);
+      const unsigned tokenTiles = unsigned((rows + kInputGradTokens - 1) / kInputGradTokens);
+      k.launch(ModelKernel::MhcCoeffsBackwardInput, columnTiles, tokenTiles, kInputGradThreads, s, x, wmap, dp,
+               rScale, dx, rows, width);
+    } else {
+      matmulTransBAcc(g, dp, wmap, dx, rows, K, width);
+      k.launch(ModelKernel::RowScaleAdd, vecBlocks<A>(rows * width), 1, kThreads, s, x, rScale, dx, rows, width);
+    }
   }
   if (parts.weights) {
     addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
@@ -278,9 +287,7 @@ void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, i
 template <typename A>
 void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  // kVec columns of a row, every stream, a thread; one warp per row.
-  k.launch(ModelKernel::MhcPreBackwardX, vecBlocks<A>(rows * C), 1, kThreads, s, coef, du, dx, rows, C);
-  k.launch(ModelKernel::MhcPreBackwardCoef, warpBlocks(rows), 1, kThreads, s, x, du, dCoef, rows, C);
+  k.launch(ModelKernel::MhcPreBackward, warpBlocks(rows), 1, kThreads, s, x, coef, du, dx, dCoef, rows, C);
 }
 
 template <typename A>
@@ -291,11 +298,9 @@ void mhcPostResForward(const ModelKernels &k, const A *x, const float *coef, con
 
 template <typename A>
 void mhcPostResBackward(const ModelKernels &k, const A *x, const float *coef, const A *y, const A *dOut, A *dx,
-                        float *dCoef, A *dy, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  // kVec columns of a row, every stream, a thread; one warp per row.
-  k.launch(ModelKernel::MhcPostResBackwardValues, vecBlocks<A>(rows * C), 1, kThreads, s, coef, dOut, dx, dy, rows,
-           C);
-  k.launch(ModelKernel::MhcPostResBackwardCoef, warpBlocks(rows), 1, kThreads, s, x, y, dOut, dCoef, rows, C);
+                        float *dCoef, A *dy, int fresh, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::MhcPostResBackward, warpBlocks(rows), 1, kThreads, s, x, coef, y, dOut, dx, dCoef, dy, fresh,
+           rows, C);
 }
 
 template <typename A>

@@ -117,8 +117,10 @@ template <typename A>
 void mhcPostResForward(const ModelKernels &k, const A *x, const float *coef, const A *y, A *out, int64_t rows,
                        int64_t C, int64_t n, cudaStream_t s);
 template <typename A>
+/// `fresh` bits (1: dx, 2: dCoef, 4: dy): gradients whose contents are
+/// undefined and taken as zero (written, not added to: the same bits).
 void mhcPostResBackward(const ModelKernels &k, const A *x, const float *coef, const A *y, const A *dOut, A *dx,
-                        float *dCoef, A *dy, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+                        float *dCoef, A *dy, int fresh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 template <typename A>
 void residualForward(const ModelKernels &k, const A *x, const A *y, A *out, int64_t count, cudaStream_t s);
 template <typename A>

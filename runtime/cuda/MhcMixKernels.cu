@@ -36,37 +36,13 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coe
   }
 }
 
-/// kVec columns of a row, all n streams, per thread where possible (du read once).
-extern "C" __global__ void mhcc_mhc_pre_backward_x(const float *coef, const act_t *du, act_t *dx, int64_t rows,
-                                                   int64_t C) {
-  const int K = kCoefficients;
-  if (C % kVec == 0 && aligned16(du) && aligned16(dx)) {
-    for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
-      int64_t t = i / C, c = i % C;
-      float h[kStreams], g[kVec], v[kStreams][kVec];
-      loadVec(du + i, g);
-      for (int s = 0; s < kStreams; ++s) {
-        h[s] = coef[t * K + s];
-        loadVec(dx + (t * kStreams + s) * C + c, v[s]);
-      }
-      for (int s = 0; s < kStreams; ++s) {
-        for (int e = 0; e < kVec; ++e)
-          v[s][e] = v[s][e] + h[s] * g[e];
-        storeVec(dx + (t * kStreams + s) * C + c, v[s]);
-      }
-    }
-    return;
-  }
-  for (int64_t i = gridThread(); i < rows * kStreams * C; i += gridThreads()) {
-    int64_t t = i / (kStreams * C), s = (i / C) % kStreams, c = i % C;
-    store(&dx[i], load(dx[i]) + coef[t * K + s] * load(du[t * C + c]));
-  }
-}
-
-/// One warp per row t: dCoef[t, s] += <du[t], x[t, s]> for every s, lane l
-/// adding its elements c = l + 32 k in order, then warpSum.
-extern "C" __global__ void mhcc_mhc_pre_backward_coef(const act_t *x, const act_t *du, float *dCoef, int64_t rows,
-                                                      int64_t C) {
+/// The pre-mix backward in one pass over du and x, one warp per row t:
+/// dCoef[t, s] += <du[t], x[t, s]> (lane l adding its elements c = l + 32 k in
+/// order, then warpSum) and dx[t, s, c] += h[t, s] du[t, c] for each element.
+/// du and x are staged through shared memory (warpStream); the lane's own
+/// 16-byte vectors of the stage give the dx update, so du is read once.
+extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *coef, const act_t *du, act_t *dx,
+                                                 float *dCoef, int64_t rows, int64_t C) {
   constexpr int A = kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -75,9 +51,19 @@ extern "C" __global__ void mhcc_mhc_pre_backward_coef(const act_t *x, const act_
   if (t >= rows)
     return;
   const int K = kCoefficients;
-  float dot[kStreams];
-  for (int s = 0; s < kStreams; ++s)
+  float h[kStreams], dot[kStreams];
+  for (int s = 0; s < kStreams; ++s) {
+    h[s] = coef[t * K + s];
     dot[s] = 0;
+  }
+  // dx[t, s, c] = dx + h[s] du[c]: one element's expression, whatever the access width.
+  auto updateDx = [&](int64_t c, float g) {
+    for (int s = 0; s < kStreams; ++s) {
+      act_t *d = dx + (t * kStreams + s) * C + c;
+      const float v = load(*d) + h[s] * g;
+      store(d, v);
+    }
+  };
   if constexpr (kStaged) {
     __shared__ uint4 staged[kThreads / 32][kStaged ? A : 1][E / kVec];
     const act_t *src[A];
@@ -87,18 +73,39 @@ extern "C" __global__ void mhcc_mhc_pre_backward_coef(const act_t *x, const act_
       buf[a] = reinterpret_cast<act_t *>(staged[threadIdx.x / 32][a]);
     }
     const bool vec = C % kVec == 0 && aligned16(x) && aligned16(du);
-    warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t, int n) {
+    const bool vecOut = vec && aligned16(dx);
+    warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t base, int n) {
       for (int j = 0; j < E / 32; ++j) {
         const int c = lane + 32 * j;
         if (c < n)
           for (int s = 0; s < kStreams; ++s)
             dot[s] += load(buf[0][c]) * load(buf[s + 1][c]);
       }
+      for (int u = 0; u < kTiles; ++u) {
+        const int o = (u * 32 + lane) * kVec;
+        if (vecOut && o + kVec <= n) {
+          float g[kVec], v[kVec];
+          unpackVec(*reinterpret_cast<const uint4 *>(buf[0] + o), g);
+          for (int s = 0; s < kStreams; ++s) {
+            act_t *d = dx + (t * kStreams + s) * C + base + o;
+            loadVec(d, v);
+            for (int e = 0; e < kVec; ++e)
+              v[e] = v[e] + h[s] * g[e];
+            storeVec(d, v);
+          }
+        } else {
+          for (int e = o; e < min(o + kVec, n); ++e)
+            updateDx(base + e, load(buf[0][e]));
+        }
+      }
     });
   } else {
-    for (int64_t c = lane; c < C; c += 32)
+    for (int64_t c = lane; c < C; c += 32) {
+      const float g = load(du[t * C + c]);
       for (int s = 0; s < kStreams; ++s)
-        dot[s] += load(du[t * C + c]) * load(x[(t * kStreams + s) * C + c]);
+        dot[s] += g * load(x[(t * kStreams + s) * C + c]);
+      updateDx(c, g);
+    }
   }
   for (int s = 0; s < kStreams; ++s) {
     const float d = warpSum(dot[s]);
@@ -146,69 +153,20 @@ extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float
   }
 }
 
-/// dy[t,c] and dx[t,j,c]: sums over the output streams i, in order. kVec
-/// columns of a row, dy and every dx stream, per thread where possible (dOut
-/// read once).
-extern "C" __global__ void mhcc_mhc_post_res_backward_values(const float *coef, const act_t *dOut, act_t *dx, act_t *dy,
-                                                             int64_t rows, int64_t C) {
-  const int K = kCoefficients;
-  if (C % kVec == 0 && aligned16(dOut) && aligned16(dx) && aligned16(dy)) {
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
-      int64_t t = q / C, c = q % C;
-      float hpost[kStreams], hres[kStreams * kStreams], g[kStreams][kVec], yv[kVec], xv[kStreams][kVec];
-      for (int i = 0; i < kStreams; ++i)
-        hpost[i] = coef[t * K + kStreams + i];
-      for (int e = 0; e < kStreams * kStreams; ++e)
-        hres[e] = coef[t * K + 2 * kStreams + e];
-      for (int i = 0; i < kStreams; ++i)
-        loadVec(dOut + (t * kStreams + i) * C + c, g[i]);
-      loadVec(dy + q, yv);
-      for (int j = 0; j < kStreams; ++j)
-        loadVec(dx + (t * kStreams + j) * C + c, xv[j]);
-      for (int e = 0; e < kVec; ++e) {
-        float acc = yv[e];
-        for (int i = 0; i < kStreams; ++i)
-          acc += hpost[i] * g[i][e];
-        yv[e] = acc;
-      }
-      storeVec(dy + q, yv);
-      for (int j = 0; j < kStreams; ++j) {
-        for (int e = 0; e < kVec; ++e) {
-          float acc = xv[j][e];
-          for (int i = 0; i < kStreams; ++i)
-            acc += hres[i * kStreams + j] * g[i][e];
-          xv[j][e] = acc;
-        }
-        storeVec(dx + (t * kStreams + j) * C + c, xv[j]);
-      }
-    }
-    return;
-  }
-  for (int64_t e = gridThread(); e < rows * kStreams * C; e += gridThreads()) {
-    if (e < rows * C) {
-      int64_t t = e / C, c = e % C;
-      const float *hpost = coef + t * K + kStreams;
-      float acc = load(dy[e]);
-      for (int i = 0; i < kStreams; ++i)
-        acc += hpost[i] * load(dOut[(t * kStreams + i) * C + c]);
-      store(&dy[e], acc);
-    }
-    {
-      int64_t t = e / (kStreams * C), j = (e / C) % kStreams, c = e % C;
-      const float *hres = coef + t * K + 2 * kStreams;
-      float acc = load(dx[e]);
-      for (int i = 0; i < kStreams; ++i)
-        acc += hres[i * kStreams + j] * load(dOut[(t * kStreams + i) * C + c]);
-      store(&dx[e], acc);
-    }
-  }
-}
-
-/// One warp per row t: dCoef's post entries <dOut[t,i], y[t]> and res entries
-/// <dOut[t,i], x[t,j]>, lane l adding its elements c = l + 32 k in order, then
-/// warpSum.
-extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const act_t *x, const act_t *y, const act_t *dOut,
-                                                           float *dCoef, int64_t rows, int64_t C) {
+/// The post/res backward in one pass over dOut, x and y, one warp per row t:
+/// dCoef's post entries <dOut[t,i], y[t]> and res entries <dOut[t,i], x[t,j]>
+/// (lane l adding its elements c = l + 32 k in order, then warpSum), and for
+/// each element dy[t,c] += sum_i hpost[i] dOut[t,i,c] and dx[t,j,c] +=
+/// sum_i hres[i,j] dOut[t,i,c] (sums over i in order, added to the old
+/// value). The arrays are staged through shared memory (warpStream); the
+/// lane's own 16-byte vectors of the stage give dx and dy, so dOut is read once.
+/// `fresh` bits (1: dx, 2: dCoef, 4: dy) mark gradients to take as zero
+/// without reading them: the sums start from +0, the bits a zero-filled
+/// buffer gives (a fresh dCoef's pre entries, not this kernel's, get +0).
+/// Two blocks an SM (at most 128 registers; a few bytes spill at n = 4).
+extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_backward(const act_t *x, const float *coef, const act_t *y,
+                                                      const act_t *dOut, act_t *dx, float *dCoef, act_t *dy,
+                                                      int fresh, int64_t rows, int64_t C) {
   constexpr int A = 2 * kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -217,12 +175,30 @@ extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const act_t *x, const
   if (t >= rows)
     return;
   const int K = kCoefficients;
-  float dotY[kStreams], dot[kStreams][kStreams];
+  float hpost[kStreams], hres[kStreams * kStreams], dotY[kStreams], dot[kStreams][kStreams];
   for (int i = 0; i < kStreams; ++i) {
+    hpost[i] = coef[t * K + kStreams + i];
     dotY[i] = 0;
-    for (int j = 0; j < kStreams; ++j)
+    for (int j = 0; j < kStreams; ++j) {
+      hres[i * kStreams + j] = coef[t * K + 2 * kStreams + i * kStreams + j];
       dot[i][j] = 0;
+    }
   }
+  // One element's dy and dx from its n values of dOut (g[i]).
+  const bool freshDx = fresh & 1, freshCoef = fresh & 2, freshDy = fresh & 4;
+  auto updateValues = [&](int64_t c, const float *g) {
+    float acc = freshDy ? 0.0f : load(dy[t * C + c]);
+    for (int i = 0; i < kStreams; ++i)
+      acc += hpost[i] * g[i];
+    store(&dy[t * C + c], acc);
+    for (int j = 0; j < kStreams; ++j) {
+      act_t *d = dx + (t * kStreams + j) * C + c;
+      float v = freshDx ? 0.0f : load(*d);
+      for (int i = 0; i < kStreams; ++i)
+        v += hres[i * kStreams + j] * g[i];
+      store(d, v);
+    }
+  };
   if constexpr (kStaged) {
     // Arrays: dOut[t, i] (i < n), x[t, j] (n + j), y[t] (2 n).
     __shared__ uint4 staged[kThreads / 32][kStaged ? A : 1][E / kVec];
@@ -234,7 +210,8 @@ extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const act_t *x, const
       buf[a] = reinterpret_cast<act_t *>(staged[threadIdx.x / 32][a]);
     }
     const bool vec = C % kVec == 0 && aligned16(x) && aligned16(y) && aligned16(dOut);
-    warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t, int n) {
+    const bool vecOut = vec && aligned16(dx) && aligned16(dy);
+    warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t base, int n) {
       for (int jj = 0; jj < E / 32; ++jj) {
         const int c = lane + 32 * jj;
         if (c < n)
@@ -244,24 +221,71 @@ extern "C" __global__ void mhcc_mhc_post_res_backward_coef(const act_t *x, const
               dot[i][j] += load(buf[i][c]) * load(buf[kStreams + j][c]);
           }
       }
+      for (int u = 0; u < kTiles; ++u) {
+        const int o = (u * 32 + lane) * kVec;
+        if (vecOut && o + kVec <= n) {
+          // dOut's vectors stay packed (fewer registers), widened element by element.
+          uint4 g[kStreams];
+          float v[kVec];
+          for (int i = 0; i < kStreams; ++i)
+            g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
+          act_t *d = dy + t * C + base + o;
+          loadOrZero(d, v, freshDy);
+          for (int e = 0; e < kVec; ++e) {
+            float acc = v[e];
+            for (int i = 0; i < kStreams; ++i)
+              acc += hpost[i] * vecElement(g[i], e);
+            v[e] = acc;
+          }
+          storeVec(d, v);
+          for (int j = 0; j < kStreams; ++j) {
+            d = dx + (t * kStreams + j) * C + base + o;
+            loadOrZero(d, v, freshDx);
+            for (int e = 0; e < kVec; ++e) {
+              float acc = v[e];
+              for (int i = 0; i < kStreams; ++i)
+                acc += hres[i * kStreams + j] * vecElement(g[i], e);
+              v[e] = acc;
+            }
+            storeVec(d, v);
+          }
+        } else {
+          for (int e = o; e < min(o + kVec, n); ++e) {
+            float g[kStreams];
+            for (int i = 0; i < kStreams; ++i)
+              g[i] = load(buf[i][e]);
+            updateValues(base + e, g);
+          }
+        }
+      }
     });
   } else {
-    for (int64_t c = lane; c < C; c += 32)
+    for (int64_t c = lane; c < C; c += 32) {
+      float g[kStreams];
+      for (int i = 0; i < kStreams; ++i)
+        g[i] = load(dOut[(t * kStreams + i) * C + c]);
+      const float yc = load(y[t * C + c]);
       for (int i = 0; i < kStreams; ++i) {
-        const act_t *g = dOut + (t * kStreams + i) * C;
-        dotY[i] += load(g[c]) * load(y[t * C + c]);
+        dotY[i] += g[i] * yc;
         for (int j = 0; j < kStreams; ++j)
-          dot[i][j] += load(g[c]) * load(x[(t * kStreams + j) * C + c]);
+          dot[i][j] += g[i] * load(x[(t * kStreams + j) * C + c]);
       }
+      updateValues(c, g);
+    }
   }
+  if (freshCoef && lane == 0)
+    for (int i = 0; i < kStreams; ++i)
+      dCoef[t * K + i] = 0.0f;
   for (int i = 0; i < kStreams; ++i) {
     const float dY = warpSum(dotY[i]);
+    float *out = dCoef + t * K + kStreams + i;
     if (lane == 0)
-      dCoef[t * K + kStreams + i] += dY;
+      *out = (freshCoef ? 0.0f : *out) + dY;
     for (int j = 0; j < kStreams; ++j) {
       const float d = warpSum(dot[i][j]);
+      out = dCoef + t * K + 2 * kStreams + i * kStreams + j;
       if (lane == 0)
-        dCoef[t * K + 2 * kStreams + i * kStreams + j] += d;
+        *out = (freshCoef ? 0.0f : *out) + d;
     }
   }
 }

@@ -49,7 +49,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 3;
+extern "C" __device__ const int mhcc_abi_version = 4;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -137,6 +137,13 @@ __device__ __forceinline__ void unpackVec(const uint4 &raw, float *v) {
     v[k] = load(e[k]);
 }
 
+/// Element e of the kVec activations packed in raw, widened.
+__device__ __forceinline__ float vecElement(const uint4 &raw, int e) {
+  act_t v[kVec];
+  memcpy(v, &raw, sizeof raw);
+  return load(v[e]);
+}
+
 /// v[0, kVec) rounded to activations, packed.
 __device__ __forceinline__ uint4 packVec(const float *v) {
   act_t e[kVec];
@@ -149,6 +156,15 @@ __device__ __forceinline__ uint4 packVec(const float *v) {
 
 /// v[0, kVec) = the activations at p (16-byte aligned), widened.
 __device__ __forceinline__ void loadVec(const act_t *p, float *v) { unpackVec(*reinterpret_cast<const uint4 *>(p), v); }
+
+/// loadVec, or kVec zeros (+0) without reading p when `zero`.
+__device__ __forceinline__ void loadOrZero(const act_t *p, float *v, bool zero) {
+  if (zero)
+    for (int k = 0; k < kVec; ++k)
+      v[k] = 0.0f;
+  else
+    loadVec(p, v);
+}
 
 /// Rounds v[0, kVec) and writes them to p (16-byte aligned) in one store.
 __device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpret_cast<uint4 *>(p) = packVec(v); }

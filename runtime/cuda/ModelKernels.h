@@ -39,13 +39,12 @@ namespace mhcc::runtime::cuda {
   X(MhcCoeffsBackward, "mhcc_mhc_coeffs_backward")                                                \
   X(MhcBiasGradPartials, "mhcc_mhc_bias_grad_partials")                                           \
   X(MhcAlphaGradPartials, "mhcc_mhc_alpha_grad_partials")                                         \
+  X(MhcCoeffsBackwardInput, "mhcc_mhc_coeffs_backward_input")                                     \
   X(RowScaleAdd, "mhcc_row_scale_add")                                                            \
   X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
-  X(MhcPreBackwardX, "mhcc_mhc_pre_backward_x")                                                   \
-  X(MhcPreBackwardCoef, "mhcc_mhc_pre_backward_coef")                                             \
+  X(MhcPreBackward, "mhcc_mhc_pre_backward")                                                      \
   X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
-  X(MhcPostResBackwardValues, "mhcc_mhc_post_res_backward_values")                                \
-  X(MhcPostResBackwardCoef, "mhcc_mhc_post_res_backward_coef")                                    \
+  X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
   X(ResidualForward, "mhcc_residual_forward")                                                     \
   X(ResidualBackward, "mhcc_residual_backward")                                                   \
   X(RmsNormStats, "mhcc_rms_norm_stats")                                                          \
@@ -69,9 +68,11 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 3;
+inline constexpr int kModelKernelsAbi = 4;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
+/// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 128 columns.
+inline constexpr int kInputGradColumns = 128, kInputGradTokens = 32, kInputGradThreads = 64;
 
 class ModelKernels {
 public:

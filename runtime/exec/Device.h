@@ -126,8 +126,13 @@ public:
   /// inputs, output and aux are allocated in `state`.
   virtual bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) = 0;
   /// Backward instruction `index` (of the stage's backward list), `part` of
-  /// it; the gradients it writes are allocated (zeroed: backward adds).
-  virtual bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state) = 0;
+  /// it; the gradients it writes are allocated, and backward adds into them.
+  /// `fresh` lists those just allocated for this call without zero-filling:
+  /// the device treats them as zero, writing instead of adding where a
+  /// kernel can (the same bits: +0 + v is v) and zero-filling the rest, so
+  /// that a gradient's first writer saves a fill and a read of it.
+  virtual bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                        const std::vector<int> &fresh) = 0;
 
   // ---- communication ----------------------------------------------------------
   /// Posts one group of SEND / RECV instructions together (NCCL's group

@@ -144,17 +144,21 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
     for (int input : f.inputs)
       if (!st.values[input])
         return fail(std::string("the backward of ") + primName(f.op) + " reads a freed value");
-    // The gradients it adds into; an output gradient nothing produced is zero.
-    std::vector<int> written;
+    // The gradients it adds into; an output gradient nothing produced is
+    // zero. Those allocated here are fresh: the device writes or fills them.
+    std::vector<int> written, fresh;
     if (part != BackwardPart::Weight)
       written = b.gradInputs;
     written.push_back(b.gradOutput);
-    for (int id : written)
-      if (id >= 0 && !st.values[id] &&
-          !(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, dtypeOf(p.values[id].dtype),
-                                             Queue::compute(), true)))
+    for (int id : written) {
+      if (id < 0 || st.values[id])
+        continue;
+      if (!(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, dtypeOf(p.values[id].dtype),
+                                             Queue::compute(), false)))
         return fail(device_.error());
-    if (!device_.backward(s, mb, index, part, st))
+      fresh.push_back(id);
+    }
+    if (!device_.backward(s, mb, index, part, st, fresh))
       return fail(device_.error());
   }
   if (part == BackwardPart::Input) {

@@ -36,8 +36,14 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
   EXPECT_NE(source.find("constexpr int kStreams = 6;"), std::string::npos);
   EXPECT_NE(source.find("constexpr int kSinkhornIterations = 13;"), std::string::npos);
   EXPECT_NE(source.find("model 'codegen-test' (model 0x1234)"), std::string::npos);
-  for (const char *name : kLaunched)
-    EXPECT_NE(source.find(std::string("extern \"C\" __global__ void ") + name + "("), std::string::npos) << name;
+  // Each launched name is defined by an extern "C" __global__ (launch bounds may sit between).
+  for (const char *name : kLaunched) {
+    const size_t at = source.find(std::string(" ") + name + "(");
+    ASSERT_NE(at, std::string::npos) << name;
+    const size_t declaration = source.rfind("extern \"C\" __global__ void ", at);
+    ASSERT_NE(declaration, std::string::npos) << name;
+    EXPECT_GT(source.find_first_of(";{}", declaration), at) << name << " is not the kernel's own declaration";
+  }
   // Different models, different kernels.
   EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
 }
@@ -69,7 +75,8 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
   for (const char *name : kLaunched)
     EXPECT_NE(code->image.find(std::string(name) + '\0'), std::string::npos) << name;
   for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
-                             "mhcc_abi_block_threads", "mhcc_abi_chunk_rows"})
+                             "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
+                             "mhcc_abi_input_grad_tokens"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 

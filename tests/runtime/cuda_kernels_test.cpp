@@ -231,7 +231,20 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
         [&](auto &o) {
           k::mhcPostResBackward(x.data(), coef.data(), y.data(), dOut.data(), o[0].data(), o[1].data(), o[2].data(), T, C, N);
         },
-        [&](auto &o) { cuda::mhcPostResBackward(*kernels_, dxp, dcoef, dy, ddo, o[0], o[1], o[2], T, C, N, nullptr); });
+        [&](auto &o) { cuda::mhcPostResBackward(*kernels_, dxp, dcoef, dy, ddo, o[0], o[1], o[2], 0, T, C, N, nullptr); });
+  // Fresh gradients (contents undefined, written instead of added to): the
+  // bits zero-filled ones give.
+  const int64_t sizes[3] = {T * N * C, T * K, T * C};
+  float *zeroed[3], *garbage[3];
+  for (int i = 0; i < 3; ++i) {
+    zeroed[i] = upload(std::vector<float>(sizes[i]));
+    garbage[i] = upload(random(sizes[i]));
+  }
+  cuda::mhcPostResBackward(*kernels_, dxp, dcoef, dy, ddo, zeroed[0], zeroed[1], zeroed[2], 0, T, C, N, nullptr);
+  cuda::mhcPostResBackward(*kernels_, dxp, dcoef, dy, ddo, garbage[0], garbage[1], garbage[2], 7, T, C, N, nullptr);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(std::memcmp(download(zeroed[i], sizes[i]).data(), download(garbage[i], sizes[i]).data(), sizes[i] * 4), 0)
+        << "post/res backward, fresh gradient " << i;
 }
 
 /// Attention forward and backward, against the CPU, for `rows` tokens in
