@@ -472,6 +472,22 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
         a[ks][r] = t < rows && k < K ? packedPair(dp + t * K, k, K) : 0u;
       }
     float(*tile)[kInputGradPitch] = products[warp];
+    // The lane's vectors of x and dx (a row's kInputGradColumns / kVec by
+    // consecutive lanes), loaded before the products so that they are in
+    // flight meanwhile.
+    constexpr int kRowVectors = kInputGradColumns / kVec, kLaneVectors = 16 * kRowVectors / 32;
+    const bool vec = width % kVec == 0 && aligned16(x) && aligned16(dx);
+    uint4 xRaw[kLaneVectors], dxRaw[kLaneVectors];
+    if (vec)
+#pragma unroll
+      for (int i = 0; i < kLaneVectors; ++i) {
+        const int v = lane + 32 * i, r = v / kRowVectors, c = v % kRowVectors * kVec;
+        const int64_t t = t0 + r, j = j0 + c;
+        if (t < rows && j < width) { // then j + kVec <= width
+          xRaw[i] = *reinterpret_cast<const uint4 *>(x + t * width + j);
+          dxRaw[i] = *reinterpret_cast<const uint4 *>(dx + t * width + j);
+        }
+      }
 #pragma unroll 4
     for (int nt = 0; nt < kInputGradColumns / 8; ++nt) {
       const act_t *column = slice + (nt * 8 + group) * K; // B's column (wmap's row), from shared memory
@@ -489,25 +505,29 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
       *reinterpret_cast<float2 *>(&tile[group + 8][nt * 8 + pairCol]) = make_float2(d[2], d[3]);
     }
     __syncwarp();
-    // The pass over x and dx: 16-byte vectors, a row's kInputGradColumns / kVec of them by consecutive lanes.
-    constexpr int kRowVectors = kInputGradColumns / kVec;
-    const bool vec = width % kVec == 0 && aligned16(x) && aligned16(dx);
-#pragma unroll 2
-    for (int v = lane; v < 16 * kRowVectors; v += 32) {
-      const int r = v / kRowVectors, c = v % kRowVectors * kVec;
-      const int64_t t = t0 + r, j = j0 + c;
-      if (t >= rows || j >= width)
-        continue;
-      const float sc = rScale[t];
-      act_t *dst = dx + t * width + j;
-      if (vec) { // then j + kVec <= width
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < kLaneVectors; ++i) {
+        const int v = lane + 32 * i, r = v / kRowVectors, c = v % kRowVectors * kVec;
+        const int64_t t = t0 + r, j = j0 + c;
+        if (t >= rows || j >= width)
+          continue;
+        const float sc = rScale[t];
         float dv[kVec], xv[kVec];
-        loadVec(dst, dv);
-        loadVec(x + t * width + j, xv);
+        unpackVec(dxRaw[i], dv);
+        unpackVec(xRaw[i], xv);
         for (int e = 0; e < kVec; ++e)
           dv[e] = inputGradElement(dv[e], tile[r][c + e], sc, xv[e]);
-        storeVec(dst, dv);
-      } else {
+        *reinterpret_cast<uint4 *>(dx + t * width + j) = packVec(dv);
+      }
+    } else {
+      for (int v = lane; v < 16 * kRowVectors; v += 32) {
+        const int r = v / kRowVectors, c = v % kRowVectors * kVec;
+        const int64_t t = t0 + r, j = j0 + c;
+        if (t >= rows || j >= width)
+          continue;
+        const float sc = rScale[t];
+        act_t *dst = dx + t * width + j;
         for (int e = 0; e < kVec && j + e < width; ++e)
           store(dst + e, inputGradElement(load(dst[e]), tile[r][c + e], sc, load(x[t * width + j + e])));
       }
