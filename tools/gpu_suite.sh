@@ -201,12 +201,13 @@ run)
     declare -A SANITIZED=(
       [attention]="./attention_bench --small"
       [kernels]="./cuda_kernels_test tiny_pp1.mhcc"
+      [bf16_kernels]="./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc"
       [tiny_bf16_step]="./mhcrun tiny_bf16_pp1.mhcc --data corpus.txt --steps 1 --no-progress"
     )
-    # The nine runs at once (the GPU and 16 cores have room; the tools slow
+    # The twelve runs at once (the GPU and 16 cores have room; the tools slow
     # kernels 10-100x), each with its own log and exit status.
     for tool in memcheck racecheck synccheck; do
-      for name in attention kernels tiny_bf16_step; do
+      for name in attention kernels bf16_kernels tiny_bf16_step; do
         (
           log="$logs/sanitizer_${tool}_$name.log" start=$SECONDS
           extra=() && [ $tool = memcheck ] && extra=(--leak-check full)
@@ -219,7 +220,7 @@ run)
     done
     wait
     for tool in memcheck racecheck synccheck; do
-      for name in attention kernels tiny_bf16_step; do
+      for name in attention kernels bf16_kernels tiny_bf16_step; do
         log="$logs/sanitizer_${tool}_$name.log"
         read -r rc secs < "$log.rc"
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
