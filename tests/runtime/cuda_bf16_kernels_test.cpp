@@ -2,16 +2,13 @@
 // command line: n = 4, bf16): the coefficient projection's input gradient on
 // tensor cores against its definition computed on the host (the K-term sums
 // in double, then the two roundings: they may differ only where a sum lies
-// within an fp32 rounding of a bf16 tie), and the one-pass pre and post/res backwards against the CPU
-// kernels; every GPU result bit-identical when run twice. Skips cleanly
-// where no GPU is visible.
-#include "runtime/artifact/Artifact.h"
+// within an fp32 rounding of a bf16 tie), and the one-pass pre and post/res
+// backwards against the CPU kernels; every GPU result bit-identical when run
+// twice. Skips cleanly where no GPU is visible (ModelKernelsTest.h).
 #include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
-#include "runtime/cuda/Gemm.h"
-#include "runtime/cuda/Gpus.h"
-#include "runtime/cuda/ModelKernels.h"
+#include "tests/runtime/ModelKernelsTest.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,8 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <memory>
-#include <optional>
 #include <random>
 
 namespace mhcc::runtime {
@@ -30,33 +25,12 @@ namespace {
 namespace k = kernels;
 using cuda::bf16;
 
-const char *gArtifact = nullptr; // from main: a bf16 artifact with the model kernels
-
 // 100 tokens: a partial warp tile; C = 64 at n = 4: two column tiles.
 constexpr int64_t T = 100, C = 64, N = 4, W = N * C, K = N * N + 2 * N;
 
-class CudaBf16Kernels : public ::testing::Test {
+class CudaBf16Kernels : public ModelKernelsTest {
 protected:
-  void SetUp() override {
-    GpuInventory gpus = queryGpus();
-    if (gpus.gpus.empty())
-      GTEST_SKIP() << gpus.unavailableReason;
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    gemms_ = std::make_unique<cuda::Gemms>();
-    ASSERT_EQ(gemms_->init(nullptr), "");
-    std::string error;
-    std::optional<Artifact> artifact = readArtifact(gArtifact, error);
-    ASSERT_TRUE(artifact) << error;
-    ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
-    ASSERT_EQ(artifact->deviceCode->streams, N);
-    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, 2, error);
-    ASSERT_TRUE(kernels_) << error << " (the test wants a bf16 model's artifact)";
-  }
-  void TearDown() override {
-    for (void *p : allocations_)
-      cudaFree(p);
-    gemms_.reset();
-  }
+  CudaBf16Kernels() : ModelKernelsTest(2, N, 0) {}
 
   /// Normal values rounded to bf16 (so the host copy is exactly what the GPU holds).
   std::vector<float> random(size_t count, float scale = 1.0f) {
@@ -65,12 +39,6 @@ protected:
     for (float &x : v)
       x = roundToBf16(normal(rng_));
     return v;
-  }
-  template <typename D> D *allocate(size_t count) {
-    void *p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(D)), cudaSuccess);
-    allocations_.push_back(p);
-    return static_cast<D *>(p);
   }
   bf16 *uploadBf16(const std::vector<float> &host) {
     std::vector<bf16> b(host.size());
@@ -113,9 +81,6 @@ protected:
     return diff / std::max(ref, 1e-30);
   }
 
-  std::unique_ptr<cuda::Gemms> gemms_;
-  std::unique_ptr<cuda::ModelKernels> kernels_;
-  std::vector<void *> allocations_;
   std::mt19937 rng_{7};
 };
 
@@ -230,11 +195,5 @@ TEST_F(CudaBf16Kernels, OnePassPreAndPostResBackwards) {
 } // namespace mhcc::runtime
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: cuda_bf16_kernels_test ARTIFACT.mhcc (a bf16 model, n = 4)\n");
-    return 2;
-  }
-  mhcc::runtime::gArtifact = argv[1];
-  return RUN_ALL_TESTS();
+  return mhcc::runtime::runModelKernelTests(argc, argv, "a bf16 model, n = 4");
 }

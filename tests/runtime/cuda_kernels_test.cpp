@@ -4,12 +4,9 @@
 // model kernels are the ones mhcc generated into the artifact given on the
 // command line (n = 4, 20 Sinkhorn iterations). Skips cleanly where no GPU
 // is visible.
-#include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
-#include "runtime/cuda/Gemm.h"
-#include "runtime/cuda/ModelKernels.h"
-#include "runtime/cuda/Gpus.h"
+#include "tests/runtime/ModelKernelsTest.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -17,8 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <memory>
-#include <optional>
 #include <random>
 
 namespace mhcc::runtime {
@@ -26,38 +21,14 @@ namespace {
 
 namespace k = kernels;
 
-const char *gArtifact = nullptr; // from main: an artifact with the model kernels
-
-class CudaKernels : public ::testing::Test {
+class CudaKernels : public ModelKernelsTest {
 protected:
-  void SetUp() override {
-    GpuInventory gpus = queryGpus();
-    if (gpus.gpus.empty())
-      GTEST_SKIP() << gpus.unavailableReason;
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    gemms_ = std::make_unique<cuda::Gemms>();
-    ASSERT_EQ(gemms_->init(nullptr), "");
-    std::string error;
-    std::optional<Artifact> artifact = readArtifact(gArtifact, error);
-    ASSERT_TRUE(artifact) << error;
-    ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
-    ASSERT_EQ(artifact->deviceCode->streams, 4);
-    ASSERT_EQ(artifact->deviceCode->sinkhornIterations, 20);
-    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, 4, error);
-    ASSERT_TRUE(kernels_) << error;
-  }
-  void TearDown() override {
-    for (void *p : allocations_)
-      cudaFree(p);
-    gemms_.reset();
-  }
+  CudaKernels() : ModelKernelsTest(4, 4, 20) {}
 
   template <typename T> T *upload(const std::vector<T> &host) {
-    void *p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, host.size()) * sizeof(T)), cudaSuccess);
-    allocations_.push_back(p);
+    T *p = allocate<T>(host.size());
     cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return static_cast<T *>(p);
+    return p;
   }
   std::vector<float> download(const float *device, size_t count) {
     std::vector<float> host(count);
@@ -127,9 +98,6 @@ protected:
 
   void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
 
-  std::unique_ptr<cuda::Gemms> gemms_;
-  std::unique_ptr<cuda::ModelKernels> kernels_;
-  std::vector<void *> allocations_;
   std::mt19937 rng_{42};
 };
 
@@ -346,11 +314,5 @@ TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
 } // namespace mhcc::runtime
 
 int main(int argc, char **argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s ARTIFACT (compiled with CUDA kernels, n = 4)\n", argv[0]);
-    return 2;
-  }
-  mhcc::runtime::gArtifact = argv[1];
-  return RUN_ALL_TESTS();
+  return mhcc::runtime::runModelKernelTests(argc, argv, "compiled with CUDA kernels, n = 4");
 }

@@ -1,0 +1,88 @@
+// The fixture of the CUDA kernel tests: the model kernels mhcc generated into
+// the artifact named on the command line, loaded on GPU 0 beside cuBLASLt;
+// skips cleanly where no GPU is visible. Device memory from allocate() is
+// freed after each test.
+#ifndef MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
+#define MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
+
+#include "runtime/artifact/Artifact.h"
+#include "runtime/cuda/Gemm.h"
+#include "runtime/cuda/Gpus.h"
+#include "runtime/cuda/ModelKernels.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mhcc::runtime {
+
+inline const char *gArtifact = nullptr; // from main: an artifact with the model kernels
+
+class ModelKernelsTest : public ::testing::Test {
+protected:
+  /// The artifact's kernels must be for `activationBytes` (4: fp32, 2: bf16)
+  /// and `streams`; `sinkhornIterations` is checked unless 0.
+  ModelKernelsTest(int activationBytes, int64_t streams, int64_t sinkhornIterations)
+      : activationBytes_(activationBytes), streams_(streams), sinkhornIterations_(sinkhornIterations) {}
+
+  void SetUp() override {
+    GpuInventory gpus = queryGpus();
+    if (gpus.gpus.empty())
+      GTEST_SKIP() << gpus.unavailableReason;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    gemms_ = std::make_unique<cuda::Gemms>();
+    ASSERT_EQ(gemms_->init(nullptr), "");
+    std::string error;
+    std::optional<Artifact> artifact = readArtifact(gArtifact, error);
+    ASSERT_TRUE(artifact) << error;
+    ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
+    ASSERT_EQ(artifact->deviceCode->streams, streams_);
+    if (sinkhornIterations_ != 0)
+      ASSERT_EQ(artifact->deviceCode->sinkhornIterations, sinkhornIterations_);
+    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, activationBytes_, error);
+    ASSERT_TRUE(kernels_) << error << (activationBytes_ == 2 ? " (the test wants a bf16 model's artifact)" : "");
+  }
+  void TearDown() override {
+    for (void *p : allocations_)
+      cudaFree(p);
+    gemms_.reset();
+  }
+
+  /// `count` elements of D (at least one) on the device, freed after the test.
+  template <typename D> D *allocate(size_t count) {
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(D)), cudaSuccess);
+    allocations_.push_back(p);
+    return static_cast<D *>(p);
+  }
+
+  std::unique_ptr<cuda::Gemms> gemms_;
+  std::unique_ptr<cuda::ModelKernels> kernels_;
+
+private:
+  int activationBytes_;
+  int64_t streams_, sinkhornIterations_;
+  std::vector<void *> allocations_;
+};
+
+/// main() of a kernel test: gtest's flags, then the artifact (`artifact`
+/// says which kind).
+inline int runModelKernelTests(int argc, char **argv, const char *artifact) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s ARTIFACT (%s)\n", argv[0], artifact);
+    return 2;
+  }
+  gArtifact = argv[1];
+  return RUN_ALL_TESTS();
+}
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
