@@ -37,12 +37,13 @@ std::optional<ProfileKey> parseProfileKey(const std::string &key) {
 }
 
 /// Milliseconds per microbatch of each primitive's forward and backward
-/// (B and W together), summed over ranks.
+/// (B and W together), summed over ranks. Instructions a device fused
+/// ("mhc_coeffs+pre") count as the first one's: the units sum them anyway.
 void primitiveMs(const std::map<std::string, double> &profileMs, double microbatchSteps,
                  std::map<Prim, double> &forward, std::map<Prim, double> &backward) {
   for (const auto &[key, ms] : profileMs) {
     std::optional<ProfileKey> k = parseProfileKey(key);
-    std::optional<Prim> p = k ? parsePrim(k->prim) : std::nullopt;
+    std::optional<Prim> p = k ? parsePrim(k->prim.substr(0, k->prim.find('+'))) : std::nullopt;
     if (p)
       (k->phase == "fwd" ? forward : backward)[*p] += ms / microbatchSteps;
   }

@@ -45,6 +45,16 @@ bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, 
   return bf16_ ? backwardAs<bf16>(s, mb, index, part, st, fresh) : backwardAs<float>(s, mb, index, part, st, fresh);
 }
 
+size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
+  const std::vector<ForwardInstr> &list = a_.stages[s].forward;
+  if (!bf16_ || !fuseMhcForward_ || index + 1 >= list.size())
+    return 1;
+  const ForwardInstr &coeffs = list[index], &pre = list[index + 1];
+  const bool pair = coeffs.op == Prim::MhcCoeffs && pre.op == Prim::MhcPre && pre.inputs.size() == 2 &&
+                    pre.inputs[0] == coeffs.inputs[0] && pre.inputs[1] == coeffs.output;
+  return pair && mhcFusedForwardApplies(a_.model.hidden, coeffs.streams) ? 2 : 1;
+}
+
 template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
@@ -61,7 +71,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
   Gemms &g = *gemms_;
   cudaStream_t stream = compute_;
   const ModelKernels &k = *kernels_;
-  std::string error;
+  std::string error, label;
   cudaEvent_t started = nullptr;
   markStart(started);
   switch (f.op) {
@@ -75,6 +85,14 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     expandForward(k, in(0), out, T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (forwardSpan(s, index) == 2) { // and the pre-mix after it (forwardSpan)
+        mhcCoeffsPreForward(k, in(0), w(0), w(1), w(2), out32, aux, st.values[p.forward[index + 1].output].as<A>(),
+                            T, C, n, stream);
+        label = "fwd mhc_coeffs+pre";
+        break;
+      }
+    }
     mhcCoeffsForward(k, g, in(0), w(0), w(1), w(2), out32, aux, T, C, n, stream);
     break;
   case Prim::MhcPre:
@@ -110,7 +128,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     crossEntropyForward(k, in(0), labels_[mb], aux, out32, T, V, f.shift, f.seqLen, stream);
     break;
   }
-  markEnd(std::string("fwd ") + primName(f.op), started);
+  markEnd(label.empty() ? std::string("fwd ") + primName(f.op) : label, started);
   releaseScratch();
   if (!error.empty())
     return fail(error);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <set>
@@ -25,7 +26,8 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
-      bf16_(artifact.model.dtype == "bf16") {}
+      bf16_(artifact.model.dtype == "bf16"),
+      fuseMhcForward_(!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused") {}
 
 CudaRank::~CudaRank() {
   cudaSetDevice(gpu_);

@@ -87,6 +87,10 @@ public:
   void release(Buffer &buffer, Queue queue) override;
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;
+  /// 2 where an mHC coefficient instruction and the pre-mix reading its
+  /// input and output run as one kernel (bf16, mhcFusedForwardApplies;
+  /// MHCC_MHC_FORWARD=unfused turns it off), else 1.
+  size_t forwardSpan(int64_t stage, size_t index) const override;
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                 const std::vector<int> &fresh) override;
@@ -155,6 +159,7 @@ private:
 
   cudaStream_t compute_ = nullptr;
   const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
+  const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
   std::unique_ptr<Gemms> gemms_;
   std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
   std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters

@@ -284,6 +284,15 @@ void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, i
   k.launch(ModelKernel::MhcPreForward, vecBlocks<A>(rows * C), 1, kThreads, s, x, coef, u, rows, C);
 }
 
+bool mhcFusedForwardApplies(int64_t C, int64_t n) { return n % 2 == 0 && n <= 8 && (n * C) % 64 == 0 && C % 8 == 0; }
+
+void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha,
+                         float *coef, float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::MhcCoeffsPreForward, unsigned((rows + kFusedTokens - 1) / kFusedTokens), 1,
+           unsigned(32 * fusedWarps(n)), s,
+           x, wmap, bias, alpha, coef, aux, u, rows, C);
+}
+
 template <typename A>
 void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s) {

@@ -110,6 +110,13 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
 template <typename A>
 void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);
+/// Whether mhcCoeffsPreForward takes these shapes (bf16 models only): an
+/// even n, n C a multiple of 64 and C of 8.
+bool mhcFusedForwardApplies(int64_t C, int64_t n);
+/// mhcCoeffsForward then mhcPreForward in one kernel (MhcFusedKernels.cu),
+/// the same outputs and aux layout; its sums run in its own fixed order.
+void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha,
+                         float *coef, float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 template <typename A>
 void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);

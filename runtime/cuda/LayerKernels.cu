@@ -1,8 +1,8 @@
 //===- LayerKernels.cu - RMSNorm, RoPE, SwiGLU, cross-entropy -------------------===//
 //
 // A part of the model's kernel library: mhcc concatenates ModelKernels.cu,
-// MhcKernels.cu, MhcMixKernels.cu and LayerKernels.cu (in that order) after
-// the model's constants and compiles them as one file; the helpers and
+// MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu and LayerKernels.cu (in that
+// order) after the model's constants and compiles them as one file; the helpers and
 // conventions are ModelKernels.cu's.
 //
 //===----------------------------------------------------------------------===//

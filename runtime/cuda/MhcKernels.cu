@@ -1,8 +1,8 @@
 //===- MhcKernels.cu - mHC coefficients: projection, Sinkhorn, gradients --------===//
 //
 // A part of the model's kernel library: mhcc concatenates ModelKernels.cu,
-// MhcKernels.cu, MhcMixKernels.cu and LayerKernels.cu (in that order) after
-// the model's constants and compiles them as one file; the helpers and
+// MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu and LayerKernels.cu (in that
+// order) after the model's constants and compiles them as one file; the helpers and
 // conventions are ModelKernels.cu's.
 //
 //===----------------------------------------------------------------------===//
@@ -131,25 +131,37 @@ __device__ __forceinline__ void coeffSinkhornStepBackward(const float (&xs)[kCoe
   }
 }
 
-/// Per token: h = r p alpha + bias into aux ([t, K + 1]: h, then r), the
-/// sigmoids of pre and post and the Sinkhorn projection of res into coef.
-/// Launch: block kCoeffThreads (64), grid ceil(rows / kCoeffTokensPerBlock);
-/// see the section comment.
-extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const float *p, const act_t *bias,
-                                                   const act_t *alpha, float *coef, float *aux, int64_t rows,
-                                                   int64_t C) {
-  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (warp * kCoeffTokensPerWarp >= rows)
-    return; // the whole warp
-  const int lane = threadIdx.x % 32, group = lane / kCoeffLanes;
-  const int q = lane % kCoeffLanes, base = group * kCoeffLanes;
-  const int64_t t = warp * kCoeffTokensPerWarp + group;
-  const bool valid = group < kCoeffTokensPerWarp && t < rows;
-  const int64_t width = kStreams * C;
+/// This lane's place in the coefficient kernels' layout (the section
+/// comment): its token t (valid: a real token below `rows`), its index q in
+/// the token's group of lanes and the group's first lane.
+struct CoeffLanes {
+  int64_t t;
+  bool valid, warpActive;
+  int q, base;
+  __device__ explicit CoeffLanes(int64_t rows) {
+    const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32, group = lane / kCoeffLanes;
+    q = lane % kCoeffLanes;
+    base = group * kCoeffLanes;
+    t = warp * kCoeffTokensPerWarp + group;
+    valid = group < kCoeffTokensPerWarp && t < rows;
+    warpActive = warp * kCoeffTokensPerWarp < rows;
+  }
+};
+
+/// One token's coefficients from its row's sum of squares and its projection
+/// pRow (K floats): h and r into auxRow (K + 1 floats: h, then r), the
+/// sigmoids of pre and post and the Sinkhorn projection of res into coefRow.
+/// Every lane of the warp calls it together (q, base: the token's group, as
+/// in the section comment); with `valid` false a group computes on dummies
+/// and stores nothing.
+__device__ __forceinline__ void mhcTokenCoeffs(float square, const float *pRow, const act_t *bias,
+                                               const act_t *alpha, float *coefRow, float *auxRow, int64_t width,
+                                               bool valid, int q, int base) {
   const int K = kCoefficients;
   float r = 0;
   if (valid) {
-    float rms = sqrtf(squares[t] / float(width));
+    float rms = sqrtf(square / float(width));
     r = 1.0f / (rms + kMhcRmsEps);
   }
 #pragma unroll
@@ -157,12 +169,12 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
     const int k = i * kCoeffLanes + q;
     if (valid && k < 2 * kStreams) {
       float a = k < kStreams ? load(alpha[0]) : load(alpha[1]);
-      const float hk = r * p[t * K + k] * a + load(bias[k]);
-      aux[t * (K + 1) + k] = hk;
+      const float hk = r * pRow[k] * a + load(bias[k]);
+      auxRow[k] = hk;
       if (k < kStreams)
-        coef[t * K + k] = sigmoidf(hk);
+        coefRow[k] = sigmoidf(hk);
       else
-        coef[t * K + k] = 2.0f * sigmoidf(hk);
+        coefRow[k] = 2.0f * sigmoidf(hk);
     }
   }
   float logit[kCoeffSlots];
@@ -172,13 +184,13 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
     logit[j] = 0;
     if (valid && e < kCoeffEntries) {
       float a = load(alpha[2]);
-      const float hk = r * p[t * K + k] * a + load(bias[k]);
-      aux[t * (K + 1) + k] = hk;
+      const float hk = r * pRow[k] * a + load(bias[k]);
+      auxRow[k] = hk;
       logit[j] = hk;
     }
   }
   if (valid && q == 0)
-    aux[t * (K + 1) + K] = r;
+    auxRow[K] = r;
   float m[kCoeffSlots];
   coeffSinkhornStart(logit, m, q, base);
   for (int it = 0; it < kSinkhornIterations; ++it) {
@@ -189,8 +201,23 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
   for (int j = 0; j < kCoeffSlots; ++j) {
     const int e = j * kCoeffLanes + q;
     if (valid && e < kCoeffEntries)
-      coef[t * K + 2 * kStreams + e] = m[j];
+      coefRow[2 * kStreams + e] = m[j];
   }
+}
+
+/// Per token: h = r p alpha + bias into aux ([t, K + 1]: h, then r), the
+/// sigmoids of pre and post and the Sinkhorn projection of res into coef.
+/// Launch: block kCoeffThreads (64), grid ceil(rows / kCoeffTokensPerBlock);
+/// see the section comment.
+extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const float *p, const act_t *bias,
+                                                   const act_t *alpha, float *coef, float *aux, int64_t rows,
+                                                   int64_t C) {
+  const CoeffLanes l(rows);
+  if (!l.warpActive)
+    return; // the whole warp
+  const int K = kCoefficients;
+  mhcTokenCoeffs(l.valid ? squares[l.t] : 0.0f, p + l.t * K, bias, alpha, coef + l.t * K, aux + l.t * (K + 1),
+                 kStreams * C, l.valid, l.q, l.base);
 }
 
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
@@ -200,13 +227,12 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
 extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const float *p, const act_t *alpha,
                                                     const float *aux, const float *dCoef, float *dh, act_t *dp,
                                                     float *rScale, int64_t rows, int64_t C) {
-  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (warp * kCoeffTokensPerWarp >= rows)
+  const CoeffLanes lanes(rows);
+  if (!lanes.warpActive)
     return; // the whole warp
-  const int lane = threadIdx.x % 32, group = lane / kCoeffLanes;
-  const int q = lane % kCoeffLanes, base = group * kCoeffLanes;
-  const int64_t t = warp * kCoeffTokensPerWarp + group;
-  const bool valid = group < kCoeffTokensPerWarp && t < rows;
+  const int64_t t = lanes.t;
+  const bool valid = lanes.valid;
+  const int q = lanes.q, base = lanes.base;
   const int64_t width = kStreams * C;
   const int K = kCoefficients;
   const float r = valid ? aux[t * (K + 1) + K] : 0.0f;

@@ -1,29 +1,45 @@
 //===- MhcMixKernels.cu - mHC pre-mix, post-res mix and the residual ------------===//
 //
 // A part of the model's kernel library: mhcc concatenates ModelKernels.cu,
-// MhcKernels.cu, MhcMixKernels.cu and LayerKernels.cu (in that order) after
-// the model's constants and compiles them as one file; the helpers and
+// MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu and LayerKernels.cu (in that
+// order) after the model's constants and compiles them as one file; the helpers and
 // conventions are ModelKernels.cu's.
 //
 //===----------------------------------------------------------------------===//
+
+/// The pre-mix of kVec consecutive columns c.. of token t, u[t, c + e] =
+/// sum_s h_pre[t, s] x[t, s, c + e] summed over s in order from +0, in two
+/// halves so that callers can put several vectors' loads in flight (16-byte
+/// accesses: C % kVec == 0, x and u aligned).
+struct PreMixVector {
+  float h[kStreams];
+  uint4 xs[kStreams];
+  __device__ __forceinline__ void fetch(const act_t *x, const float *coef, int64_t t, int64_t c, int64_t C) {
+    loadCoefs(coef + t * kCoefficients, 0, h);
+    for (int s = 0; s < kStreams; ++s)
+      xs[s] = *reinterpret_cast<const uint4 *>(x + (t * kStreams + s) * C + c);
+  }
+  __device__ __forceinline__ void finish(act_t *u, int64_t t, int64_t c, int64_t C) const {
+    float v[kStreams][kVec], out[kVec];
+    for (int s = 0; s < kStreams; ++s)
+      unpackVec(xs[s], v[s]);
+    for (int e = 0; e < kVec; ++e) {
+      float sum = 0;
+      for (int s = 0; s < kStreams; ++s)
+        sum += h[s] * v[s][e];
+      out[e] = sum;
+    }
+    storeVec(u + t * C + c, out);
+  }
+};
 
 extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coef, act_t *u, int64_t rows, int64_t C) {
   const int K = kCoefficients;
   if (C % kVec == 0 && aligned16(x) && aligned16(u)) {
     for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
-      int64_t t = i / C, c = i % C;
-      float h[kStreams], xs[kStreams][kVec], out[kVec];
-      for (int s = 0; s < kStreams; ++s) {
-        h[s] = coef[t * K + s];
-        loadVec(x + (t * kStreams + s) * C + c, xs[s]);
-      }
-      for (int e = 0; e < kVec; ++e) {
-        float sum = 0;
-        for (int s = 0; s < kStreams; ++s)
-          sum += h[s] * xs[s][e];
-        out[e] = sum;
-      }
-      storeVec(u + i, out);
+      PreMixVector v;
+      v.fetch(x, coef, i / C, i % C, C);
+      v.finish(u, i / C, i % C, C);
     }
     return;
   }
@@ -123,10 +139,8 @@ extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
       int64_t t = q / C, c = q % C;
       float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
-      for (int i = 0; i < kStreams; ++i)
-        hpost[i] = coef[t * K + kStreams + i];
-      for (int e = 0; e < kStreams * kStreams; ++e)
-        hres[e] = coef[t * K + 2 * kStreams + e];
+      loadCoefs(coef + t * K, kStreams, hpost);
+      loadCoefs(coef + t * K, 2 * kStreams, hres);
       for (int j = 0; j < kStreams; ++j)
         loadVec(x + (t * kStreams + j) * C + c, xs[j]);
       loadVec(y + q, ys);

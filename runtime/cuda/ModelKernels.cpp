@@ -106,6 +106,8 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
                   {"mhcc_abi_chunk_rows", kColumnChunkRows},
                   {"mhcc_abi_input_grad_columns", kInputGradColumns},
                   {"mhcc_abi_input_grad_tokens", kInputGradTokens},
+                  {"mhcc_abi_fused_tokens", kFusedTokens},
+                  {"mhcc_abi_fused_warps", fusedWarps(code.streams)},
                   {"mhcc_abi_streams", code.streams},
                   {"mhcc_abi_sinkhorn_iterations", code.sinkhornIterations}};
   auto readGlobal = [&](const char *global, int &value) {

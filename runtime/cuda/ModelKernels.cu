@@ -2,8 +2,8 @@
 //
 // mhcc prepends the model's constants (kStreams, kSinkhornIterations) and its
 // activation storage type (act_t: float, or __nv_bfloat16 for a bf16 model)
-// and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu and
-// LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
+// and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu,
+// MhcFusedKernels.cu and LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
 // through the CUDA driver API and launches these extern "C" kernels by name
 // (runtime/cuda/ModelKernels.h lists them with their parameters). Every
 // non-GEMM piece of the model's forward and backward is here; cuBLAS does
@@ -49,7 +49,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 4;
+extern "C" __device__ const int mhcc_abi_version = 5;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -154,8 +154,13 @@ __device__ __forceinline__ uint4 packVec(const float *v) {
   return raw;
 }
 
-/// v[0, kVec) = the activations at p (16-byte aligned), widened.
-__device__ __forceinline__ void loadVec(const act_t *p, float *v) { unpackVec(*reinterpret_cast<const uint4 *>(p), v); }
+/// v[0, kVec) = the activations at p (16-byte aligned), widened. The load
+/// goes to a local first: unpackVec's memcpy from a reference into global
+/// memory compiled to 16 one-byte loads.
+__device__ __forceinline__ void loadVec(const act_t *p, float *v) {
+  const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+  unpackVec(raw, v);
+}
 
 /// loadVec, or kVec zeros (+0) without reading p when `zero`.
 __device__ __forceinline__ void loadOrZero(const act_t *p, float *v, bool zero) {
@@ -168,6 +173,27 @@ __device__ __forceinline__ void loadOrZero(const act_t *p, float *v, bool zero) 
 
 /// Rounds v[0, kVec) and writes them to p (16-byte aligned) in one store.
 __device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpret_cast<uint4 *>(p) = packVec(v); }
+
+/// v = row[first, first + kCount) of a token's mHC coefficients: 16 bytes a
+/// load where n is a multiple of 4 (then K and the pre/post/res offsets are)
+/// and the row is aligned, else one float a load. The element kernels read
+/// a token's coefficients in every thread: scalar loads kept L1 busy.
+template <int kCount> __device__ __forceinline__ void loadCoefs(const float *row, int first, float (&v)[kCount]) {
+  if constexpr (kStreams % 4 == 0 && kCount % 4 == 0) {
+    if (aligned16(row)) {
+      for (int i = 0; i < kCount; i += 4) {
+        const float4 f = *reinterpret_cast<const float4 *>(row + first + i);
+        v[i] = f.x;
+        v[i + 1] = f.y;
+        v[i + 2] = f.z;
+        v[i + 3] = f.w;
+      }
+      return;
+    }
+  }
+  for (int i = 0; i < kCount; ++i)
+    v[i] = row[first + i];
+}
 
 /// A stage of kTiles * kLanes * kVec consecutive activations in registers,
 /// kVec per lane and tile: fetch() loads src[0, count) (16 bytes per lane and

@@ -26,7 +26,7 @@ struct DeviceCode;
 namespace mhcc::runtime::cuda {
 
 /// The image's kernels, by their extern "C" names; parameter lists are in
-/// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,LayerKernels}.cu.
+/// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,MhcFusedKernels,LayerKernels}.cu.
 #define MHCC_MODEL_KERNELS(X)                                                                     \
   X(RowSquares, "mhcc_row_squares")                                                               \
   X(EmbedForward, "mhcc_embed_forward")                                                           \
@@ -42,6 +42,7 @@ namespace mhcc::runtime::cuda {
   X(MhcCoeffsBackwardInput, "mhcc_mhc_coeffs_backward_input")                                     \
   X(RowScaleAdd, "mhcc_row_scale_add")                                                            \
   X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
+  X(MhcCoeffsPreForward, "mhcc_mhc_coeffs_pre_forward")                                           \
   X(MhcPreBackward, "mhcc_mhc_pre_backward")                                                      \
   X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
   X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
@@ -68,11 +69,15 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 4;
+inline constexpr int kModelKernelsAbi = 5;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 128 columns.
 inline constexpr int kInputGradColumns = 128, kInputGradTokens = 32, kInputGradThreads = 64;
+/// mhcc_mhc_coeffs_pre_forward's tiles: a block takes 16 tokens, with 16
+/// warps up to n = 4 and 8 beyond (MhcFusedKernels.cu: its shared stages).
+inline constexpr int kFusedTokens = 16;
+inline constexpr int fusedWarps(int64_t streams) { return (streams * streams + 2 * streams) / 8 <= 5 ? 16 : 8; }
 
 class ModelKernels {
 public:

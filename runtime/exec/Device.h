@@ -122,8 +122,13 @@ public:
   virtual bool download(const Buffer &buffer, float *host) = 0;
 
   // ---- compute ----------------------------------------------------------------
-  /// Forward instruction `index` of stage `stage` for microbatch `mb`; its
-  /// inputs, output and aux are allocated in `state`.
+  /// How many forward instructions from `index` on the device computes in
+  /// one forward() call (a fused kernel), at least 1. The executor allocates
+  /// all their outputs and aux first and reads none of them in between.
+  virtual size_t forwardSpan(int64_t stage, size_t index) const { return 1; }
+  /// Forward instructions `index` .. index + forwardSpan - 1 of stage
+  /// `stage` for microbatch `mb`; their inputs, outputs and aux are
+  /// allocated in `state`.
   virtual bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) = 0;
   /// Backward instruction `index` (of the stage's backward list), `part` of
   /// it; the gradients it writes are allocated, and backward adds into them.

@@ -1,5 +1,6 @@
 //===- Executor.cpp - one rank's step: the instruction list, once -----------===//
 #include "runtime/exec/Executor.h"
+#include <algorithm>
 
 namespace mhcc::runtime {
 
@@ -72,25 +73,35 @@ bool Executor::forward(int64_t s, int64_t mb) {
       activationsIn_.erase(in);
     }
   }
-  for (size_t i = 0; i < p.forward.size(); ++i) {
-    const ForwardInstr &f = p.forward[i];
-    Buffer &out = st.values[f.output];
-    const ValueInfo &v = p.values[f.output];
-    out = device_.allocate(v.rows * v.cols, dtypeOf(v.dtype), Queue::compute(), false);
-    if (f.auxSize) // raw floats the device lays out
-      st.aux[i] = device_.allocate(device_.auxCount(s, i), Dtype::F32, Queue::compute(), false);
-    if (!out || (f.auxSize && !st.aux[i]) || !device_.forward(s, mb, i, st))
-      return fail(device_.error());
-    if (f.op == Prim::CrossEntropy) {
-      // The loss scalar is read after the pipeline; the value itself dies
-      // with the stage's backward.
-      Buffer loss = device_.allocate(1, Dtype::F32, Queue::compute(), false);
-      if (!loss)
+  for (size_t i = 0; i < p.forward.size();) {
+    const size_t span = std::clamp<size_t>(device_.forwardSpan(s, i), 1, p.forward.size() - i);
+    for (size_t j = i; j < i + span; ++j) {
+      const ForwardInstr &f = p.forward[j];
+      const ValueInfo &v = p.values[f.output];
+      Buffer &out = st.values[f.output];
+      out = device_.allocate(v.rows * v.cols, dtypeOf(v.dtype), Queue::compute(), false);
+      if (f.auxSize) // raw floats the device lays out
+        st.aux[j] = device_.allocate(device_.auxCount(s, j), Dtype::F32, Queue::compute(), false);
+      if (!out || (f.auxSize && !st.aux[j]))
         return fail(device_.error());
-      device_.copy(loss, Buffer{out.data, 1, out.dtype});
-      reads_.push_back({"", mb, size_t(f.loss), loss});
     }
-    tap(p.values[f.output], out, mb);
+    if (!device_.forward(s, mb, i, st))
+      return fail(device_.error());
+    for (size_t j = i; j < i + span; ++j) {
+      const ForwardInstr &f = p.forward[j];
+      const Buffer &out = st.values[f.output];
+      if (f.op == Prim::CrossEntropy) {
+        // The loss scalar is read after the pipeline; the value itself dies
+        // with the stage's backward.
+        Buffer loss = device_.allocate(1, Dtype::F32, Queue::compute(), false);
+        if (!loss)
+          return fail(device_.error());
+        device_.copy(loss, Buffer{out.data, 1, out.dtype});
+        reads_.push_back({"", mb, size_t(f.loss), loss});
+      }
+      tap(p.values[f.output], out, mb);
+    }
+    i += span;
   }
   return error_.empty();
 }

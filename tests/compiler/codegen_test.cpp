@@ -76,7 +76,7 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
     EXPECT_NE(code->image.find(std::string(name) + '\0'), std::string::npos) << name;
   for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
                              "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
-                             "mhcc_abi_input_grad_tokens"})
+                             "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 

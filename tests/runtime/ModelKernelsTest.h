@@ -43,8 +43,9 @@ protected:
     ASSERT_TRUE(artifact) << error;
     ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
     ASSERT_EQ(artifact->deviceCode->streams, streams_);
-    if (sinkhornIterations_ != 0)
+    if (sinkhornIterations_ != 0) {
       ASSERT_EQ(artifact->deviceCode->sinkhornIterations, sinkhornIterations_);
+    }
     kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, activationBytes_, error);
     ASSERT_TRUE(kernels_) << error << (activationBytes_ == 2 ? " (the test wants a bf16 model's artifact)" : "");
   }

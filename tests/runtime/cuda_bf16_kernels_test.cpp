@@ -1,10 +1,12 @@
-// The bf16 image's fused mHC backward kernels (the artifact given on the
-// command line: n = 4, bf16): the coefficient projection's input gradient on
-// tensor cores against its definition computed on the host (the K-term sums
-// in double, then the two roundings: they may differ only where a sum lies
-// within an fp32 rounding of a bf16 tie), and the one-pass pre and post/res
-// backwards against the CPU kernels; every GPU result bit-identical when run
-// twice. Skips cleanly where no GPU is visible (ModelKernelsTest.h).
+// The bf16 image's fused mHC kernels (the artifact given on the command
+// line: n = 4, bf16): the coefficient projection's input gradient on tensor
+// cores against its definition computed on the host (the K-term sums in
+// double, then the two roundings: they may differ only where a sum lies
+// within an fp32 rounding of a bf16 tie), the one-pass pre and post/res
+// backwards against the CPU kernels, and the one-kernel forward entry
+// (projection, squares, coefficients, pre-mix) against its definition and
+// its unfused parts; every GPU result bit-identical when run twice. Skips
+// cleanly where no GPU is visible (ModelKernelsTest.h).
 #include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
@@ -80,6 +82,8 @@ protected:
     }
     return diff / std::max(ref, 1e-30);
   }
+
+  void checkFusedForward(int64_t T, int64_t C);
 
   std::mt19937 rng_{7};
 };
@@ -189,6 +193,85 @@ TEST_F(CudaBf16Kernels, OnePassPreAndPostResBackwards) {
     EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * 4), 0)
         << names[i] << " differs between two runs";
   }
+}
+
+/// mhcCoeffsPreForward at T tokens of width N C: p and the row squares
+/// against their definitions (sums in double; fp32 accumulation error only),
+/// the coefficients and u bit for bit what mhcc_mhc_coeffs_forward and
+/// mhcc_mhc_pre_forward make of that p and those squares, and close to the
+/// unfused path's (cuBLASLt's projection, mhcc_row_squares).
+void CudaBf16Kernels::checkFusedForward(int64_t T, int64_t C) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C));
+  const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
+  ASSERT_TRUE(cuda::mhcFusedForwardApplies(C, N));
+  auto x = random(T * W), wmap = random(W * K, 0.05f), bias = random(K, 0.3f);
+  auto alpha = random(3);
+  bf16 *dX = uploadBf16(x), *dWmap = uploadBf16(wmap), *dBias = uploadBf16(bias);
+  bf16 *dAlpha = uploadBf16(alpha);
+  std::vector<float> coef[2], aux[2], u[2];
+  float *dCoef = allocate<float>(T * K), *dAux = allocate<float>(auxFloats);
+  bf16 *dU = allocate<bf16>(T * C);
+  for (int run = 0; run < 2; ++run) {
+    cudaMemset(dCoef, 0xff, T * K * 4); // NaNs: every output must be written
+    cudaMemset(dAux, 0xff, auxFloats * 4);
+    cudaMemset(dU, 0xff, T * C * 2);
+    cuda::mhcCoeffsPreForward(*kernels_, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU, T, C, N, nullptr);
+    noErrors("fused forward");
+    coef[run] = downloadF32(dCoef, T * K);
+    aux[run] = downloadF32(dAux, auxFloats);
+    u[run] = downloadBf16(dU, T * C);
+  }
+  EXPECT_EQ(std::memcmp(coef[0].data(), coef[1].data(), coef[0].size() * 4), 0) << "coef differs between two runs";
+  EXPECT_EQ(std::memcmp(aux[0].data(), aux[1].data(), aux[0].size() * 4), 0) << "aux differs between two runs";
+  EXPECT_EQ(std::memcmp(u[0].data(), u[1].data(), u[0].size() * 4), 0) << "u differs between two runs";
+  const float *p = aux[0].data() + T * (K + 1), *squares = p + T * K;
+  int64_t badP = 0, badSquares = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    double square = 0;
+    for (int64_t j = 0; j < W; ++j)
+      square += double(x[t * W + j]) * x[t * W + j];
+    badSquares += !(std::abs(squares[t] - square) <= 1e-5 * square);
+    for (int64_t m = 0; m < K; ++m) {
+      double sum = 0, magnitude = 0;
+      for (int64_t j = 0; j < W; ++j) {
+        sum += double(x[t * W + j]) * wmap[j * K + m];
+        magnitude += std::abs(double(x[t * W + j]) * wmap[j * K + m]);
+      }
+      if (!(std::abs(p[t * K + m] - sum) <= 1e-5 * magnitude) && ++badP <= 10)
+        ADD_FAILURE() << "p[" << t << ", " << m << "] = " << p[t * K + m] << ", defined " << sum;
+    }
+  }
+  EXPECT_EQ(badP, 0) << "of " << T * K << " projections";
+  EXPECT_EQ(badSquares, 0) << "of " << T << " row squares";
+  // The coefficient kernel and the pre-mix on the fused p and squares.
+  float *dP = uploadF32(std::vector<float>(p, p + T * K)), *dSquares = uploadF32(std::vector<float>(squares, squares + T));
+  float *coefParts = allocate<float>(T * K), *auxParts = allocate<float>(T * (K + 1));
+  constexpr int64_t kCoeffTokensPerBlock = 4; // n = 4: 16 lanes a token, 64 threads a block
+  kernels_->launch(cuda::ModelKernel::MhcCoeffsForward, unsigned((T + 3) / kCoeffTokensPerBlock), 1, 64, nullptr,
+                        static_cast<const float *>(dSquares), static_cast<const float *>(dP),
+                        static_cast<const bf16 *>(dBias), static_cast<const bf16 *>(dAlpha), coefParts, auxParts, T, C);
+  bf16 *uParts = allocate<bf16>(T * C);
+  cuda::mhcPreForward(*kernels_, dX, static_cast<const float *>(dCoef), uParts, T, C, N, nullptr);
+  noErrors("coefficients and pre-mix on the fused p");
+  EXPECT_EQ(std::memcmp(downloadF32(coefParts, T * K).data(), coef[0].data(), T * K * 4), 0)
+      << "coef is not mhcc_mhc_coeffs_forward's of the fused p and squares";
+  EXPECT_EQ(std::memcmp(downloadF32(auxParts, T * (K + 1)).data(), aux[0].data(), T * (K + 1) * 4), 0)
+      << "h, r are not mhcc_mhc_coeffs_forward's of the fused p and squares";
+  EXPECT_EQ(std::memcmp(downloadBf16(uParts, T * C).data(), u[0].data(), T * C * 4), 0)
+      << "u is not mhcc_mhc_pre_forward's of the fused coefficients";
+  // The unfused path: the same values up to the sums' order.
+  float *coefUnfused = allocate<float>(T * K), *auxUnfused = allocate<float>(auxFloats);
+  cuda::mhcCoeffsForward(*kernels_, *gemms_, dX, dWmap, dBias, dAlpha, coefUnfused, auxUnfused, T, C, N,
+                         nullptr);
+  cuda::mhcPreForward(*kernels_, dX, static_cast<const float *>(coefUnfused), uParts, T, C, N, nullptr);
+  noErrors("unfused forward");
+  EXPECT_LT(relativeError(coef[0], downloadF32(coefUnfused, T * K)), 1e-4);
+  EXPECT_LT(relativeError(u[0], downloadBf16(uParts, T * C)), 1e-2);
+}
+
+TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
+  checkFusedForward(T, C);    // a partial token tile; warps 4..7 take no columns
+  checkFusedForward(40, 1024); // eight steps a warp
 }
 
 } // namespace
