@@ -260,8 +260,9 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
-    if constexpr (std::is_same_v<A, bf16>) {
-      // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu).
+    if (std::is_same_v<A, bf16> && n <= 8) {
+      // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
+      // its shared memory holds wmap's slice up to n = 8).
       const unsigned columnTiles = unsigned((width + kInputGradColumns - 1) / kInputGradColumns);
       const unsigned tokenTiles = unsigned((rows + kInputGradTokens - 1) / kInputGradTokens);
       k.launch(ModelKernel::MhcCoeffsBackwardInput, columnTiles, tokenTiles, kInputGradThreads, s, x, wmap, dp,
@@ -272,8 +273,15 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
     }
   }
   if (parts.weights) {
-    addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
-    addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
+    if (K <= 128) { // one launch each for both gate gradients' partials and sums (the same bits)
+      k.launch(ModelKernel::MhcGateGradPartials, unsigned(columnChunks(rows)), 1, kThreads, s, dh, p, aux, rows,
+               partial);
+      addColumnPartialsKernel<<<blocks(K + 3), kThreads, 0, s>>>(partial, columnChunks(rows), K + 3, dBias, K,
+                                                                 dAlpha);
+    } else {
+      addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
+      addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
+    }
     matmulTransAAcc(g, x, dp, dWmap, rows, width, K);
   }
 }
@@ -412,7 +420,7 @@ void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t 
 
 int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 2 * rows * (n * n + 2 * n); }
-int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) { return rows + columnChunks(rows) * (n * n + 2 * n); }
+int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) { return rows + columnChunks(rows) * (n * n + 2 * n + 3); }
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
 int64_t swigluAuxFloats(int64_t rows, int64_t F, int actBytes) { return (3 * rows * F * actBytes + 3) / 4; }
 int64_t swigluBackwardStash(int64_t rows, int64_t F) { return 2 * rows * F; }

@@ -29,14 +29,20 @@ template <typename T> constexpr Dtype dtypeFor() { return std::is_same_v<T, floa
 /// the shapes alone.
 inline int64_t columnChunks(int64_t rows) { return (rows + kColumnChunkRows - 1) / kColumnChunkRows; }
 
-__global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, int64_t cols, float *dst) {
+/// dst[c] += the chunks' partials of column c, in chunk order; with `dst2`,
+/// columns from `split` on go to dst2[c - split] (two gradients in one launch).
+__global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, int64_t cols, float *dst,
+                                        int64_t split = INT64_MAX, float *dst2 = nullptr) {
   int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols)
     return;
   float acc = 0;
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     acc += partial[chunk * cols + c];
-  dst[c] += acc;
+  if (c < split)
+    dst[c] += acc;
+  else
+    dst2[c - split] += acc;
 }
 
 /// dst[c] += sum over t of the summands `partials` produces (a model kernel

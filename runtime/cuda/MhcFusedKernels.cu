@@ -39,18 +39,20 @@
 // the spare slot every four rows puts ldmatrix's 8 rows (p = 8 q' + b + o) in 8
 // different bank groups at n = 4.
 
-constexpr bool kFusedSupported = sizeof(act_t) == 2 && kCoefficients % 8 == 0;
 constexpr int kFusedTokens = 16;
 constexpr int kFusedTiles = kCoefficients / 8 > 0 ? kCoefficients / 8 : 1; // mma n-tiles: 8 coefficients each
+// Up to n = 8 (10 n-tiles): beyond, the stages outgrow 48 KB and the host
+// keeps the separate kernels (mhcFusedForwardApplies).
+constexpr bool kFusedSupported = sizeof(act_t) == 2 && kCoefficients % 8 == 0 && kFusedTiles <= 10;
 // One block an SM at 1b's 2048 tokens a microbatch: as many warps as the
 // registers (at most 128 a thread) and 48 KB of stages allow, for latency.
 constexpr int kFusedWarps = kFusedTiles <= 5 ? 16 : 8;
 constexpr int kFusedRows = 32;                                              // wmap rows a warp stages a step
 constexpr int kFusedVectors = kFusedRows / 32;                              // 16-byte x loads a token, lane, step
 constexpr int kFusedStageLoads = kFusedRows * kFusedTiles / 32;             // 16-byte wmap loads a lane, step
-constexpr int kFusedStageSlots = kFusedRows * kFusedTiles + kFusedRows / 4;
+constexpr int kFusedStageSlots = kFusedSupported ? kFusedRows * kFusedTiles + kFusedRows / 4 : 1;
 constexpr int kFusedStageBytes = kFusedWarps * kFusedStageSlots * 16;
-constexpr int kFusedPartialBytes = kFusedWarps * kFusedTokens * kCoefficients * 4;
+constexpr int kFusedPartialBytes = kFusedSupported ? kFusedWarps * kFusedTokens * kCoefficients * 4 : 16;
 constexpr int kFusedSharedBytes = kFusedStageBytes > kFusedPartialBytes ? kFusedStageBytes : kFusedPartialBytes;
 extern "C" __device__ const int mhcc_abi_fused_tokens = kFusedTokens;
 extern "C" __device__ const int mhcc_abi_fused_warps = kFusedWarps;

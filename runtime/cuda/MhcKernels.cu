@@ -428,6 +428,37 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
   }
 }
 
+/// Both gate parameters' partials of one chunk in one launch (what
+/// mhcc_mhc_bias_grad_partials and mhcc_mhc_alpha_grad_partials compute, in
+/// the same orders): partial[chunk] = K bias columns, then the 3 alpha ones.
+/// One block per chunk (blockIdx.x). Only where the chunk's dh fits in shared
+/// memory (kChunkRows K <= 8192, n <= 10; mhcCoeffsBackward checks it).
+extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const float *p, const float *aux,
+                                                       int64_t rows, float *partial) {
+  if constexpr (kChunkRows * kCoefficients <= 8192) {
+    constexpr int K = kCoefficients;
+    __shared__ float chunkDh[kChunkRows * K];
+    __shared__ float summand[3][kChunkRows];
+    const int64_t chunk = blockIdx.x, first = chunk * kChunkRows;
+    const int64_t n = min(rows, first + kChunkRows) - first;
+    for (int64_t e = threadIdx.x; e < n * K; e += blockDim.x)
+      chunkDh[e] = dh[first * K + e];
+    const MhcAlphaGrad value{dh, p, aux};
+    for (int e = threadIdx.x; e < 3 * kChunkRows; e += blockDim.x) {
+      const int group = e / int(kChunkRows), r = e % int(kChunkRows);
+      if (r < n)
+        summand[group][r] = value(first + r, group);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < K + 3; k += blockDim.x) {
+      float acc = 0;
+      for (int64_t r = 0; r < n; ++r)
+        acc += k < K ? chunkDh[r * K + k] : summand[k - K][r];
+      partial[chunk * (K + 3) + k] = acc;
+    }
+  }
+}
+
 // ---- the projection's input gradient on tensor cores (bf16 images) ------------------
 // dx[t, j] = bf16(bf16(dx + sum_m dp[t, m] wmap[j, m]) + rScale[t] x[t, j]):
 // the product into dx followed by mhcc_row_scale_add, with the same two
@@ -439,7 +470,10 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
 // kInputGradWarps warps along the tokens; grid (ceil(width / 128), ceil(rows / 32)).
 // A warp's products go through shared memory so that the pass over x and dx
 // moves 16 contiguous bytes a lane (mma's fragments hold 2 columns a row).
-constexpr int kInputGradWarps = 2, kInputGradColumns = 128; // shared memory fits up to n = 8
+constexpr int kInputGradWarps = 2, kInputGradColumns = 128;
+// Shared memory fits up to n = 8 (K = 80); beyond, the host keeps cuBLAS and
+// mhcc_row_scale_add (mhcCoeffsBackward checks n <= 8).
+constexpr bool kInputGradSupported = sizeof(act_t) == 2 && kCoefficients <= 80;
 constexpr int kInputGradPitch = kInputGradColumns + 8; // floats a staged row (+8: fewer bank conflicts)
 constexpr int kInputGradKSteps = (kCoefficients + 15) / 16;
 extern "C" __device__ const int mhcc_abi_input_grad_columns = kInputGradColumns;
@@ -469,11 +503,11 @@ __device__ __forceinline__ float inputGradElement(float dx, float product, float
 extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
     mhcc_mhc_coeffs_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale, act_t *dx,
                                    int64_t rows, int64_t width) {
-  if constexpr (sizeof(act_t) == 2) {
+  if constexpr (kInputGradSupported) {
     constexpr int K = kCoefficients;
     __shared__ float products[kInputGradWarps][16][kInputGradPitch];
     // The block's kInputGradColumns rows of wmap (contiguous), zero past width: B's source.
-    __shared__ __align__(16) act_t slice[sizeof(act_t) == 2 ? kInputGradColumns * K : 1];
+    __shared__ __align__(16) act_t slice[kInputGradSupported ? kInputGradColumns * K : 1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pairCol = 2 * (lane % 4);
     const int64_t t0 = (int64_t(blockIdx.y) * kInputGradWarps + warp) * 16;
     const int64_t j0 = int64_t(blockIdx.x) * kInputGradColumns;

@@ -39,6 +39,7 @@ namespace mhcc::runtime::cuda {
   X(MhcCoeffsBackward, "mhcc_mhc_coeffs_backward")                                                \
   X(MhcBiasGradPartials, "mhcc_mhc_bias_grad_partials")                                           \
   X(MhcAlphaGradPartials, "mhcc_mhc_alpha_grad_partials")                                         \
+  X(MhcGateGradPartials, "mhcc_mhc_gate_grad_partials")                                           \
   X(MhcCoeffsBackwardInput, "mhcc_mhc_coeffs_backward_input")                                     \
   X(RowScaleAdd, "mhcc_row_scale_add")                                                            \
   X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
@@ -69,7 +70,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 5;
+inline constexpr int kModelKernelsAbi = 6;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 128 columns.

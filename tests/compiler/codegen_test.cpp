@@ -80,6 +80,21 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 
+// Every stream count compiles in both storage types: kernels whose shared
+// memory is sized by n (the fused mHC entry, the tensor-core input gradient)
+// compile to nothing past the n they support, and the host takes another path.
+TEST_F(WithNvcc, CompilesForStreamCountsBeyondTheFusedKernels) {
+  for (const char *dtype : {"bf16", "f32"})
+    for (int64_t streams : {3, 12}) {
+      runtime::ModelInfo m = model(streams, 4);
+      m.dtype = dtype;
+      std::string error;
+      std::optional<runtime::DeviceCode> code =
+          compileModelKernels(m, emitModelKernels(m, "0x1"), nvcc, kCudaArch, error);
+      EXPECT_TRUE(code) << dtype << ", n = " << streams << ": " << error;
+    }
+}
+
 TEST_F(WithNvcc, NvccErrorsComeBackAsOneLineWithTheSourceKept) {
   std::string error;
   std::optional<runtime::DeviceCode> code =
