@@ -467,10 +467,13 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
 // fixed by the instruction, so deterministic; fp32 models keep cuBLAS and
 // mhcc_row_scale_add, and their bits.
 // Tiles: a warp takes 16 tokens x kInputGradColumns columns, a block
-// kInputGradWarps warps along the tokens; grid (ceil(width / 128), ceil(rows / 32)).
+// kInputGradWarps warps along the tokens; grid (ceil(width / 64), ceil(rows / 32)).
+// 64 columns (not 128) keep a lane's x and dx vectors in 32 registers: 80 a
+// thread instead of 122, 24 warps an SM instead of 16 (the sums do not depend
+// on the column tiling).
 // A warp's products go through shared memory so that the pass over x and dx
 // moves 16 contiguous bytes a lane (mma's fragments hold 2 columns a row).
-constexpr int kInputGradWarps = 2, kInputGradColumns = 128;
+constexpr int kInputGradWarps = 2, kInputGradColumns = 64;
 // Shared memory fits up to n = 8 (K = 80); beyond, the host keeps cuBLAS and
 // mhcc_row_scale_add (mhcCoeffsBackward checks n <= 8).
 constexpr bool kInputGradSupported = sizeof(act_t) == 2 && kCoefficients <= 80;

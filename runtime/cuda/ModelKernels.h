@@ -73,8 +73,8 @@ enum class ModelKernel : int {
 inline constexpr int kModelKernelsAbi = 6;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
-/// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 128 columns.
-inline constexpr int kInputGradColumns = 128, kInputGradTokens = 32, kInputGradThreads = 64;
+/// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
+inline constexpr int kInputGradColumns = 64, kInputGradTokens = 32, kInputGradThreads = 64;
 /// mhcc_mhc_coeffs_pre_forward's tiles: a block takes 16 tokens, with 16
 /// warps up to n = 4 and 8 beyond (MhcFusedKernels.cu: its shared stages).
 inline constexpr int kFusedTokens = 16;

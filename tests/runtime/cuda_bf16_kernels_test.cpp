@@ -27,7 +27,7 @@ namespace {
 namespace k = kernels;
 using cuda::bf16;
 
-// 100 tokens: a partial warp tile; C = 64 at n = 4: two column tiles.
+// 100 tokens: a partial warp tile; C = 64 at n = 4: four column tiles.
 constexpr int64_t T = 100, C = 64, N = 4, W = N * C, K = N * N + 2 * N;
 
 class CudaBf16Kernels : public ModelKernelsTest {
