@@ -402,6 +402,19 @@ extern "C" __global__ void mhcc_mhc_bias_grad_partials(const float *dh, int64_t 
   }
 }
 
+/// summand[g][r] = row r's summand of alpha column g (MhcAlphaGrad: a sum
+/// over the group's coefficients in order) for the n rows of a chunk from
+/// `first`, one (g, r) a thread of the block.
+__device__ void stageAlphaSummands(float (&summand)[3][kChunkRows], const float *dh, const float *p, const float *aux,
+                                   int64_t first, int64_t n) {
+  const MhcAlphaGrad value{dh, p, aux};
+  for (int e = threadIdx.x; e < 3 * kChunkRows; e += blockDim.x) {
+    const int group = e / int(kChunkRows), r = e % int(kChunkRows);
+    if (r < n)
+      summand[group][r] = value(first + r, group);
+  }
+}
+
 /// partial: columnChunks(rows) x 3. One block per chunk (blockIdx.y;
 /// blockIdx.x > 0 has nothing to do): thread (g, r) computes row r's summand
 /// of column g (MhcAlphaGrad: a sum over the group's coefficients in order)
@@ -413,12 +426,7 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
     return; // the whole block
   const int64_t chunk = blockIdx.y, first = chunk * kChunkRows;
   const int64_t n = min(rows, first + kChunkRows) - first;
-  const MhcAlphaGrad value{dh, p, aux};
-  for (int e = threadIdx.x; e < 3 * kChunkRows; e += blockDim.x) {
-    const int group = e / int(kChunkRows), r = e % int(kChunkRows);
-    if (r < n)
-      summand[group][r] = value(first + r, group);
-  }
+  stageAlphaSummands(summand, dh, p, aux, first, n);
   __syncthreads();
   if (threadIdx.x < 3) {
     float acc = 0;
@@ -443,12 +451,7 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
     const int64_t n = min(rows, first + kChunkRows) - first;
     for (int64_t e = threadIdx.x; e < n * K; e += blockDim.x)
       chunkDh[e] = dh[first * K + e];
-    const MhcAlphaGrad value{dh, p, aux};
-    for (int e = threadIdx.x; e < 3 * kChunkRows; e += blockDim.x) {
-      const int group = e / int(kChunkRows), r = e % int(kChunkRows);
-      if (r < n)
-        summand[group][r] = value(first + r, group);
-    }
+    stageAlphaSummands(summand, dh, p, aux, first, n);
     __syncthreads();
     for (int k = threadIdx.x; k < K + 3; k += blockDim.x) {
       float acc = 0;
