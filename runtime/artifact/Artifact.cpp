@@ -336,10 +336,12 @@ json toJson(const Artifact &a) {
   json prediction = nullptr;
   if (a.prediction)
     prediction = write(*a.prediction, MHCC_FIELDS(predictionFields));
+  json pipeline = write(a, MHCC_FIELDS(pipelineFields));
+  pipeline["dp"] = a.dp; // the data-parallel replicas of the pipeline
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
-          {"pipeline", write(a, MHCC_FIELDS(pipelineFields))},
+          {"pipeline", pipeline},
           {"params", writeList(a.params, MHCC_FIELDS(paramFields))},
           {"stages", stages},
           {"ranks", ranks},
@@ -349,6 +351,7 @@ json toJson(const Artifact &a) {
 
 Artifact artifactFromJson(const json &j) {
   Artifact a = read<Artifact>(j.at("pipeline"), MHCC_FIELDS(pipelineFields));
+  a.dp = j.at("pipeline").value("dp", int64_t(1)); // absent before data parallelism: one replica
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);

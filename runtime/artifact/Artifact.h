@@ -29,6 +29,8 @@ inline constexpr uint32_t kArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";
+/// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
+inline constexpr int64_t kMaxDataParallel = 4096, kMaxWorldSize = 65536;
 
 struct ParamInfo {
   std::string name;
@@ -58,10 +60,15 @@ struct Prediction {
   std::string profile;       // the rates' description
 };
 
+/// The rank mesh (docs/parallelism.md): dp replicas of a pp-rank pipeline,
+/// world = pp x dp. Ranks are ordered data-parallel fastest, as Megatron
+/// orders them (tensor- and context-parallel ranks, when they exist, come
+/// faster still): global rank = pipeline rank x dp + replica.
 struct Artifact {
   ModelInfo model;
   std::string modelHash; // of the model graph the artifact was compiled from
-  int64_t pp = 1, vpp = 1, microbatches = 1, groupSize = 0;
+  /// microbatches: per replica and step (the global batch is dp x that).
+  int64_t pp = 1, vpp = 1, dp = 1, microbatches = 1, groupSize = 0;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
@@ -73,6 +80,13 @@ struct Artifact {
   std::optional<Prediction> prediction;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
+  int64_t worldSize() const { return pp * dp; }
+  int64_t globalRank(int64_t pipelineRank, int64_t replica) const { return pipelineRank * dp + replica; }
+  int64_t pipelineRankOf(int64_t global) const { return global / dp; }
+  int64_t replicaOf(int64_t global) const { return global % dp; }
+  /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
+  /// sampler: each group of dp consecutive microbatches goes one to a replica).
+  int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }
 };
 
 /// Writes atomically (a temporary file renamed into place).

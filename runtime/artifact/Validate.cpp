@@ -28,6 +28,10 @@ public:
       return "bad model sizes";
     if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
       return "bad pipeline sizes";
+    if (a_.dp < 1 || a_.dp > kMaxDataParallel || a_.pp * a_.dp > kMaxWorldSize)
+      return "bad rank mesh (dp = " + std::to_string(a_.dp) + " replicas of pp = " + std::to_string(a_.pp) +
+             " ranks; at most " + std::to_string(kMaxDataParallel) + " replicas and " +
+             std::to_string(kMaxWorldSize) + " ranks)";
     if (m.dtype != "f32" && m.dtype != "bf16")
       return "unknown model dtype '" + m.dtype + "' (f32 or bf16)";
     for (const StageProgram &p : a_.stages)

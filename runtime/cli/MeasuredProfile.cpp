@@ -126,7 +126,7 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
     }
 
   std::map<Prim, double> forwardMs, backwardMs;
-  primitiveMs(profileMs, double(iterations) * a.microbatches, forwardMs, backwardMs);
+  primitiveMs(profileMs, double(iterations) * a.microbatches * a.dp, forwardMs, backwardMs); // every replica's
   nlohmann::ordered_json unitMs = nlohmann::ordered_json::object();
   for (int u = 0; u < kUnits; ++u) {
     if (units[u] == 0)

@@ -130,6 +130,11 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   }
   if (backend != "auto")
     return backend;
+  if (a.dp > 1) {
+    std::cerr << "mhcrun: data parallelism (dp = " << a.dp << ") runs on the CPU backend in this release: "
+              << "using it\n";
+    return "cpu";
+  }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
   if (backend == "cpu" && !gpus.gpus.empty())
     std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.pp
@@ -298,9 +303,9 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     if (!metrics)
       return fail("cannot write the metrics file " + f.metricsPath);
   }
-  const int64_t samplesPerStep = a.microbatches * a.model.microBatch;
+  const int64_t samplesPerStep = a.microbatches * a.dp * a.model.microBatch; // the global batch
   const double flopsPerToken = a.model.trainingFlopsPerToken;
-  const double totalPeak = f.peakTflops * a.pp; // MFU over every device the run uses
+  const double totalPeak = f.peakTflops * a.worldSize(); // MFU over every device the run uses
   const bool bar = speaker && !f.noProgress && isatty(STDERR_FILENO);
   std::optional<double> first, last;
   std::map<std::string, double> profileMs; // over the iterations after the first (warm-up)
@@ -361,7 +366,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     return fail(rankPrefix + error);
   if (!f.tracePath.empty()) {
     std::ofstream out(f.tracePath, std::ios::trunc);
-    out << chromeTrace(trace, a.pp, "measured by mhcrun");
+    out << chromeTrace(trace, a.worldSize(), "measured by mhcrun");
     if (!out.flush())
       return fail("--trace: cannot write " + f.tracePath);
   }
@@ -407,6 +412,10 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
+  if (artifact->dp > 1 && (backend != "cpu" || placement || f.processes > 0))
+    return fail(rankPrefix + "the artifact has dp = " + std::to_string(artifact->dp) +
+                " data-parallel replicas, which run on the CPU backend with every rank in this process for now "
+                "(--backend cpu, without --processes, mpirun or srun); recompile with --dp 1 for GPUs or processes");
   if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
                              "the host clock sees only when work is issued); use --profile there for device time");
@@ -448,9 +457,11 @@ int runMhcrun(int argc, char **argv) {
   const Artifact &a = *artifact;
   if (speaker)
     std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend
-              << ", pp = " << a.pp << ", vpp = " << a.vpp << ", layout " << a.layout << ", schedule "
+              << ", pp = " << a.pp << ", vpp = " << a.vpp << (a.dp > 1 ? ", dp = " + std::to_string(a.dp) : "")
+              << ", layout " << a.layout << ", schedule "
               << a.scheduleKind << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", "
-              << a.microbatches << " microbatches of " << a.model.tokens() << " tokens, data " << data->source()
+              << a.microbatches << " microbatches of " << a.model.tokens() << " tokens"
+              << (a.dp > 1 ? " per replica" : "") << ", data " << data->source()
               << " (" << data->size() << " tokens)" << std::endl;
   std::unique_ptr<Bootstrap> bootstrap;
   DeviceFactory devices;

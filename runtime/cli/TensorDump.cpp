@@ -16,7 +16,8 @@ void addRunMetadata(SafetensorsWriter &w, const Artifact &a, const TrainOptions 
     return std::string(b);
   };
   w.setMetadata("model", a.model.name);
-  w.setMetadata("microbatches", std::to_string(a.microbatches));
+  // The global batch: with dp replicas, microbatch k is replica k % dp's k / dp-th.
+  w.setMetadata("microbatches", std::to_string(a.microbatches * a.dp));
   w.setMetadata("steps", std::to_string(steps));
   w.setMetadata("optimizer", o.optimizer);
   w.setMetadata("lr", number(o.lr));
@@ -51,7 +52,7 @@ bool dumpTensors(const std::string &dir, Trainer &trainer, const TokenDataset &d
     // The trainer samples step s (0-based) microbatch mb exactly like this.
     std::vector<int32_t> tokens(m.tokens()), labels(m.tokens());
     for (int64_t s = 0; s < steps; ++s)
-      for (int64_t mb = 0; mb < a.microbatches; ++mb) {
+      for (int64_t mb = 0; mb < a.microbatches * a.dp; ++mb) {
         data.sample(options.dataSeed, s, mb, m.seqLen, m.microBatch, tokens.data(), labels.data());
         const std::string key = ".step" + std::to_string(s + 1) + ".mb" + std::to_string(mb);
         w.addI32("tokens" + key, {m.microBatch, m.seqLen}, tokens.data());

@@ -32,20 +32,23 @@ struct Channel {
   std::deque<Message> queue;
 };
 
-/// What the CPU ranks share.
+/// What the CPU ranks share: every rank of the mesh (pp x dp, by global rank).
 struct CpuWorld {
   const Artifact &a;
   const TrainOptions &options;
   std::atomic<bool> &failed;
   HostParameters params; // one copy, read by every rank; the update runs once
-  std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to)
+  /// Replicas 1.. dp-1's gradients, [replica - 1][stage][slot] (replica 0's
+  /// are params.slotGrads): each replica sums its own microbatches.
+  std::vector<std::vector<std::vector<std::vector<float>>>> replicaGrads;
+  std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to) within a replica
 
   // The optimizer barrier: the last rank to arrive runs the update.
   std::mutex mutex;
   std::condition_variable done;
   int64_t arrived = 0;
   uint64_t generation = 0;
-  std::vector<std::vector<double>> losses; // the last stage's, [mb][loss]
+  std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [replica][mb][loss]
   std::vector<int64_t> peakBytes;          // by rank
   StepResult result;
 
@@ -55,13 +58,14 @@ struct CpuWorld {
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
       : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
-        peakBytes(artifact.pp, 0), lastProgress(new std::atomic<int64_t>[artifact.pp]),
-        waitingOn(new std::atomic<int64_t>[artifact.pp]) {
-    for (int64_t from = 0; from < a.pp; ++from)
-      for (int64_t to = 0; to < a.pp; ++to)
-        if (from != to)
+        replicaGrads(artifact.dp - 1, params.slotGrads), losses(artifact.dp), peakBytes(artifact.worldSize(), 0),
+        lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
+        waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
+    for (int64_t from = 0; from < a.worldSize(); ++from)
+      for (int64_t to = 0; to < a.worldSize(); ++to)
+        if (from != to && a.replicaOf(from) == a.replicaOf(to))
           channels[{from, to}];
-    for (int64_t r = 0; r < a.pp; ++r) {
+    for (int64_t r = 0; r < a.worldSize(); ++r) {
       lastProgress[r] = Clock::now().time_since_epoch().count();
       waitingOn[r] = -1;
     }
@@ -71,7 +75,7 @@ struct CpuWorld {
   /// waits on nobody (or on `self`, or a cycle: then `peer`).
   int64_t stuckRank(int64_t peer, int64_t self) const {
     int64_t rank = peer;
-    for (int64_t hops = 0; hops < a.pp; ++hops) {
+    for (int64_t hops = 0; hops < a.worldSize(); ++hops) {
       const int64_t next = waitingOn[rank];
       if (next < 0 || next == self || next == rank)
         return rank;
@@ -80,20 +84,44 @@ struct CpuWorld {
     return peer;
   }
 
+  /// The slot gradients of `replica` ([stage][slot]).
+  std::vector<std::vector<std::vector<float>>> &gradsOf(int64_t replica) {
+    return replica == 0 ? params.slotGrads : replicaGrads[replica - 1];
+  }
+
+  /// The data-parallel all-reduce, on the host: replica 0's gradients become
+  /// the sum over the replicas, added in replica order (((g0 + g1) + g2) ...),
+  /// so the bits depend on dp alone, never on the pipeline layout.
+  void sumReplicas() {
+    for (size_t s = 0; s < params.slotGrads.size(); ++s)
+      for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
+        std::vector<float> &sum = params.slotGrads[s][k];
+        for (const auto &replica : replicaGrads)
+          for (size_t e = 0; e < sum.size(); ++e)
+            sum[e] = sum[e] + replica[s][k][e];
+      }
+  }
+
   /// Every rank calls this once per step; the last one reduces the
   /// gradients and updates the weights for all. False when a rank failed.
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
                     int64_t peak, StepResult &out) {
     std::unique_lock<std::mutex> lock(mutex);
-    if (a.rankOf(int64_t(a.stages.size()) - 1) == rank)
-      losses = rankLosses;
+    if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank))
+      losses[a.replicaOf(rank)] = rankLosses;
     peakBytes[rank] = peak;
     const uint64_t mine = generation;
-    if (++arrived == a.pp) {
+    if (++arrived == a.worldSize()) {
       arrived = 0;
       result = StepResult();
       result.step = step;
-      params.update(a, options, losses, result);
+      sumReplicas();
+      // The losses in the global batch's order (Artifact::globalMicrobatch).
+      std::vector<std::vector<double>> global(a.microbatches * a.dp);
+      for (int64_t d = 0; d < a.dp; ++d)
+        for (int64_t mb = 0; mb < a.microbatches; ++mb)
+          global[a.globalMicrobatch(mb, d)] = losses[d][mb];
+      params.update(a, options, global, result);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -121,8 +149,8 @@ public:
   bool beginStep(const StepInputs &inputs) override {
     progressed();
     beginInputs(inputs);
-    for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : world_->params.slotGrads[s])
+    for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
+      for (std::vector<float> &g : world_->gradsOf(replica_)[s])
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
   }
@@ -136,7 +164,7 @@ public:
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Send) {
         const Instr &i = *t.instr;
-        Channel &channel = world_->channels[{rank_, i.peer}];
+        Channel &channel = world_->channels[{rank_, a_.globalRank(i.peer, replica_)}];
         {
           std::lock_guard<std::mutex> lock(channel.mutex);
           channel.queue.push_back({i.payload, i.srcStage, i.dstStage, i.mb,
@@ -181,7 +209,7 @@ public:
 
 private:
   float *weight(int param) override { return world_->params.weight(param); }
-  float *slotGrad(int64_t stage, int slot) override { return world_->params.slotGrads[stage][slot].data(); }
+  float *slotGrad(int64_t stage, int slot) override { return world_->gradsOf(replica_)[stage][slot].data(); }
 
   void progressed() { world_->lastProgress[rank_] = Clock::now().time_since_epoch().count(); }
 
@@ -190,25 +218,26 @@ private:
   /// rank that progresses is waited for, however long).
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
-    Channel &channel = world_->channels[{i.peer, rank_}];
+    const int64_t peer = a_.globalRank(i.peer, replica_);
+    Channel &channel = world_->channels[{peer, rank_}];
     std::unique_lock<std::mutex> lock(channel.mutex);
     const double timeout = world_->options.recvTimeoutSeconds;
     const std::chrono::duration<double> limit(timeout);
     const auto start = Clock::now();
-    world_->waitingOn[rank_] = i.peer;
+    world_->waitingOn[rank_] = peer;
     while (channel.queue.empty()) {
       const auto now = Clock::now();
       std::string problem;
       if (world_->failed)
-        problem = "stopped while waiting for rank " + std::to_string(i.peer) + ": another rank failed";
+        problem = "stopped while waiting for rank " + std::to_string(peer) + ": another rank failed";
       if (problem.empty() && now - start > limit) {
-        const int64_t stuck = world_->stuckRank(i.peer, rank_);
+        const int64_t stuck = world_->stuckRank(peer, rank_);
         const Clock::time_point last{Clock::duration(world_->lastProgress[stuck].load())};
         if (now - last > limit) {
           char text[32];
           std::snprintf(text, sizeof text, "%g", timeout);
           problem = "rank " + std::to_string(stuck) + " is stuck: it made no progress for " + text + " s" +
-                    (stuck == i.peer ? "" : ", and rank " + std::to_string(i.peer) + " waits on it") +
+                    (stuck == peer ? "" : ", and rank " + std::to_string(peer) + " waits on it") +
                     " (--recv-timeout sets the limit)";
         }
       }
@@ -243,7 +272,7 @@ DeviceFactory cpuDevices() {
   return [](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &failed, std::string &) {
     auto world = std::make_shared<CpuWorld>(artifact, options, failed);
     std::vector<std::unique_ptr<Device>> devices;
-    for (int64_t r = 0; r < artifact.pp; ++r)
+    for (int64_t r = 0; r < artifact.worldSize(); ++r)
       devices.push_back(std::make_unique<CpuDevice>(world, r));
     return devices;
   };

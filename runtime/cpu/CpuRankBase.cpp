@@ -116,7 +116,7 @@ bool CpuRankBase::download(const Buffer &buffer, float *host) {
 StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
   const StageProgram &p = a_.stages[s];
   StageContext<float> c{p, a_.model};
-  c.microbatches = a_.microbatches;
+  c.microbatches = a_.microbatches * a_.dp; // the global batch's: every replica's microbatches
   c.tokens = inputs_->tokens[mb].data();
   c.labels = inputs_->labels[mb].data();
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };

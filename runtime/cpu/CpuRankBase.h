@@ -57,9 +57,13 @@ struct HostParameters {
 
 class CpuRankBase : public Device {
 public:
-  CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank) : a_(a), options_(options), rank_(rank) {}
+  /// `rank`: the global rank (Artifact.h's mesh).
+  CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank)
+      : a_(a), options_(options), rank_(rank), pipelineRank_(a.pipelineRankOf(rank)), replica_(a.replicaOf(rank)) {}
 
   int64_t rank() const override { return rank_; }
+  int64_t pipelineRank() const override { return pipelineRank_; }
+  int64_t replica() const override { return replica_; }
   const std::string &error() const override { return error_; }
 
   Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override;
@@ -85,7 +89,7 @@ protected:
 
   const Artifact &a_;
   const TrainOptions &options_;
-  const int64_t rank_;
+  const int64_t rank_, pipelineRank_, replica_;
   std::string error_;
   int64_t live_ = 0, peak_ = 0;
 

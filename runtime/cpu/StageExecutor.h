@@ -23,7 +23,7 @@ namespace mhcc::runtime {
 template <typename T> struct StageContext {
   const StageProgram &program;
   const ModelInfo &model;
-  int64_t microbatches = 1;               // losses are averaged over them
+  int64_t microbatches = 1;               // losses are averaged over them (the global batch's)
   const int32_t *tokens = nullptr, *labels = nullptr;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into

@@ -241,7 +241,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     concatProjBackward(g, in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T, C, C, parts);
     break;
   case Prim::CrossEntropy: {
-    float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches));
+    float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
     crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream);
     break;
   }

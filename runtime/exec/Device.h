@@ -87,12 +87,19 @@ class Device {
 public:
   virtual ~Device() = default;
 
+  /// This device's rank in the world (Artifact.h: pipeline rank x dp +
+  /// replica), as messages name it.
   virtual int64_t rank() const = 0;
+  /// Its pipeline rank, whose instruction list it runs (SEND / RECV peers
+  /// are pipeline ranks of the same replica), and its data-parallel replica.
+  virtual int64_t pipelineRank() const { return rank(); }
+  virtual int64_t replica() const { return 0; }
   /// The first error, one line; empty while all is well.
   virtual const std::string &error() const = 0;
 
   // ---- a step -----------------------------------------------------------------
-  /// Token ids of every microbatch (all ranks get all), gradients zeroed.
+  /// Token ids of every microbatch of this device's replica (all its ranks
+  /// get all), gradients zeroed.
   virtual bool beginStep(const StepInputs &inputs) = 0;
   /// Waits for every queue (with the receive deadline; a failed peer ends
   /// the wait at once) after the executor issued the whole list.

@@ -5,11 +5,12 @@
 namespace mhcc::runtime {
 
 Executor::Executor(const Artifact &artifact, const TrainOptions &options, Device &device)
-    : artifact_(artifact), options_(options), device_(device), rank_(device.rank()) {}
+    : artifact_(artifact), options_(options), device_(device), rank_(device.pipelineRank()),
+      globalRank_(device.rank()), replica_(device.replica()) {}
 
 bool Executor::fail(const std::string &message) {
   if (error_.empty())
-    error_ = "rank " + std::to_string(rank_) + " " + where_ + ": " + message;
+    error_ = "rank " + std::to_string(globalRank_) + " " + where_ + ": " + message;
   return false;
 }
 
@@ -24,7 +25,9 @@ void Executor::tap(const ValueInfo &info, const Buffer &buffer, int64_t mb) {
     return;
   }
   device_.copy(copy, buffer);
-  reads_.push_back({info.tap + "@mb" + std::to_string(mb), mb, 0, copy});
+  // Named by the microbatch's place in the global batch, so that taps of
+  // every replica (and of a run with another dp) line up.
+  reads_.push_back({info.tap + "@mb" + std::to_string(artifact_.globalMicrobatch(mb, replica_)), mb, 0, copy});
 }
 
 void Executor::tapGradients(const StageProgram &p, const StageState &st, int64_t mb) {
@@ -290,7 +293,7 @@ bool Executor::runPipeline() {
       // A communication group's instructions share the group's interval.
       const double start = sinceEpoch(started), end = sinceEpoch(Clock::now());
       for (size_t k = first; k <= index; ++k)
-        trace_.push_back({rank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
+        trace_.push_back({globalRank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
     }
   }
   where_ = "end of step";

@@ -58,7 +58,9 @@ private:
   const Artifact &artifact_;
   const TrainOptions &options_;
   Device &device_;
-  const int64_t rank_;
+  const int64_t rank_;       // the pipeline rank: whose list, which stages
+  const int64_t globalRank_; // as messages and traces name it
+  const int64_t replica_;    // data-parallel replica: microbatch mb is mb x dp + replica of the global batch
   std::string where_, error_;
 
   // Per step.

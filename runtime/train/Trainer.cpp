@@ -46,7 +46,7 @@ std::string Trainer::firstError() const {
   return fallback.empty() ? "unknown failure" : fallback;
 }
 
-bool Trainer::runRanks(const StepInputs &inputs, int64_t stepNumber, std::vector<StepResult> &results,
+bool Trainer::runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
                        std::vector<double> &pipelineMs) {
   const auto start = Clock::now();
   auto body = [&](size_t k) {
@@ -54,7 +54,7 @@ bool Trainer::runRanks(const StepInputs &inputs, int64_t stepNumber, std::vector
     Executor &executor = *executors_[k];
     const std::string rank = "rank " + std::to_string(device.rank());
     bool ok = false;
-    if (!device.beginStep(inputs))
+    if (!device.beginStep(inputs[device.replica()]))
       errors_[k] = rank + " start of step: " + device.error();
     else if (!executor.runPipeline())
       errors_[k] = executor.error();
@@ -86,12 +86,15 @@ std::optional<StepResult> Trainer::step(std::string &error) {
   }
   const ModelInfo &m = artifact_.model;
   const auto start = Clock::now();
-  StepInputs inputs;
-  inputs.tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-  inputs.labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-  for (int64_t mb = 0; mb < artifact_.microbatches; ++mb)
-    data_.sample(options_.dataSeed, stepsDone_, mb, m.seqLen, m.microBatch, inputs.tokens[mb].data(),
-                 inputs.labels[mb].data());
+  // Each replica's share of the global batch (Artifact::globalMicrobatch).
+  std::vector<StepInputs> inputs(artifact_.dp);
+  for (int64_t d = 0; d < artifact_.dp; ++d) {
+    inputs[d].tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    inputs[d].labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    for (int64_t mb = 0; mb < artifact_.microbatches; ++mb)
+      data_.sample(options_.dataSeed, stepsDone_, artifact_.globalMicrobatch(mb, d), m.seqLen, m.microBatch,
+                   inputs[d].tokens[mb].data(), inputs[d].labels[mb].data());
+  }
   std::vector<StepResult> results(devices_.size());
   std::vector<double> pipelineMs(devices_.size(), 0.0);
   errors_.assign(devices_.size(), "");
@@ -118,7 +121,7 @@ std::optional<StepResult> Trainer::step(std::string &error) {
   const auto end = Clock::now();
   result.step = ++stepsDone_;
   result.seconds = std::chrono::duration<double>(end - start).count();
-  result.tokens = artifact_.microbatches * m.tokens();
+  result.tokens = artifact_.microbatches * artifact_.dp * m.tokens();
   if (options_.profile) {
     const double pipeline = *std::max_element(pipelineMs.begin(), pipelineMs.end());
     result.profileMs["host: pipeline (all ranks, wall)"] = pipeline;

@@ -55,7 +55,7 @@ public:
 
 private:
   Trainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
-  bool runRanks(const StepInputs &inputs, int64_t stepNumber, std::vector<StepResult> &results,
+  bool runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
                 std::vector<double> &pipelineMs);
   std::string firstError() const;
 
