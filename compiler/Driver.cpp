@@ -106,7 +106,6 @@ int emitOutput(ModuleOp module, const DriverOptions &options, const SimulationOp
     if (failed(built))
       return fail("cannot build the artifact of " + options.input + " (see above)");
     artifact = std::move(*built);
-    artifact->dp = options.dp; // the pipeline's schedule is every replica's
     artifact->prediction = predictStep(module, simulation);
   }
   if (options.emit == EmitKind::Artifact) {

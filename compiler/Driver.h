@@ -52,13 +52,6 @@ struct DriverOptions {
           clEnumValN(EmitKind::Artifact, "artifact",
                      "the versioned artifact mhcrun executes (needs -o FILE)"))};
 
-  llvm::cl::opt<int64_t> dp{
-      "dp",
-      llvm::cl::desc("Data-parallel replicas of the pipeline (world = pp x dp ranks, data-parallel "
-                     "fastest); each replica takes its share of every global batch of dp x "
-                     "--microbatches microbatches, gradients are summed over the replicas before the "
-                     "optimizer (CPU backend)"),
-      llvm::cl::init(1), llvm::cl::cat(pipelineCategory())};
   llvm::cl::opt<bool> printSchedule{
       "print-schedule",
       llvm::cl::desc("Print each rank's timeline, the predicted bubble and peak activations"),

@@ -69,6 +69,11 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                         schedule.groupSize ? llvm::formatv(", g = {0}", schedule.groupSize).str()
                                            : std::string(),
                         result.makespan, simulation.profile.describe(), result.bubbleFraction);
+    if (schedule.dp > 1)
+      os << "data parallel: dp = " << schedule.dp << " replicas of each rank's list (world = pp x dp = "
+         << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); each replica takes "
+         << "every " << schedule.dp << "th microbatch of the global batch of " << schedule.dp * schedule.microbatches
+         << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {
@@ -91,12 +96,6 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
                                       const PipelineOptions &pipeline) {
   if (std::optional<OptionError> error = pipeline.validate())
     return "--" + error->option + ": " + error->message;
-  if (options.dp < 1 || options.dp > runtime::kMaxDataParallel)
-    return "--dp: must be 1 to " + std::to_string(runtime::kMaxDataParallel) + " replicas, got " +
-           std::to_string(options.dp);
-  if (pipeline.pp * options.dp > runtime::kMaxWorldSize)
-    return "--dp: pp x dp = " + std::to_string(pipeline.pp * options.dp) + " ranks, more than " +
-           std::to_string(runtime::kMaxWorldSize);
   if (!std::isfinite(options.simTflops) || !(options.simTflops > 0))
     return llvm::formatv("--sim-tflops: must be a positive, finite rate, got {0}", options.simTflops.getValue()).str();
   if (!std::isfinite(options.simLinkGBps) || !(options.simLinkGBps >= 0))
@@ -205,13 +204,7 @@ LogicalResult printSummary(ModuleOp module, const DriverOptions &options, const 
   if (failed(model))
     return failure();
   os << formatModelSummary(*model);
-  if (failed(printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os)))
-    return failure();
-  if (options.dp > 1)
-    os << "data parallel: dp = " << options.dp << " replicas of the pipeline (world = pp x dp ranks, "
-       << "rank = pipeline rank x dp + replica); each takes every " << options.dp
-       << "th microbatch of the global batch; gradients summed over the replicas in replica order\n";
-  return success();
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
 }
 
 } // namespace mhcc

@@ -342,6 +342,7 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   pipeline::Schedule schedule = readSchedule(schedules.front());
   artifact.pp = schedule.pp;
   artifact.vpp = schedule.vpp;
+  artifact.dp = schedule.dp;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 #include "passes/pipeline/Layout.h"
 #include "passes/pipeline/Schedule.h"
+#include "runtime/artifact/Artifact.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -54,6 +55,12 @@ void PipelineOptions::bindOptions(Binder &binder) {
   binder.option(microbatchGroup, "microbatch-group",
                 cl::desc("Interleaved microbatch group g (default p)"),
                 cl::cat(pipelineCategory()));
+  binder.option(dp, "dp",
+                cl::desc("Data-parallel replicas of the pipeline (world = pp x dp ranks, data-parallel "
+                         "fastest); each takes its share of every global batch of dp x --microbatches "
+                         "microbatches, and each rank's list ends its backward with an ALLREDUCE of its "
+                         "gradients over its replicas (CPU backend)"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -71,6 +78,12 @@ std::optional<OptionError> PipelineOptions::validate() const {
     return error;
   if (auto error = atLeastOne("microbatches", microbatches))
     return error;
+  if (dp < 1 || dp > runtime::kMaxDataParallel)
+    return OptionError{"dp", "must be 1 to " + std::to_string(runtime::kMaxDataParallel) + " replicas, got " +
+                                 std::to_string(dp)};
+  if (pp >= 1 && pp <= kMaxPipelineRanks && pp * dp > runtime::kMaxWorldSize)
+    return OptionError{"dp", "pp x dp = " + std::to_string(pp * dp) + " ranks, more than " +
+                                 std::to_string(runtime::kMaxWorldSize)};
   // Bounds checked where the flags enter, so no product below overflows and
   // no phase is asked for millions of lists (issue 14): far past any real
   // run, small enough that a compile stays quick.
@@ -155,6 +168,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.kind = options.scheduleKind();
   schedule.microbatches = options.microbatches;
   schedule.groupSize = options.microbatchGroup;
+  schedule.dp = options.dp;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

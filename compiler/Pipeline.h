@@ -47,6 +47,7 @@ struct PipelineOptions {
   int64_t microbatches = 8;
   std::string schedule;     // empty: 1f1b for vpp = 1, else interleaved; "auto" (AutoSchedule.h)
   int64_t microbatchGroup = 0; // interleaved g; 0: p
+  int64_t dp = 1;              // data-parallel replicas of the pipeline
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

@@ -76,8 +76,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     warmup (p - r - 1) * 2 + (v - 1) * g, m % g == 0 or >= p) or ZB-H1
     (backward split into input-gradient B and weight-gradient W) lists of
     FWD / BWD / B / W, SEND / RECV with peer, shape, group and FIFO order,
-    FREE (pseudo-deallocation of a sent output) and OPTIM, and writes them as
-    a pipe.schedule op. Receives from a peer follow that peer's send order
+    FREE (pseudo-deallocation of a sent output), with `dp` > 1 the gradient
+    ALLREDUCE over the rank's data-parallel replicas, and OPTIM, and writes
+    them as a pipe.schedule op. Receives from a peer follow that peer's send order
     by construction.
   }];
   let options = [
@@ -85,6 +86,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     Option<"microbatches", "microbatches", "int64_t", "1", "Microbatches per step m">,
     Option<"groupSize", "group-size", "int64_t", "0",
            "Interleaved microbatch group g; 0: p">,
+    Option<"dp", "dp", "int64_t", "1",
+           "Data-parallel replicas running these lists; > 1 ends each rank's backward "
+           "with a gradient ALLREDUCE over its replicas">,
   ];
 }
 
@@ -95,8 +99,12 @@ def PipeVerifySchedule : Pass<"pipe-verify-schedule", "mlir::ModuleOp"> {
     (messages of one directed rank pair matched in issue order) and reports,
     on the offending instruction, any deadlock, any send / recv pair whose
     order differs between its two ends (the silent activation / gradient
-    swap of p = 2, v = 2), any shape mismatch, any use after FREE, and any
-    FWD or backward that runs before its input or never.
+    swap of p = 2, v = 2), any shape mismatch, any use after FREE, any
+    FWD or backward that runs before its input or never, and any gradient
+    ALLREDUCE that is missing, repeated, of another size than the rank's
+    gradients, or issued before the rank's last backward (every replica of a
+    data-parallel group runs the same list, so the group's collectives
+    match in order and shape by construction).
   }];
 }
 

@@ -35,6 +35,7 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
         scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{});
     if (failed(spec))
       return signalPassFailure();
+    spec->dp = dp;
     std::string error;
     std::optional<pipeline::Schedule> schedule = pipeline::buildSchedule(*spec, error);
     if (!schedule) {

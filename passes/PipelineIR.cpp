@@ -217,7 +217,8 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
   auto op = pipe::ScheduleOp::create(
       builder, loc, builder.getStringAttr(pipeline::scheduleKindName(schedule.kind)),
       FlatSymbolRefAttr::get(func.getSymNameAttr()), i64(schedule.pp), i64(schedule.vpp),
-      i64(schedule.microbatches), i64(schedule.groupSize));
+      i64(schedule.microbatches), i64(schedule.groupSize),
+      schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   for (int64_t r = 0; r < schedule.pp; ++r) {
     auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
@@ -243,6 +244,9 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
         break;
       case pipeline::OpKind::Optimizer:
         pipe::OptimizerOp::create(builder, loc);
+        break;
+      case pipeline::OpKind::AllReduce:
+        pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.width));
         break;
       case pipeline::OpKind::Send:
       case pipeline::OpKind::Recv: {
@@ -271,6 +275,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.vpp = op.getVpp();
   schedule.microbatches = op.getMicrobatches();
   schedule.groupSize = op.getGroupSize();
+  schedule.dp = op.getDp().value_or(1);
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {
@@ -310,6 +315,11 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
           })
           .Case([&](pipe::FreeOp o) { compute(pipeline::OpKind::Free, o.getStage(), o.getMb()); })
           .Case([&](pipe::OptimizerOp) { instr.kind = pipeline::OpKind::Optimizer; })
+          .Case([&](pipe::AllReduceOp o) {
+            instr.kind = pipeline::OpKind::AllReduce;
+            instr.tokens = 1;
+            instr.width = o.getElements();
+          })
           .Case([&](pipe::SendOp o) { comm(pipeline::OpKind::Send, o); })
           .Case([&](pipe::RecvOp o) { comm(pipeline::OpKind::Recv, o); });
       list.push_back(instr);

@@ -245,6 +245,13 @@ std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t p, int6
   return std::nullopt;
 }
 
+int64_t rankGradientFloats(const ScheduleSpec &spec, int64_t rank) {
+  int64_t floats = 0;
+  for (size_t s = rank; s < spec.stages.size(); s += spec.pp)
+    floats += spec.stages[s].params;
+  return floats;
+}
+
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error) {
   const int64_t p = spec.pp, v = spec.vpp, m = spec.microbatches;
   const int64_t stages = p * v;
@@ -264,6 +271,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.kind = spec.kind;
   schedule.pp = p;
   schedule.vpp = v;
+  schedule.dp = spec.dp;
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);
@@ -349,6 +357,13 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
       postSends(steps[i]);
     }
     flush();
+    if (spec.dp > 1) {
+      Instr reduce;
+      reduce.kind = OpKind::AllReduce;
+      reduce.tokens = 1;
+      reduce.width = rankGradientFloats(spec, r);
+      list.push_back(reduce);
+    }
     Instr optim;
     optim.kind = OpKind::Optimizer;
     list.push_back(optim);

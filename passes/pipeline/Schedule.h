@@ -50,6 +50,7 @@ struct StageSpec {
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int64_t pp = 1, vpp = 1;
+  int64_t dp = 1; // data-parallel replicas: > 1 adds each rank's gradient ALLREDUCE before OPTIM
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
@@ -60,9 +61,13 @@ struct ScheduleSpec {
   std::vector<StageSpec> stages; // pp * vpp of them
 };
 
+/// Every replica of a data-parallel group runs its pipeline rank's list, so
+/// the group issues the same collectives in the same order by construction;
+/// the simulator checks each list's ALLREDUCE (one, after the rank's last
+/// backward, before OPTIM, over exactly the rank's gradients).
 struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int64_t pp = 1, vpp = 1, microbatches = 1, groupSize = 1;
+  int64_t pp = 1, vpp = 1, dp = 1, microbatches = 1, groupSize = 1;
   std::vector<std::vector<Instr>> ranks;
 };
 
@@ -71,6 +76,10 @@ struct Schedule {
 /// can reject its flags before compiling; buildSchedule makes them too.
 std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t pp, int64_t vpp,
                                               int64_t microbatches, int64_t groupSize);
+
+/// The gradient floats rank `rank` holds, its stages' parameters: the width
+/// of its ALLREDUCE.
+int64_t rankGradientFloats(const ScheduleSpec &spec, int64_t rank);
 
 /// Builds the schedule, or returns nullopt with `error` for configurations
 /// the schedule cannot run (GPipe or ZB-H1 with v > 1, the m % g rule, ...).

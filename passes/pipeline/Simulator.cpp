@@ -112,6 +112,7 @@ private:
     std::map<std::pair<int64_t, int64_t>, double> sendDone;
     std::map<std::pair<int64_t, int64_t>, int64_t> inBytes;
     int64_t liveBytes = 0, inFlight = 0;
+    int64_t allReduces = 0;
   };
 
   void error(int64_t rank, int64_t index, std::string message) {
@@ -125,6 +126,7 @@ private:
   double computeTime(int64_t rank, const Instr &instr) const {
     switch (instr.kind) {
     case OpKind::Optimizer: return optimizerTime(rank);
+    case OpKind::AllReduce: return allReduceTime(instr);
     case OpKind::Forward: return spec_.stages[instr.stage].forwardTime;
     case OpKind::Backward: return spec_.stages[instr.stage].backwardTime;
     case OpKind::BackwardInput:
@@ -132,6 +134,15 @@ private:
     case OpKind::BackwardWeight: return spec_.stages[instr.stage].weightGradTime;
     default: return 0;
     }
+  }
+
+  /// A ring all-reduce of the rank's fp32 gradients over dp replicas: each
+  /// link carries 2 (dp - 1) / dp of them (free when communication is).
+  double allReduceTime(const Instr &instr) const {
+    if (spec_.linkBytesPerTime <= 0 || schedule_.dp < 2)
+      return 0;
+    const double bytes = 2.0 * double(schedule_.dp - 1) / double(schedule_.dp) * double(instr.width) * 4.0;
+    return bytes / spec_.linkBytesPerTime + 2 * (schedule_.dp - 1) * spec_.linkLatency;
   }
 
   /// AdamW over the parameters of rank r's stages (ms).
@@ -408,6 +419,24 @@ private:
         releaseOutput(r, key);
       break;
     }
+    case OpKind::AllReduce: {
+      if (schedule_.dp < 2)
+        return fail("an ALLREDUCE in a schedule without data parallelism (dp = 1)");
+      if (instr.width != rankGradientFloats(spec_, r))
+        return fail("ALLREDUCE of " + std::to_string(instr.width) + " floats, but the rank holds " +
+                    std::to_string(rankGradientFloats(spec_, r)) + " gradient floats");
+      // The group sums every microbatch's gradient: nothing of this step's
+      // backward may run after it.
+      const bool split = schedule_.kind == ScheduleKind::ZeroBubbleH1;
+      for (int64_t s = r; s < stages_; s += p_)
+        for (int64_t mb = 0; mb < schedule_.microbatches; ++mb)
+          if (!st.bwd.count({s, mb}) || (split && !st.wgrad.count({s, mb})))
+            return fail("ALLREDUCE before the " + std::string(split ? "W" : "backward") + " of (s" +
+                        std::to_string(s) + ",mb" + std::to_string(mb) + "): the replicas would sum "
+                        "gradients that are not complete");
+      ++st.allReduces;
+      break;
+    }
     case OpKind::Optimizer:
       break;
     default:
@@ -456,6 +485,10 @@ private:
         }
       if (list.empty() || list.back().kind != OpKind::Optimizer)
         error(r, static_cast<int64_t>(list.size()) - 1, "the list must end with OPTIM");
+      if (schedule_.dp > 1 && st.allReduces != 1)
+        error(r, -1, "issues " + std::to_string(st.allReduces) + " gradient ALLREDUCEs; with dp = " +
+                         std::to_string(schedule_.dp) + " every rank sums its gradients over its replicas once, " +
+                         "before OPTIM");
     }
   }
 

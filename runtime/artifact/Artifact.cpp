@@ -261,6 +261,8 @@ json toJson(const Instr &i) {
     j.update(write(i, MHCC_FIELDS(messageFields)));
     j["payload"] = i.payload == Payload::Activation ? "act" : "grad";
   }
+  if (i.kind == OpKind::AllReduce)
+    j["elements"] = i.width; // the rank's gradient floats
   return j;
 }
 
@@ -278,6 +280,10 @@ Instr instrFromJson(const json &j) {
       throw std::runtime_error("unknown payload " + payload);
     i.payload = payload == "act" ? Payload::Activation : Payload::Gradient;
     i = read(j, MHCC_FIELDS(messageFields), i);
+  }
+  if (i.kind == OpKind::AllReduce) {
+    i.tokens = 1;
+    i.width = strictValue<decltype(i.width)>(j.at("elements"), "elements");
   }
   return i;
 }

@@ -87,7 +87,7 @@ public:
     };
     std::map<std::pair<int64_t, int64_t>, Seen> seen;
     const std::vector<Instr> &list = a_.ranks[rank];
-    int optimizers = 0;
+    int optimizers = 0, allReduces = 0;
     for (size_t k = 0; k < list.size(); ++k) {
       const Instr &i = list[k];
       const std::string at = "instruction " + std::to_string(k) + " (" + i.describe() + ")";
@@ -95,6 +95,12 @@ public:
         return at + " follows the OPTIM, which must end the list";
       if (i.kind == OpKind::Optimizer) {
         ++optimizers;
+        continue;
+      }
+      if (allReduces)
+        return at + " follows the gradient ALLREDUCE, which only OPTIM may follow";
+      if (i.kind == OpKind::AllReduce) {
+        ++allReduces;
         continue;
       }
       const bool sendsOutput = i.kind == OpKind::Send && i.payload == Payload::Activation;
@@ -126,11 +132,15 @@ public:
         break;
       case OpKind::Recv:
       case OpKind::Optimizer:
+      case OpKind::AllReduce:
         break;
       }
     }
     if (optimizers != 1)
       return "the list must end with one OPTIM, it has " + std::to_string(optimizers);
+    if (allReduces != (a_.dp > 1 ? 1 : 0))
+      return "with dp = " + std::to_string(a_.dp) + " the list needs " + (a_.dp > 1 ? "one" : "no") +
+             " gradient ALLREDUCE before its OPTIM, it has " + std::to_string(allReduces);
     for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
       for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
         const Seen &x = seen[{s, mb}];
@@ -311,6 +321,8 @@ private:
     const int64_t stages = a_.pp * a_.vpp;
     if (i.kind == OpKind::Optimizer)
       return "";
+    if (i.kind == OpKind::AllReduce)
+      return a_.dp > 1 && i.width > 0 ? "" : "a gradient ALLREDUCE needs dp > 1 and a size";
     if (i.stage < 0 || i.stage >= stages || i.mb < 0 || i.mb >= a_.microbatches)
       return "stage or microbatch out of range";
     if (!i.isComm())

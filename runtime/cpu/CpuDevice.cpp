@@ -50,6 +50,11 @@ struct CpuWorld {
   uint64_t generation = 0;
   std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [replica][mb][loss]
   std::vector<int64_t> peakBytes;          // by rank
+  struct ReduceGroup {
+    int64_t arrived = 0;
+    uint64_t generation = 0;
+  };
+  std::vector<ReduceGroup> reduceGroups; // by pipeline rank: its replicas' ALLREDUCE barrier
   StepResult result;
 
   // By rank, for the receive deadline (--recv-timeout): when it last ran an
@@ -59,6 +64,7 @@ struct CpuWorld {
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
       : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
         replicaGrads(artifact.dp - 1, params.slotGrads), losses(artifact.dp), peakBytes(artifact.worldSize(), 0),
+        reduceGroups(artifact.pp),
         lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
         waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
     for (int64_t from = 0; from < a.worldSize(); ++from)
@@ -89,17 +95,38 @@ struct CpuWorld {
     return replica == 0 ? params.slotGrads : replicaGrads[replica - 1];
   }
 
-  /// The data-parallel all-reduce, on the host: replica 0's gradients become
-  /// the sum over the replicas, added in replica order (((g0 + g1) + g2) ...),
-  /// so the bits depend on dp alone, never on the pipeline layout.
-  void sumReplicas() {
-    for (size_t s = 0; s < params.slotGrads.size(); ++s)
+  /// The data-parallel all-reduce of pipeline rank r's stages, on the host:
+  /// replica 0's gradients become the sum over the replicas, added in replica
+  /// order (((g0 + g1) + g2) ...), so the bits depend on dp alone, never on
+  /// the pipeline layout.
+  void sumReplicas(int64_t r) {
+    for (size_t s = r; s < params.slotGrads.size(); s += a.pp)
       for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
         std::vector<float> &sum = params.slotGrads[s][k];
         for (const auto &replica : replicaGrads)
           for (size_t e = 0; e < sum.size(); ++e)
             sum[e] = sum[e] + replica[s][k][e];
       }
+  }
+
+  /// ALLREDUCE of global rank `rank`: a barrier of its data-parallel group
+  /// (the replicas of its pipeline rank); the last to arrive sums. False
+  /// when a rank failed meanwhile.
+  bool allReduce(int64_t rank) {
+    std::unique_lock<std::mutex> lock(mutex);
+    ReduceGroup &group = reduceGroups[a.pipelineRankOf(rank)];
+    const uint64_t mine = group.generation;
+    if (++group.arrived == a.dp) {
+      group.arrived = 0;
+      sumReplicas(a.pipelineRankOf(rank));
+      ++group.generation;
+      done.notify_all();
+      return true;
+    }
+    while (group.generation == mine)
+      if (failed || (done.wait_for(lock, kWaitSlice), failed.load()))
+        return false;
+    return true;
   }
 
   /// Every rank calls this once per step; the last one reduces the
@@ -115,8 +142,7 @@ struct CpuWorld {
       arrived = 0;
       result = StepResult();
       result.step = step;
-      sumReplicas();
-      // The losses in the global batch's order (Artifact::globalMicrobatch).
+      // The replicas' gradients were summed by each rank's ALLREDUCE; the losses in the global batch's order (Artifact::globalMicrobatch).
       std::vector<std::vector<double>> global(a.microbatches * a.dp);
       for (int64_t d = 0; d < a.dp; ++d)
         for (int64_t mb = 0; mb < a.microbatches; ++mb)
@@ -155,6 +181,11 @@ public:
     return true;
   }
   bool finishPipeline() override { return !world_->failed || fail("stopped: another rank failed"); }
+  bool allReduceGradients(const Instr &) override {
+    const bool ok = world_->allReduce(rank_) || fail("stopped in the gradient ALLREDUCE: another rank failed");
+    progressed();
+    return ok;
+  }
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
     return world_->completeStep(rank_, step, losses, peak_, result) || fail("stopped: another rank failed");
   }

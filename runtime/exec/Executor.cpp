@@ -284,6 +284,10 @@ bool Executor::runPipeline() {
       break;
     }
     case OpKind::Free: ok = freeOutput(i); break;
+    case OpKind::AllReduce:
+      ok = device_.allReduceGradients(i) ||
+           fail(device_.error().empty() ? "this backend runs no data-parallel ALLREDUCE" : device_.error());
+      break;
     case OpKind::Optimizer: break; // the trainer runs it once the list is done
     }
     device_.endInstruction();

@@ -14,6 +14,7 @@ constexpr struct {
     {OpKind::BackwardInput, "B"},    {OpKind::BackwardWeight, "W"},
     {OpKind::Send, "SEND"},          {OpKind::Recv, "RECV"},
     {OpKind::Free, "FREE"},          {OpKind::Optimizer, "OPTIM"},
+    {OpKind::AllReduce, "ALLREDUCE"},
 };
 } // namespace
 
@@ -38,6 +39,8 @@ std::string Instr::describe() const {
     os << " " << (payload == Payload::Activation ? "act" : "grad") << " s" << srcStage
        << "->s" << dstStage << " mb" << mb << (kind == OpKind::Send ? " to r" : " from r")
        << peer << " [" << tokens << "x" << width << "]";
+  } else if (kind == OpKind::AllReduce) {
+    os << " grads dp [" << width << "]";
   } else if (kind != OpKind::Optimizer) {
     os << "(s" << stage << ",mb" << mb << ")";
   }

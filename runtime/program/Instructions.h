@@ -1,7 +1,8 @@
 //===- Instructions.h - per-rank schedule instructions ------------*- C++ -*-===//
 //
 // One rank's step is a static list of these: compute (FWD, BWD, or the
-// zero-bubble halves B and W), communication (SEND, RECV), FREE and OPTIM.
+// zero-bubble halves B and W), communication (SEND, RECV), FREE, the
+// data-parallel gradient all-reduce (ALLREDUCE) and OPTIM.
 // The compiler's schedule builder produces them; the runtime executes them.
 //
 //===----------------------------------------------------------------------===//
@@ -23,6 +24,7 @@ enum class OpKind {
   Recv,
   Free,           // pseudo-deallocation of out(stage, mb) once its send completed
   Optimizer,
+  AllReduce,      // the rank's gradients summed over its data-parallel group (width: their floats)
 };
 
 const char *opKindName(OpKind kind);
@@ -52,7 +54,7 @@ struct Instr {
     return kind == OpKind::Forward || kind == OpKind::Backward ||
            kind == OpKind::BackwardInput || kind == OpKind::BackwardWeight;
   }
-  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`.
+  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`, `ALLREDUCE grads dp [N]`.
   std::string describe() const;
 };
 

@@ -34,6 +34,7 @@ const char *traceCategory(OpKind kind) {
     return "compute";
   case OpKind::Send:
   case OpKind::Recv:
+  case OpKind::AllReduce:
     return "comm";
   case OpKind::Free:
     return "free";

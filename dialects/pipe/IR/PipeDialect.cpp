@@ -77,5 +77,15 @@ LogicalResult verifyComm(CommOp op) {
 LogicalResult SendOp::verify() { return verifyComm(*this); }
 LogicalResult RecvOp::verify() { return verifyComm(*this); }
 
+LogicalResult AllReduceOp::verify() {
+  if (getGroup() != "dp")
+    return emitOpError() << "reduces over the data-parallel group \"dp\", got \"" << getGroup() << "\"";
+  auto schedule = (*this)->getParentOfType<ScheduleOp>();
+  if (schedule && schedule.getDp().value_or(1) < 2)
+    return emitOpError() << "needs a schedule with dp > 1 (the schedule has dp = " << schedule.getDp().value_or(1)
+                         << ")";
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "dialects/pipe/IR/PipeOps.cpp.inc"

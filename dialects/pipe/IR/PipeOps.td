@@ -44,12 +44,14 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
   let description = [{
     One `pipe.rank` per pipeline rank, each holding that rank's instructions
     in execution order. `kind` is gpipe, 1f1b, interleaved or zb-h1;
-    `group_size` is the interleaved microbatch group g (0 otherwise).
+    `group_size` is the interleaved microbatch group g (0 otherwise); `dp`
+    (absent: 1) the data-parallel replicas that each run these lists, ranks
+    pipeline rank x dp + replica.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
-    Pipe_NonNegativeI64:$group_size);
+    Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;
@@ -77,6 +79,20 @@ def Pipe_BackwardWeightOp : Pipe_ComputeOp<"backward_weight",
 
 def Pipe_FreeOp : Pipe_ComputeOp<"free",
     "FREE: pseudo-deallocation of the output, once its send has completed">;
+
+def Pipe_AllReduceOp : Pipe_Op<"all_reduce", [HasParent<"RankOp">]> {
+  let summary = "ALLREDUCE: sum the rank's gradients over its data-parallel group";
+  let description = [{
+    A collective of every replica of this pipeline rank (they all run this
+    list, so the group issues the same collectives in the same order, with
+    the same shape). `elements` is the number of gradient floats the rank's
+    stages hold; it comes after the rank's last backward and before OPTIM
+    (-pipe-verify-schedule checks both).
+  }];
+  let arguments = (ins StrAttr:$group, Pipe_PositiveI64:$elements);
+  let assemblyFormat = "$group $elements `elements` attr-dict";
+  let hasVerifier = 1;
+}
 
 def Pipe_OptimizerOp : Pipe_Op<"optimizer", [HasParent<"RankOp">]> {
   let summary = "OPTIM: apply the accumulated gradients of this rank's stages";
