@@ -2,7 +2,8 @@
 # mhcrun's checkpoints end to end on the CPU backend (tiny, PP2/VPP2):
 # 1. 3 + 3 iterations through --save / --load == 6 uninterrupted (metrics
 #    JSON lines: losses, grad norm, learning rate, exactly), and the same
-#    checkpoint resumed under PP1;
+#    checkpoint resumed under PP1; likewise with two data-parallel replicas
+#    (dp 2 x pp 2);
 # 2. a process SIGKILLed in the middle of a save (MHCC_TEST_SAVE_PAUSE_S
 #    stalls it between its two files) leaves the previous checkpoint the
 #    latest and loadable, and the run resumed from it is exact;
@@ -16,6 +17,7 @@ mhcrun="${root}/tools/mhcrun"
 corpus="${root}/data/corpus.txt"
 pp1="${root}/$1"
 pp2="${root}/$2"
+dp2="${root}/$3"
 work="${TEST_TMPDIR}/cli"
 rm -rf "${work}" && mkdir -p "${work}"
 python=/usr/bin/python3
@@ -45,6 +47,11 @@ same_metrics "${work}/full.json" "${work}/a.json" "${work}/b.json"
 run "${pp1}" --steps 6 --load "${work}/ck" --metrics "${work}/b1.json" > /dev/null
 same_metrics "${work}/full_pp1.json" "${work}/b1.json"
 echo "ok: 3 + 3 == 6 (PP2/VPP2), resumed under PP1 == PP1's 6"
+run "${dp2}" --steps 6 --metrics "${work}/full_dp2.json" > /dev/null
+run "${dp2}" --steps 3 --save "${work}/ck_dp2" --metrics "${work}/a_dp2.json" > /dev/null
+run "${dp2}" --steps 6 --load "${work}/ck_dp2" --metrics "${work}/b_dp2.json" > /dev/null
+same_metrics "${work}/full_dp2.json" "${work}/a_dp2.json" "${work}/b_dp2.json"
+echo "ok: 3 + 3 == 6 at dp 2 x pp 2"
 
 # 2. SIGKILL in the middle of a save of iteration 5.
 MHCC_TEST_SAVE_PAUSE_S=60 "${mhcrun}" "${pp2}" --data "${corpus}" --backend cpu --no-progress --steps 5 \
