@@ -71,8 +71,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                         result.makespan, simulation.profile.describe(), result.bubbleFraction);
     if (schedule.dp > 1)
       os << "data parallel: dp = " << schedule.dp << " replicas of each rank's list (world = pp x dp = "
-         << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); each replica takes "
-         << "every " << schedule.dp << "th microbatch of the global batch of " << schedule.dp * schedule.microbatches
+         << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); replica d takes "
+         << "microbatches d, d + " << schedule.dp << ", ... of the global batch of " << schedule.dp * schedule.microbatches
          << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
