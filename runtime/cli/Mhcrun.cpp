@@ -412,10 +412,10 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  if (artifact->dp > 1 && (backend != "cpu" || placement || f.processes > 0))
+  if (artifact->dp > 1 && backend != "cpu")
     return fail(rankPrefix + "the artifact has dp = " + std::to_string(artifact->dp) +
-                " data-parallel replicas, which run on the CPU backend with every rank in this process for now "
-                "(--backend cpu, without --processes, mpirun or srun); recompile with --dp 1 for GPUs or processes");
+                " data-parallel replicas, which run on the CPU backend for now (--backend cpu: threads, or one "
+                "process per rank with --processes, mpirun or srun); recompile with --dp 1 for GPUs");
   if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
                              "the host clock sees only when work is issued); use --profile there for device time");
@@ -436,18 +436,20 @@ int runMhcrun(int argc, char **argv) {
     if (artifact->pp > 1 && !f.inProcess)
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
-  if (backend == "cpu" && placement && placement->size != artifact->pp)
+  const int64_t world = artifact->worldSize();
+  const std::string mesh = "pp = " + std::to_string(artifact->pp) +
+                           (artifact->dp > 1 ? " x dp = " + std::to_string(artifact->dp) : std::string());
+  if (backend == "cpu" && placement && placement->size != world)
     return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
-                " processes, but the artifact has pp = " + std::to_string(artifact->pp) +
-                "; the CPU backend runs one process per pipeline rank: start " + std::to_string(artifact->pp));
+                " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +
+                std::to_string(world));
   if (backend == "cpu" && !placement && f.processes > 0) {
-    if (f.processes != artifact->pp)
-      return fail("--processes " + std::to_string(f.processes) + ": the artifact has pp = " +
-                  std::to_string(artifact->pp) + " pipeline ranks, one per process; pass --processes " +
-                  std::to_string(artifact->pp));
+    if (f.processes != world)
+      return fail("--processes " + std::to_string(f.processes) + ": the artifact has " + mesh +
+                  " ranks, one per process; pass --processes " + std::to_string(world));
     if (!f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: drop --processes");
-    return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
+    return launchRanks(world, "/proc/self/exe", argv, std::cerr);
   }
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";

@@ -45,7 +45,8 @@ public:
       : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank),
         // The optimizer runs on rank 0, which holds every stage's gradients
         // (its own and the gathered ones); the others hold their own stages'.
-        params_(a, rank == 0, [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == rank; }) {}
+        params_(a, rank == 0,
+                [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == a.pipelineRankOf(rank); }) {}
 
   bool beginStep(const StepInputs &inputs) override {
     mesh_->setLocalWork(false); // from here a peer waiting on this rank sees its instructions
@@ -89,12 +90,44 @@ public:
         const Instr &i = *t.instr;
         Frame frame{Frame::Data, int32_t(i.payload), i.srcStage, i.dstStage, i.mb, {}};
         Packer{frame.bytes}.put(t.buffer.data, size_t(t.buffer.count));
-        if (!mesh_->send(i.peer, frame, error_))
+        if (!mesh_->send(a_.globalRank(i.peer, replica_), frame, error_))
           return false;
       }
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Recv && !receive(t))
         return false;
+    return true;
+  }
+  /// The replicas of this pipeline rank send their stages' gradients to
+  /// replica 0's rank, which adds them in replica order (the thread ranks'
+  /// sum, bit for bit). Only rank 0 runs the optimizer, gathering from
+  /// replica 0's ranks, so the others need not receive the sum back.
+  bool allReduceGradients(const Instr &) override {
+    const int64_t first = a_.globalRank(pipelineRank_, 0);
+    if (replica_ != 0) {
+      Frame frame{Frame::Reduce, 0, rank_, first, 0, {}};
+      packStageGrads(Packer{frame.bytes});
+      return mesh_->send(first, frame, error_);
+    }
+    for (int64_t d = 1; d < a_.dp; ++d) {
+      Frame frame;
+      const int64_t from = a_.globalRank(pipelineRank_, d);
+      if (!mesh_->receive(from, frame, error_))
+        return false;
+      Unpacker in{frame.bytes};
+      bool ok = frame.kind == Frame::Reduce;
+      for (size_t s = pipelineRank_; ok && s < a_.stages.size(); s += a_.pp)
+        for (std::vector<float> &sum : params_.slotGrads[s]) {
+          std::vector<float> g(sum.size());
+          ok = ok && in.get(g.data(), g.size());
+          for (size_t e = 0; ok && e < sum.size(); ++e)
+            sum[e] = sum[e] + g[e];
+        }
+      if (!ok || in.at != frame.bytes.size())
+        return fail("rank " + std::to_string(from) + "'s gradients for the ALLREDUCE are malformed (the ranks run "
+                    "different artifacts?)");
+      mesh_->progressed();
+    }
     return true;
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = params_.weights; }
@@ -126,12 +159,13 @@ private:
 
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
+    const int64_t peer = a_.globalRank(i.peer, replica_);
     Frame frame;
-    if (!mesh_->receive(i.peer, frame, error_))
+    if (!mesh_->receive(peer, frame, error_))
       return false;
     if (frame.kind != Frame::Data || frame.payload != int32_t(i.payload) || frame.src != i.srcStage ||
         frame.dst != i.dstStage || frame.mb != i.mb || int64_t(frame.bytes.size()) != i.tokens * i.width * 4)
-      return fail("received a different message from rank " + std::to_string(i.peer) + " (s" +
+      return fail("received a different message from rank " + std::to_string(peer) + " (s" +
                   std::to_string(frame.src) + "->s" + std::to_string(frame.dst) + " mb" + std::to_string(frame.mb) +
                   "); the ranks run different artifacts?");
     t.buffer = allocate(i.tokens * i.width, messageDtype(a_, i), Queue::recvFrom(i.peer), false);
@@ -139,6 +173,13 @@ private:
       return false;
     std::memcpy(t.buffer.data, frame.bytes.data(), frame.bytes.size());
     return true;
+  }
+
+  /// This rank's stages' slot gradients, in stage and slot order.
+  void packStageGrads(Packer pack) const {
+    for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
+      for (const std::vector<float> &g : params_.slotGrads[s])
+        pack.put(g.data(), g.size());
   }
 
   bool reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &out);
@@ -151,8 +192,8 @@ private:
   HostParameters params_; // every weight on every rank; moments on rank 0
 };
 
-/// A rank's end of step for rank 0: peak, stop signal, losses, then its
-/// stages' slot gradients in stage and slot order.
+/// A rank's end of step for rank 0: peak, stop signal, losses, then (replica
+/// 0's ranks: the replicas' sum) its stages' slot gradients in stage and slot order.
 bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out) {
   Frame gather{Frame::Gather, 0, rank_, 0, 0, {}};
   Packer pack{gather.bytes};
@@ -163,9 +204,8 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
     pack.put<int64_t>(int64_t(row.size()));
     pack.put(row.data(), row.size());
   }
-  for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
-    for (const std::vector<float> &g : params_.slotGrads[s])
-      pack.put(g.data(), g.size());
+  if (replica_ == 0)
+    packStageGrads(pack);
   Frame reply;
   if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, error_))
     return false;
@@ -174,7 +214,7 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
   double mtpLoss = 0;
   bool ok = reply.kind == Frame::Reply && in.get(out.lmLoss) && in.get(hasMtp) && in.get(mtpLoss) &&
             in.get(out.gradNorm) && in.get(out.numZeros) && in.get(out.learningRate) && in.get(out.stopSignal);
-  out.peakBytes.assign(a_.pp, 0);
+  out.peakBytes.assign(a_.worldSize(), 0);
   ok = ok && in.get(out.peakBytes.data(), out.peakBytes.size());
   for (std::vector<float> &w : params_.weights)
     ok = ok && in.get(w.data(), w.size());
@@ -186,16 +226,19 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
   return true;
 }
 
-/// Rank 0: gathers every rank's part, runs CpuWorld's completeStep on the
-/// same arrays, sends the weights and the numbers back.
+/// Rank 0: gathers every rank's part (gradients from replica 0's ranks,
+/// which hold the replicas' sums), runs CpuWorld's completeStep on the same
+/// arrays, sends the weights and the numbers back.
 bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &myLosses,
                                        StepResult &out) {
   const int64_t lossRank = a_.rankOf(int64_t(a_.stages.size()) - 1);
-  std::vector<std::vector<double>> losses = myLosses;
-  std::vector<int64_t> peaks(a_.pp, 0);
+  std::vector<std::vector<std::vector<double>>> replicaLosses(a_.dp);
+  if (lossRank == 0)
+    replicaLosses[0] = myLosses;
+  std::vector<int64_t> peaks(a_.worldSize(), 0);
   peaks[0] = peak_;
   int stop = stopSignal();
-  for (int64_t r = 1; r < a_.pp; ++r) {
+  for (int64_t r = 1; r < a_.worldSize(); ++r) {
     Frame gather;
     if (!mesh_->receive(r, gather, error_))
       return false;
@@ -207,15 +250,21 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
       int64_t cols = 0;
       ok = ok && in.get(cols) && cols >= 0 && (row.resize(size_t(cols)), in.get(row.data(), row.size()));
     }
-    for (size_t s = r; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : params_.slotGrads[s])
-        ok = ok && in.get(g.data(), g.size());
+    if (a_.replicaOf(r) == 0)
+      for (size_t s = a_.pipelineRankOf(r); s < a_.stages.size(); s += a_.pp)
+        for (std::vector<float> &g : params_.slotGrads[s])
+          ok = ok && in.get(g.data(), g.size());
     if (!ok || in.at != gather.bytes.size())
       return fail("rank " + std::to_string(r) + "'s gradients are malformed (the ranks run different artifacts?)");
-    if (r == lossRank)
-      losses = std::move(rankLosses);
+    if (a_.pipelineRankOf(r) == lossRank)
+      replicaLosses[a_.replicaOf(r)] = std::move(rankLosses);
     stop = std::max<int>(stop, int(rankStop));
   }
+  // The losses in the global batch's order (Artifact::globalMicrobatch).
+  std::vector<std::vector<double>> losses(a_.microbatches * a_.dp);
+  for (int64_t d = 0; d < a_.dp; ++d)
+    for (int64_t mb = 0; mb < a_.microbatches && mb < int64_t(replicaLosses[d].size()); ++mb)
+      losses[a_.globalMicrobatch(mb, d)] = replicaLosses[d][mb];
   StepResult result;
   result.step = step;
   mesh_->setLocalWork(true); // the others wait on this update: it is progress
@@ -232,7 +281,7 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   pack.put(peaks.data(), peaks.size());
   for (const std::vector<float> &w : params_.weights)
     pack.put(w.data(), w.size());
-  for (int64_t r = 1; r < a_.pp; ++r)
+  for (int64_t r = 1; r < a_.worldSize(); ++r)
     if (!mesh_->send(r, reply, error_))
       return false;
   out.lmLoss = result.lmLoss;
@@ -251,9 +300,10 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
 DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir) {
   return [=](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
-    if (size != artifact.pp) {
+    if (size != artifact.worldSize()) {
       error = std::to_string(size) + " processes for an artifact of pp = " + std::to_string(artifact.pp) +
-              ": start one process per pipeline rank";
+              (artifact.dp > 1 ? " x dp = " + std::to_string(artifact.dp) : std::string()) +
+              ": start one process per rank";
       return devices;
     }
     // Starting may take longer than a step's waits (the processes start

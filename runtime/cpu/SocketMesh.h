@@ -45,7 +45,7 @@ namespace mhcc::runtime {
 /// since its last progress in mb and the rank it waits on (-1: none) in
 /// payload.
 struct Frame {
-  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3, Failure = 4, Heartbeat = 6 };
+  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3, Failure = 4, Heartbeat = 6, Reduce = 7 };
   int32_t kind = Data, payload = 0;
   int64_t src = 0, dst = 0, mb = 0;
   std::vector<char> bytes;
