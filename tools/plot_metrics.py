@@ -61,6 +61,8 @@ TITLES = {
     "peak_bytes_per_rank": "peak MiB (max over ranks)",
     "peak_bytes_max": "peak MiB (max over ranks)",
     "device_reserved_bytes_per_rank": "device reserved MiB\n(max over ranks)",
+    "validation_lm_loss": "validation lm loss",
+    "validation_mtp_loss": "validation mtp loss",
 }
 DEFAULT_METRICS = ["lm_loss", "mtp_loss", "grad_norm", "tokens_per_second"]
 

@@ -149,6 +149,20 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
 
 /// One --metrics line. Keys are snake_case, one style (docs/runtime.md);
 /// tools/metrics_to_golden.py maps them to Megatron's golden-value names.
+/// The validation pass's lines, Megatron's format.
+std::string validationLine(const StepResult &v) {
+  char text[256];
+  std::snprintf(text, sizeof text, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
+                (long long)v.step, v.lmLoss, std::exp(std::min(v.lmLoss, 20.0)));
+  std::string line = text;
+  if (v.mtpLoss) {
+    std::snprintf(text, sizeof text, " mtp loss value: %.6E |", *v.mtpLoss);
+    line += text;
+  }
+  const std::string rule(line.size(), '-');
+  return rule + "\n" + line + "\n" + rule;
+}
+
 nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
   const int64_t peakMax = r.peakBytes.empty() ? 0 : *std::max_element(r.peakBytes.begin(), r.peakBytes.end());
   nlohmann::json line = {{"iteration", r.step},          {"lm_loss", r.lmLoss},
@@ -315,15 +329,24 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   std::unique_ptr<Checkpointer> saver;
   if (!f.saveDir.empty() && role.writesFiles)
     saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
-  // The iteration's line and metrics: before a stop, so the last one is kept.
-  auto printIteration = [&](const StepResult &r) {
+  // The iteration's line and metrics (and the validation pass after it):
+  // before a stop, so the last one is kept.
+  auto printIteration = [&](const StepResult &r, const std::optional<StepResult> &validation) {
     if (bar)
       std::fprintf(stderr, "\r%80s\r", "");
     std::cout << formatLine(r, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
+    if (validation)
+      std::cout << validationLine(*validation) << std::endl;
     if (bar)
       progress(r.step, f.steps, r.lmLoss);
     if (metrics) {
-      metrics << metricsLine(r, flopsPerToken).dump() << "\n";
+      nlohmann::json line = metricsLine(r, flopsPerToken);
+      if (validation) {
+        line["validation_lm_loss"] = validation->lmLoss;
+        if (validation->mtpLoss)
+          line["validation_mtp_loss"] = *validation->mtpLoss;
+      }
+      metrics << line.dump() << "\n";
       metrics.flush();
     }
   };
@@ -342,11 +365,17 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     if (saver && f.saveInterval > 0 && result->step % f.saveInterval == 0 && result->step < f.steps &&
         !saver->save(trainer, error))
       return fail(rankPrefix + error);
+    // Validation (every rank takes part): after every --eval-interval
+    // iterations and after the last.
+    std::optional<StepResult> validation;
+    if (f.evalInterval > 0 && (result->step % f.evalInterval == 0 || result->step == f.steps) &&
+        !(validation = trainer.evaluate(f.evalIters, error)))
+      return fail(rankPrefix + "validation after iteration " + std::to_string(result->step) + ": " + error);
     // Several processes stop on the signal they agreed on in the step;
     // one process reads its own.
     const int stop = role.agreedStop ? result->stopSignal : stopSignal();
     if (speaker)
-      printIteration(*result);
+      printIteration(*result, validation);
     if (stop && result->step < f.steps)
       return stopAfter(trainer, *result, stop, f, saver, speaker, rankPrefix);
     if (!speaker)
@@ -422,6 +451,7 @@ int runMhcrun(int argc, char **argv) {
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);
+  data->setSplit(f.splitTrain, f.splitValid);
   if (std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen); !problem.empty())
     return fail(rankPrefix + problem);
   if (f.gpus > 0 && f.gpus != artifact->pp)

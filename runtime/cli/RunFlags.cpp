@@ -89,6 +89,15 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   app.add_option("--save", f.saveDir,
                  "Save checkpoints here (DIR/iter_0000010/, DIR/latest_checkpointed_iteration.txt): every "
                  "--save-interval iterations and after the last");
+  app.add_option("--split", f.split,
+                 "TRAIN,VALID: split the data by these weights (Megatron's --split, e.g. 98,2): the first part "
+                 "trains, the rest is validation data; default with --eval-interval: 98,2");
+  app.add_option("--eval-interval", f.evalInterval,
+                 "Every N iterations (and after the last) print the validation loss over --eval-iters global "
+                 "batches of the validation part (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-iters", f.evalIters, "Global batches each validation pass averages")
+      ->check(CLI::PositiveNumber);
   app.add_option("--save-interval", f.saveInterval, "Iterations between saves (0: only after the last)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--load", f.loadDir,
@@ -119,6 +128,19 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
     return fail("--load resumes weights and optimizer, --init-from only weights: pass one of them");
   if (f.saveInterval > 0 && f.saveDir.empty())
     return fail("--save-interval needs --save DIR");
+  if (f.split.empty() && f.evalInterval > 0)
+    f.split = "98,2";
+  if (!f.split.empty()) {
+    long long train = -1, valid = -1;
+    char rest = 0;
+    if (std::sscanf(f.split.c_str(), "%lld,%lld%c", &train, &valid, &rest) != 2 || train <= 0 || valid < 0 ||
+        train > 1000000 || valid > 1000000)
+      return fail("--split '" + f.split + "': give two weights TRAIN,VALID, the first positive (e.g. 98,2)");
+    f.splitTrain = train;
+    f.splitValid = valid;
+  }
+  if (f.evalInterval > 0 && f.splitValid == 0)
+    return fail("--eval-interval needs validation data: give --split a positive second weight (e.g. 98,2)");
   // NaN passes CLI11's range checks (every comparison with it is false).
   for (const std::string &problem :
        {checkNumber("lr", o.lr, 0, 1e3, true), checkNumber("clip-grad", o.clipGrad, 0, 1e30, false),

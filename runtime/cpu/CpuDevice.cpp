@@ -2,6 +2,7 @@
 #include "runtime/cpu/CpuDevice.h"
 
 #include "runtime/cpu/CpuRankBase.h"
+#include "runtime/train/Optimizer.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -132,7 +133,7 @@ struct CpuWorld {
   /// Every rank calls this once per step; the last one reduces the
   /// gradients and updates the weights for all. False when a rank failed.
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
-                    int64_t peak, StepResult &out) {
+                    int64_t peak, bool evaluateOnly, StepResult &out) {
     std::unique_lock<std::mutex> lock(mutex);
     if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank))
       losses[a.replicaOf(rank)] = rankLosses;
@@ -147,7 +148,10 @@ struct CpuWorld {
       for (int64_t d = 0; d < a.dp; ++d)
         for (int64_t mb = 0; mb < a.microbatches; ++mb)
           global[a.globalMicrobatch(mb, d)] = losses[d][mb];
-      params.update(a, options, global, result);
+      if (evaluateOnly)
+        summarizeLosses(a.stages.back(), global, result);
+      else
+        params.update(a, options, global, result);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -187,7 +191,8 @@ public:
     return ok;
   }
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
-    return world_->completeStep(rank_, step, losses, peak_, result) || fail("stopped: another rank failed");
+    return world_->completeStep(rank_, step, losses, peak_, evaluating(), result) ||
+           fail("stopped: another rank failed");
   }
 
   bool exchange(std::vector<Transfer> &group) override {

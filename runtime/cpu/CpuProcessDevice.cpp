@@ -5,6 +5,7 @@
 #include "runtime/cpu/CpuRankBase.h"
 #include "runtime/cpu/SocketMesh.h"
 #include "runtime/dist/StopSignal.h"
+#include "runtime/train/Optimizer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -268,7 +269,10 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   StepResult result;
   result.step = step;
   mesh_->setLocalWork(true); // the others wait on this update: it is progress
-  params_.update(a_, options_, losses, result);
+  if (evaluating())
+    summarizeLosses(a_.stages.back(), losses, result);
+  else
+    params_.update(a_, options_, losses, result);
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
   pack.put(result.lmLoss);

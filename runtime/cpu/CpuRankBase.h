@@ -86,6 +86,8 @@ protected:
   bool fail(const std::string &message);
   /// Starts a step: the inputs kernels read, peak accounting from here.
   void beginInputs(const StepInputs &inputs);
+  /// This step is a validation step (StepInputs::evaluateOnly).
+  bool evaluating() const { return inputs_ && inputs_->evaluateOnly; }
 
   const Artifact &a_;
   const TrainOptions &options_;

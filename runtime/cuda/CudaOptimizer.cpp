@@ -188,7 +188,7 @@ bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>
         cudaMemcpy(host.data(), gradient[p], host.size() * 4, cudaMemcpyDeviceToHost);
         result.paramGrads[a_.params[p].name] = std::move(host);
       }
-  if (!updateWeights(step, gradient, result))
+  if (!evaluating_ && !updateWeights(step, gradient, result))
     return false;
   for (auto &[key, t] : remote)
     release(t, Queue::compute());

@@ -387,6 +387,7 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
   cudaSetDevice(gpu_);
   ++stepsRun_;
   exchanged_ = false;
+  evaluating_ = inputs.evaluateOnly;
   live_ = peak_ = staticBytes_;
   for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
     cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);

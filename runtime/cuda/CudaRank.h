@@ -153,6 +153,7 @@ private:
   const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)
   int64_t stepsRun_ = 0;
   bool exchanged_ = false; // in this step
+  bool evaluating_ = false; // this step is a validation step: no update
   std::vector<ParamPlan> plans_;
   std::vector<Pair> pairs_;
   std::string error_;

@@ -1,6 +1,7 @@
 //===- Dataset.cpp - token streams and deterministic sampling ---------------===//
 #include "runtime/data/Dataset.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -132,10 +133,25 @@ std::optional<TokenDataset> TokenDataset::open(const std::string &path, std::str
   return fromText(path, error);
 }
 
+void TokenDataset::setSplit(int64_t train, int64_t valid) {
+  if (valid <= 0) {
+    trainEnd_ = validStart_ = SIZE_MAX;
+    return;
+  }
+  trainEnd_ = validStart_ = size_t(double(tokens_.size()) * double(train) / double(train + valid));
+}
+
 std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
   if (static_cast<int64_t>(tokens_.size()) < seqLen + 2)
     return source_ + ": " + std::to_string(tokens_.size()) + " tokens, fewer than one window of " +
            std::to_string(seqLen + 1) + "; use more data or a shorter seq_len";
+  if (hasValidation()) {
+    const int64_t trainTokens = int64_t(trainEnd_), validTokens = int64_t(tokens_.size() - validStart_);
+    if (std::min(trainTokens, validTokens) < seqLen + 2)
+      return source_ + ": the --split leaves " + std::to_string(trainTokens) + " training and " +
+             std::to_string(validTokens) + " validation tokens, and each part needs one window of " +
+             std::to_string(seqLen + 1) + "; give the smaller part more weight, or use more data";
+  }
   for (size_t i = 0; i < tokens_.size(); ++i)
     if (tokens_[i] >= vocab)
       return source_ + ": token " + std::to_string(tokens_[i]) + " at position " + std::to_string(i) +
@@ -144,11 +160,15 @@ std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
 }
 
 void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen,
-                          int64_t microBatch, int32_t *tokens, int32_t *labels) const {
-  const uint64_t windows = tokens_.size() - seqLen - 1;
+                          int64_t microBatch, int32_t *tokens, int32_t *labels, bool validation) const {
+  // A part's windows start at [begin, end - seqLen - 1]; no split: the whole stream.
+  const size_t begin = validation ? validStart_ : 0, end = validation || !hasValidation() ? tokens_.size() : trainEnd_;
+  const uint64_t windows = end - begin - seqLen - 1;
+  const uint64_t salt = validation ? 0x76616c6964ull : 0; // "valid": other draws than training's
   for (int64_t b = 0; b < microBatch; ++b) {
-    uint64_t key = mix64(seed ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
-    uint64_t offset = key % (windows + 1);
+    uint64_t key =
+        mix64((seed ^ salt) ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
+    uint64_t offset = begin + key % (windows + 1);
     for (int64_t t = 0; t < seqLen; ++t) {
       tokens[b * seqLen + t] = tokens_[offset + t];
       labels[b * seqLen + t] = tokens_[offset + t + 1];

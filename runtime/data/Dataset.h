@@ -31,14 +31,21 @@ public:
   /// indexed dataset prefix.
   static std::optional<TokenDataset> open(const std::string &path, std::string &error);
 
+  /// Splits the stream as Megatron's --split does, by weight: the first
+  /// train / (train + valid) of the tokens for training, the rest for
+  /// validation. Without a split (the default) every window trains.
+  void setSplit(int64_t train, int64_t valid);
+  bool hasValidation() const { return validStart_ < tokens_.size(); }
+
   /// Checks the data fits a model: every id below `vocab`, enough tokens for
-  /// one window of `seqLen + 1`.
+  /// one window of `seqLen + 1` (in each part of a split).
   std::string check(int64_t vocab, int64_t seqLen) const;
 
   /// Fills `microBatch` sequences of `seqLen` tokens and their next-token
-  /// labels for (step, microbatch).
+  /// labels for (step, microbatch), from the training part, or from the
+  /// validation part with `validation` (the same draws under another key).
   void sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen, int64_t microBatch,
-              int32_t *tokens, int32_t *labels) const;
+              int32_t *tokens, int32_t *labels, bool validation = false) const;
 
   size_t size() const { return tokens_.size(); }
   const std::string &source() const { return source_; }
@@ -46,6 +53,7 @@ public:
 private:
   std::vector<int32_t> tokens_;
   std::string source_;
+  size_t trainEnd_ = SIZE_MAX, validStart_ = SIZE_MAX; // the split; SIZE_MAX: none
 };
 
 /// Writes a Megatron indexed dataset (dtype: 1 uint8, 4 int32, 8 uint16) of

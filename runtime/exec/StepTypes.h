@@ -51,6 +51,9 @@ struct TrainOptions {
 /// (the first stage reads tokens, the loss stages read labels, MTP both).
 struct StepInputs {
   std::vector<std::vector<int32_t>> tokens, labels;
+  /// A validation step: the same instructions and shared losses, but the
+  /// optimizer leaves the weights, moments and step count alone.
+  bool evaluateOnly = false;
 };
 
 struct StepResult {

@@ -86,15 +86,7 @@ std::optional<StepResult> Trainer::step(std::string &error) {
   }
   const ModelInfo &m = artifact_.model;
   const auto start = Clock::now();
-  // Each replica's share of the global batch (Artifact::globalMicrobatch).
-  std::vector<StepInputs> inputs(artifact_.dp);
-  for (int64_t d = 0; d < artifact_.dp; ++d) {
-    inputs[d].tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-    inputs[d].labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-    for (int64_t mb = 0; mb < artifact_.microbatches; ++mb)
-      data_.sample(options_.dataSeed, stepsDone_, artifact_.globalMicrobatch(mb, d), m.seqLen, m.microBatch,
-                   inputs[d].tokens[mb].data(), inputs[d].labels[mb].data());
-  }
+  std::vector<StepInputs> inputs = sampleInputs(stepsDone_, false);
   std::vector<StepResult> results(devices_.size());
   std::vector<double> pipelineMs(devices_.size(), 0.0);
   errors_.assign(devices_.size(), "");
@@ -129,6 +121,59 @@ std::optional<StepResult> Trainer::step(std::string &error) {
         std::chrono::duration<double, std::milli>(end - start).count() - pipeline;
   }
   return result;
+}
+
+std::vector<StepInputs> Trainer::sampleInputs(int64_t batch, bool validation) const {
+  const ModelInfo &m = artifact_.model;
+  // Each replica's share of the global batch (Artifact::globalMicrobatch).
+  std::vector<StepInputs> inputs(artifact_.dp);
+  for (int64_t d = 0; d < artifact_.dp; ++d) {
+    inputs[d].evaluateOnly = validation;
+    inputs[d].tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    inputs[d].labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    for (int64_t mb = 0; mb < artifact_.microbatches; ++mb)
+      data_.sample(options_.dataSeed, batch, artifact_.globalMicrobatch(mb, d), m.seqLen, m.microBatch,
+                   inputs[d].tokens[mb].data(), inputs[d].labels[mb].data(), validation);
+  }
+  return inputs;
+}
+
+std::optional<StepResult> Trainer::evaluate(int64_t iterations, std::string &error) {
+  if (broken_) {
+    error = "the trainer failed before and cannot continue";
+    return std::nullopt;
+  }
+  if (!data_.hasValidation()) {
+    error = "the data has no validation part (--split)";
+    return std::nullopt;
+  }
+  StepResult mean;
+  mean.step = stepsDone_;
+  int64_t mtpSeen = 0;
+  for (int64_t k = 0; k < iterations; ++k) {
+    // Validation batches follow each other over the evaluations, as Megatron's
+    // validation iterator does: evaluation e's batch k is e x iterations + k.
+    const std::vector<StepInputs> inputs = sampleInputs(stepsDone_ * iterations + k, true);
+    std::vector<StepResult> results(devices_.size());
+    std::vector<double> pipelineMs(devices_.size(), 0.0);
+    errors_.assign(devices_.size(), "");
+    if (!runRanks(inputs, stepsDone_, results, pipelineMs)) {
+      broken_ = true;
+      for (auto &device : devices_)
+        device->abort();
+      error = firstError();
+      return std::nullopt;
+    }
+    mean.lmLoss += results[0].lmLoss / double(iterations);
+    if (results[0].mtpLoss) {
+      mean.mtpLoss = mean.mtpLoss.value_or(0.0) + *results[0].mtpLoss;
+      ++mtpSeen;
+    }
+    mean.stopSignal = std::max(mean.stopSignal, results[0].stopSignal);
+  }
+  if (mean.mtpLoss)
+    *mean.mtpLoss /= double(mtpSeen);
+  return mean;
 }
 
 bool Trainer::saveState(ParameterState &state, std::string &error) {

@@ -36,6 +36,11 @@ public:
   /// Runs one step; nullopt and `error` (naming rank, instruction and call)
   /// on failure, after which the trainer refuses to continue.
   std::optional<StepResult> step(std::string &error);
+  /// A validation pass after stepsDone() iterations: `iterations` global
+  /// batches from the data's validation part (TokenDataset::setSplit), run
+  /// through the same lists without an update. The mean lm (and MTP) loss
+  /// over them; the weights, moments and step count stay as they were.
+  std::optional<StepResult> evaluate(int64_t iterations, std::string &error);
 
   const Artifact &artifact() const { return artifact_; }
   /// Iterations done; the next step is stepsDone() + 1. With the data seed
@@ -57,6 +62,9 @@ private:
   Trainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
   bool runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
                 std::vector<double> &pipelineMs);
+  /// Each replica's share of global batch `batch` (the training part, or
+  /// the validation part for a validation pass).
+  std::vector<StepInputs> sampleInputs(int64_t batch, bool validation) const;
   std::string firstError() const;
 
   Artifact artifact_;

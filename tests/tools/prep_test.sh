@@ -4,7 +4,8 @@
 #    document's tokens and the boundaries read back exactly by an independent
 #    Python reader of the .idx/.bin (struct only), the runtime's reader
 #    (TokenDataset::fromIndexed, prep_dataset_dump) gives the same stream,
-#    and mhcrun trains two steps of tiny on it;
+#    and mhcrun trains two steps of tiny on it, printing a validation loss
+#    (--eval-interval, the default --split 98,2);
 # 2. sentencepiece: a model trained here with spm_train; mhc-prep's ids for
 #    every line equal spm_encode's, with --append-eod the model's eos id
 #    ends each document, dtype uint16 for its 300 ids;
@@ -126,9 +127,10 @@ check_dataset out/keyed keyed.json 1
 import json; json.dump([list(l.rstrip(b'\n')) for l in open('${corpus}','rb') if l.rstrip(b'\n')], open('corpus.json','w'))"
 check_dataset out/corpus corpus.json 1
 "${mhcc}" "${tiny}" --pp 1 --microbatches 2 --cuda-arch none --emit=artifact -o tiny.mhcc
-"${mhcrun}" tiny.mhcc --data out/corpus --steps 2 --no-progress --metrics run.jsonl > run.log 2>&1 \
+"${mhcrun}" tiny.mhcc --data out/corpus --steps 2 --no-progress --metrics run.jsonl --eval-interval 1 > run.log 2>&1 \
   || fail "mhcrun on the prepared corpus: $(tail -3 run.log)"
 [ "$(wc -l < run.jsonl)" -eq 2 ] || fail "mhcrun did not train two steps: $(cat run.log)"
+grep -q "^ validation loss at iteration 2 | lm loss value: " run.log || fail "no validation line: $(cat run.log)"
 
 # 2. SentencePiece, against spm_encode.
 command -v spm_train > /dev/null && command -v spm_encode > /dev/null \
