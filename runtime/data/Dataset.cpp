@@ -2,9 +2,15 @@
 #include "runtime/data/Dataset.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace mhcc::runtime {
 namespace {
@@ -45,6 +51,21 @@ int64_t readToken(const char *p, int code) {
 
 } // namespace
 
+struct TokenDataset::Mapping {
+  void *base = MAP_FAILED;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED)
+      munmap(base, bytes);
+  }
+};
+
+int32_t TokenDataset::token(size_t i) const {
+  if (!mappedIds_)
+    return tokens_[i];
+  return static_cast<int32_t>(readToken(mappedIds_ + i * dtypeSize(dtypeCode_), dtypeCode_));
+}
+
 uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -65,11 +86,26 @@ std::optional<TokenDataset> TokenDataset::fromText(const std::string &path, std:
 }
 
 std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix, std::string &error) {
-  std::string idx, bin;
-  if (!readFile(prefix + ".idx", idx) || !readFile(prefix + ".bin", bin)) {
+  std::string idx;
+  auto mapping = std::make_shared<Mapping>();
+  const int fd = ::open((prefix + ".bin").c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat binStat {};
+  if (!readFile(prefix + ".idx", idx) || fd < 0 || fstat(fd, &binStat) != 0) {
+    if (fd >= 0)
+      ::close(fd);
     error = prefix + ".idx/.bin: cannot open the indexed dataset";
     return std::nullopt;
   }
+  mapping->bytes = size_t(binStat.st_size);
+  if (mapping->bytes > 0)
+    mapping->base = mmap(nullptr, mapping->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapping->bytes > 0 && mapping->base == MAP_FAILED) {
+    error = prefix + ".bin: cannot map it into memory (" + std::strerror(errno) + ")";
+    return std::nullopt;
+  }
+  const char *bin = mapping->bytes > 0 ? static_cast<const char *>(mapping->base) : "";
+  const size_t binBytes = mapping->bytes;
   const size_t header = 9 + 8 + 1 + 8 + 8;
   if (idx.size() < header || std::memcmp(idx.data(), kIndexMagic, 9) != 0) {
     error = prefix + ".idx: not a Megatron indexed dataset (bad magic; expected MMIDIDX)";
@@ -91,39 +127,61 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
     error = prefix + ".idx: truncated (the header lists " + std::to_string(count) + " sequences)";
     return std::nullopt;
   }
-  std::vector<int32_t> tokens;
   const char *sizes = idx.data() + header;
   const char *pointers = sizes + count * 4;
-  uint64_t total = 0; // tokens listed so far
+  uint64_t total = 0;       // tokens listed so far
+  bool contiguous = true;   // each sequence starts where the one before ended
+  int64_t first = 0;        // the first sequence's byte offset
   for (uint64_t s = 0; s < count; ++s) {
     int32_t length;
     int64_t offset;
     std::memcpy(&length, sizes + s * 4, 4);
     std::memcpy(&offset, pointers + s * 8, 8);
-    if (length < 0 || offset < 0 || static_cast<uint64_t>(offset) + uint64_t(length) * width > bin.size()) {
+    if (length < 0 || offset < 0 || static_cast<uint64_t>(offset) + uint64_t(length) * width > binBytes) {
       error = prefix + ".bin: sequence " + std::to_string(s) + " lies outside the file";
       return std::nullopt;
     }
+    if (s == 0)
+      first = offset;
+    contiguous = contiguous && uint64_t(offset) == uint64_t(first) + total * width;
     // Megatron's sequences tile the .bin; overlapping ones could list the
     // whole file once per index entry (found by tests/fuzz/dataset_fuzz.cpp:
     // memory without bound), so no more tokens than the .bin holds.
     total += uint64_t(length);
-    if (total * width > bin.size()) {
+    if (total * width > binBytes) {
       error = prefix + ".idx: its sequences list more tokens than " + prefix + ".bin holds (" +
-              std::to_string(bin.size() / width) + "); the .idx and .bin do not belong together";
+              std::to_string(binBytes / width) + "); the .idx and .bin do not belong together";
       return std::nullopt;
     }
+  }
+  // Signed and 32-bit dtypes can hold ids no vocabulary has (negative, or
+  // past int32): one pass over the listed ids refuses them; uint8 and uint16 cannot.
+  const bool canBeInvalid = code == 2 || code == 3 || code == 4 || code == 5;
+  std::vector<int32_t> tokens;
+  for (uint64_t s = 0; s < count && (canBeInvalid || !contiguous); ++s) {
+    int32_t length;
+    int64_t offset;
+    std::memcpy(&length, sizes + s * 4, 4);
+    std::memcpy(&offset, pointers + s * 8, 8);
     for (int32_t k = 0; k < length; ++k) {
-      int64_t token = readToken(bin.data() + offset + k * width, code);
+      int64_t token = readToken(bin + offset + k * width, code);
       if (token < 0 || token > INT32_MAX) {
         error = prefix + ".bin: sequence " + std::to_string(s) + " holds the invalid token " +
                 std::to_string(token);
         return std::nullopt;
       }
-      tokens.push_back(static_cast<int32_t>(token));
+      if (!contiguous)
+        tokens.push_back(static_cast<int32_t>(token));
     }
   }
-  return TokenDataset(std::move(tokens), prefix);
+  if (!contiguous)
+    return TokenDataset(std::move(tokens), prefix); // copied in, in index order
+  TokenDataset data({}, prefix);
+  data.mapping_ = std::move(mapping);
+  data.mappedIds_ = bin + first;
+  data.dtypeCode_ = code;
+  data.count_ = size_t(total);
+  return data;
 }
 
 std::optional<TokenDataset> TokenDataset::open(const std::string &path, std::string &error) {
@@ -138,23 +196,23 @@ void TokenDataset::setSplit(int64_t train, int64_t valid) {
     trainEnd_ = validStart_ = SIZE_MAX;
     return;
   }
-  trainEnd_ = validStart_ = size_t(double(tokens_.size()) * double(train) / double(train + valid));
+  trainEnd_ = validStart_ = size_t(double(count_) * double(train) / double(train + valid));
 }
 
 std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
-  if (static_cast<int64_t>(tokens_.size()) < seqLen + 2)
-    return source_ + ": " + std::to_string(tokens_.size()) + " tokens, fewer than one window of " +
+  if (static_cast<int64_t>(count_) < seqLen + 2)
+    return source_ + ": " + std::to_string(count_) + " tokens, fewer than one window of " +
            std::to_string(seqLen + 1) + "; use more data or a shorter seq_len";
   if (hasValidation()) {
-    const int64_t trainTokens = int64_t(trainEnd_), validTokens = int64_t(tokens_.size() - validStart_);
+    const int64_t trainTokens = int64_t(trainEnd_), validTokens = int64_t(count_ - validStart_);
     if (std::min(trainTokens, validTokens) < seqLen + 2)
       return source_ + ": the --split leaves " + std::to_string(trainTokens) + " training and " +
              std::to_string(validTokens) + " validation tokens, and each part needs one window of " +
              std::to_string(seqLen + 1) + "; give the smaller part more weight, or use more data";
   }
-  for (size_t i = 0; i < tokens_.size(); ++i)
-    if (tokens_[i] >= vocab)
-      return source_ + ": token " + std::to_string(tokens_[i]) + " at position " + std::to_string(i) +
+  for (size_t i = 0; i < count_; ++i)
+    if (const int32_t id = token(i); id >= vocab)
+      return source_ + ": token " + std::to_string(id) + " at position " + std::to_string(i) +
              " does not fit the model's vocabulary of " + std::to_string(vocab);
   return "";
 }
@@ -162,7 +220,7 @@ std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
 void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen,
                           int64_t microBatch, int32_t *tokens, int32_t *labels, bool validation) const {
   // A part's windows start at [begin, end - seqLen - 1]; no split: the whole stream.
-  const size_t begin = validation ? validStart_ : 0, end = validation || !hasValidation() ? tokens_.size() : trainEnd_;
+  const size_t begin = validation ? validStart_ : 0, end = validation || !hasValidation() ? count_ : trainEnd_;
   const uint64_t windows = end - begin - seqLen - 1;
   const uint64_t salt = validation ? 0x76616c6964ull : 0; // "valid": other draws than training's
   for (int64_t b = 0; b < microBatch; ++b) {
@@ -170,8 +228,8 @@ void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64
         mix64((seed ^ salt) ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
     uint64_t offset = begin + key % (windows + 1);
     for (int64_t t = 0; t < seqLen; ++t) {
-      tokens[b * seqLen + t] = tokens_[offset + t];
-      labels[b * seqLen + t] = tokens_[offset + t + 1];
+      tokens[b * seqLen + t] = token(offset + t);
+      labels[b * seqLen + t] = token(offset + t + 1);
     }
   }
 }

@@ -41,6 +41,59 @@ TEST(Dataset, IndexedDatasetRoundTripsEveryDtype) {
   }
 }
 
+// A .bin whose sequences tile it in index order (what Megatron and mhc-prep
+// write) is mapped, ids read in their stored dtype; sequences listed in
+// another order are copied in, in index order. Both give the listed stream,
+// and a mapped int32 id outside int32's ids is refused as a copied one is.
+TEST(Dataset, TiledBinsAreMappedOthersCopiedInIndexOrder) {
+  std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {250, 7}, {9, 9, 9, 9}};
+  std::vector<int32_t> flat = {1, 2, 3, 250, 7, 9, 9, 9, 9};
+  auto stream = [](const TokenDataset &d) {
+    std::vector<int32_t> all(d.size());
+    for (size_t i = 0; i < d.size(); ++i)
+      all[i] = d.token(i);
+    return all;
+  };
+  for (int code : {1, 4, 8}) {
+    std::string prefix = tempPath("tiled" + std::to_string(code)), error;
+    ASSERT_TRUE(writeIndexedDataset(prefix, docs, code, error)) << error;
+    std::optional<TokenDataset> data = TokenDataset::open(prefix, error);
+    ASSERT_TRUE(data) << error;
+    EXPECT_TRUE(data->mapped()) << "dtype " << code;
+    EXPECT_EQ(stream(*data), flat) << "dtype " << code;
+  }
+  // Swap the first two sequences' pointers: the index lists {250, 7} first.
+  std::string prefix = tempPath("reordered"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, docs, 4, error)) << error;
+  std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+  const int64_t header = 9 + 8 + 1 + 8 + 8;
+  int32_t lengths[3];
+  int64_t offsets[3];
+  idx.seekg(header);
+  idx.read(reinterpret_cast<char *>(lengths), sizeof lengths);
+  idx.read(reinterpret_cast<char *>(offsets), sizeof offsets);
+  std::swap(lengths[0], lengths[1]);
+  std::swap(offsets[0], offsets[1]);
+  idx.seekp(header);
+  idx.write(reinterpret_cast<const char *>(lengths), sizeof lengths);
+  idx.write(reinterpret_cast<const char *>(offsets), sizeof offsets);
+  idx.close();
+  std::optional<TokenDataset> data = TokenDataset::open(prefix, error);
+  ASSERT_TRUE(data) << error;
+  EXPECT_FALSE(data->mapped());
+  EXPECT_EQ(stream(*data), (std::vector<int32_t>{250, 7, 1, 2, 3, 9, 9, 9, 9}));
+  // A negative int32 id in a mapped .bin.
+  std::string bad = tempPath("negative");
+  ASSERT_TRUE(writeIndexedDataset(bad, {{1, 2, 3}}, 4, error)) << error;
+  std::fstream bin(bad + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+  const int32_t negative = -5;
+  bin.seekp(4);
+  bin.write(reinterpret_cast<const char *>(&negative), 4);
+  bin.close();
+  EXPECT_FALSE(TokenDataset::open(bad, error));
+  EXPECT_NE(error.find("holds the invalid token -5"), std::string::npos) << error;
+}
+
 TEST(Dataset, RejectsBadIndexFiles) {
   std::string prefix = tempPath("bad"), error;
   std::ofstream(prefix + ".idx") << "NOTMMIDIDX-------------------------------";
