@@ -119,7 +119,7 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   if (f.artifactPath.empty())
     return fail("the artifact path is empty: give the file 'mhcc --emit=artifact' wrote");
   if (f.dataPath.empty())
-    return fail("--data: the path is empty: give a text file or a Megatron dataset prefix");
+    return fail("--data: the path is empty: give a text file, a Megatron dataset prefix or a blend 'W1 P1 W2 P2'");
   if (f.processes > 0 && f.gpus > 0)
     return fail("--processes starts CPU ranks, --gpus CUDA ranks: pass one of them");
   if (f.gpus == 0 || f.gpus < -1)

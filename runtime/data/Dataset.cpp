@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -61,6 +64,11 @@ struct TokenDataset::Mapping {
 };
 
 int32_t TokenDataset::token(size_t i) const {
+  for (const TokenDataset &part : parts_) {
+    if (i < part.size())
+      return part.token(i);
+    i -= part.size();
+  }
   if (!mappedIds_)
     return tokens_[i];
   return static_cast<int32_t>(readToken(mappedIds_ + i * dtypeSize(dtypeCode_), dtypeCode_));
@@ -184,14 +192,64 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
   return data;
 }
 
+TokenDataset TokenDataset::blend(std::vector<std::pair<double, TokenDataset>> parts, std::string source) {
+  TokenDataset data({}, std::move(source));
+  double total = 0, running = 0;
+  for (const auto &[weight, part] : parts)
+    total += weight;
+  for (auto &[weight, part] : parts) {
+    running += weight / total;
+    data.cumulative_.push_back(running);
+    data.count_ += part.size();
+    data.parts_.push_back(std::move(part));
+  }
+  data.cumulative_.back() = 1.0; // no sequence falls past the last dataset by rounding
+  return data;
+}
+
 std::optional<TokenDataset> TokenDataset::open(const std::string &path, std::string &error) {
+  // "W1 PATH1 W2 PATH2 ...": a blend (a plain path has no number first).
+  std::istringstream words(path);
+  std::vector<std::string> items{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+  char *end = nullptr;
+  if (items.size() > 1 && (std::strtod(items[0].c_str(), &end), end && *end == '\0')) {
+    if (items.size() % 2 != 0) {
+      error = "--data '" + path + "': a blend lists WEIGHT PATH pairs (e.g. '0.3 data/a 0.7 data/b'); " +
+              "the last weight has no path";
+      return std::nullopt;
+    }
+    std::vector<std::pair<double, TokenDataset>> parts;
+    for (size_t k = 0; k < items.size(); k += 2) {
+      const double weight = std::strtod(items[k].c_str(), &end);
+      if (!end || *end != '\0' || !(weight > 0) || !std::isfinite(weight)) {
+        error = "--data '" + path + "': weight '" + items[k] + "' of " + items[k + 1] +
+                " is not a positive number";
+        return std::nullopt;
+      }
+      std::optional<TokenDataset> part = open(items[k + 1], error);
+      if (!part)
+        return std::nullopt;
+      parts.emplace_back(weight, std::move(*part));
+    }
+    return blend(std::move(parts), path);
+  }
   std::ifstream idx(path + ".idx");
   if (idx.good())
     return fromIndexed(path, error);
   return fromText(path, error);
 }
 
+bool TokenDataset::hasValidation() const {
+  if (!parts_.empty())
+    return std::all_of(parts_.begin(), parts_.end(), [](const TokenDataset &p) { return p.hasValidation(); });
+  return validStart_ < count_;
+}
+
 void TokenDataset::setSplit(int64_t train, int64_t valid) {
+  for (TokenDataset &part : parts_) // Megatron splits each dataset of a blend
+    part.setSplit(train, valid);
+  if (!parts_.empty())
+    return;
   if (valid <= 0) {
     trainEnd_ = validStart_ = SIZE_MAX;
     return;
@@ -200,6 +258,11 @@ void TokenDataset::setSplit(int64_t train, int64_t valid) {
 }
 
 std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
+  for (const TokenDataset &part : parts_)
+    if (std::string problem = part.check(vocab, seqLen); !problem.empty())
+      return problem;
+  if (!parts_.empty())
+    return "";
   if (static_cast<int64_t>(count_) < seqLen + 2)
     return source_ + ": " + std::to_string(count_) + " tokens, fewer than one window of " +
            std::to_string(seqLen + 1) + "; use more data or a shorter seq_len";
@@ -219,18 +282,33 @@ std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
 
 void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen,
                           int64_t microBatch, int32_t *tokens, int32_t *labels, bool validation) const {
+  const uint64_t salt = validation ? 0x76616c6964ull : 0; // "valid": other draws than training's
+  for (int64_t b = 0; b < microBatch; ++b) {
+    const uint64_t key =
+        mix64((seed ^ salt) ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
+    sampleWindow(key, seqLen, tokens + b * seqLen, labels + b * seqLen, validation);
+  }
+}
+
+void TokenDataset::sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, int32_t *labels,
+                                bool validation) const {
+  if (!parts_.empty()) {
+    // The dataset: a uniform draw in [0, 1) against the cumulative weights,
+    // from a hash of the key (the window then comes from the key itself).
+    const double u = double(mix64(key ^ 0x626c656e64ull) >> 11) * 0x1.0p-53; // "blend"
+    size_t d = 0;
+    while (d + 1 < parts_.size() && u >= cumulative_[d])
+      ++d;
+    parts_[d].sampleWindow(key, seqLen, tokens, labels, validation);
+    return;
+  }
   // A part's windows start at [begin, end - seqLen - 1]; no split: the whole stream.
   const size_t begin = validation ? validStart_ : 0, end = validation || !hasValidation() ? count_ : trainEnd_;
   const uint64_t windows = end - begin - seqLen - 1;
-  const uint64_t salt = validation ? 0x76616c6964ull : 0; // "valid": other draws than training's
-  for (int64_t b = 0; b < microBatch; ++b) {
-    uint64_t key =
-        mix64((seed ^ salt) ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
-    uint64_t offset = begin + key % (windows + 1);
-    for (int64_t t = 0; t < seqLen; ++t) {
-      tokens[b * seqLen + t] = token(offset + t);
-      labels[b * seqLen + t] = token(offset + t + 1);
-    }
+  const uint64_t offset = begin + key % (windows + 1);
+  for (int64_t t = 0; t < seqLen; ++t) {
+    tokens[t] = token(offset + t);
+    labels[t] = token(offset + t + 1);
   }
 }
 

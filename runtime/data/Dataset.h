@@ -31,14 +31,22 @@ public:
   /// A Megatron indexed dataset: `prefix.bin` and `prefix.idx`.
   static std::optional<TokenDataset> fromIndexed(const std::string &prefix, std::string &error);
   /// `.txt` (or any other file) as bytes; a path whose `.idx` exists as an
-  /// indexed dataset prefix.
+  /// indexed dataset prefix; "W1 PATH1 W2 PATH2 ..." (Megatron's
+  /// --data-path blend) several of them mixed by weight (blend()).
   static std::optional<TokenDataset> open(const std::string &path, std::string &error);
+  /// Datasets mixed by weight: each sequence of a microbatch picks its
+  /// dataset by a counter hash of its (seed, step, microbatch, sequence),
+  /// with probability weight / sum of weights, then its window there as that
+  /// dataset alone would. (Megatron assigns samples greedily to track the
+  /// weights exactly; the expected shares are the same, and a hash needs no
+  /// state, so any step of any replica samples alone.)
+  static TokenDataset blend(std::vector<std::pair<double, TokenDataset>> parts, std::string source);
 
   /// Splits the stream as Megatron's --split does, by weight: the first
   /// train / (train + valid) of the tokens for training, the rest for
   /// validation. Without a split (the default) every window trains.
   void setSplit(int64_t train, int64_t valid);
-  bool hasValidation() const { return validStart_ < count_; }
+  bool hasValidation() const; // a blend: every dataset has a validation part
 
   /// Checks the data fits a model: every id below `vocab`, enough tokens for
   /// one window of `seqLen + 1` (in each part of a split).
@@ -50,9 +58,9 @@ public:
   void sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen, int64_t microBatch,
               int32_t *tokens, int32_t *labels, bool validation = false) const;
 
-  size_t size() const { return count_; }
+  size_t size() const { return count_; } // a blend: its datasets' tokens together
   const std::string &source() const { return source_; }
-  /// Token `i` of the stream.
+  /// Token `i` of the stream (of a blend: of its datasets one after another).
   int32_t token(size_t i) const;
   /// Whether the ids are read from a mapping of the .bin (not copied in).
   bool mapped() const { return mapping_ != nullptr; }
@@ -60,6 +68,11 @@ public:
 private:
   struct Mapping; // an mmap of a .bin, unmapped with the last dataset sharing it
 
+  /// One sequence (seqLen tokens and their labels) from the window `key` picks.
+  void sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, int32_t *labels, bool validation) const;
+
+  std::vector<TokenDataset> parts_;              // a blend's datasets (then nothing else is set)
+  std::vector<double> cumulative_;               // their weights' running sums, normalized to 1
   std::vector<int32_t> tokens_;                  // owned ids, or empty when mapped
   std::shared_ptr<const Mapping> mapping_;
   const char *mappedIds_ = nullptr;             // the stream's first id in the mapping

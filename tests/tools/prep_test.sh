@@ -5,7 +5,8 @@
 #    Python reader of the .idx/.bin (struct only), the runtime's reader
 #    (TokenDataset::fromIndexed, prep_dataset_dump) gives the same stream,
 #    and mhcrun trains two steps of tiny on it, printing a validation loss
-#    (--eval-interval, the default --split 98,2);
+#    (--eval-interval, the default --split 98,2), and on a blend of it with
+#    the text file;
 # 2. sentencepiece: a model trained here with spm_train; mhc-prep's ids for
 #    every line equal spm_encode's, with --append-eod the model's eos id
 #    ends each document, dtype uint16 for its 300 ids;
@@ -131,6 +132,10 @@ check_dataset out/corpus corpus.json 1
   || fail "mhcrun on the prepared corpus: $(tail -3 run.log)"
 [ "$(wc -l < run.jsonl)" -eq 2 ] || fail "mhcrun did not train two steps: $(cat run.log)"
 grep -q "^ validation loss at iteration 2 | lm loss value: " run.log || fail "no validation line: $(cat run.log)"
+# A blend of the prepared corpus and the text file (Megatron's --data-path W P ... syntax).
+"${mhcrun}" tiny.mhcc --data "0.3 out/corpus 0.7 ${corpus}" --steps 2 --no-progress --metrics blend.jsonl \
+  > blend.log 2>&1 || fail "mhcrun on a blend: $(tail -3 blend.log)"
+[ "$(wc -l < blend.jsonl)" -eq 2 ] || fail "mhcrun did not train two steps on the blend: $(cat blend.log)"
 
 # 2. SentencePiece, against spm_encode.
 command -v spm_train > /dev/null && command -v spm_encode > /dev/null \
