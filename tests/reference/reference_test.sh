@@ -5,6 +5,9 @@
 # the CPU backend with --dump-tensors, and replays the run in the reference
 # (losses, every gradient, AdamW, the paper's H properties). Then shows that
 # the comparison can fail: two deliberately broken references must be caught.
+# tiny also trains as two data-parallel replicas of a two-rank pipeline (one
+# microbatch each: the same global batch of two), which the reference
+# replays as one model on the global batch.
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcc="${root}/compiler/mhcc"
@@ -20,8 +23,8 @@ if ! "${python}" -c 'import numpy' 2>/dev/null; then
   exit 1
 fi
 
-train() { # MODEL NAME: artifact, 3 CPU steps, tensors under $work/NAME
-  "${mhcc}" "$1" --microbatches 2 --emit=artifact -o "${work}/$2.mhcc" --cuda-arch=none
+train() { # MODEL NAME [MHCC FLAGS]: artifact, 3 CPU steps, tensors under $work/NAME
+  "${mhcc}" "$1" --microbatches 2 "${@:3}" --emit=artifact -o "${work}/$2.mhcc" --cuda-arch=none
   "${mhcrun}" "${work}/$2.mhcc" --backend cpu --steps 3 --data "${corpus}" --dump-tensors "${work}/$2" \
     --no-progress > "${work}/$2.log"
 }
@@ -29,9 +32,12 @@ train() { # MODEL NAME: artifact, 3 CPU steps, tensors under $work/NAME
 train "${root}/models/tiny.json" tiny
 train "${root}/models/small_ci.json" small_ci
 train "${root}/tests/reference/tiny_sinkhorn.json" tiny_sinkhorn
+train "${root}/models/tiny.json" tiny_dp2 --microbatches 1 --dp 2 --pp 2 --layout 'Ett|ttmL'
 
 echo "=== tiny"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny"
+echo "=== tiny, dp 2 x pp 2"
+"${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_dp2"
 echo "=== small_ci"
 "${python}" "${check}" "${root}/models/small_ci.json" "${work}/small_ci"
 # After 20 iterations on order-1 logits the rows are still ~3e-3 from 1
