@@ -1,11 +1,13 @@
-//===- CpuProcessDevice.h - one CPU pipeline rank per process -------*- C++ -*-===//
+//===- CpuProcessDevice.h - one CPU rank per process ----------------*- C++ -*-===//
 //
-// The CPU backend with one process per pipeline rank (mhcrun --processes N,
-// or mpirun / srun with --backend cpu): the same kernels and launch table as
-// CpuDevice (StageExecutor.h), channels carried between processes by a
-// SocketMesh. Bits equal the in-process CPU run: every rank keeps a copy of
-// every weight; at the end of a step each rank sends its stages' slot
-// gradients, its losses and peak memory to rank 0, which runs the same
+// The CPU backend with one process per rank of the mesh (mhcrun --processes
+// pp x dp, or mpirun / srun with --backend cpu): the same kernels and launch
+// table as CpuDevice (StageExecutor.h), channels carried between processes
+// by a SocketMesh. Bits equal the in-process CPU run: every rank keeps a copy
+// of every weight; a data-parallel ALLREDUCE sends the replicas' gradients to
+// replica 0's rank, which adds them in replica order; at the end of a step
+// each rank sends its losses and peak memory (replica 0's ranks also their
+// stages' slot gradients) to rank 0, which runs the same
 // completeStep (Optimizer.h) as CpuWorld over the same arrays in the same
 // order, then sends every rank the updated weights and the step's numbers.
 // The gather also carries each rank's stop signal, so all stop together.

@@ -1,6 +1,7 @@
 //===- CpuRankBase.h - what both CPU devices share -------------------*- C++ -*-===//
 //
-// Host memory and the launch table of one CPU pipeline rank, for the
+// Host memory and the launch table of one CPU rank (a pipeline rank of one
+// data-parallel replica), for the
 // in-process device (CpuDevice.cpp, ranks as threads) and the one-process-
 // per-rank device (CpuProcessDevice.cpp): zero-filled buffers with peak
 // accounting, one stage instruction through StageExecutor.h, and bf16

@@ -1,9 +1,10 @@
 //===- Device.h - what the executor asks of a backend ---------------*- C++ -*-===//
 //
 // The line between the step logic and the backends, in the spirit of IREE's
-// HAL. One Device is one pipeline rank on one processor (a GPU, or a thread
-// of the CPU reference backend). The executor (Executor.h) walks the rank's
-// instruction list and owns every (stage, microbatch)'s buffers; the device
+// HAL. One Device is one rank of the mesh (a pipeline rank of one
+// data-parallel replica) on one processor (a GPU, or a thread or process of
+// the CPU reference backend). The executor (Executor.h) walks its pipeline
+// rank's instruction list and owns every (stage, microbatch)'s buffers; the device
 // supplies memory on ordered queues, runs one stage-program instruction's
 // forward or backward (or its B / W half), moves messages between ranks,
 // and applies the optimizer. Backends differ only below this line.
