@@ -57,8 +57,9 @@ TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
     ASSERT_EQ(reference.steps.size(), 2u);
     // Taps cover every node output and its gradient for every microbatch.
     EXPECT_GT(reference.steps[0].taps.size(), 10u);
-    if (std::optional<Artifact> a = readArtifact(family[0], error); a && a->model.dtype == "bf16")
+    if (std::optional<Artifact> a = readArtifact(family[0], error); a && a->model.dtype == "bf16") {
       EXPECT_GT(expectStoredAsDeclared(*a, reference.steps[0]), 10) << family[0];
+    }
     TrainingRun again = train(family[0], *data, 2);
     expectIdentical(reference, again, family[0] + " (rerun)");
     for (size_t i = 1; i < family.size(); ++i) {
