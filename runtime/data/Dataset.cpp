@@ -137,6 +137,7 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
   }
   const char *sizes = idx.data() + header;
   const char *pointers = sizes + count * 4;
+  std::vector<uint64_t> starts; // each sequence's first token in the stream
   uint64_t total = 0;       // tokens listed so far
   bool contiguous = true;   // each sequence starts where the one before ended
   int64_t first = 0;        // the first sequence's byte offset
@@ -152,6 +153,8 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
     if (s == 0)
       first = offset;
     contiguous = contiguous && uint64_t(offset) == uint64_t(first) + total * width;
+    if (length > 0)
+      starts.push_back(total);
     // Megatron's sequences tile the .bin; overlapping ones could list the
     // whole file once per index entry (found by tests/fuzz/dataset_fuzz.cpp:
     // memory without bound), so no more tokens than the .bin holds.
@@ -182,9 +185,13 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
         tokens.push_back(static_cast<int32_t>(token));
     }
   }
-  if (!contiguous)
-    return TokenDataset(std::move(tokens), prefix); // copied in, in index order
+  if (!contiguous) {
+    TokenDataset copied(std::move(tokens), prefix); // copied in, in index order
+    copied.documentStarts_ = std::move(starts);
+    return copied;
+  }
   TokenDataset data({}, prefix);
+  data.documentStarts_ = std::move(starts);
   data.mapping_ = std::move(mapping);
   data.mappedIds_ = bin + first;
   data.dtypeCode_ = code;
@@ -254,7 +261,15 @@ void TokenDataset::setSplit(int64_t train, int64_t valid) {
     trainEnd_ = validStart_ = SIZE_MAX;
     return;
   }
-  trainEnd_ = validStart_ = size_t(double(count_) * double(train) / double(train + valid));
+  size_t cut = size_t(double(count_) * double(train) / double(train + valid));
+  if (!documentStarts_.empty()) {
+    auto next = std::lower_bound(documentStarts_.begin(), documentStarts_.end(), uint64_t(cut));
+    if (next == documentStarts_.end())
+      --next; // the last document validates
+    if (*next > 0)
+      cut = size_t(*next);
+  }
+  trainEnd_ = validStart_ = cut;
 }
 
 std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {

@@ -44,7 +44,9 @@ public:
 
   /// Splits the stream as Megatron's --split does, by weight: the first
   /// train / (train + valid) of the tokens for training, the rest for
-  /// validation. Without a split (the default) every window trains.
+  /// validation, the cut moved to the next document start of an indexed
+  /// dataset (to the last one past its last start; a one-document dataset is
+  /// cut inside it). Without a split (the default) every window trains.
   void setSplit(int64_t train, int64_t valid);
   bool hasValidation() const; // a blend: every dataset has a validation part
 
@@ -74,6 +76,7 @@ private:
   std::vector<TokenDataset> parts_;              // a blend's datasets (then nothing else is set)
   std::vector<double> cumulative_;               // their weights' running sums, normalized to 1
   std::vector<int32_t> tokens_;                  // owned ids, or empty when mapped
+  std::vector<uint64_t> documentStarts_;         // an indexed dataset's sequence starts in the stream
   std::shared_ptr<const Mapping> mapping_;
   const char *mappedIds_ = nullptr;             // the stream's first id in the mapping
   int dtypeCode_ = 0;                            // Megatron's code of the mapped ids

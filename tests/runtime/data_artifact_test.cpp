@@ -131,6 +131,31 @@ TEST(Dataset, BlendsMixDatasetsByWeight) {
   EXPECT_NE(error.find("cannot open the data file"), std::string::npos) << error;
 }
 
+// --split cuts an indexed dataset at a document start (Megatron splits
+// documents): 9 tokens in documents starting at 0, 3, 7 split 50:50 cut at
+// 7, not at token 4, so validation holds only the last document.
+TEST(Dataset, SplitsIndexedDatasetsAtDocumentStarts) {
+  std::string prefix = tempPath("split_docs"), error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, {{1, 2, 3}, {4, 5, 6, 7}, {8, 9}}, 4, error)) << error;
+  std::optional<TokenDataset> data = TokenDataset::open(prefix, error);
+  ASSERT_TRUE(data) << error;
+  data->setSplit(50, 50);
+  ASSERT_TRUE(data->hasValidation());
+  int32_t token = 0, label = 0;
+  for (int64_t step = 0; step < 10; ++step) {
+    data->sample(3, step, 0, 1, 1, &token, &label, true);
+    EXPECT_EQ(token, 8);
+    EXPECT_EQ(label, 9);
+    data->sample(3, step, 0, 1, 1, &token, &label, false);
+    EXPECT_LT(token, 7) << "a training window reaches the validation document";
+  }
+  // A text file has no documents: the token cut stands.
+  TokenDataset text(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, "text");
+  text.setSplit(50, 50);
+  text.sample(3, 0, 0, 1, 1, &token, &label, true);
+  EXPECT_GE(token, 6);
+}
+
 TEST(Dataset, RejectsBadIndexFiles) {
   std::string prefix = tempPath("bad"), error;
   std::ofstream(prefix + ".idx") << "NOTMMIDIDX-------------------------------";
