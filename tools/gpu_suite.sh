@@ -293,6 +293,19 @@ run)
       if [ $rc = 1 ] && grep -q "$expect" "$logs/$name.log"; then r=PASS; else r=FAIL; fi
       row "$name refused" $r "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-150)"
     done
+    # Validation passes (--eval-interval) leave training unchanged on the GPU:
+    # the same numbers as a run with the same --split and no passes.
+    timeout 120 ./mhcrun tiny_pp1.mhcc --backend cuda --data corpus.txt --steps 4 --eval-interval 2 --no-progress \
+      --metrics "$logs/eval_gpu.jsonl" > "$logs/eval_gpu.log" 2>&1
+    timeout 120 ./mhcrun tiny_pp1.mhcc --backend cuda --data corpus.txt --steps 4 --split 98,2 --no-progress \
+      --metrics "$logs/eval_plain.jsonl" > "$logs/eval_plain.log" 2>&1
+    if python3 -c "
+import json, sys
+a = [json.loads(l) for l in open('$logs/eval_gpu.jsonl')]; b = [json.loads(l) for l in open('$logs/eval_plain.jsonl')]
+k = ['lm_loss', 'grad_norm', 'learning_rate']
+sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in k] for x in b]
+         and a[1].get('validation_lm_loss') and a[3].get('validation_lm_loss') else 1)" 2> /dev/null; then r=PASS; else r=FAIL; fi
+    row "validation passes (tiny PP1)" $r "$(grep -m1 'validation loss at iteration 4' "$logs/eval_gpu.log" | cut -c1-120)"
   fi
 
   if [[ $parts == *" goldens "* ]]; then
