@@ -357,7 +357,9 @@ json toJson(const Artifact &a) {
 
 Artifact artifactFromJson(const json &j) {
   Artifact a = read<Artifact>(j.at("pipeline"), MHCC_FIELDS(pipelineFields));
-  a.dp = j.at("pipeline").value("dp", int64_t(1)); // absent before data parallelism: one replica
+  // Absent before data parallelism: one replica. Integers only, as every member.
+  const json &pipeline = j.at("pipeline");
+  a.dp = pipeline.contains("dp") ? strictValue<int64_t>(pipeline.at("dp"), "dp") : 1;
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);

@@ -274,6 +274,11 @@ TEST(Artifact, IntegerMembersTakeOnlyIntegersInRange) {
   EXPECT_NE(error.find("microbatches: 2.5 is not an integer in range"), std::string::npos) << error;
   EXPECT_FALSE(decodeEdited("pp", 18446744073709551615ull, error));
   EXPECT_NE(error.find("pp: 18446744073709551615 is not an integer"), std::string::npos) << error;
+  // The mesh: an integer, and a world the validation allows.
+  EXPECT_FALSE(decodeEdited("dp", 2.5, error));
+  EXPECT_NE(error.find("dp: 2.5 is not an integer in range"), std::string::npos) << error;
+  EXPECT_FALSE(decodeEdited("dp", 0, error));
+  EXPECT_NE(error.find("bad rank mesh (dp = 0"), std::string::npos) << error;
 }
 
 TEST(Artifact, DeviceCodeRoundTripsEveryByteAndIsChecked) {
