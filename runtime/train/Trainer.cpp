@@ -164,6 +164,14 @@ std::optional<StepResult> Trainer::evaluate(int64_t iterations, std::string &err
       error = firstError();
       return std::nullopt;
     }
+    // The pass's device times and trace are not a training step's.
+    std::map<std::string, double> discarded;
+    for (size_t k = 0; k < devices_.size(); ++k) {
+      if (options_.profile)
+        devices_[k]->takeProfile(discarded);
+      executors_[k]->takeTrace();
+      executors_[k]->takeTaps();
+    }
     mean.lmLoss += results[0].lmLoss / double(iterations);
     if (results[0].mtpLoss) {
       mean.mtpLoss = mean.mtpLoss.value_or(0.0) + *results[0].mtpLoss;
