@@ -300,8 +300,19 @@ bool SocketMesh::write(Peer &peer, int64_t rank, const void *data, size_t size, 
       ::poll(&writable, 1, int(kWaitSlice.count()));
       continue;
     }
-    error = "rank " + std::to_string(rank) + " lost: cannot send to it (" + std::strerror(errno) +
-            "; it exited or was killed)";
+    const std::string why = std::strerror(errno);
+    // A peer may have gone because another rank's failure stopped it, and
+    // the report naming that rank can still be on its way (the reader
+    // threads run apart, but it is in this rank's socket by now): give it
+    // half a second before naming this peer.
+    for (auto until = Clock::now() + std::chrono::milliseconds(500); !reported_ && Clock::now() < until;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (reported_) {
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      error = report_;
+    } else {
+      error = "rank " + std::to_string(rank) + " lost: cannot send to it (" + why + "; it exited or was killed)";
+    }
     break;
   }
   if (announce && waiting)

@@ -9,12 +9,13 @@
 # survivors, then every process, exited. Then a slow rank that progresses
 # (MHCC_TEST_SLOW_RANK, 100 ms before each instruction) under --recv-timeout
 # 1: waits on it last seconds, but it is never declared stuck.
-# Usage: rank_loss_test.sh PP4
+# Usage: rank_loss_test.sh PP4 DP2_PP2
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcrun="${root}/tools/mhcrun"
 corpus="${root}/data/corpus.txt"
 pp4="${root}/$1"
+dp2="${root}/$2"
 work="${TEST_TMPDIR}/loss"
 rm -rf "${work}" && mkdir -p "${work}"
 source "${root}/tests/runtime/fault_helpers.sh"
@@ -30,13 +31,14 @@ rank_pid() {
 
 # lose NAME LOST_RANK WHAT FAULT [FLAGS...]: rank LOST_RANK fails in
 # iteration 3. FAULT: VAR=VALUE for the environment, or "stop" (SIGSTOP
-# from here once iteration 2 is reported).
+# from here once iteration 2 is reported). ARTIFACT (default PP4): a
+# four-rank artifact.
 lose() {
   local name=$1 lost=$2 what=$3 fault=$4 dir="${work}/$1"
   shift 4
   mkdir -p "${dir}"
   local environment=(); [ "${fault}" = stop ] || environment=("${fault}")
-  env "${environment[@]}" "${mhcrun}" "${pp4}" --data "${corpus}" --backend cpu --no-progress --steps 1000 \
+  env "${environment[@]}" "${mhcrun}" "${ARTIFACT:-${pp4}}" --data "${corpus}" --backend cpu --no-progress --steps 1000 \
     --processes 4 --metrics "${dir}/m.json" "$@" > "${dir}/out.log" 2> "${dir}/err.log" &
   local parent=$!
   wait_lines "${dir}/m.json" 1
@@ -76,6 +78,9 @@ lose() {
 }
 
 lose kill 1 "rank 1 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=1:3
+# Data parallelism (dp 2 x pp 2): rank 3, replica 1 of pipeline rank 1, dies;
+# rank 2 waits on it in the gradient ALLREDUCE, rank 1 as its pipeline peer.
+ARTIFACT="${dp2}" lose dp_kill 3 "dp 2 x pp 2: rank 3 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=3:3
 # Stopped, a rank neither progresses nor heartbeats (nor reads its socket).
 lose stop 2 "rank 2 SIGSTOPped (--recv-timeout 3)" stop --recv-timeout 3
 
