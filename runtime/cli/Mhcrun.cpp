@@ -147,8 +147,6 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   return backend;
 }
 
-/// One --metrics line. Keys are snake_case, one style (docs/runtime.md);
-/// tools/metrics_to_golden.py maps them to Megatron's golden-value names.
 /// The validation pass's lines, Megatron's format.
 std::string validationLine(const StepResult &v) {
   char text[256];
@@ -163,6 +161,8 @@ std::string validationLine(const StepResult &v) {
   return rule + "\n" + line + "\n" + rule;
 }
 
+/// One --metrics line. Keys are snake_case, one style (docs/runtime.md);
+/// tools/metrics_to_golden.py maps them to Megatron's golden-value names.
 nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
   const int64_t peakMax = r.peakBytes.empty() ? 0 : *std::max_element(r.peakBytes.begin(), r.peakBytes.end());
   nlohmann::json line = {{"iteration", r.step},          {"lm_loss", r.lmLoss},

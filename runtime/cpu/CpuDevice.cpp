@@ -2,7 +2,6 @@
 #include "runtime/cpu/CpuDevice.h"
 
 #include "runtime/cpu/CpuRankBase.h"
-#include "runtime/train/Optimizer.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -143,15 +142,8 @@ struct CpuWorld {
       arrived = 0;
       result = StepResult();
       result.step = step;
-      // The replicas' gradients were summed by each rank's ALLREDUCE; the losses in the global batch's order (Artifact::globalMicrobatch).
-      std::vector<std::vector<double>> global(a.microbatches * a.dp);
-      for (int64_t d = 0; d < a.dp; ++d)
-        for (int64_t mb = 0; mb < a.microbatches; ++mb)
-          global[a.globalMicrobatch(mb, d)] = losses[d][mb];
-      if (evaluateOnly)
-        summarizeLosses(a.stages.back(), global, result);
-      else
-        params.update(a, options, global, result);
+      // The replicas' gradients were summed by each rank's ALLREDUCE.
+      params.update(a, options, losses, evaluateOnly, result);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();

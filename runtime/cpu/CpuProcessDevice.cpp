@@ -5,7 +5,6 @@
 #include "runtime/cpu/CpuRankBase.h"
 #include "runtime/cpu/SocketMesh.h"
 #include "runtime/dist/StopSignal.h"
-#include "runtime/train/Optimizer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -261,18 +260,10 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
       replicaLosses[a_.replicaOf(r)] = std::move(rankLosses);
     stop = std::max<int>(stop, int(rankStop));
   }
-  // The losses in the global batch's order (Artifact::globalMicrobatch).
-  std::vector<std::vector<double>> losses(a_.microbatches * a_.dp);
-  for (int64_t d = 0; d < a_.dp; ++d)
-    for (int64_t mb = 0; mb < a_.microbatches && mb < int64_t(replicaLosses[d].size()); ++mb)
-      losses[a_.globalMicrobatch(mb, d)] = replicaLosses[d][mb];
   StepResult result;
   result.step = step;
   mesh_->setLocalWork(true); // the others wait on this update: it is progress
-  if (evaluating())
-    summarizeLosses(a_.stages.back(), losses, result);
-  else
-    params_.update(a_, options_, losses, result);
+  params_.update(a_, options_, replicaLosses, evaluating(), result);
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
   pack.put(result.lmLoss);

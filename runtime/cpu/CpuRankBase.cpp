@@ -52,7 +52,16 @@ HostParameters::HostParameters(const Artifact &a, bool withMoments,
 }
 
 void HostParameters::update(const Artifact &a, const TrainOptions &options,
-                            const std::vector<std::vector<double>> &losses, StepResult &result) {
+                            const std::vector<std::vector<std::vector<double>>> &replicaLosses, bool evaluateOnly,
+                            StepResult &result) {
+  std::vector<std::vector<double>> losses(a.microbatches * a.dp);
+  for (int64_t d = 0; d < a.dp; ++d)
+    for (int64_t mb = 0; mb < a.microbatches && mb < int64_t(replicaLosses[d].size()); ++mb)
+      losses[a.globalMicrobatch(mb, d)] = replicaLosses[d][mb];
+  if (evaluateOnly) {
+    summarizeLosses(a.stages.back(), losses, result);
+    return;
+  }
   std::vector<std::vector<const float *>> grads(a.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s)
     for (const std::vector<float> &g : slotGrads[s])

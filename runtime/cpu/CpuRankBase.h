@@ -49,8 +49,12 @@ struct HostParameters {
   HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage);
   float *weight(int param) { return working.at(weights, size_t(param)); }
   /// Reduces every stage's slot gradients and applies the optimizer
-  /// (Optimizer.h's completeStep), then refreshes the working copies.
-  void update(const Artifact &a, const TrainOptions &options, const std::vector<std::vector<double>> &losses,
+  /// (Optimizer.h's completeStep), then refreshes the working copies; a
+  /// validation step only summarizes the losses. `replicaLosses`: the last
+  /// stage's [replica][mb][loss], taken in the global batch's order
+  /// (Artifact::globalMicrobatch).
+  void update(const Artifact &a, const TrainOptions &options,
+              const std::vector<std::vector<std::vector<double>>> &replicaLosses, bool evaluateOnly,
               StepResult &result);
   /// Masters from `state` (moments too where given and `withMoments`).
   void load(const ParameterState &state, bool withMoments);

@@ -79,24 +79,31 @@ bool Trainer::runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber
   return std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; });
 }
 
-std::optional<StepResult> Trainer::step(std::string &error) {
+bool Trainer::runStep(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
+                      std::vector<double> &pipelineMs, std::string &error) {
   if (broken_) {
     error = "the trainer failed before and cannot continue";
-    return std::nullopt;
+    return false;
   }
+  results.assign(devices_.size(), StepResult());
+  pipelineMs.assign(devices_.size(), 0.0);
+  errors_.assign(devices_.size(), "");
+  if (runRanks(inputs, stepNumber, results, pipelineMs))
+    return true;
+  broken_ = true;
+  for (auto &device : devices_)
+    device->abort();
+  error = firstError();
+  return false;
+}
+
+std::optional<StepResult> Trainer::step(std::string &error) {
   const ModelInfo &m = artifact_.model;
   const auto start = Clock::now();
-  std::vector<StepInputs> inputs = sampleInputs(stepsDone_, false);
-  std::vector<StepResult> results(devices_.size());
-  std::vector<double> pipelineMs(devices_.size(), 0.0);
-  errors_.assign(devices_.size(), "");
-  if (!runRanks(inputs, stepsDone_ + 1, results, pipelineMs)) {
-    broken_ = true;
-    for (auto &device : devices_)
-      device->abort();
-    error = firstError();
+  std::vector<StepResult> results;
+  std::vector<double> pipelineMs;
+  if (!runStep(sampleInputs(stepsDone_, false), stepsDone_ + 1, results, pipelineMs, error))
     return std::nullopt;
-  }
   StepResult result = std::move(results[0]);
   for (size_t k = 0; k < devices_.size(); ++k) {
     if (k > 0)
@@ -139,31 +146,19 @@ std::vector<StepInputs> Trainer::sampleInputs(int64_t batch, bool validation) co
 }
 
 std::optional<StepResult> Trainer::evaluate(int64_t iterations, std::string &error) {
-  if (broken_) {
-    error = "the trainer failed before and cannot continue";
-    return std::nullopt;
-  }
   if (!data_.hasValidation()) {
     error = "the data has no validation part (--split)";
     return std::nullopt;
   }
   StepResult mean;
   mean.step = stepsDone_;
-  int64_t mtpSeen = 0;
-  for (int64_t k = 0; k < iterations; ++k) {
+  std::vector<StepResult> results;
+  std::vector<double> pipelineMs;
+  for (int64_t batch = 0; batch < iterations; ++batch) {
     // Validation batches follow each other over the evaluations, as Megatron's
     // validation iterator does: evaluation e's batch k is e x iterations + k.
-    const std::vector<StepInputs> inputs = sampleInputs(stepsDone_ * iterations + k, true);
-    std::vector<StepResult> results(devices_.size());
-    std::vector<double> pipelineMs(devices_.size(), 0.0);
-    errors_.assign(devices_.size(), "");
-    if (!runRanks(inputs, stepsDone_, results, pipelineMs)) {
-      broken_ = true;
-      for (auto &device : devices_)
-        device->abort();
-      error = firstError();
+    if (!runStep(sampleInputs(stepsDone_ * iterations + batch, true), stepsDone_, results, pipelineMs, error))
       return std::nullopt;
-    }
     // The pass's device times and trace are not a training step's.
     std::map<std::string, double> discarded;
     for (size_t k = 0; k < devices_.size(); ++k) {
@@ -173,14 +168,10 @@ std::optional<StepResult> Trainer::evaluate(int64_t iterations, std::string &err
       executors_[k]->takeTaps();
     }
     mean.lmLoss += results[0].lmLoss / double(iterations);
-    if (results[0].mtpLoss) {
-      mean.mtpLoss = mean.mtpLoss.value_or(0.0) + *results[0].mtpLoss;
-      ++mtpSeen;
-    }
+    if (results[0].mtpLoss) // every batch has one when the model has MTP
+      mean.mtpLoss = mean.mtpLoss.value_or(0.0) + *results[0].mtpLoss / double(iterations);
     mean.stopSignal = std::max(mean.stopSignal, results[0].stopSignal);
   }
-  if (mean.mtpLoss)
-    *mean.mtpLoss /= double(mtpSeen);
   return mean;
 }
 

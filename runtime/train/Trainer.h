@@ -62,6 +62,10 @@ private:
   Trainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
   bool runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
                 std::vector<double> &pipelineMs);
+  /// runRanks for a training or validation step; on failure every device
+  /// aborts, the trainer refuses further steps and `error` names the cause.
+  bool runStep(const std::vector<StepInputs> &inputs, int64_t stepNumber, std::vector<StepResult> &results,
+               std::vector<double> &pipelineMs, std::string &error);
   /// Each replica's share of global batch `batch` (the training part, or
   /// the validation part for a validation pass).
   std::vector<StepInputs> sampleInputs(int64_t batch, bool validation) const;
