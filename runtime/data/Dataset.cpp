@@ -137,15 +137,19 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
   }
   const char *sizes = idx.data() + header;
   const char *pointers = sizes + count * 4;
+  auto sequence = [&](uint64_t s) { // its token count and byte offset in the .bin
+    int32_t length;
+    int64_t offset;
+    std::memcpy(&length, sizes + s * 4, 4);
+    std::memcpy(&offset, pointers + s * 8, 8);
+    return std::pair<int32_t, int64_t>(length, offset);
+  };
   std::vector<uint64_t> starts; // each sequence's first token in the stream
   uint64_t total = 0;       // tokens listed so far
   bool contiguous = true;   // each sequence starts where the one before ended
   int64_t first = 0;        // the first sequence's byte offset
   for (uint64_t s = 0; s < count; ++s) {
-    int32_t length;
-    int64_t offset;
-    std::memcpy(&length, sizes + s * 4, 4);
-    std::memcpy(&offset, pointers + s * 8, 8);
+    const auto [length, offset] = sequence(s);
     if (length < 0 || offset < 0 || static_cast<uint64_t>(offset) + uint64_t(length) * width > binBytes) {
       error = prefix + ".bin: sequence " + std::to_string(s) + " lies outside the file";
       return std::nullopt;
@@ -170,10 +174,7 @@ std::optional<TokenDataset> TokenDataset::fromIndexed(const std::string &prefix,
   const bool canBeInvalid = code == 2 || code == 3 || code == 4 || code == 5;
   std::vector<int32_t> tokens;
   for (uint64_t s = 0; s < count && (canBeInvalid || !contiguous); ++s) {
-    int32_t length;
-    int64_t offset;
-    std::memcpy(&length, sizes + s * 4, 4);
-    std::memcpy(&offset, pointers + s * 8, 8);
+    const auto [length, offset] = sequence(s);
     for (int32_t k = 0; k < length; ++k) {
       int64_t token = readToken(bin + offset + k * width, code);
       if (token < 0 || token > INT32_MAX) {
