@@ -3,7 +3,9 @@
 // On one GPU, for runtime/cuda/FlashAttention:
 //  - correctness of the forward (o, lse) and backward (dq, dk, dv) against
 //    naive fp32 CUDA kernels below (one thread per (token, head), scores
-//    recomputed per key), on several shapes. bf16 outputs pass when
+//    recomputed per key), on several shapes, with and without packed
+//    documents (per-document causal masks: lengths drawn from 1 to twice a
+//    mean, so some span tiles and blocks and some are single tokens). bf16 outputs pass when
 //    max |x - ref| <= 2e-2 * max |ref| over the tensor; lse (fp32) when
 //    max |x - ref| <= 1e-3;
 //  - determinism: fwd + bwd run twice, into buffers pre-filled with
@@ -12,7 +14,9 @@
 //  - the refusals: an unsupported head dim and a bad seq return an error;
 //  - speed: T = 8192 tokens (4 x 2048), d = 128 (16 heads) and d = 64
 //    (32 heads), medians of 20 timed runs after 3 warm-ups (CUDA events),
-//    causal FLOPs: fwd 4 * B * H * S^2 * d / 2, bwd 2.5 x fwd. Speed is
+//    causal FLOPs: fwd 4 * B * H * S^2 * d / 2, bwd 2.5 x fwd; with packed
+//    documents (mean 512 tokens, S = 4096) the FLOPs of the visible pairs
+//    only, and the time against the same shape without documents. Speed is
 //    printed, not asserted.
 // Exit 1 on any failed check or CUDA error.
 //
@@ -33,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -60,23 +65,26 @@ __device__ float dot(const bf16 *a, const bf16 *b, int d) {
   return s;
 }
 
-/// o[t, h*d..] and lse[t, h] of the causal softmax over keys 0..i of t's sequence.
+/// The first key token t sees: its document's start (firstKeys null: its sequence's).
+__device__ int firstKey(const int32_t *firstKeys, int64_t t) { return firstKeys ? firstKeys[t] : 0; }
+
+/// o[t, h*d..] and lse[t, h] of the causal softmax over keys first..i of t's sequence.
 template <int D>
-__global__ void refForward(const bf16 *qkv, float *o, float *lse, int64_t T, int64_t C, int heads, int seq,
-                           float scale) {
+__global__ void refForward(const bf16 *qkv, const int32_t *firstKeys, float *o, float *lse, int64_t T, int64_t C,
+                           int heads, int seq, float scale) {
   int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= T * heads)
     return;
   const int64_t t = idx / heads, t0 = t - t % seq;
-  const int h = int(idx % heads), i = int(t % seq);
+  const int h = int(idx % heads), i = int(t % seq), first = firstKey(firstKeys, t);
   const bf16 *q = qkv + t * 3 * C + h * D;
   float mx = -INFINITY;
-  for (int j = 0; j <= i; ++j)
+  for (int j = first; j <= i; ++j)
     mx = fmaxf(mx, scale * dot(q, qkv + (t0 + j) * 3 * C + C + h * D, D));
   float sum = 0.f, acc[D];
   for (int e = 0; e < D; ++e)
     acc[e] = 0.f;
-  for (int j = 0; j <= i; ++j) {
+  for (int j = first; j <= i; ++j) {
     const float p = expf(scale * dot(q, qkv + (t0 + j) * 3 * C + C + h * D, D) - mx);
     const bf16 *v = qkv + (t0 + j) * 3 * C + 2 * C + h * D;
     sum += p;
@@ -101,20 +109,20 @@ __global__ void refRowDot(const float *o, const bf16 *dO, float *rowDot, int64_t
   rowDot[idx] = s;
 }
 
-/// dq[t] = scale * sum over keys j <= i of P_ij (dP_ij - D_i) k_j.
+/// dq[t] = scale * sum over keys first <= j <= i of P_ij (dP_ij - D_i) k_j.
 template <int D>
-__global__ void refDq(const bf16 *qkv, const bf16 *dO, const float *lse, const float *rowDot, float *dq, int64_t T,
-                      int64_t C, int heads, int seq, float scale) {
+__global__ void refDq(const bf16 *qkv, const int32_t *firstKeys, const bf16 *dO, const float *lse,
+                      const float *rowDot, float *dq, int64_t T, int64_t C, int heads, int seq, float scale) {
   int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= T * heads)
     return;
   const int64_t t = idx / heads, t0 = t - t % seq;
-  const int h = int(idx % heads), i = int(t % seq);
+  const int h = int(idx % heads), i = int(t % seq), first = firstKey(firstKeys, t);
   const bf16 *q = qkv + t * 3 * C + h * D, *g = dO + t * C + h * D;
   float acc[D];
   for (int e = 0; e < D; ++e)
     acc[e] = 0.f;
-  for (int j = 0; j <= i; ++j) {
+  for (int j = first; j <= i; ++j) {
     const bf16 *k = qkv + (t0 + j) * 3 * C + C + h * D, *v = k + C;
     const float p = expf(scale * dot(q, k, D) - lse[idx]);
     const float ds = p * (dot(g, v, D) - rowDot[idx]);
@@ -125,10 +133,11 @@ __global__ void refDq(const bf16 *qkv, const bf16 *dO, const float *lse, const f
     dq[t * C + h * D + e] = scale * acc[e];
 }
 
-/// dk[t] = scale * sum over queries r >= j of dS_rj q_r, dv[t] = sum of P_rj dO_r (t is key j).
+/// dk[t] = scale * sum over queries r >= j of j's document of dS_rj q_r, dv[t] = sum of P_rj dO_r (t is key j).
 template <int D>
-__global__ void refDkDv(const bf16 *qkv, const bf16 *dO, const float *lse, const float *rowDot, float *dk,
-                        float *dv, int64_t T, int64_t C, int heads, int seq, float scale) {
+__global__ void refDkDv(const bf16 *qkv, const int32_t *firstKeys, const bf16 *dO, const float *lse,
+                        const float *rowDot, float *dk, float *dv, int64_t T, int64_t C, int heads, int seq,
+                        float scale) {
   int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= T * heads)
     return;
@@ -138,7 +147,7 @@ __global__ void refDkDv(const bf16 *qkv, const bf16 *dO, const float *lse, const
   float accK[D], accV[D];
   for (int e = 0; e < D; ++e)
     accK[e] = accV[e] = 0.f;
-  for (int r = j; r < seq; ++r) {
+  for (int r = j; r < seq && firstKey(firstKeys, t0 + r) <= j; ++r) {
     const int64_t tr = t0 + r, pr = tr * heads + h;
     const bf16 *q = qkv + tr * 3 * C + h * D, *g = dO + tr * C + h * D;
     const float p = expf(scale * dot(q, k, D) - lse[pr]);
@@ -204,14 +213,45 @@ bool compare(const char *name, const std::vector<T> &got, int64_t ld, int64_t co
 
 struct Shape {
   int64_t batches, seq, heads, d;
+  int64_t meanDocument = 0; // packed documents of 1 .. 2 x this many tokens; 0: one per sequence
 };
+
+/// Each token's document start in its sequence, documents of 1 .. 2 x mean tokens (a fixed LCG draws them).
+std::vector<int32_t> packedFirstKeys(const Shape &s) {
+  std::vector<int32_t> firstKeys(s.batches * s.seq);
+  uint64_t state = 12345;
+  for (int64_t b = 0; b < s.batches; ++b)
+    for (int64_t start = 0; start < s.seq;) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const int64_t length = std::min<int64_t>(1 + int64_t((state >> 33) % uint64_t(2 * s.meanDocument)), s.seq - start);
+      for (int64_t i = start; i < start + length; ++i)
+        firstKeys[b * s.seq + i] = int32_t(start);
+      start += length;
+    }
+  return firstKeys;
+}
+
+/// Query-key pairs attention computes: causal, and within documents.
+double visiblePairs(const Shape &s, const std::vector<int32_t> &firstKeys) {
+  double pairs = 0;
+  for (int64_t t = 0; t < s.batches * s.seq; ++t)
+    pairs += double(t % s.seq - (firstKeys.empty() ? 0 : firstKeys[t]) + 1);
+  return pairs;
+}
 
 /// Device buffers of one shape: inputs, two sets of outputs, the reference.
 struct Buffers {
   int64_t T, C;
   bf16 *qkv, *dO, *o[2], *dqkv[2];
   float *lse[2], *scratch, *oRef, *lseRef, *dotRef, *dqRef, *dkRef, *dvRef;
+  std::vector<int32_t> hostFirstKeys;
+  int32_t *firstKeys = nullptr; // null without documents
   explicit Buffers(const Shape &s) : T(s.batches * s.seq), C(s.heads * s.d) {
+    if (s.meanDocument > 0) {
+      hostFirstKeys = packedFirstKeys(s);
+      CHECK_CUDA(cudaMalloc(&firstKeys, T * 4));
+      CHECK_CUDA(cudaMemcpy(firstKeys, hostFirstKeys.data(), T * 4, cudaMemcpyHostToDevice));
+    }
     const int64_t tc = T * C, th = T * s.heads;
     CHECK_CUDA(cudaMalloc(&qkv, 3 * tc * 2));
     CHECK_CUDA(cudaMalloc(&dO, tc * 2));
@@ -232,7 +272,7 @@ struct Buffers {
   ~Buffers() {
     for (void *p : {(void *)qkv, (void *)dO, (void *)o[0], (void *)o[1], (void *)dqkv[0], (void *)dqkv[1],
                     (void *)lse[0], (void *)lse[1], (void *)scratch, (void *)oRef, (void *)lseRef, (void *)dotRef,
-                    (void *)dqRef, (void *)dkRef, (void *)dvRef})
+                    (void *)dqRef, (void *)dkRef, (void *)dvRef, (void *)firstKeys})
       cudaFree(p);
   }
   /// fwd + bwd into output set i, its buffers first filled with `garbage` bytes.
@@ -241,26 +281,28 @@ struct Buffers {
     CHECK_CUDA(cudaMemset(dqkv[i], garbage, 3 * T * C * 2));
     CHECK_CUDA(cudaMemset(lse[i], garbage, T * s.heads * 4));
     CHECK_CUDA(cudaMemset(scratch, garbage, fa::flashAttentionBackwardScratch(T, C, s.heads) * 4));
-    CHECK_OK(fa::flashAttentionForward(qkv, o[i], lse[i], T, C, s.heads, s.seq, nullptr));
-    CHECK_OK(fa::flashAttentionBackward(qkv, o[i], dO, lse[i], dqkv[i], scratch, T, C, s.heads, s.seq, nullptr));
+    CHECK_OK(fa::flashAttentionForward(qkv, o[i], lse[i], T, C, s.heads, s.seq, firstKeys, nullptr));
+    CHECK_OK(
+        fa::flashAttentionBackward(qkv, o[i], dO, lse[i], dqkv[i], scratch, T, C, s.heads, s.seq, firstKeys, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
   template <int D> void reference(const Shape &s) {
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t n = T * s.heads;
     const int h = int(s.heads), seq = int(s.seq);
-    refForward<D><<<blocksFor(n, 128), 128>>>(qkv, oRef, lseRef, T, C, h, seq, scale);
+    refForward<D><<<blocksFor(n, 128), 128>>>(qkv, firstKeys, oRef, lseRef, T, C, h, seq, scale);
     refRowDot<D><<<blocksFor(n, 128), 128>>>(oRef, dO, dotRef, T, C, h);
-    refDq<D><<<blocksFor(n, 128), 128>>>(qkv, dO, lseRef, dotRef, dqRef, T, C, h, seq, scale);
-    refDkDv<D><<<blocksFor(n, 128), 128>>>(qkv, dO, lseRef, dotRef, dkRef, dvRef, T, C, h, seq, scale);
+    refDq<D><<<blocksFor(n, 128), 128>>>(qkv, firstKeys, dO, lseRef, dotRef, dqRef, T, C, h, seq, scale);
+    refDkDv<D><<<blocksFor(n, 128), 128>>>(qkv, firstKeys, dO, lseRef, dotRef, dkRef, dvRef, T, C, h, seq, scale);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
   }
 };
 
 bool checkShape(const Shape &s) {
-  std::printf("check B=%lld S=%lld H=%lld d=%lld\n", (long long)s.batches, (long long)s.seq, (long long)s.heads,
-              (long long)s.d);
+  std::printf("check B=%lld S=%lld H=%lld d=%lld%s\n", (long long)s.batches, (long long)s.seq, (long long)s.heads,
+              (long long)s.d,
+              s.meanDocument ? (" documents of 1.." + std::to_string(2 * s.meanDocument)).c_str() : "");
   Buffers b(s);
   b.run(s, 0, 0xff); // 0xffff: a bf16 NaN, so an unwritten element fails the comparison
   b.run(s, 1, 0x7f);
@@ -289,31 +331,38 @@ bool checkShape(const Shape &s) {
 
 /// The launch functions refuse what they do not handle, with a message, before touching memory.
 bool checkRefusals() {
-  const std::string badDim = fa::flashAttentionForward(nullptr, nullptr, nullptr, 256, 2 * 96, 2, 128, nullptr);
-  const std::string badSeq =
-      fa::flashAttentionBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 200, 128, 2, 100, nullptr);
+  const std::string badDim =
+      fa::flashAttentionForward(nullptr, nullptr, nullptr, 256, 2 * 96, 2, 128, nullptr, nullptr);
+  const std::string badSeq = fa::flashAttentionBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 200,
+                                                        128, 2, 100, nullptr, nullptr);
   const bool ok = badDim.find("head dim 96") != std::string::npos && badSeq.find("seq 100") != std::string::npos;
   std::printf("refusals: \"%s\" / \"%s\": %s\n", badDim.c_str(), badSeq.c_str(), ok ? "PASS" : "FAIL");
   return ok;
 }
 
 
-void bench(const Shape &s) {
+/// Times fwd and bwd; returns their medians (ms).
+std::pair<float, float> bench(const Shape &s) {
   Buffers b(s);
   const int64_t T = b.T, C = b.C;
   const float fwdMs = medianMs(
-      [&] { CHECK_OK(fa::flashAttentionForward(b.qkv, b.o[0], b.lse[0], T, C, s.heads, s.seq, nullptr)); });
+      [&] { CHECK_OK(fa::flashAttentionForward(b.qkv, b.o[0], b.lse[0], T, C, s.heads, s.seq, b.firstKeys, nullptr)); });
   const float bwdMs = medianMs([&] {
     CHECK_OK(fa::flashAttentionBackward(b.qkv, b.o[0], b.dO, b.lse[0], b.dqkv[0], b.scratch, T, C, s.heads, s.seq,
-                                        nullptr));
+                                        b.firstKeys, nullptr));
   });
-  const double fwdFlops = 4.0 * s.batches * s.heads * double(s.seq) * s.seq * s.d / 2, bwdFlops = 2.5 * fwdFlops;
+  // Causal without documents: S^2 / 2 pairs per sequence, as FlashAttention's benchmarks count.
+  const double pairs = s.meanDocument ? visiblePairs(s, b.hostFirstKeys) : double(s.batches) * s.seq * s.seq / 2;
+  const double fwdFlops = 4.0 * s.heads * s.d * pairs, bwdFlops = 2.5 * fwdFlops;
   const char *names[2] = {"fwd", "bwd"};
   const float ms[2] = {fwdMs, bwdMs};
   const double flops[2] = {fwdFlops, bwdFlops};
   for (int i = 0; i < 2; ++i)
-    std::printf("attention %s d=%lld S=%lld H=%lld B=%lld: %.3f ms  %.1f TFLOP/s\n", names[i], (long long)s.d,
-                (long long)s.seq, (long long)s.heads, (long long)s.batches, ms[i], flops[i] / ms[i] / 1e9);
+    std::printf("attention %s d=%lld S=%lld H=%lld B=%lld%s: %.3f ms  %.1f TFLOP/s\n", names[i], (long long)s.d,
+                (long long)s.seq, (long long)s.heads, (long long)s.batches,
+                s.meanDocument ? (" documents of mean ~" + std::to_string(s.meanDocument)).c_str() : "", ms[i],
+                flops[i] / ms[i] / 1e9);
+  return {fwdMs, bwdMs};
 }
 
 } // namespace
@@ -328,13 +377,21 @@ int main(int argc, char **argv) {
   bool ok = checkRefusals();
   // seq 64 and 192 exercise a block tile (128 rows) only half inside the sequence.
   const Shape checks[] = {{1, 128, 2, 64},   {2, 256, 4, 128}, {3, 64, 2, 64},
-                          {2, 192, 3, 128},  {1, 2048, 16, 128}, {1, 2048, 32, 64}};
+                          {2, 192, 3, 128},  {1, 2048, 16, 128}, {1, 2048, 32, 64},
+                          {2, 256, 4, 128, 20}, {3, 192, 2, 64, 7},  {1, 2048, 16, 128, 300},
+                          {2, 1024, 8, 64, 90}, {1, 256, 2, 64, 1}};
   for (const Shape &s : checks)
     if (!small || s.seq <= 256)
       ok &= checkShape(s);
   if (!small) {
     bench({4, 2048, 16, 128});
     bench({4, 2048, 32, 64});
+    for (int64_t d : {128, 64}) {
+      const auto whole = bench({2, 4096, 2048 / d, d});
+      const auto packed = bench({2, 4096, 2048 / d, d, 512});
+      std::printf("attention d=%lld S=4096, documents of mean ~512 vs none: fwd %.2fx, bwd %.2fx faster\n",
+                  (long long)d, whole.first / packed.first, whole.second / packed.second);
+    }
   }
   std::printf("%s\n", ok ? "all checks PASS" : "some checks FAILED");
   return ok ? 0 : 1;

@@ -22,9 +22,11 @@
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
 # "profiles": device profiles of 1b and small for mhcc --device-profile;
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2),
-# GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168"
-# and the PP4 groups),
-# GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_PROFILE
+# GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168",
+# the bf16 and packed-document groups and the PP4 groups),
+# GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_BENCH_DATA (the
+# benchmarks' --data, default corpus.txt; corpus_docs: the corpus as
+# documents, for --reset-attention-mask), GPU_SUITE_PROFILE
 # (artifacts to run with --profile after the benchmarks), GPU_SUITE_MHCRUN_FLAGS
 # (extra mhcrun flags for the goldens and benchmarks, e.g. "--memory-plan
 # pool": the goldens must still match exactly), GPU_SUITE_GOLDENS=regen
@@ -106,7 +108,7 @@ bundle)
   # Our own libraries linked in statically, so the binaries travel alone
   # (system libraries: CUDA, cuBLAS, NCCL, MPI come from the GPU machine).
   targets=("${GPU_TESTS[@]}" //tools:mhcrun //tools:libmhcc_mpi.so //tools:gemm_bench //tools:attention_bench
-           //compiler:mhcc)
+           //compiler:mhcc //tools:mhc-prep)
   for a in "${TINY[@]}"; do targets+=("//tests:$a"); done
   build=(bazel build --dynamic_mode=off "${targets[@]}")
   "${build[@]}" >/dev/null 2>&1 || { "${build[@]}"; exit 1; }
@@ -128,6 +130,8 @@ bundle)
       sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
   done
   cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py "$bundle/"
+  # The corpus as documents (one per line) for the packed-document cases.
+  bazel-bin/tools/mhc-prep --input data/corpus.txt --output-prefix "$bundle/corpus_docs" > /dev/null || exit 1
   for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
@@ -262,20 +266,27 @@ run)
       [tiny_pp4]="-:tiny_pp1 tiny_pp4 tiny_pp4_vpp2"
       [small_pp4]="-:small_m4_pp1 small_m4_pp4 small_m4_pp4_vpp2"
       [c7168_pp4]="-:c7168_m4_pp1 c7168_m4_pp4 c7168_m4_pp4_vpp2"
+      # Packed documents (--reset-position-ids --reset-attention-mask on mhc-prep's corpus):
+      # the reference core (tiny) and flash attention (small) against the CPU.
+      [tiny_packed]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2"
+      [small_bf16_packed]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2 small_bf16_m2_pp2_vpp2"
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
       [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
       fi
-      args="corpus.txt"; [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
+      args="corpus.txt"; packed=0
+      [[ $name == *_packed ]] && args="corpus_docs" && packed=1
+      [ "$cpu" = - ] && args+=" -" || args+=" $cpu.mhcc"
       for a in $list; do args+=" $a.mhcc"; done
       plan=static; [[ $name == *_pool ]] && plan=pool
       # shellcheck disable=SC2086
       attention=; [[ $name == *_ref ]] && attention=reference
-      if MHCC_ATTENTION=$attention MHCC_TEST_MEMORY_PLAN=$plan timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
+      if MHCC_ATTENTION=$attention MHCC_TEST_MEMORY_PLAN=$plan MHCC_TEST_PACKED_DOCUMENTS=$packed \
+         timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
         r=PASS; else r=FAIL; fi
       row "parity $name ($(echo $list | wc -w) layouts, x2)" $r \
           "$(grep -E '^step [0-9]:|^\[  (PASSED|FAILED|SKIPPED) ' "$logs/parity_$name.log" | tr '\n' ' ' | cut -c1-220)"
@@ -527,7 +538,9 @@ sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
     local peak dtype
     peak=$(cat "$name.peak" 2>/dev/null || echo $PEAK_F32)
     dtype=$([ "$peak" = $PEAK_BF16 ] && echo bf16 || echo fp32)
-    if ! timeout 400 "$bin" "$name.mhcc" --data corpus.txt --steps 5 --no-progress --peak-tflops $peak \
+    # GPU_SUITE_BENCH_DATA=corpus_docs with GPU_SUITE_MHCRUN_FLAGS='--reset-position-ids --reset-attention-mask':
+    # packed documents (TFLOP/s and MFU then count full causal attention, more than is computed).
+    if ! timeout 400 "$bin" "$name.mhcc" --data "${GPU_SUITE_BENCH_DATA:-corpus.txt}" --steps 5 --no-progress --peak-tflops $peak \
         ${GPU_SUITE_MHCRUN_FLAGS:-} --metrics "$log.jsonl" > "$log.log" 2>&1; then
       numbers=$(tail -1 "$log.log" | cut -c1-150); return 1
     fi

@@ -454,6 +454,10 @@ int runMhcrun(int argc, char **argv) {
   data->setSplit(f.splitTrain, f.splitValid);
   if (std::string problem = data->check(artifact->model.vocab, artifact->model.seqLen); !problem.empty())
     return fail(rankPrefix + problem);
+  if ((f.options.resetPositionIds || f.options.resetAttentionMask) && !data->hasDocuments())
+    return fail(rankPrefix + std::string(f.options.resetPositionIds ? "--reset-position-ids" : "--reset-attention-mask") +
+                ": " + f.dataPath + " has no document boundaries (a text file is one stream); give a Megatron "
+                "indexed dataset (tools/mhc-prep turns text or JSONL into one)");
   if (f.gpus > 0 && f.gpus != artifact->pp)
     return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has pp = " + std::to_string(artifact->pp) +
                 " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +

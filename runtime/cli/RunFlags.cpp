@@ -41,6 +41,12 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
                  "trains iterations 11 to 20)")->check(CLI::PositiveNumber);
   app.add_option("--data", f.dataPath, "Text file (byte tokens) or Megatron indexed dataset prefix")->required();
   app.add_option("--data-seed", o.dataSeed, "Seed of the microbatch sampler");
+  app.add_flag("--reset-position-ids", o.resetPositionIds,
+               "Packed documents (an indexed dataset's): RoPE positions restart at every document start inside a "
+               "sequence (Megatron's flag)");
+  app.add_flag("--reset-attention-mask", o.resetAttentionMask,
+               "Packed documents (an indexed dataset's): a token attends only to the earlier tokens of its own "
+               "document (Megatron's flag)");
   app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);

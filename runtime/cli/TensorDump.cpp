@@ -28,6 +28,8 @@ void addRunMetadata(SafetensorsWriter &w, const Artifact &a, const TrainOptions 
   w.setMetadata("clip_grad", number(o.clipGrad));
   w.setMetadata("warmup_steps", std::to_string(o.warmupSteps));
   w.setMetadata("data_seed", std::to_string(o.dataSeed));
+  w.setMetadata("reset_position_ids", o.resetPositionIds ? "1" : "0");
+  w.setMetadata("reset_attention_mask", o.resetAttentionMask ? "1" : "0");
 }
 
 } // namespace
@@ -50,13 +52,20 @@ bool dumpTensors(const std::string &dir, Trainer &trainer, const TokenDataset &d
   if (!result) {
     path = dir + "/init.safetensors";
     // The trainer samples step s (0-based) microbatch mb exactly like this.
-    std::vector<int32_t> tokens(m.tokens()), labels(m.tokens());
+    std::vector<int32_t> tokens(m.tokens()), labels(m.tokens()), positions(m.tokens()), firstKeys(m.tokens());
+    const TokenDataset::SampleBuffers buffers{tokens.data(), labels.data(),
+                                              options.resetPositionIds ? positions.data() : nullptr,
+                                              options.resetAttentionMask ? firstKeys.data() : nullptr};
     for (int64_t s = 0; s < steps; ++s)
       for (int64_t mb = 0; mb < a.microbatches * a.dp; ++mb) {
-        data.sample(options.dataSeed, s, mb, m.seqLen, m.microBatch, tokens.data(), labels.data());
+        data.sample(options.dataSeed, s, mb, m.seqLen, m.microBatch, buffers);
         const std::string key = ".step" + std::to_string(s + 1) + ".mb" + std::to_string(mb);
         w.addI32("tokens" + key, {m.microBatch, m.seqLen}, tokens.data());
         w.addI32("labels" + key, {m.microBatch, m.seqLen}, labels.data());
+        if (buffers.positions)
+          w.addI32("positions" + key, {m.microBatch, m.seqLen}, positions.data());
+        if (buffers.firstKeys)
+          w.addI32("first_keys" + key, {m.microBatch, m.seqLen}, firstKeys.data());
       }
   } else {
     path = dir + "/step" + std::to_string(result->step) + ".safetensors";

@@ -19,7 +19,9 @@ namespace mhcc::runtime {
 
 /// With `result` null (before the first step): DIR/init.safetensors holds
 /// "weight.NAME" for every parameter and "tokens.step<k>.mb<m>" /
-/// "labels.step<k>.mb<m>" ([micro_batch, seq_len], int32) for steps 1..steps.
+/// "labels.step<k>.mb<m>" ([micro_batch, seq_len], int32) for steps 1..steps,
+/// with packed documents also "positions.step<k>.mb<m>" and / or
+/// "first_keys.step<k>.mb<m>" (StepInputs' positions and firstKeys).
 /// After step k: DIR/step<k>.safetensors holds "grad.NAME" (the reduced
 /// gradient, needs TrainOptions::recordTaps), "weight.NAME" (after the
 /// update) and the float64 scalars "lm_loss", "mtp_loss" (when the model

@@ -14,6 +14,18 @@ namespace mhcc::runtime::kernels {
 
 // ---- attention ------------------------------------------------------------------------
 
+/// Documents packed into the sequences of a microbatch (mhcrun
+/// --reset-position-ids / --reset-attention-mask, Megatron's flags), one
+/// entry per token of the microbatch; a null array leaves each sequence one
+/// document in that respect. Documents are contiguous, so a token's first
+/// key is its document's start and the keys it sees are [firstKey, itself].
+struct Documents {
+  const int32_t *positions = nullptr; // RoPE position: the token's offset in its document
+  const int32_t *firstKeys = nullptr; // the first key it attends to, as an offset in its sequence
+  int64_t position(int64_t t, int64_t seq) const { return positions ? positions[t] : t % seq; }
+  int64_t firstKey(int64_t t) const { return firstKeys ? firstKeys[t] : 0; }
+};
+
 template <typename T>
 void rotate(T *v, int64_t pos, int64_t headDim, bool inverse) {
   for (int64_t j = 0; j < headDim / 2; ++j) {
@@ -44,18 +56,20 @@ template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, i
 
 /// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
 /// rotated q, k and v, then [rows, C] attention output o, then [rows, heads]
-/// log-sum-exp of each score row.
+/// log-sum-exp of each score row. A query attends to the keys of its own
+/// document only (`docs`); its score row is summed from its document's start,
+/// so a packed document gets the bits it would get alone.
 template <typename T>
 void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int64_t rows,
-                      int64_t C, int64_t heads, int64_t seq, Store<T> store = nullptr) {
+                      int64_t C, int64_t heads, int64_t seq, Store<T> store = nullptr, Documents docs = {}) {
   const int64_t d = C / heads;
   T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
   matmul(x, wqkv, qkv, rows, C, 3 * C);
   stored(store, qkv, rows * 3 * C);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
-      rotate(qkv + t * 3 * C + h * d, t % seq, d, false);
-      rotate(qkv + t * 3 * C + C + h * d, t % seq, d, false);
+      rotate(qkv + t * 3 * C + h * d, docs.position(t, seq), d, false);
+      rotate(qkv + t * 3 * C + C + h * d, docs.position(t, seq), d, false);
     }
   stored(store, qkv, rows * 3 * C);
   const T scale = T(1) / std::sqrt(T(d));
@@ -66,23 +80,23 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
       const int64_t b = bh / heads, h = bh % heads;
       transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
       for (int64_t i = 0; i < seq; ++i) {
-        int64_t ti = b * seq + i;
+        int64_t ti = b * seq + i, first = docs.firstKey(ti);
         const T *q = qkv + ti * 3 * C + h * d;
         causalDots(q, kt.data(), seq, d, i, p.data());
         T maxScore = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           p[j] = p[j] * scale;
           maxScore = std::max(maxScore, p[j]);
         }
         T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           p[j] = std::exp(p[j] - maxScore);
           sum += p[j];
         }
         lse[ti * heads + h] = maxScore + std::log(sum);
         T *out = o + ti * C + h * d;
         std::fill(out, out + d, T(0));
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
           addScaled(out, v, p[j] / sum, d);
         }
@@ -96,7 +110,7 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
 template <typename T>
 void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, const T *dy, T *dx,
                        T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                       Store<T> store = nullptr) {
+                       Store<T> store = nullptr, Documents docs = {}) {
   const int64_t d = C / heads;
   const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
   if (dWo)
@@ -118,18 +132,18 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       std::fill(dkt.begin(), dkt.end(), T(0));
       std::fill(dvt.begin(), dvt.end(), T(0));
       for (int64_t i = 0; i < seq; ++i) {
-        int64_t ti = b * seq + i;
+        int64_t ti = b * seq + i, first = docs.firstKey(ti);
         const T *q = qkv + ti * 3 * C + h * d;
         const T *gO = dO.data() + ti * C + h * d;
         causalDots(q, kt.data(), seq, d, i, p.data());
         causalDots(gO, vt.data(), seq, d, i, dp.data());
         T rowDot = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           p[j] = std::exp(p[j] * scale - lse[ti * heads + h]);
           rowDot += p[j] * dp[j];
         }
         T *dq = dQkv.data() + ti * 3 * C + h * d;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
           ds[j] = p[j] * (dp[j] - rowDot) * scale;
           addScaled(dq, k, ds[j], d);
@@ -137,7 +151,7 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
         for (int64_t e = 0; e < d; ++e) {
           T *dkRow = dkt.data() + e * seq, *dvRow = dvt.data() + e * seq;
           const T qe = q[e], ge = gO[e];
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = first; j <= i; ++j) {
             dkRow[j] += ds[j] * qe;
             dvRow[j] += p[j] * ge;
           }
@@ -154,8 +168,8 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
   });
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
-      rotate(dQkv.data() + t * 3 * C + h * d, t % seq, d, true);
-      rotate(dQkv.data() + t * 3 * C + C + h * d, t % seq, d, true);
+      rotate(dQkv.data() + t * 3 * C + h * d, docs.position(t, seq), d, true);
+      rotate(dQkv.data() + t * 3 * C + C + h * d, docs.position(t, seq), d, true);
     }
   stored(store, dQkv.data(), rows * 3 * C);
   if (dWqkv)

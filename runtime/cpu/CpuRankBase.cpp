@@ -128,6 +128,10 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
   c.microbatches = a_.microbatches * a_.dp; // the global batch's: every replica's microbatches
   c.tokens = inputs_->tokens[mb].data();
   c.labels = inputs_->labels[mb].data();
+  if (!inputs_->positions.empty())
+    c.documents.positions = inputs_->positions[mb].data();
+  if (!inputs_->firstKeys.empty())
+    c.documents.firstKeys = inputs_->firstKeys[mb].data();
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
   c.paramGrad = [this, s](int slot) { return slotGrad(s, slot); };
   if (a_.model.dtype == "bf16")

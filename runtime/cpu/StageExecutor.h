@@ -25,6 +25,7 @@ template <typename T> struct StageContext {
   const ModelInfo &model;
   int64_t microbatches = 1;               // losses are averaged over them (the global batch's)
   const int32_t *tokens = nullptr, *labels = nullptr;
+  kernels::Documents documents; // packed documents' positions and masks (none: one per sequence)
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
   /// Rounds what composite kernels keep in memory to the storage type
@@ -89,7 +90,7 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     k::rmsNormForward(in(0), w(0), out, aux[i], T_, C, f.eps);
     break;
   case Prim::Attention:
-    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store);
+    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store, c.documents);
     break;
   case Prim::SwiGlu:
     k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn, c.store);
@@ -162,7 +163,7 @@ void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     break;
   case Prim::Attention:
     k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
-                         f.heads, f.seqLen, c.store);
+                         f.heads, f.seqLen, c.store, c.documents);
     break;
   case Prim::SwiGlu:
     k::swigluBackward(in(0), w(0), w(1), w(2), auxIn, dOut, din(0), dw(0), dw(1),

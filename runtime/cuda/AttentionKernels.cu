@@ -44,7 +44,8 @@ bool useFlash(int64_t C, int64_t heads, int64_t seq, int actBytes) {
 
 /// o and lse from the rotated q, k, v (all fp32); scores: heads * seq^2.
 void referenceForward(const ModelKernels &k, Gemms &g, const float *qkv, float *o, float *lse, float *scores,
-                      int64_t rows, int64_t C, int64_t heads, int64_t seq, cudaStream_t s) {
+                      int64_t rows, int64_t C, int64_t heads, int64_t seq, const int32_t *firstKeys,
+                      cudaStream_t s) {
   const int64_t d = C / heads;
   const float scale = 1.0f / std::sqrt(float(d));
   // Per sequence, all heads at once (row-major S = scale Q K^T, O = P V
@@ -53,7 +54,7 @@ void referenceForward(const ModelKernels &k, Gemms &g, const float *qkv, float *
     const float *q = qkv + b * seq * 3 * C, *kk = q + C, *v = q + 2 * C;
     gemmBatched(g, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, scale, kk, 3 * C, d, q, 3 * C, d, scores, seq, seq * seq,
                 heads);
-    k.launch(ModelKernel::CausalSoftmax, unsigned(heads * seq), 1, kThreads, s, scores, lse, seq, heads,
+    k.launch(ModelKernel::CausalSoftmax, unsigned(heads * seq), 1, kThreads, s, scores, lse, firstKeys, seq, heads,
              int64_t(b * seq));
     gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, v, 3 * C, d, scores, seq, seq * seq, o + b * seq * C,
                 C, d, heads);
@@ -64,7 +65,7 @@ void referenceForward(const ModelKernels &k, Gemms &g, const float *qkv, float *
 /// 2 heads seq^2.
 void referenceBackward(const ModelKernels &k, Gemms &g, const float *qkv, const float *lse, const float *dO,
                        float *dQkv, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                       cudaStream_t s) {
+                       const int32_t *firstKeys, cudaStream_t s) {
   float *probs = scratch, *dScores = probs + heads * seq * seq;
   const int64_t d = C / heads;
   const float scale = 1.0f / std::sqrt(float(d));
@@ -76,8 +77,8 @@ void referenceBackward(const ModelKernels &k, Gemms &g, const float *qkv, const 
                 heads);
     gemmBatched(g, CUBLAS_OP_T, CUBLAS_OP_N, seq, seq, d, 1.0f, v, 3 * C, d, gO, C, d, dScores, seq, seq * seq,
                 heads);
-    k.launch(ModelKernel::CausalSoftmaxBackward, unsigned(heads * seq), 1, kThreads, s, probs, dScores, lse, seq,
-             heads, int64_t(b * seq), scale);
+    k.launch(ModelKernel::CausalSoftmaxBackward, unsigned(heads * seq), 1, kThreads, s, probs, dScores, lse,
+             firstKeys, seq, heads, int64_t(b * seq), scale);
     // dQ = dS K, dK = dS^T Q, dV = P^T dO.
     gemmBatched(g, CUBLAS_OP_N, CUBLAS_OP_N, d, seq, seq, 1.0f, kk, 3 * C, d, dScores, seq, seq * seq, dq, 3 * C, d,
                 heads);
@@ -89,13 +90,13 @@ void referenceBackward(const ModelKernels &k, Gemms &g, const float *qkv, const 
 }
 
 template <typename A>
-void rope(const ModelKernels &k, A *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, bool inverse,
-          cudaStream_t s) {
+void rope(const ModelKernels &k, A *qkv, const int32_t *positions, int64_t rows, int64_t C, int64_t heads,
+          int64_t seq, bool inverse, cudaStream_t s) {
   // One thread per (row, q or k, 4 pairs) where the head dim allows (any grid
   // is correct: the kernel loops grid-stride).
   const int64_t pairs = C / heads / 2;
-  k.launch(ModelKernel::Rope, blocks(rows * 2 * ((pairs + 3) / 4)), 1, kThreads, s, qkv, rows, C, heads, seq,
-           int(inverse), int64_t(3 * C));
+  k.launch(ModelKernel::Rope, blocks(rows * 2 * ((pairs + 3) / 4)), 1, kThreads, s, qkv, positions, rows, C, heads,
+           seq, int(inverse), int64_t(3 * C));
 }
 
 } // namespace
@@ -124,20 +125,20 @@ int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t
 template <typename A>
 std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
                              float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                             cudaStream_t s) {
+                             DeviceDocuments docs, cudaStream_t s) {
   std::string error;
   A *qkv = reinterpret_cast<A *>(aux), *o = qkv + rows * 3 * C;
   float *lse = reinterpret_cast<float *>(o + rows * C);
   matmul(g, x, wqkv, qkv, rows, C, 3 * C, false);
-  rope(k, qkv, rows, C, heads, seq, false, s);
+  rope(k, qkv, docs.positions, rows, C, heads, seq, false, s);
   if constexpr (std::is_same_v<A, float>) {
-    referenceForward(k, g, qkv, o, lse, scratch, rows, C, heads, seq, s);
+    referenceForward(k, g, qkv, o, lse, scratch, rows, C, heads, seq, docs.firstKeys, s);
   } else if (useFlash(C, heads, seq, 2)) {
-    error = flashAttentionForward(qkv, o, lse, rows, C, heads, seq, s);
+    error = flashAttentionForward(qkv, o, lse, rows, C, heads, seq, docs.firstKeys, s);
   } else {
     float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * C;
     toFloat(qkv, qkv32, rows * 3 * C, s);
-    referenceForward(k, g, qkv32, o32, lse, scratch, rows, C, heads, seq, s);
+    referenceForward(k, g, qkv32, o32, lse, scratch, rows, C, heads, seq, docs.firstKeys, s);
     toBf16(o32, o, rows * C, s);
   }
   matmul(g, o, wo, y, rows, C, C, false);
@@ -148,7 +149,7 @@ template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
                               float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              cudaStream_t s) {
+                              DeviceDocuments docs, cudaStream_t s) {
   std::string error;
   const A *qkv = reinterpret_cast<const A *>(aux), *o = qkv + rows * 3 * C;
   const float *lse = reinterpret_cast<const float *>(o + rows * C);
@@ -158,17 +159,17 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
     overwriteTransB(g, dy, wo, dO, rows, C, C, s); // dO = dy Wo^T
     float *rest = scratch + rows * C;
     if constexpr (std::is_same_v<A, float>) {
-      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, C, heads, seq, s);
+      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, C, heads, seq, docs.firstKeys, s);
     } else if (useFlash(C, heads, seq, 2)) {
-      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, C, heads, seq, s);
+      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, C, heads, seq, docs.firstKeys, s);
     } else {
       float *qkv32 = rest + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * C, *dQkv32 = dO32 + rows * C;
       toFloat(qkv, qkv32, rows * 3 * C, s);
       toFloat(dO, dO32, rows * C, s);
-      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, C, heads, seq, s);
+      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, C, heads, seq, docs.firstKeys, s);
       toBf16(dQkv32, dQkv, rows * 3 * C, s);
     }
-    rope(k, dQkv, rows, C, heads, seq, true, s);
+    rope(k, dQkv, docs.positions, rows, C, heads, seq, true, s);
     matmulTransBAcc(g, dQkv, wqkv, dx, rows, 3 * C, C);
   }
   if (parts.weights) {

@@ -104,7 +104,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
   case Prim::Attention:
     error = attentionForward(k, g, in(0), w(0), w(1), out, aux,
                              scratch(attentionForwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C,
-                             f.heads, f.seqLen, stream);
+                             f.heads, f.seqLen, documents(mb), stream);
     break;
   case Prim::SwiGlu:
     swigluForward(k, g, in(0), w(0), w(1), w(2), out, aux, T, C, f.ffn, stream);
@@ -215,7 +215,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     error = attentionBackward(
         k, g, in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), stash(attentionBackwardStash(T, C)),
         scratch(parts.inputs ? attentionBackwardScratch(T, C, f.heads, f.seqLen, sizeof(A)) : 0).data, T, C,
-        f.heads, f.seqLen, parts, stream);
+        f.heads, f.seqLen, parts, documents(mb), stream);
     break;
   case Prim::SwiGlu:
     swigluBackward(k, g, in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1), dw(2),

@@ -44,6 +44,9 @@ CudaRank::~CudaRank() {
     cudaFree(p);
   for (int32_t *p : labels_)
     cudaFree(p);
+  for (auto *group : {&positions_, &firstKeys_})
+    for (int32_t *p : *group)
+      cudaFree(p);
   cudaFree(stats_);
   cudaFree(statPartials_);
   cudaFree(statTensors_);
@@ -143,6 +146,16 @@ bool CudaRank::setupDevice() {
         cudaMalloc(&labels_[mb], a_.model.tokens() * sizeof(int32_t)) != cudaSuccess)
       return fail("out of GPU memory for the token ids");
   staticBytes_ += 2 * a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
+  for (auto [wanted, group] : {std::pair{options_.resetPositionIds, &positions_},
+                               std::pair{options_.resetAttentionMask, &firstKeys_}}) {
+    if (!wanted)
+      continue;
+    group->assign(a_.microbatches, nullptr);
+    for (int32_t *&p : *group)
+      if (cudaMalloc(&p, a_.model.tokens() * sizeof(int32_t)) != cudaSuccess)
+        return fail("out of GPU memory for the packed documents' positions");
+    staticBytes_ += a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
+  }
   // shareStatistics' all-reduce: squares and zeros per parameter, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
   const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 3 * a_.pp;
@@ -392,6 +405,10 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
   for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
     cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(labels_[mb], inputs.labels[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+    if (!positions_.empty())
+      cudaMemcpy(positions_[mb], inputs.positions[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+    if (!firstKeys_.empty())
+      cudaMemcpy(firstKeys_[mb], inputs.firstKeys[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
   }
   for (auto &[key, g] : slotGrads_)
     cudaMemsetAsync(g, 0, a_.params[a_.stages[key.first].params[key.second].param].count() * 4, compute_);

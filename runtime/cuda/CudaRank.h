@@ -172,6 +172,12 @@ private:
   std::vector<ncclComm_t> comms_;
   bool aborted_ = false;
   std::vector<int32_t *> tokens_, labels_; // by microbatch
+  /// Packed documents' RoPE positions and first keys by microbatch (empty
+  /// unless TrainOptions::resetPositionIds / resetAttentionMask).
+  std::vector<int32_t *> positions_, firstKeys_;
+  DeviceDocuments documents(int64_t mb) const {
+    return {positions_.empty() ? nullptr : positions_[mb], firstKeys_.empty() ? nullptr : firstKeys_[mb]};
+  }
   double *stats_ = nullptr, *statPartials_ = nullptr, *sharedStats_ = nullptr;
   StatsTensor *statTensors_ = nullptr; // the owned gradients of a step, for squaresAndZeros
   int64_t staticBytes_ = 0;   // weights, gradients, optimizer state, token ids

@@ -150,15 +150,21 @@ void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const flo
 /// attention{Forward,Backward}Scratch; stash (backward):
 /// attentionBackwardStash, the gradient of q, k, v (in A).
 /// Both return "" or flash attention's launch error.
+/// Packed documents (runtime/cpu/AttentionKernels.h's Documents, on the
+/// device): per token of the microbatch, its RoPE position and its
+/// document's start in its sequence; null: one document per sequence.
+struct DeviceDocuments {
+  const int32_t *positions = nullptr, *firstKeys = nullptr;
+};
 template <typename A>
 std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
                              float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                             cudaStream_t s);
+                             DeviceDocuments docs, cudaStream_t s);
 template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
                               float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              cudaStream_t s);
+                              DeviceDocuments docs, cudaStream_t s);
 
 /// aux: the gate and up projections and silu(a) b, each [rows, F] in A.
 /// Backward: stash swigluBackwardStash (the gate and up gradients),

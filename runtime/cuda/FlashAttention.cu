@@ -28,6 +28,15 @@
 // dqKernel owns 128 queries and loops over the key tiles up to the diagonal.
 // Both recompute P = exp(scale*q.k - lse) and dS = P * (dP - D).
 //
+// Packed documents (firstKeys: per token its document's start): a query sees
+// keys [firstKeys[q], q]. The masks add that lower bound; since documents
+// are contiguous, firstKeys never decreases along a sequence, so a block
+// starts at the key tile of its first query's document (forward, dQ) or
+// stops at the first query tile past its keys' documents (dK/dV), and a
+// warp skips tiles wholly outside its rows' documents. A row can then meet a
+// tile it sees none of: the online softmax keeps its running max at -inf
+// and rescales by 0 (FlashAttention-2's guard), the same bits otherwise.
+//
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/FlashAttention.h"
 
@@ -51,7 +60,7 @@ constexpr int kTile = 64;               // rows of the streamed tiles; seq must 
 
 template <int D> constexpr int forwardSmem() { return (kBlockRows + 4 * kTile) * D * 2; }     // Q, 2x K, 2x V
 template <int D> constexpr int dqSmem() { return (2 * kBlockRows + 4 * kTile) * D * 2; }      // Q, dO, 2x K, 2x V
-template <int D> constexpr int dkdvSmem() { return dqSmem<D>() + 2 * 2 * kTile * 4; }        // + 2x (lse, D)
+template <int D> constexpr int dkdvSmem() { return dqSmem<D>() + 3 * 2 * kTile * 4; } // + 2x (lse, D, doc start)
 // One block per SM (registers: 150-250 per thread, no spills; 2 blocks at d=64 would need <= 128 and spill).
 // dK/dV: queries per pass of a warp over its tile, bounding the live scores (d=128: 128 accumulators already).
 template <int D> constexpr int dkdvSub() { return D == 128 ? 32 : 64; }
@@ -65,6 +74,7 @@ struct Params {
   float *lseOut;            // forward output [T, heads]
   bf16 *dqkv;               // backward output [T, 3C]
   float *rowDotOut;         // backward scratch [T, heads]
+  const int32_t *firstKeys; // [T] or null: each token's document start in its sequence
   int64_t ld;               // 3C: row stride of qkv and dqkv
   int64_t C;                // row stride of o and dO
   int heads, seq, batchHeads, numTiles; // numTiles = ceil(seq / kBlockRows)
@@ -204,18 +214,50 @@ __device__ __forceinline__ void mmaPV(float (&c)[D / 8][4], const float (&p)[N /
   }
 }
 
-/// Masks (to -inf) the C-fragment elements whose column is after their row (kAbove: key after query) or before
-/// it (!kAbove: query before key, scores transposed). row: the lane's row g; col0: its column 2t of block 0.
-template <int N, bool kAbove> __device__ __forceinline__ void causalMask(float (&s)[N / 8][4], int row, int col0) {
+/// Masks (to -inf) the C-fragment elements of query rows whose key column is after the query or before its
+/// document's start, first[0] / first[1] for the lane's rows g / g + 8 (0 without documents). row: the lane's row
+/// g; col0: its column 2t of block 0.
+template <int N>
+__device__ __forceinline__ void queryMask(float (&s)[N / 8][4], int row, int col0, const int (&first)[2]) {
 #pragma unroll
   for (int nb = 0; nb < N / 8; ++nb)
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
       const int r = row + (x >> 1) * 8, c = col0 + nb * 8 + (x & 1);
-      if (kAbove ? c > r : c < r)
+      if (c > r || c < first[x >> 1])
         s[nb][x] = -INFINITY;
     }
 }
+
+/// The same for transposed scores (rows are keys, columns queries): masked where the query is before the key or
+/// the key before the query's document; firstOf: the documents' starts of the pass's queries (null: none),
+/// indexed by column - col0 + 2t.
+template <int N>
+__device__ __forceinline__ void keyMask(float (&s)[N / 8][4], int row, int col0, const int *firstOf, int t) {
+#pragma unroll
+  for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int r = row + (x >> 1) * 8, c = col0 + nb * 8 + (x & 1);
+      if (c < r || (firstOf && r < firstOf[nb * 8 + 2 * t + (x & 1)]))
+        s[nb][x] = -INFINITY;
+    }
+}
+
+/// Where a warp's 16 query rows from row0 find their keys (packed documents): the lane's rows' document starts,
+/// and the smallest and largest of the warp (firstKeys never decreases along a sequence). All 0 without documents.
+struct WarpDocuments {
+  int first[2] = {0, 0};
+  int lowest = 0, highest = 0;
+  __device__ WarpDocuments(const int32_t *seqFirstKeys, int row0, int g, bool active) {
+    if (seqFirstKeys && active) {
+      first[0] = seqFirstKeys[row0 + g];
+      first[1] = seqFirstKeys[row0 + g + 8];
+      lowest = seqFirstKeys[row0];
+      highest = seqFirstKeys[row0 + 15];
+    }
+  }
+};
 
 /// The block's tile index (heaviest first) and its (sequence, head).
 struct BlockPos {
@@ -233,13 +275,14 @@ __device__ __forceinline__ BlockPos blockPos(const Params &p, bool lastTilesHeav
 template <int D>
 __device__ __forceinline__ void forwardTile(const uint32_t (&qf)[D / 16][4], float (&acc)[D / 8][4],
                                             float (&rowMax)[2], float (&rowSum)[2], uint32_t kSm, uint32_t vSm,
-                                            int laneOff, int qRow, int key0, bool masked, float scaleLog2) {
+                                            int laneOff, int qRow, int key0, bool masked, const int (&first)[2],
+                                            float scaleLog2) {
   float s[kTile / 8][4] = {};
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     mmaABt<D, kTile>(s, qf[kk], kSm, 0, kk * 16, laneOff);
   if (masked)
-    causalMask<kTile, true>(s, qRow, key0);
+    queryMask<kTile>(s, qRow, key0, first);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = rowMax[r];
@@ -248,8 +291,10 @@ __device__ __forceinline__ void forwardTile(const uint32_t (&qf)[D / 16][4], flo
       mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); // the 4 lanes of a quad share the row
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // mx is finite: key 0 is in the first tile and no query masks it. 2^-inf = 0 on the first tile.
-    const float corr = fastExp2((rowMax[r] - mx) * scaleLog2), base = mx * scaleLog2;
+    // mx is -inf only while a row has met no key of its document yet (packed documents): then rescale by
+    // 2^-inf = 0 from a base of 0, not by 2^NaN. On a row's first tile with a key, 2^-inf = 0 too.
+    const float safe = mx == -INFINITY ? 0.f : mx;
+    const float corr = fastExp2((rowMax[r] - safe) * scaleLog2), base = safe * scaleLog2;
     rowMax[r] = mx;
     float sum = 0.f;
 #pragma unroll
@@ -281,16 +326,19 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Pa
   const int nTiles = (m0 + rows) / kTile; // the key tiles holding keys 0 .. m0 + rows - 1
   const int64_t tok0 = int64_t(pos.b) * p.seq;
   const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
+  const int32_t *seqFirstKeys = p.firstKeys ? p.firstKeys + tok0 : nullptr;
+  const int tile0 = seqFirstKeys ? seqFirstKeys[m0] / kTile : 0; // the first key tile any query sees
 
-  // cp.async groups: Q, then key tile i is group i + 1.
+  // cp.async groups: Q, then key tile i is group i - tile0 + 1.
   loadTile<D, kBlockRows>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
   cpAsyncCommit();
-  loadTile<D, kTile>(sK, gK, p.ld, kTile, tid);
-  loadTile<D, kTile>(sV, gV, p.ld, kTile, tid);
+  loadTile<D, kTile>(sK, gK + int64_t(tile0) * kTile * p.ld, p.ld, kTile, tid);
+  loadTile<D, kTile>(sV, gV + int64_t(tile0) * kTile * p.ld, p.ld, kTile, tid);
   cpAsyncCommit();
 
   const int laneOff = laneOffset<D>(lane), wRow = warp * 16, row0 = m0 + wRow; // the warp's first query
   const bool active = wRow < rows;
+  const WarpDocuments docs(seqFirstKeys, row0, g, active);
   cpAsyncWait<1>(); // Q has landed
   __syncthreads();
   uint32_t qf[D / 16][4];
@@ -301,20 +349,22 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Pa
   float acc[D / 8][4] = {};
   float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
 #pragma unroll 1
-  for (int it = 0; it < nTiles; ++it) {
-    const int buf = it & 1;
+  for (int it = tile0; it < nTiles; ++it) {
+    const int buf = (it - tile0) & 1;
     if (it + 1 < nTiles) {
       const int64_t next = int64_t(it + 1) * kTile * p.ld;
       loadTile<D, kTile>(sK + (buf ^ 1) * kTile * D, gK + next, p.ld, kTile, tid);
       loadTile<D, kTile>(sV + (buf ^ 1) * kTile * D, gV + next, p.ld, kTile, tid);
     }
-    cpAsyncCommit();  // possibly empty: keeps "tile it is group it + 1"
+    cpAsyncCommit();  // possibly empty: keeps "tile it is group it - tile0 + 1"
     cpAsyncWait<1>(); // tile it has landed (for this thread; the barrier makes it everyone's)
     __syncthreads();
     const int n0 = it * kTile;
-    if (active && n0 <= row0 + 15) // else every key of the tile is after every query of the warp
+    // Else every key of the tile is after every query of the warp, or before all their documents.
+    if (active && n0 <= row0 + 15 && n0 + kTile > docs.lowest)
       forwardTile<D>(qf, acc, rowMax, rowSum, smemAddr(sK + buf * kTile * D), smemAddr(sV + buf * kTile * D),
-                     laneOff, row0 + g, n0 + 2 * t, n0 + kTile - 1 > row0, p.scaleLog2);
+                     laneOff, row0 + g, n0 + 2 * t, n0 + kTile - 1 > row0 || n0 < docs.highest, docs.first,
+                     p.scaleLog2);
     __syncthreads(); // everyone is done with `buf` before the next iteration refills it
   }
   if (!active)
@@ -363,12 +413,13 @@ template <int D> __global__ void __launch_bounds__(kThreads) rowDotKernel(Params
 template <int D>
 __device__ __forceinline__ void dqTile(float (&dq)[D / 8][4], uint32_t qSm, uint32_t doSm, int wRow, uint32_t kSm,
                                        uint32_t vSm, int laneOff, int qRow, int key0, bool masked,
-                                       const float (&lseLog2)[2], const float (&rowDot)[2], float scaleLog2) {
+                                       const int (&first)[2], const float (&lseLog2)[2], const float (&rowDot)[2],
+                                       float scaleLog2) {
   float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
   mmaABtSmem<D, kTile>(s, qSm, wRow, kSm, 0, laneOff);
   mmaABtSmem<D, kTile>(dp, doSm, wRow, vSm, 0, laneOff);
   if (masked)
-    causalMask<kTile, true>(s, qRow, key0);
+    queryMask<kTile>(s, qRow, key0, first);
 #pragma unroll
   for (int nb = 0; nb < kTile / 8; ++nb)
 #pragma unroll
@@ -392,16 +443,19 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params 
   const int nTiles = (m0 + rows) / kTile;
   const int64_t tok0 = int64_t(pos.b) * p.seq;
   const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
+  const int32_t *seqFirstKeys = p.firstKeys ? p.firstKeys + tok0 : nullptr;
+  const int tile0 = seqFirstKeys ? seqFirstKeys[m0] / kTile : 0; // the first key tile any query sees
 
-  // cp.async groups: Q and dO with key tile 0, then key tile i is group i.
+  // cp.async groups: Q and dO with key tile tile0, then key tile i is group i - tile0.
   loadTile<D, kBlockRows>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
   loadTile<D, kBlockRows>(sdO, p.dO + (tok0 + m0) * p.C + pos.h * D, p.C, rows, tid);
-  loadTile<D, kTile>(sK, gK, p.ld, kTile, tid);
-  loadTile<D, kTile>(sV, gV, p.ld, kTile, tid);
+  loadTile<D, kTile>(sK, gK + int64_t(tile0) * kTile * p.ld, p.ld, kTile, tid);
+  loadTile<D, kTile>(sV, gV + int64_t(tile0) * kTile * p.ld, p.ld, kTile, tid);
   cpAsyncCommit();
 
   const int laneOff = laneOffset<D>(lane), wRow = warp * 16, row0 = m0 + wRow;
   const bool active = wRow < rows;
+  const WarpDocuments docs(seqFirstKeys, row0, g, active);
   float lseLog2[2] = {0.f, 0.f}, rowDot[2] = {0.f, 0.f};
   if (active)
     for (int r = 0; r < 2; ++r) {
@@ -411,21 +465,21 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params 
     }
   float dq[D / 8][4] = {};
 #pragma unroll 1
-  for (int it = 0; it < nTiles; ++it) {
-    const int buf = it & 1;
+  for (int it = tile0; it < nTiles; ++it) {
+    const int buf = (it - tile0) & 1;
     if (it + 1 < nTiles) {
       const int64_t next = int64_t(it + 1) * kTile * p.ld;
       loadTile<D, kTile>(sK + (buf ^ 1) * kTile * D, gK + next, p.ld, kTile, tid);
       loadTile<D, kTile>(sV + (buf ^ 1) * kTile * D, gV + next, p.ld, kTile, tid);
     }
     cpAsyncCommit();
-    cpAsyncWait<1>(); // group it (tile it, and at it = 0 Q and dO) has landed
+    cpAsyncWait<1>(); // group it - tile0 (tile it, and first Q and dO) has landed
     __syncthreads();
     const int n0 = it * kTile;
-    if (active && n0 <= row0 + 15)
+    if (active && n0 <= row0 + 15 && n0 + kTile > docs.lowest)
       dqTile<D>(dq, smemAddr(sQ), smemAddr(sdO), wRow, smemAddr(sK + buf * kTile * D),
-                smemAddr(sV + buf * kTile * D), laneOff, row0 + g, n0 + 2 * t, n0 + kTile - 1 > row0, lseLog2,
-                rowDot, p.scaleLog2);
+                smemAddr(sV + buf * kTile * D), laneOff, row0 + g, n0 + 2 * t,
+                n0 + kTile - 1 > row0 || n0 < docs.highest, docs.first, lseLog2, rowDot, p.scaleLog2);
     __syncthreads();
   }
   if (!active)
@@ -446,12 +500,12 @@ template <int D, int N>
 __device__ __forceinline__ void dkdvPass(float (&dk)[D / 8][4], float (&dv)[D / 8][4], uint32_t kSm, uint32_t vSm,
                                          int wRow, uint32_t qSm, uint32_t doSm, int qRow0, const float *lse,
                                          const float *rowDot, int laneOff, int keyRow, int query0, bool masked,
-                                         float scaleLog2, int t) {
+                                         const int *firstOf, float scaleLog2, int t) {
   float st[N / 8][4] = {}, dpt[N / 8][4] = {};
   mmaABtSmem<D, N>(st, kSm, wRow, qSm, qRow0, laneOff);
   mmaABtSmem<D, N>(dpt, vSm, wRow, doSm, qRow0, laneOff);
   if (masked)
-    causalMask<N, false>(st, keyRow, query0);
+    keyMask<N>(st, keyRow, query0, firstOf, t);
 #pragma unroll
   for (int nb = 0; nb < N / 8; ++nb) {
     const float2 l = *reinterpret_cast<const float2 *>(lse + nb * 8 + 2 * t); // columns 2t, 2t+1
@@ -477,11 +531,26 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Param
   bf16 *sdO = sQ + 2 * kTile * D;                                // [2][kTile][D]
   float *sLse = reinterpret_cast<float *>(sdO + 2 * kTile * D); // [2][kTile]
   float *sDot = sLse + 2 * kTile;                                // [2][kTile]
+  int *sFirst = reinterpret_cast<int *>(sDot + 2 * kTile);      // [2][kTile]: the queries' documents' starts
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const BlockPos pos = blockPos(p, false);
   const int n0 = pos.tile * kBlockRows, keys = min(kBlockRows, p.seq - n0);
-  const int nTiles = (p.seq - n0) / kTile; // query tiles n0 .. seq - 1
+  int nTiles = (p.seq - n0) / kTile; // query tiles n0 .. seq - 1
   const int64_t first = int64_t(pos.b) * p.seq + n0; // token of the first key and the first query
+  const int32_t *queryFirstKeys = p.firstKeys ? p.firstKeys + first : nullptr; // from the first query on
+  if (queryFirstKeys) {
+    // Query tiles whose first query's document starts after the block's last key see none of its keys, nor do
+    // later ones (firstKeys never decreases): end before the first of them (a binary search, same on all threads).
+    int lo = 0, hi = nTiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (queryFirstKeys[mid * kTile] > n0 + keys - 1)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    nTiles = lo;
+  }
   const bf16 *gQ = p.qkv + first * p.ld + pos.h * D, *gdO = p.dO + first * p.C + pos.h * D;
   auto loadQueries = [&](int it, int buf) {
     loadTile<D, kTile>(sQ + buf * kTile * D, gQ + int64_t(it) * kTile * p.ld, p.ld, kTile, tid);
@@ -490,6 +559,9 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Param
       const int q = tid % kTile;
       const int64_t i = (first + int64_t(it) * kTile + q) * p.heads + pos.h;
       cpAsync4(smemAddr((tid < kTile ? sLse : sDot) + buf * kTile + q), tid < kTile ? p.lse + i : p.rowDot + i);
+    } else if (queryFirstKeys && tid < 3 * kTile) {
+      const int q = tid - 2 * kTile;
+      cpAsync4(smemAddr(sFirst + buf * kTile + q), queryFirstKeys + it * kTile + q);
     }
   };
   // cp.async groups: K and V with query tile 0, then query tile i is group i.
@@ -516,9 +588,15 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Param
         const int q0 = n0 + it * kTile + sub; // the pass's first query
         if (q0 + kSub - 1 < key0)
           continue; // every query before every key of the warp
+        const int *firstOf = queryFirstKeys ? sFirst + buf * kTile + sub : nullptr;
+        if (firstOf && firstOf[0] > key0 + 15)
+          continue; // every query's document starts after every key of the warp
+        // The pass needs the document mask unless its last query's document holds the warp's first key.
+        const bool outside = firstOf && firstOf[kSub - 1] > key0;
         dkdvPass<D, kSub>(dk, dv, smemAddr(sK), smemAddr(sV), wRow, smemAddr(sQ + buf * kTile * D),
                           smemAddr(sdO + buf * kTile * D), sub, sLse + buf * kTile + sub,
-                          sDot + buf * kTile + sub, laneOff, key0 + g, q0 + 2 * t, q0 < key0 + 15, p.scaleLog2, t);
+                          sDot + buf * kTile + sub, laneOff, key0 + g, q0 + 2 * t, q0 < key0 + 15 || outside,
+                          firstOf, p.scaleLog2, t);
       }
     }
     __syncthreads();
@@ -608,13 +686,14 @@ template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t s
 } // namespace
 
 std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, float *lse, int64_t T, int64_t C,
-                                  int64_t heads, int64_t seq, cudaStream_t stream) {
+                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream) {
   const char *what = "flashAttentionForward";
   std::string err = checkShapes(what, T, C, heads, seq, {{qkv, 16}, {o, 16}, {lse, 4}});
   if (!err.empty() || T == 0)
     return err;
   Params p = makeParams(T, C, heads, seq);
   p.qkv = qkv;
+  p.firstKeys = firstKeys;
   p.oOut = o;
   p.lseOut = lse;
   const cudaError_t e = C / heads == 64 ? forward<64>(p, stream) : forward<128>(p, stream);
@@ -628,7 +707,7 @@ int64_t flashAttentionBackwardScratch(int64_t T, int64_t C, int64_t heads) {
 
 std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16 *o, const __nv_bfloat16 *dO,
                                    const float *lse, __nv_bfloat16 *dqkv, float *scratch, int64_t T, int64_t C,
-                                   int64_t heads, int64_t seq, cudaStream_t stream) {
+                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream) {
   const char *what = "flashAttentionBackward";
   std::string err = checkShapes(what, T, C, heads, seq,
                                 {{qkv, 16}, {o, 16}, {dO, 16}, {dqkv, 16}, {lse, 4}, {scratch, 4}});
@@ -636,6 +715,7 @@ std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16
     return err;
   Params p = makeParams(T, C, heads, seq);
   p.qkv = qkv;
+  p.firstKeys = firstKeys;
   p.o = o;
   p.dO = dO;
   p.lse = lse;

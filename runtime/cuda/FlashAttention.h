@@ -27,19 +27,23 @@ namespace mhcc::runtime::cuda {
 /// contiguous rows; q of head h is columns [h*d, (h+1)*d), k at C + h*d, v at
 /// 2C + h*d (d = C / heads). Attention is causal within each sequence.
 /// o: [T, C] bf16, head h at columns h*d. lse: [T, heads] fp32, the natural
-/// log-sum-exp of the scaled score row. Returns "" or a one-line error.
+/// log-sum-exp of the scaled score row. firstKeys (null: none): packed
+/// documents, per token its document's start in its sequence; a query then
+/// sees keys [firstKeys[t], t] only, and key tiles wholly before a block's
+/// documents are skipped. Returns "" or a one-line error.
 std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, float *lse, int64_t T, int64_t C,
-                                  int64_t heads, int64_t seq, cudaStream_t stream);
+                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream);
 
 /// Floats of scratch flashAttentionBackward needs: D = rowsum(dO * O) per
 /// (token, head).
 int64_t flashAttentionBackwardScratch(int64_t T, int64_t C, int64_t heads);
 
 /// dO: [T, C] bf16. dqkv: [T, 3C] bf16, overwritten (dq, dk, dv in the q, k,
-/// v column positions). o and lse as flashAttentionForward wrote them.
+/// v column positions). o and lse as flashAttentionForward wrote them, with
+/// the same firstKeys.
 std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16 *o, const __nv_bfloat16 *dO,
                                    const float *lse, __nv_bfloat16 *dqkv, float *scratch, int64_t T, int64_t C,
-                                   int64_t heads, int64_t seq, cudaStream_t stream);
+                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream);
 
 } // namespace mhcc::runtime::cuda
 

@@ -118,10 +118,16 @@ extern "C" __global__ void mhcc_rms_norm_gain_grad_partials(const act_t *u, cons
 /// pow(kRopeBase, -2 j / d): the frequency of pair j.
 __device__ __forceinline__ double ropeFreq(int64_t j, int64_t d) { return pow(kRopeBase, -2.0 * double(j) / double(d)); }
 
-/// The rotation at position t % seq of a pair with frequency freq (the
-/// inverse: -angle).
-__device__ __forceinline__ void ropeAngle(int64_t t, int64_t seq, double freq, int inverse, float &c, float &s) {
-  double theta = double(t % seq) * freq;
+/// Row t's rotary position: its offset in its packed document, or in its
+/// sequence without documents (positions null).
+__device__ __forceinline__ int64_t ropePosition(const int32_t *positions, int64_t t, int64_t seq) {
+  return positions ? int64_t(positions[t]) : t % seq;
+}
+
+/// The rotation at position pos of a pair with frequency freq (the inverse:
+/// -angle).
+__device__ __forceinline__ void ropeAngle(int64_t pos, double freq, int inverse, float &c, float &s) {
+  double theta = double(pos) * freq;
   c = float(cos(theta));
   s = float(sin(theta));
   if (inverse)
@@ -136,8 +142,8 @@ __device__ __forceinline__ void ropeAngle(int64_t t, int64_t seq, double freq, i
 constexpr int kRopePairs = 4, kRopeHeads = kVec, kRopeMaxPairs = 256;
 constexpr int kRopeVecs = 2 * kRopePairs / kVec; // 16-byte vectors a head's kRopePairs pairs take
 
-extern "C" __global__ void mhcc_rope(act_t *qkv, int64_t rows, int64_t C, int64_t heads, int64_t seq, int inverse,
-                                     int64_t rowStride) {
+extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, int64_t rows, int64_t C, int64_t heads,
+                                     int64_t seq, int inverse, int64_t rowStride) {
   __shared__ double freqs[kRopeMaxPairs];
   const int64_t d = C / heads, pairs = d / 2;
   const bool cached = pairs <= kRopeMaxPairs;
@@ -152,7 +158,8 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, int64_t rows, int64_t C, int64_
       const int64_t t = q / (2 * groups), which = q / groups % 2, j0 = q % groups * kRopePairs;
       float c[kRopePairs], s[kRopePairs];
       for (int p = 0; p < kRopePairs; ++p)
-        ropeAngle(t, seq, cached ? freqs[j0 + p] : ropeFreq(j0 + p, d), inverse, c[p], s[p]);
+        ropeAngle(ropePosition(positions, t, seq), cached ? freqs[j0 + p] : ropeFreq(j0 + p, d), inverse, c[p],
+                  s[p]);
       act_t *v = qkv + t * rowStride + which * C + 2 * j0;
       for (int64_t h0 = 0; h0 < heads; h0 += kRopeHeads) {
         uint4 raw[kRopeHeads][kRopeVecs];
@@ -183,7 +190,7 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, int64_t rows, int64_t C, int64_
     int64_t which = rest / (heads * pairs); // 0: q, 1: k
     int64_t h = (rest / pairs) % heads, j = rest % pairs;
     float c, s;
-    ropeAngle(t, seq, cached ? freqs[j] : ropeFreq(j, d), inverse, c, s);
+    ropeAngle(ropePosition(positions, t, seq), cached ? freqs[j] : ropeFreq(j, d), inverse, c, s);
     act_t *v = qkv + t * rowStride + which * C + h * d + 2 * j;
     float a = load(v[0]), b = load(v[1]);
     store(&v[0], a * c - b * s);
@@ -191,40 +198,46 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, int64_t rows, int64_t C, int64_
   }
 }
 
-/// One block per score row (head, query i) of one sequence: causal softmax
-/// in place (P, zero above the diagonal) and the row's log-sum-exp.
-extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, int64_t seq, int64_t heads,
-                                               int64_t lseOffset) {
+/// One block per score row (head, query i) of one sequence (its first token
+/// at lseOffset): causal softmax in place (P, zero above the diagonal and,
+/// with packed documents, before the query's document) and the row's
+/// log-sum-exp. firstKeys (null: none): each token's document start in its
+/// sequence; the visible keys are [first, i].
+extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, const int32_t *firstKeys, int64_t seq,
+                                               int64_t heads, int64_t lseOffset) {
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  const int64_t first = firstKeys ? firstKeys[lseOffset + i] : 0;
   float *row = scores + (h * seq + i) * seq;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+  for (int64_t j = first + threadIdx.x; j <= i; j += blockDim.x)
     m = fmaxf(m, row[j]);
   m = blockMax(m);
   float sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+  for (int64_t j = first + threadIdx.x; j <= i; j += blockDim.x)
     sum += expf(row[j] - m);
   sum = blockSum(sum);
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < seq; j += blockDim.x)
-    row[j] = j <= i ? expf(row[j] - m) * inv : 0.0f;
+    row[j] = j >= first && j <= i ? expf(row[j] - m) * inv : 0.0f;
   if (threadIdx.x == 0)
     lse[(lseOffset + i) * heads + h] = m + logf(sum);
 }
 
 /// Backward of one score row: P from the saved log-sum-exp, then
 /// dS = P (dP - <P, dP>) * scale; P replaces the scores, dS replaces dP.
-extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse, int64_t seq,
-                                                        int64_t heads, int64_t lseOffset, float scale) {
+extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse,
+                                                        const int32_t *firstKeys, int64_t seq, int64_t heads,
+                                                        int64_t lseOffset, float scale) {
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
+  const int64_t first = firstKeys ? firstKeys[lseOffset + i] : 0;
   float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
   const float l = lse[(lseOffset + i) * heads + h];
   float dot = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+  for (int64_t j = first + threadIdx.x; j <= i; j += blockDim.x)
     dot += expf(row[j] - l) * grad[j];
   dot = blockSum(dot);
   for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-    float p = j <= i ? expf(row[j] - l) : 0.0f;
+    float p = j >= first && j <= i ? expf(row[j] - l) : 0.0f;
     row[j] = p;
     grad[j] = p * (grad[j] - dot) * scale;
   }

@@ -297,17 +297,25 @@ std::string TokenDataset::check(int64_t vocab, int64_t seqLen) const {
 }
 
 void TokenDataset::sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen,
-                          int64_t microBatch, int32_t *tokens, int32_t *labels, bool validation) const {
+                          int64_t microBatch, const SampleBuffers &out, bool validation) const {
   const uint64_t salt = validation ? 0x76616c6964ull : 0; // "valid": other draws than training's
+  auto at = [&](int32_t *p, int64_t b) { return p ? p + b * seqLen : nullptr; };
   for (int64_t b = 0; b < microBatch; ++b) {
     const uint64_t key =
         mix64((seed ^ salt) ^ mix64((uint64_t(step) << 40) ^ (uint64_t(microbatch) << 20) ^ uint64_t(b)));
-    sampleWindow(key, seqLen, tokens + b * seqLen, labels + b * seqLen, validation);
+    sampleWindow(key, seqLen,
+                 SampleBuffers{at(out.tokens, b), at(out.labels, b), at(out.positions, b), at(out.firstKeys, b)},
+                 validation);
   }
 }
 
-void TokenDataset::sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, int32_t *labels,
-                                bool validation) const {
+bool TokenDataset::hasDocuments() const {
+  if (!parts_.empty())
+    return std::all_of(parts_.begin(), parts_.end(), [](const TokenDataset &p) { return p.hasDocuments(); });
+  return !documentStarts_.empty();
+}
+
+void TokenDataset::sampleWindow(uint64_t key, int64_t seqLen, const SampleBuffers &out, bool validation) const {
   if (!parts_.empty()) {
     // The dataset: a uniform draw in [0, 1) against the cumulative weights,
     // from a hash of the key (the window then comes from the key itself).
@@ -315,7 +323,7 @@ void TokenDataset::sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, i
     size_t d = 0;
     while (d + 1 < parts_.size() && u >= cumulative_[d])
       ++d;
-    parts_[d].sampleWindow(key, seqLen, tokens, labels, validation);
+    parts_[d].sampleWindow(key, seqLen, out, validation);
     return;
   }
   // A part's windows start at [begin, end - seqLen - 1]; no split: the whole stream.
@@ -323,8 +331,23 @@ void TokenDataset::sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, i
   const uint64_t windows = end - begin - seqLen - 1;
   const uint64_t offset = begin + key % (windows + 1);
   for (int64_t t = 0; t < seqLen; ++t) {
-    tokens[t] = token(offset + t);
-    labels[t] = token(offset + t + 1);
+    out.tokens[t] = token(offset + t);
+    out.labels[t] = token(offset + t + 1);
+  }
+  if (!out.positions && !out.firstKeys)
+    return;
+  // The documents starting inside the window (the first one: the window's start).
+  auto next = std::upper_bound(documentStarts_.begin(), documentStarts_.end(), uint64_t(offset));
+  int64_t start = 0;
+  for (int64_t t = 0; t < seqLen; ++t) {
+    if (next != documentStarts_.end() && *next == offset + uint64_t(t)) {
+      start = t;
+      ++next;
+    }
+    if (out.positions)
+      out.positions[t] = int32_t(t - start);
+    if (out.firstKeys)
+      out.firstKeys[t] = int32_t(start);
   }
 }
 

@@ -54,11 +54,27 @@ public:
   /// one window of `seqLen + 1` (in each part of a split).
   std::string check(int64_t vocab, int64_t seqLen) const;
 
+  /// Where sample() writes a microbatch, microBatch x seqLen entries each.
+  /// positions and firstKeys (optional) describe the documents packed into
+  /// each window, as StepInputs defines them: a token's offset in its
+  /// document and its document's start in the window (a document cut by the
+  /// window's start begins at 0, as Megatron resets positions).
+  struct SampleBuffers {
+    int32_t *tokens = nullptr, *labels = nullptr;
+    int32_t *positions = nullptr, *firstKeys = nullptr;
+  };
   /// Fills `microBatch` sequences of `seqLen` tokens and their next-token
   /// labels for (step, microbatch), from the training part, or from the
   /// validation part with `validation` (the same draws under another key).
   void sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen, int64_t microBatch,
-              int32_t *tokens, int32_t *labels, bool validation = false) const;
+              const SampleBuffers &out, bool validation = false) const;
+  void sample(uint64_t seed, int64_t step, int64_t microbatch, int64_t seqLen, int64_t microBatch,
+              int32_t *tokens, int32_t *labels, bool validation = false) const {
+    sample(seed, step, microbatch, seqLen, microBatch, SampleBuffers{tokens, labels}, validation);
+  }
+  /// Whether the stream knows its document boundaries (an indexed dataset,
+  /// or a blend of them); a text file is one document.
+  bool hasDocuments() const;
 
   size_t size() const { return count_; } // a blend: its datasets' tokens together
   const std::string &source() const { return source_; }
@@ -70,8 +86,9 @@ public:
 private:
   struct Mapping; // an mmap of a .bin, unmapped with the last dataset sharing it
 
-  /// One sequence (seqLen tokens and their labels) from the window `key` picks.
-  void sampleWindow(uint64_t key, int64_t seqLen, int32_t *tokens, int32_t *labels, bool validation) const;
+  /// One sequence (seqLen tokens, their labels and documents) from the
+  /// window `key` picks; `out` points at the sequence's first entries.
+  void sampleWindow(uint64_t key, int64_t seqLen, const SampleBuffers &out, bool validation) const;
 
   std::vector<TokenDataset> parts_;              // a blend's datasets (then nothing else is set)
   std::vector<double> cumulative_;               // their weights' running sums, normalized to 1

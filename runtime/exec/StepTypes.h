@@ -25,6 +25,11 @@ struct TrainOptions {
   double clipGrad = 1.0; // global-norm clipping across all stages; 0: off
   int64_t warmupSteps = 0;
   uint64_t dataSeed = 1234;
+  /// Megatron's --reset-position-ids and --reset-attention-mask over the
+  /// documents of an indexed dataset: RoPE positions restart at each
+  /// document start within a sequence, and a token attends only to the
+  /// tokens of its own document.
+  bool resetPositionIds = false, resetAttentionMask = false;
   /// How long a rank waited on may go without progress (an instruction, an
   /// exchange; on a GPU, a completed piece of the queued work) before the
   /// waiting rank declares it stuck and fails: a slow rank that progresses is
@@ -51,6 +56,11 @@ struct TrainOptions {
 /// (the first stage reads tokens, the loss stages read labels, MTP both).
 struct StepInputs {
   std::vector<std::vector<int32_t>> tokens, labels;
+  /// Packed documents (TrainOptions::resetPositionIds / resetAttentionMask),
+  /// by microbatch, one entry per token; empty when off: each token's RoPE
+  /// position (its offset in its document) and the first key it attends to
+  /// (its document's start, as an offset in its sequence).
+  std::vector<std::vector<int32_t>> positions, firstKeys;
   /// A validation step: the same instructions and shared losses, but the
   /// optimizer leaves the weights, moments and step count alone.
   bool evaluateOnly = false;

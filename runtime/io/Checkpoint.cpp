@@ -214,6 +214,8 @@ bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a
         {"eps", options.adamEps}, {"weight_decay", options.weightDecay}, {"clip_grad", options.clipGrad},
         {"warmup_steps", options.warmupSteps}}},
       {"data_seed", options.dataSeed},
+      {"reset_position_ids", options.resetPositionIds},
+      {"reset_attention_mask", options.resetAttentionMask},
       {"files", files}};
   return writeSynced(tmp + "/meta.json", sealMeta(meta), error) && syncPath(tmp, error) &&
          publish(dir, tmp, folder, iteration, error);

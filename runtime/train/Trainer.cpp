@@ -136,11 +136,19 @@ std::vector<StepInputs> Trainer::sampleInputs(int64_t batch, bool validation) co
   std::vector<StepInputs> inputs(artifact_.dp);
   for (int64_t d = 0; d < artifact_.dp; ++d) {
     inputs[d].evaluateOnly = validation;
-    inputs[d].tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-    inputs[d].labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
-    for (int64_t mb = 0; mb < artifact_.microbatches; ++mb)
+    StepInputs &in = inputs[d];
+    in.tokens.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    in.labels.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    if (options_.resetPositionIds)
+      in.positions.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    if (options_.resetAttentionMask)
+      in.firstKeys.assign(artifact_.microbatches, std::vector<int32_t>(m.tokens()));
+    for (int64_t mb = 0; mb < artifact_.microbatches; ++mb) {
+      auto entries = [mb](std::vector<std::vector<int32_t>> &v) { return v.empty() ? nullptr : v[mb].data(); };
       data_.sample(options_.dataSeed, batch, artifact_.globalMicrobatch(mb, d), m.seqLen, m.microBatch,
-                   inputs[d].tokens[mb].data(), inputs[d].labels[mb].data(), validation);
+                   {entries(in.tokens), entries(in.labels), entries(in.positions), entries(in.firstKeys)},
+                   validation);
+    }
   }
   return inputs;
 }

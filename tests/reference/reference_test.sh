@@ -7,11 +7,15 @@
 # the comparison can fail: two deliberately broken references must be caught.
 # tiny also trains as two data-parallel replicas of a two-rank pipeline (one
 # microbatch each: the same global batch of two), which the reference
-# replays as one model on the global batch.
+# replays as one model on the global batch. tiny trains on packed documents
+# too (mhc-prep's corpus, --reset-position-ids --reset-attention-mask), whose
+# positions and masks the reference reads from the dump (a third broken
+# reference ignores them).
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcc="${root}/compiler/mhcc"
 mhcrun="${root}/tools/mhcrun"
+prep="${root}/tools/mhc-prep"
 check="${root}/tools/reference/check_against_mhcc.py"
 corpus="${root}/data/corpus.txt"
 work="${TEST_TMPDIR}"
@@ -25,19 +29,24 @@ fi
 
 train() { # MODEL NAME [MHCC FLAGS]: artifact, 3 CPU steps, tensors under $work/NAME
   "${mhcc}" "$1" --microbatches 2 "${@:3}" --emit=artifact -o "${work}/$2.mhcc" --cuda-arch=none
-  "${mhcrun}" "${work}/$2.mhcc" --backend cpu --steps 3 --data "${corpus}" --dump-tensors "${work}/$2" \
-    --no-progress > "${work}/$2.log"
+  "${mhcrun}" "${work}/$2.mhcc" --backend cpu --steps 3 --data "${data:-${corpus}}" --dump-tensors "${work}/$2" \
+    --no-progress ${run_flags:-} > "${work}/$2.log"
 }
 
 train "${root}/models/tiny.json" tiny
 train "${root}/models/small_ci.json" small_ci
 train "${root}/tests/reference/tiny_sinkhorn.json" tiny_sinkhorn
 train "${root}/models/tiny.json" tiny_dp2 --microbatches 1 --dp 2 --pp 2 --layout 'Ett|ttmL'
+"${prep}" --input "${corpus}" --output-prefix "${work}/corpus_docs" > /dev/null
+data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mask" \
+  train "${root}/models/tiny.json" tiny_packed --pp 2 --vpp 2 --layout 'Et|t|t|tmL'
 
 echo "=== tiny"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny"
 echo "=== tiny, dp 2 x pp 2"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_dp2"
+echo "=== tiny, packed documents, pp 2 x vpp 2"
+"${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_packed"
 echo "=== small_ci"
 "${python}" "${check}" "${root}/models/small_ci.json" "${work}/small_ci"
 # After 20 iterations on order-1 logits the rows are still ~3e-3 from 1
@@ -59,4 +68,5 @@ expect_failure() { # BREAK MODEL NAME [ARGS]: the broken reference must disagree
 }
 expect_failure rms_per_stream "${root}/models/tiny.json" tiny
 expect_failure sinkhorn_short "${root}/tests/reference/tiny_sinkhorn.json" tiny_sinkhorn --sinkhorn-tol 1e-2
-echo "reference_test: mhcc agrees with the reference; both broken references were caught"
+expect_failure no_documents "${root}/models/tiny.json" tiny_packed
+echo "reference_test: mhcc agrees with the reference; the three broken references were caught"

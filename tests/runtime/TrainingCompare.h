@@ -20,20 +20,24 @@ struct TrainingRun {
   std::vector<std::vector<float>> weights;
 };
 
-/// Trains `steps` steps with every tap recorded on the devices `devices` makes.
+/// Trains `steps` steps with every tap recorded on the devices `devices`
+/// makes, with `base`'s options otherwise.
 inline TrainingRun train(const std::string &path, const TokenDataset &data, int64_t steps,
-                         const DeviceFactory &devices = cpuDevices()) {
+                         const DeviceFactory &devices = cpuDevices(), const TrainOptions &base = TrainOptions()) {
   std::string error;
   std::optional<Artifact> artifact = readArtifact(path, error);
   EXPECT_TRUE(artifact) << error;
   if (!artifact)
     return {};
-  TrainOptions options;
+  TrainOptions options = base;
   options.recordTaps = true;
   // The GPU suite reruns the GPU parity test with the pool (the static plan
   // is the default).
   if (const char *plan = std::getenv("MHCC_TEST_MEMORY_PLAN"))
     options.staticMemoryPlan = std::string(plan) != "pool";
+  // The GPU suite's packed-document parity cases (an indexed dataset).
+  if (const char *packed = std::getenv("MHCC_TEST_PACKED_DOCUMENTS"); packed && std::string(packed) == "1")
+    options.resetPositionIds = options.resetAttentionMask = true;
   // A hung layout then fails in seconds instead of using up a GPU call.
   if (const char *timeout = std::getenv("MHCC_TEST_RECV_TIMEOUT"))
     options.recvTimeoutSeconds = std::atof(timeout);

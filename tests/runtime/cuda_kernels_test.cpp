@@ -96,7 +96,7 @@ protected:
           << what << " output " << i << ": B then W differs from the whole backward";
   }
 
-  void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads);
+  void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads, bool packed = false);
 
   std::mt19937 rng_{42};
 };
@@ -216,41 +216,57 @@ TEST_F(CudaKernels, MhcCoefficientsPreAndPostRes) {
 }
 
 /// Attention forward and backward, against the CPU, for `rows` tokens in
-/// sequences of `seq`, width C and `heads` heads.
-void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads) {
+/// sequences of `seq`, width C and `heads` heads; `packed`: documents of 1
+/// to 37 tokens packed into each sequence (RoPE positions and masks).
+void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads, bool packed) {
   auto u = random(rows * width), dy = random(rows * width);
   auto wqkv = random(width * 3 * width, 0.1f), wo = random(width * width, 0.1f);
   float *du_ = upload(u), *ddy = upload(dy), *dwqkv = upload(wqkv), *dwo = upload(wo);
+  std::vector<int32_t> positions(rows), firstKeys(rows);
+  for (int64_t t = 0, length = 1, start = 0; t < rows; ++t) {
+    if (t % seq == 0 || t - start == length) { // a new document (lengths 1, 8, 15, ... 36, 6, ...)
+      start = t;
+      length = 1 + (length + 6) % 37;
+    }
+    positions[t] = int32_t(t - start);
+    firstKeys[t] = int32_t(start % seq);
+  }
+  const k::Documents docs = packed ? k::Documents{positions.data(), firstKeys.data()} : k::Documents{};
+  const cuda::DeviceDocuments deviceDocs =
+      packed ? cuda::DeviceDocuments{upload(positions), upload(firstKeys)} : cuda::DeviceDocuments{};
   const int64_t attnAux = rows * 4 * width + rows * heads;
   std::vector<float> attn(attnAux);
-  k::attentionForward(u.data(), wqkv.data(), wo.data(), std::vector<float>(rows * width).data(), attn.data(), rows,
-                      width, heads, seq);
+  k::attentionForward<float>(u.data(), wqkv.data(), wo.data(), std::vector<float>(rows * width).data(), attn.data(),
+                             rows, width, heads, seq, nullptr, docs);
   std::string shape = " (rows " + std::to_string(rows) + ", seq " + std::to_string(seq) + ", C " +
-                      std::to_string(width) + ", heads " + std::to_string(heads) + ")";
+                      std::to_string(width) + ", heads " + std::to_string(heads) + (packed ? ", packed" : "") + ")";
   float *forwardScratch = upload(std::vector<float>(cuda::attentionForwardScratch(rows, width, heads, seq, 4)));
   check("attention" + shape, {std::vector<float>(rows * width), std::vector<float>(attnAux)},
         [&](auto &o) {
-          k::attentionForward(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), rows, width, heads, seq);
+          k::attentionForward<float>(u.data(), wqkv.data(), wo.data(), o[0].data(), o[1].data(), rows, width, heads,
+                                     seq, nullptr, docs);
         },
         [&](auto &o) {
-          cuda::attentionForward(*kernels_, *gemms_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads, seq, nullptr);
+          cuda::attentionForward(*kernels_, *gemms_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads,
+                                 seq, deviceDocs, nullptr);
         });
   float *dattn = upload(attn);
   float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq, 4)));
   float *backwardStash = upload(std::vector<float>(cuda::attentionBackwardStash(rows, width)));
   checkParts("attention backward" + shape, {random(rows * width), random(width * 3 * width), random(width * width)},
         [&](auto &o) {
-          k::attentionBackward(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(), o[1].data(),
-                               o[2].data(), rows, width, heads, seq);
+          k::attentionBackward<float>(u.data(), wqkv.data(), wo.data(), attn.data(), dy.data(), o[0].data(),
+                                      o[1].data(), o[2].data(), rows, width, heads, seq, nullptr, docs);
         },
         [&](auto &o, cuda::GradParts parts) {
           cuda::attentionBackward(*kernels_, *gemms_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardStash,
-                                  backwardScratch, rows, width, heads, seq, parts, nullptr);
+                                  backwardScratch, rows, width, heads, seq, parts, deviceDocs, nullptr);
         });
 }
 
 // Longer rows than a block has threads, head width 128, two sequences.
 TEST_F(CudaKernels, AttentionLongSequencesWideHeads) { checkAttention(2 * 300, 300, 256, 2); }
+TEST_F(CudaKernels, AttentionPackedDocuments) { checkAttention(2 * 300, 300, 256, 2, true); }
 
 TEST_F(CudaKernels, RmsNormAttentionSwiGluLoss) {
   auto u = random(T * C), gain = random(C), dy = random(T * C);

@@ -201,6 +201,41 @@ TEST(Dataset, RejectsOverlappingSequences) {
   EXPECT_NE(error.find("list more tokens than"), std::string::npos) << error;
 }
 
+TEST(Dataset, PackedWindowsKnowTheirDocuments) {
+  // Token = 1000 x document + offset in it, so each sampled token says
+  // where its document starts; lengths 1 to 13, some shorter than a window.
+  std::vector<std::vector<int32_t>> docs;
+  for (int32_t d = 0; d < 60; ++d) {
+    docs.emplace_back();
+    for (int32_t k = 0; k < 1 + (d * 5) % 13; ++k)
+      docs.back().push_back(1000 * d + k);
+  }
+  const std::string prefix = tempPath("packed_docs");
+  std::string error;
+  ASSERT_TRUE(writeIndexedDataset(prefix, docs, 4, error)) << error;
+  std::optional<TokenDataset> data = TokenDataset::open(prefix, error);
+  ASSERT_TRUE(data) << error;
+  EXPECT_TRUE(data->hasDocuments());
+  EXPECT_FALSE(TokenDataset(std::vector<int32_t>(100, 1)).hasDocuments()); // a text stream is one document
+  constexpr int64_t kSeq = 16, kBatch = 4;
+  std::vector<int32_t> tokens(kSeq * kBatch), labels(tokens.size()), positions(tokens.size()),
+      firstKeys(tokens.size()), plain(tokens.size());
+  int64_t restarts = 0;
+  for (int64_t mb = 0; mb < 20; ++mb) {
+    data->sample(3, 1, mb, kSeq, kBatch, {tokens.data(), labels.data(), positions.data(), firstKeys.data()});
+    data->sample(3, 1, mb, kSeq, kBatch, plain.data(), labels.data());
+    EXPECT_EQ(tokens, plain) << "documents change which tokens are drawn";
+    for (int64_t t = 0; t < kSeq * kBatch; ++t) {
+      const int64_t inSequence = t % kSeq, offsetInDocument = tokens[t] % 1000;
+      // A document cut by the window's start begins at position 0 (Megatron).
+      EXPECT_EQ(positions[t], std::min(offsetInDocument, inSequence)) << "token " << t;
+      EXPECT_EQ(firstKeys[t], inSequence - positions[t]) << "token " << t;
+      restarts += inSequence > 0 && positions[t] == 0;
+    }
+  }
+  EXPECT_GT(restarts, 20); // windows do cross document starts
+}
+
 TEST(Dataset, SamplingIsDeterministicAndSeedDependent) {
   std::vector<int32_t> stream(5000);
   for (size_t i = 0; i < stream.size(); ++i)

@@ -1,6 +1,7 @@
 // Every CPU kernel's backward against central finite differences, in
 // float64: the objective is <w, forward(inputs)> for a random w, whose exact
 // gradient is backward(dOut = w).
+#include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 
 #include <gtest/gtest.h>
@@ -227,6 +228,89 @@ TEST(GradCheck, AttentionIsCausal) {
   // Rows of the second sequence are untouched too.
   for (int64_t k = kSeq * kC; k < kRows * kC; ++k)
     EXPECT_EQ(y1[k], y2[k]);
+}
+
+// Two sequences of 6 with packed documents: [0, 2) [2, 6) and [0, 3) [3, 4) [4, 6).
+constexpr int64_t kDocRows = 12, kDocSeq = 6;
+const std::vector<int64_t> kDocStarts = {0, 2, 6, 9, 10}; // in the microbatch's rows; ends at kDocRows
+
+/// positions and firstKeys of kDocStarts (Documents' arrays).
+void packedDocuments(std::vector<int32_t> &positions, std::vector<int32_t> &firstKeys) {
+  positions.assign(kDocRows, 0);
+  firstKeys.assign(kDocRows, 0);
+  for (size_t d = 0; d < kDocStarts.size(); ++d) {
+    const int64_t begin = kDocStarts[d], end = d + 1 < kDocStarts.size() ? kDocStarts[d + 1] : kDocRows;
+    for (int64_t t = begin; t < end; ++t) {
+      positions[t] = int32_t(t - begin);
+      firstKeys[t] = int32_t(begin % kDocSeq);
+    }
+  }
+}
+
+TEST(GradCheck, AttentionWithPackedDocuments) {
+  std::vector<int32_t> positions, firstKeys;
+  packedDocuments(positions, firstKeys);
+  const Documents docs{positions.data(), firstKeys.data()};
+  std::mt19937_64 rng(18);
+  Vec x = randomVec(rng, kDocRows * kC), wqkv = randomVec(rng, kC * 3 * kC, 0.4);
+  Vec wo = randomVec(rng, kC * kC, 0.4), w = randomVec(rng, kDocRows * kC);
+  Vec y(kDocRows * kC), aux(kDocRows * 3 * kC + kDocRows * kC + kDocRows * kHeads);
+  auto objective = [&] {
+    attentionForward<double>(x.data(), wqkv.data(), wo.data(), y.data(), aux.data(), kDocRows, kC, kHeads,
+                             kDocSeq, nullptr, docs);
+    return dot(w, y);
+  };
+  objective();
+  Vec dx(x.size(), 0.0), dWqkv(wqkv.size(), 0.0), dWo(wo.size(), 0.0);
+  attentionBackward<double>(x.data(), wqkv.data(), wo.data(), aux.data(), w.data(), dx.data(), dWqkv.data(),
+                            dWo.data(), kDocRows, kC, kHeads, kDocSeq, nullptr, docs);
+  checkGradient("packed attention x", x, dx, objective);
+  checkGradient("packed attention W_qkv", wqkv, dWqkv, objective);
+  checkGradient("packed attention W_o", wo, dWo, objective);
+  // No gradient crosses a document boundary: the first document's inputs
+  // get none from the second's outputs.
+  Vec seed(y.size(), 0.0), dxLater(x.size(), 0.0);
+  for (int64_t k = 2 * kC; k < kDocSeq * kC; ++k)
+    seed[k] = w[k];
+  attentionBackward<double>(x.data(), wqkv.data(), wo.data(), aux.data(), seed.data(), dxLater.data(), nullptr,
+                            nullptr, kDocRows, kC, kHeads, kDocSeq, nullptr, docs);
+  for (int64_t k = 0; k < 2 * kC; ++k)
+    EXPECT_EQ(dxLater[k], 0.0) << "x[" << k << "] of document 0 got a gradient from document 1";
+}
+
+/// Each packed document's outputs and input gradients carry the bits the
+/// document gets as a sequence of its own (rotary positions from 0, score
+/// rows summed from its start): in float, and with bf16 storage.
+template <typename T> void expectDocumentsAlone(Store<T> store) {
+  std::vector<int32_t> positions, firstKeys;
+  packedDocuments(positions, firstKeys);
+  std::mt19937_64 rng(19);
+  std::vector<T> x = randomVec<T>(rng, kDocRows * kC), wqkv = randomVec<T>(rng, kC * 3 * kC, T(0.4));
+  std::vector<T> wo = randomVec<T>(rng, kC * kC, T(0.4)), dy = randomVec<T>(rng, kDocRows * kC);
+  const int64_t auxPerRow = 3 * kC + kC + kHeads;
+  std::vector<T> y(kDocRows * kC), aux(kDocRows * auxPerRow), dx(kDocRows * kC, T(0));
+  attentionForward<T>(x.data(), wqkv.data(), wo.data(), y.data(), aux.data(), kDocRows, kC, kHeads, kDocSeq, store,
+                      Documents{positions.data(), firstKeys.data()});
+  attentionBackward<T>(x.data(), wqkv.data(), wo.data(), aux.data(), dy.data(), dx.data(), nullptr, nullptr,
+                       kDocRows, kC, kHeads, kDocSeq, store, Documents{positions.data(), firstKeys.data()});
+  for (size_t d = 0; d < kDocStarts.size(); ++d) {
+    const int64_t begin = kDocStarts[d], end = d + 1 < kDocStarts.size() ? kDocStarts[d + 1] : kDocRows;
+    const int64_t len = end - begin;
+    std::vector<T> yAlone(len * kC), auxAlone(len * auxPerRow), dxAlone(len * kC, T(0));
+    attentionForward<T>(x.data() + begin * kC, wqkv.data(), wo.data(), yAlone.data(), auxAlone.data(), len, kC,
+                        kHeads, len, store);
+    attentionBackward<T>(x.data() + begin * kC, wqkv.data(), wo.data(), auxAlone.data(), dy.data() + begin * kC,
+                         dxAlone.data(), nullptr, nullptr, len, kC, kHeads, len, store);
+    for (int64_t k = 0; k < len * kC; ++k) {
+      ASSERT_EQ(y[begin * kC + k], yAlone[k]) << "document " << d << " output " << k;
+      ASSERT_EQ(dx[begin * kC + k], dxAlone[k]) << "document " << d << " input gradient " << k;
+    }
+  }
+}
+
+TEST(PackedDocuments, EachDocumentGetsTheBitsItGetsAlone) {
+  expectDocumentsAlone<float>(nullptr);
+  expectDocumentsAlone<float>(&roundBf16);
 }
 
 TEST(GradCheck, SwiGlu) {

@@ -5,7 +5,7 @@
 // both losses, every reduced parameter gradient, every tapped activation and
 // input gradient of every microbatch (every model-graph node's output, hence
 // every pipeline boundary) and the updated weights, over two steps; each run
-// twice.
+// twice. Packed documents (--reset-position-ids --reset-attention-mask) too.
 //
 // usage: parity_test DATA REFERENCE.mhcc OTHER.mhcc... [-- REFERENCE OTHER...]
 #include "runtime/cpu/Bf16.h"
@@ -75,6 +75,56 @@ TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
     for (size_t p = 0; p < artifact->params.size() && !changed; ++p)
       changed = !sameBits(initialParameter(artifact->params[p], artifact->model.seed), reference.weights[p]);
     EXPECT_TRUE(changed);
+  }
+}
+
+/// The corpus cut into documents of 3 to 150 bytes (a hash of the cut's
+/// position picks each length), written as an indexed dataset.
+std::optional<TokenDataset> packedCorpus(std::string &error) {
+  std::optional<TokenDataset> text = TokenDataset::open(gDataPath, error);
+  if (!text)
+    return std::nullopt;
+  std::vector<std::vector<int32_t>> docs;
+  for (size_t i = 0; i < text->size();) {
+    const size_t length = std::min<size_t>(3 + mix64(i) % 148, text->size() - i);
+    docs.emplace_back();
+    for (size_t k = 0; k < length; ++k)
+      docs.back().push_back(text->token(i + k));
+    i += length;
+  }
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string prefix = std::string(tmp ? tmp : "/tmp") + "/parity_packed_corpus";
+  if (!writeIndexedDataset(prefix, docs, 1, error))
+    return std::nullopt;
+  return TokenDataset::open(prefix, error);
+}
+
+TEST(Parity, PackedDocumentsAreBitIdenticalAcrossLayouts) {
+  // Megatron's --reset-position-ids --reset-attention-mask over documents
+  // shorter and longer than a sequence; the tiny fp32 and bf16 families
+  // (MTP included), every layout against PP1.
+  std::string error;
+  std::optional<TokenDataset> data = packedCorpus(error);
+  ASSERT_TRUE(data) << error;
+  TrainOptions packed;
+  packed.resetPositionIds = packed.resetAttentionMask = true;
+  for (size_t f : {size_t(0), size_t(2)}) {
+    ASSERT_LT(f, gFamilies.size());
+    const std::vector<std::string> &family = gFamilies[f];
+    TrainingRun reference = train(family[0], *data, 2, cpuDevices(), packed);
+    ASSERT_EQ(reference.steps.size(), 2u);
+    // The masks and positions take effect: the same windows train otherwise.
+    TrainingRun whole = train(family[0], *data, 2);
+    ASSERT_EQ(whole.steps.size(), 2u);
+    EXPECT_NE(reference.steps[0].lmLoss, whole.steps[0].lmLoss) << family[0];
+    TrainOptions positionsOnly;
+    positionsOnly.resetPositionIds = true;
+    TrainingRun rotated = train(family[0], *data, 1, cpuDevices(), positionsOnly);
+    ASSERT_EQ(rotated.steps.size(), 1u);
+    EXPECT_NE(rotated.steps[0].lmLoss, whole.steps[0].lmLoss) << family[0];
+    EXPECT_NE(rotated.steps[0].lmLoss, reference.steps[0].lmLoss) << family[0];
+    for (size_t i = 1; i < family.size(); ++i)
+      expectIdentical(reference, train(family[i], *data, 2, cpuDevices(), packed), family[i] + " (packed)");
   }
 }
 

@@ -132,6 +132,19 @@ check_dataset out/corpus corpus.json 1
   || fail "mhcrun on the prepared corpus: $(tail -3 run.log)"
 [ "$(wc -l < run.jsonl)" -eq 2 ] || fail "mhcrun did not train two steps: $(cat run.log)"
 grep -q "^ validation loss at iteration 2 | lm loss value: " run.log || fail "no validation line: $(cat run.log)"
+# Packed documents (Megatron's --reset-position-ids --reset-attention-mask):
+# the same windows, another loss; a blend with the text file (no documents)
+# is refused with one line.
+"${mhcrun}" tiny.mhcc --data out/corpus --steps 2 --no-progress --metrics packed.jsonl --reset-position-ids \
+  --reset-attention-mask > packed.log 2>&1 || fail "mhcrun with packed documents: $(tail -3 packed.log)"
+[ "$(wc -l < packed.jsonl)" -eq 2 ] || fail "mhcrun did not train two packed steps: $(cat packed.log)"
+[ "$(head -1 packed.jsonl | grep -o '"lm_loss":[^,]*')" != "$(head -1 run.jsonl | grep -o '"lm_loss":[^,]*')" ] \
+  || fail "packed documents did not change the first loss"
+if "${mhcrun}" tiny.mhcc --data "0.3 out/corpus 0.7 ${corpus}" --steps 1 --reset-attention-mask > nodocs.log 2>&1; then
+  fail "--reset-attention-mask on a blend with a text file was accepted"
+fi
+[ "$(wc -l < nodocs.log)" -eq 1 ] && grep -q "has no document boundaries" nodocs.log \
+  || fail "no one-line refusal of --reset-attention-mask without documents: $(cat nodocs.log)"
 # A blend of the prepared corpus and the text file (Megatron's --data-path W P ... syntax).
 "${mhcrun}" tiny.mhcc --data "0.3 out/corpus 0.7 ${corpus}" --steps 2 --no-progress --metrics blend.jsonl \
   > blend.log 2>&1 || fail "mhcrun on a blend: $(tail -3 blend.log)"

@@ -80,7 +80,13 @@ def batches_of(model, tensors, step, microbatches):
             raise SystemExit(f"step {step} mb {mb}: labels are not the next tokens")
         if tokens.min() < 0 or max(tokens.max(), labels.max()) >= model.V:
             raise SystemExit(f"step {step} mb {mb}: a token id outside the vocabulary")
-        out.append((tokens, labels))
+        docs = []
+        for kind in ("positions", "first_keys"):  # packed documents, when the run had them
+            key = f"{kind}.step{step}.mb{mb}"
+            docs.append(tensors[key].reshape(-1).astype(np.int64) if key in tensors else None)
+        if docs[0] is not None and not (0 <= docs[0].min() and np.all(docs[0] <= np.arange(model.T) % model.S)):
+            raise SystemExit(f"step {step} mb {mb}: a position outside its sequence")
+        out.append((tokens, labels, tuple(docs)))
     return out
 
 

@@ -10,6 +10,7 @@ chosen with the environment variable MHC_REFERENCE_BREAK:
   rms_per_stream   the mHC coefficient RMS taken per stream (C values)
                    instead of over the flattened n*C vector
   sinkhorn_short   one Sinkhorn-Knopp iteration fewer than the model's K
+  no_documents     packed documents ignored: one document per sequence
 """
 import json
 import os
@@ -23,8 +24,8 @@ SINKHORN_CLAMP = 1e-6    # every Sinkhorn divisor >= 1e-6   (mhc.md)
 ROPE_BASE = 10000.0      # convention taken from mhcc's CPU kernels
 
 BREAK = os.environ.get("MHC_REFERENCE_BREAK", "")
-if BREAK not in ("", "rms_per_stream", "sinkhorn_short"):
-    raise SystemExit(f"MHC_REFERENCE_BREAK={BREAK}: expected rms_per_stream or sinkhorn_short")
+if BREAK not in ("", "rms_per_stream", "sinkhorn_short", "no_documents"):
+    raise SystemExit(f"MHC_REFERENCE_BREAK={BREAK}: expected rms_per_stream, sinkhorn_short or no_documents")
 
 
 class Model:
@@ -136,33 +137,40 @@ def mhc_coefficients(x, P, name, model):
     return h_pre, h_post, h_res
 
 
-def rope_tables(model):
-    """cos and sin [S, d] per position, each pair (2j, 2j+1) rotated by
-    pos * base^(-2j/d); and the constant d x d matrix that maps a row to its
-    pair-swapped (-b, a) form."""
+def rope_tables(model, positions):
+    """cos and sin [B, 1, S, d] of each token's position (positions [B, S]),
+    each pair (2j, 2j+1) rotated by pos * base^(-2j/d); and the constant
+    d x d matrix that maps a row to its pair-swapped (-b, a) form."""
     d = model.C // model.heads
     j = np.arange(d // 2)
-    theta = np.arange(model.S)[:, None] * ROPE_BASE ** (-2.0 * j / d)[None, :]
-    cos, sin = np.repeat(np.cos(theta), 2, axis=1), np.repeat(np.sin(theta), 2, axis=1)
+    theta = positions[:, None, :, None] * ROPE_BASE ** (-2.0 * j / d)
+    cos, sin = np.repeat(np.cos(theta), 2, axis=-1), np.repeat(np.sin(theta), 2, axis=-1)
     swap = np.zeros((d, d))
     swap[2 * j + 1, 2 * j] = -1.0  # out[2j]   = -in[2j+1]
     swap[2 * j, 2 * j + 1] = 1.0   # out[2j+1] =  in[2j]
     return cos, sin, swap
 
 
-def attention(x, P, name, model):
-    """Causal multi-head self-attention with rotary positions, x [T, C]."""
+def attention(x, P, name, model, docs):
+    """Causal multi-head self-attention with rotary positions, x [T, C].
+    docs: (positions, first_keys), each [T] or None: packed documents' RoPE
+    positions (else the offset in the sequence) and the first key each query
+    sees (else 0), as mhcrun --dump-tensors writes them."""
     B, S, H, C = model.B, model.S, model.heads, model.C
     d = C // H
+    positions, first_keys = (None, None) if BREAK == "no_documents" else docs
+    positions = (np.tile(np.arange(S), (B, 1)) if positions is None else positions.reshape(B, S))
+    first_keys = np.zeros((B, S), dtype=np.int64) if first_keys is None else first_keys.reshape(B, S)
     qkv = x @ P[name + ".w_qkv"]
     heads = lambda part: ag.transpose(ag.reshape(part, (B, S, H, d)), (0, 2, 1, 3))  # [B, H, S, d]
     q, k, v = heads(qkv[:, :C]), heads(qkv[:, C:2 * C]), heads(qkv[:, 2 * C:])
-    cos, sin, swap = rope_tables(model)
+    cos, sin, swap = rope_tables(model, positions)
     q = q * cos + (q @ swap) * sin
     k = k * cos + (k @ swap) * sin
     scores = (q @ ag.transpose(k, (0, 1, 3, 2))) * (1.0 / np.sqrt(d))
-    future = np.triu(np.ones((S, S), dtype=bool), 1)
-    scores = scores + np.where(future, -np.inf, 0.0)
+    key = np.arange(S)[None, None, :]
+    hidden = (key > np.arange(S)[None, :, None]) | (key < first_keys[:, :, None])  # [B, S query, S key]
+    scores = scores + np.where(hidden[:, None], -np.inf, 0.0)
     e = ag.exp(scores - scores.value.max(axis=-1, keepdims=True))
     p = e / ag.sum(e, -1, keepdims=True)
     o = ag.reshape(ag.transpose(p @ v, (0, 2, 1, 3)), (B * S, C))
@@ -174,10 +182,10 @@ def swiglu(x, P, name):
     return (a * ag.sigmoid(a) * (x @ P[name + ".w_up"])) @ P[name + ".w_down"]
 
 
-def sublayer(x, P, name, attention_kind, model, probe):
+def sublayer(x, P, name, attention_kind, model, probe, docs):
     """One mHC-wrapped sublayer, x [T, n*C] -> [T, n*C]."""
     n, C, T = model.n, model.C, x.shape[0]
-    inner = lambda u: (attention(u, P, name, model) if attention_kind else swiglu(u, P, name))
+    inner = lambda u: (attention(u, P, name, model, docs) if attention_kind else swiglu(u, P, name))
     if n == 1:
         return x + inner(rms_norm(x, P[name + ".norm"], model.eps))
     h_pre, h_post, h_res = mhc_coefficients(x, P, name, model)
@@ -218,19 +226,20 @@ def shifted_tokens(tokens, shift, model):
     return tokens[np.where((t % model.S) + shift < model.S, t + shift, t)]
 
 
-def mtp_module(x_final, tokens, labels, P, node, model, head, embed, probe):
+def mtp_module(x_final, tokens, labels, P, node, model, head, embed, probe, docs):
     name, depth = node["name"], node.get("attrs", {}).get("depth", 1)
     h = rms_norm(contract(x_final, model), P[name + ".norm_hidden"], model.eps)
     e = rms_norm(ag.rows(P[embed], shifted_tokens(tokens, depth, model)), P[name + ".norm_embedding"], model.eps)
     r = expand(ag.concat([h, e], 1) @ P[name + ".proj"], model)
-    r = sublayer(r, P, name + ".attn", True, model, probe)
-    r = sublayer(r, P, name + ".mlp", False, model, probe)
+    r = sublayer(r, P, name + ".attn", True, model, probe, docs)
+    r = sublayer(r, P, name + ".mlp", False, model, probe, docs)
     f = rms_norm(contract(r, model), P[name + ".final_norm"], model.eps)
     return cross_entropy(f @ P[head], labels, depth, model)
 
 
-def forward(model, P, tokens, labels, probe):
-    """One microbatch: ({loss name: (weight, Var)}); tokens, labels [T]."""
+def forward(model, P, tokens, labels, probe, docs=(None, None)):
+    """One microbatch: ({loss name: (weight, Var)}); tokens, labels [T];
+    docs: packed documents (attention())."""
     values, losses = {}, {}
     embed = next(n["name"] for n in model.nodes if n["op"] == "embedding") + ".weight"
     head = next(n["name"] for n in model.nodes if n["op"] == "lm_head") + ".weight"
@@ -242,7 +251,7 @@ def forward(model, P, tokens, labels, probe):
         elif op == "mhc_expand":
             out = expand(inputs[0], model)
         elif op == "mhc_sublayer":
-            out = sublayer(inputs[0], P, name, attrs["sublayer"] == "attention", model, probe)
+            out = sublayer(inputs[0], P, name, attrs["sublayer"] == "attention", model, probe, docs)
         elif op == "mhc_contract":
             out = contract(inputs[0], model)
         elif op == "rmsnorm":
@@ -253,7 +262,7 @@ def forward(model, P, tokens, labels, probe):
             out = cross_entropy(inputs[0], labels, 0, model)
             losses[attrs.get("loss_name", "lm loss")] = (1.0, out)
         elif op == "mtp":
-            out = mtp_module(inputs[0], tokens, labels, P, node, model, head, embed, probe)
+            out = mtp_module(inputs[0], tokens, labels, P, node, model, head, embed, probe, docs)
             losses.setdefault("mtp loss", [])
             losses["mtp loss"].append((attrs.get("loss_weight", 0.1), out))
         else:
@@ -268,9 +277,9 @@ def train_step(model, weights, batches, probe):
     reported losses: means over microbatches (and MTP modules), unweighted."""
     grads = {k: np.zeros_like(v) for k, v in weights.items()}
     lm, mtp = [], []
-    for tokens, labels in batches:
+    for tokens, labels, docs in batches:
         P = {k: ag.param(v) for k, v in weights.items()}
-        losses = forward(model, P, tokens, labels, probe)
+        losses = forward(model, P, tokens, labels, probe, docs)
         total = losses["lm loss"][1]
         lm.append(float(total.value))
         for w, loss in losses.get("mtp loss", []):
