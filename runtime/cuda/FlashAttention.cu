@@ -36,6 +36,8 @@
 // warp skips tiles wholly outside its rows' documents. A row can then meet a
 // tile it sees none of: the online softmax keeps its running max at -inf
 // and rescales by 0 (FlashAttention-2's guard), the same bits otherwise.
+// The kernels take kDocuments as a template flag, so that without documents
+// none of this is compiled in.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/FlashAttention.h"
@@ -315,7 +317,7 @@ __device__ __forceinline__ void forwardTile(const uint32_t (&qf)[D / 16][4], flo
 }
 
 /// One block: 128 query rows of one (sequence, head), key tiles 0 .. the diagonal, double-buffered.
-template <int D> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Params p) {
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sQ = reinterpret_cast<bf16 *>(smem);
   bf16 *sK = sQ + kBlockRows * D; // [2][kTile][D]
@@ -326,7 +328,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Pa
   const int nTiles = (m0 + rows) / kTile; // the key tiles holding keys 0 .. m0 + rows - 1
   const int64_t tok0 = int64_t(pos.b) * p.seq;
   const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
-  const int32_t *seqFirstKeys = p.firstKeys ? p.firstKeys + tok0 : nullptr;
+  const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
   const int tile0 = seqFirstKeys ? seqFirstKeys[m0] / kTile : 0; // the first key tile any query sees
 
   // cp.async groups: Q, then key tile i is group i - tile0 + 1.
@@ -431,7 +433,7 @@ __device__ __forceinline__ void dqTile(float (&dq)[D / 8][4], uint32_t qSm, uint
 }
 
 /// One block: dQ of 128 query rows of one (sequence, head), key tiles 0 .. the diagonal, double-buffered.
-template <int D> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params p) {
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sQ = reinterpret_cast<bf16 *>(smem);
   bf16 *sdO = sQ + kBlockRows * D;
@@ -443,7 +445,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params 
   const int nTiles = (m0 + rows) / kTile;
   const int64_t tok0 = int64_t(pos.b) * p.seq;
   const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
-  const int32_t *seqFirstKeys = p.firstKeys ? p.firstKeys + tok0 : nullptr;
+  const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
   const int tile0 = seqFirstKeys ? seqFirstKeys[m0] / kTile : 0; // the first key tile any query sees
 
   // cp.async groups: Q and dO with key tile tile0, then key tile i is group i - tile0.
@@ -523,7 +525,7 @@ __device__ __forceinline__ void dkdvPass(float (&dk)[D / 8][4], float (&dv)[D / 
 
 /// One block: dK and dV of 128 keys of one (sequence, head), query tiles from the first key to the sequence's
 /// end, double-buffered with their lse and D.
-template <int D> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Params p) {
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sK = reinterpret_cast<bf16 *>(smem);
   bf16 *sV = sK + kBlockRows * D;
@@ -537,7 +539,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Param
   const int n0 = pos.tile * kBlockRows, keys = min(kBlockRows, p.seq - n0);
   int nTiles = (p.seq - n0) / kTile; // query tiles n0 .. seq - 1
   const int64_t first = int64_t(pos.b) * p.seq + n0; // token of the first key and the first query
-  const int32_t *queryFirstKeys = p.firstKeys ? p.firstKeys + first : nullptr; // from the first query on
+  const int32_t *queryFirstKeys = kDocuments ? p.firstKeys + first : nullptr; // from the first query on
   if (queryFirstKeys) {
     // Query tiles whose first query's document starts after the block's last key see none of its keys, nor do
     // later ones (firstKeys never decreases): end before the first of them (a binary search, same on all threads).
@@ -669,7 +671,8 @@ cudaError_t launch(Kernel kernel, const Params &p, int64_t blocks, int smemBytes
 }
 
 template <int D> cudaError_t forward(const Params &p, cudaStream_t stream) {
-  return launch(forwardKernel<D>, p, int64_t(p.numTiles) * p.batchHeads, forwardSmem<D>(), stream);
+  return launch(p.firstKeys ? forwardKernel<D, true> : forwardKernel<D, false>, p,
+                int64_t(p.numTiles) * p.batchHeads, forwardSmem<D>(), stream);
 }
 
 template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t stream) {
@@ -677,9 +680,11 @@ template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t s
   rowDotKernel<D><<<unsigned((pairs + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p, pairs);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess)
-    e = launch(dkdvKernel<D>, p, int64_t(p.numTiles) * p.batchHeads, dkdvSmem<D>(), stream);
+    e = launch(p.firstKeys ? dkdvKernel<D, true> : dkdvKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
+               dkdvSmem<D>(), stream);
   if (e == cudaSuccess)
-    e = launch(dqKernel<D>, p, int64_t(p.numTiles) * p.batchHeads, dqSmem<D>(), stream);
+    e = launch(p.firstKeys ? dqKernel<D, true> : dqKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
+               dqSmem<D>(), stream);
   return e;
 }
 
