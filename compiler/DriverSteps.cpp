@@ -49,17 +49,24 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
     return failure();
   os << "pipeline: pp = " << layout->pp << ", vpp = " << layout->vpp << ", layout "
      << layout->toString() << "\n";
+  // Under context parallelism each rank sends its share of the boundary's tokens.
+  int64_t cp = 1;
+  for (auto scheduleOp : module.getOps<pipe::ScheduleOp>())
+    cp = scheduleOp.getCp().value_or(1);
   for (auto boundary : func.getOps<pipe::BoundaryOp>()) {
     auto type = cast<RankedTensorType>(boundary.getInput().getType());
     os << "  boundary stage " << boundary.getSrcStage() << " -> " << boundary.getDstStage()
        << " (rank " << boundary.getSrcRank() << " -> " << boundary.getDstRank()
-       << (boundary.getWraparound() ? ", wraparound" : "") << "): activation and gradient "
-       << type << "\n";
+       << (boundary.getWraparound() ? ", wraparound" : "") << "): activation and gradient " << type;
+    if (cp > 1)
+      os << ", per context-parallel rank " << type.getDimSize(0) / cp << " x " << type.getDimSize(1)
+         << " (S/cp x n*C)";
+    os << "\n";
   }
   for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
     pipeline::Schedule schedule = readSchedule(scheduleOp);
     FailureOr<pipeline::ScheduleSpec> spec = scheduleSpecOf(
-        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation);
+        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation, schedule.cp);
     if (failed(spec))
       return failure();
     pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
@@ -74,6 +81,14 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); replica d takes "
          << "microbatches d, d + " << schedule.dp << ", ... of the global batch of " << schedule.dp * schedule.microbatches
          << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM\n";
+    if (schedule.cp > 1)
+      os << "context parallel: cp = " << schedule.cp << " ranks share each sequence (world = pp x dp x cp = "
+         << schedule.pp * schedule.dp * schedule.cp
+         << " ranks, rank = (pipeline rank x dp + replica) x cp + context rank); context rank i holds chunks i and "
+         << 2 * schedule.cp - 1 << " - i of the sequence's " << 2 * schedule.cp
+         << " (load-balanced causal split), so every boundary carries " << spec->tokens
+         << " tokens a microbatch; attention gathers the group's rows, and the ALLREDUCE spans dp x cp = "
+         << schedule.dp * schedule.cp << " ranks\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {
@@ -154,6 +169,12 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
   std::optional<ModelGraph> graph = loadModelGraph(input, error);
   if (!graph) {
     llvm::errs() << formatModelError(input, error) << "\n";
+    return nullptr;
+  }
+  if (pipeline.cp > 1 && graph->config.seqLen % (2 * pipeline.cp) != 0) {
+    fail("--cp " + std::to_string(pipeline.cp) + ": seq_len " + std::to_string(graph->config.seqLen) + " of " + input +
+         " does not split into 2 x cp = " + std::to_string(2 * pipeline.cp) +
+         " equal chunks (the load-balanced causal split); choose a cp that divides seq_len / 2");
     return nullptr;
   }
   std::string profileError;

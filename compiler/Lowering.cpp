@@ -24,7 +24,7 @@ public:
   StageLowering(Artifact &artifact, func::FuncOp func, int64_t numLayers)
       : artifact_(artifact), func_(func), numLayers_(numLayers) {
     const ModelInfo &m = artifact.model;
-    tokens_ = m.tokens();
+    tokens_ = artifact.rowsPerRank(); // a context-parallel rank's share of each microbatch
     artifact.stages.resize(artifact.pp * artifact.vpp);
     for (size_t s = 0; s < artifact.stages.size(); ++s)
       artifact.stages[s].stage = s;
@@ -137,7 +137,8 @@ private:
     const std::string dtype = program().values[sent].dtype; // the message carries it as stored
     stage_ = boundary.getDstStage();
     auto type = cast<RankedTensorType>(boundary.getInput().getType());
-    int received = newValue({type.getDimSize(0), type.getDimSize(1)});
+    // The IR's tensors are the whole microbatch; a rank holds its context-parallel share.
+    int received = newValue({tokens_, type.getDimSize(1)});
     program().values[received].dtype = dtype;
     program().input = received;
     bind(boundary.getResult(), received);
@@ -343,6 +344,7 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   artifact.pp = schedule.pp;
   artifact.vpp = schedule.vpp;
   artifact.dp = schedule.dp;
+  artifact.cp = schedule.cp;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

@@ -61,6 +61,12 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "microbatches, and each rank's list ends its backward with an ALLREDUCE of its "
                          "gradients over its replicas (CPU backend)"),
                 cl::cat(pipelineCategory()));
+  binder.option(cp, "cp",
+                cl::desc("Context-parallel ranks per sequence (world = pp x dp x cp ranks, context-parallel "
+                         "fastest): each holds 2 of the sequence's 2 cp chunks (rank i: i and 2 cp - 1 - i, the "
+                         "load-balanced causal split), so every boundary carries seq_len / cp tokens; attention "
+                         "gathers the group's rows, and the gradient ALLREDUCE spans dp x cp (CPU backend)"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -83,6 +89,12 @@ std::optional<OptionError> PipelineOptions::validate() const {
                                  std::to_string(dp)};
   if (pp >= 1 && pp <= kMaxPipelineRanks && pp * dp > runtime::kMaxWorldSize)
     return OptionError{"dp", "pp x dp = " + std::to_string(pp * dp) + " ranks, more than " +
+                                 std::to_string(runtime::kMaxWorldSize)};
+  if (cp < 1 || cp > runtime::kMaxContextParallel)
+    return OptionError{"cp", "must be 1 to " + std::to_string(runtime::kMaxContextParallel) + " ranks, got " +
+                                 std::to_string(cp)};
+  if (pp >= 1 && pp <= kMaxPipelineRanks && pp * dp * cp > runtime::kMaxWorldSize)
+    return OptionError{"cp", "pp x dp x cp = " + std::to_string(pp * dp * cp) + " ranks, more than " +
                                  std::to_string(runtime::kMaxWorldSize)};
   // Bounds checked where the flags enter, so no product below overflows and
   // no phase is asked for millions of lists (issue 14): far past any real
@@ -169,6 +181,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.microbatches = options.microbatches;
   schedule.groupSize = options.microbatchGroup;
   schedule.dp = options.dp;
+  schedule.cp = options.cp;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

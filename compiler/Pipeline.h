@@ -48,6 +48,7 @@ struct PipelineOptions {
   std::string schedule;     // empty: 1f1b for vpp = 1, else interleaved; "auto" (AutoSchedule.h)
   int64_t microbatchGroup = 0; // interleaved g; 0: p
   int64_t dp = 1;              // data-parallel replicas of the pipeline
+  int64_t cp = 1;              // context-parallel ranks sharing each sequence
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

@@ -76,8 +76,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     warmup (p - r - 1) * 2 + (v - 1) * g, m % g == 0 or >= p) or ZB-H1
     (backward split into input-gradient B and weight-gradient W) lists of
     FWD / BWD / B / W, SEND / RECV with peer, shape, group and FIFO order,
-    FREE (pseudo-deallocation of a sent output), with `dp` > 1 the gradient
-    ALLREDUCE over the rank's data-parallel replicas, and OPTIM, and writes
+    FREE (pseudo-deallocation of a sent output), with `dp` x `cp` > 1 the
+    gradient ALLREDUCE over the rank's data-parallel replicas and
+    context-parallel peers, and OPTIM, and writes
     them as a pipe.schedule op. Receives from a peer follow that peer's send order
     by construction.
   }];
@@ -89,6 +90,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     Option<"dp", "dp", "int64_t", "1",
            "Data-parallel replicas running these lists; > 1 ends each rank's backward "
            "with a gradient ALLREDUCE over its replicas">,
+    Option<"cp", "cp", "int64_t", "1",
+           "Context-parallel ranks sharing each sequence: every boundary carries seq_len / cp "
+           "tokens, and the gradient ALLREDUCE spans dp x cp">,
   ];
 }
 

@@ -32,7 +32,7 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
       return signalPassFailure();
     }
     FailureOr<pipeline::ScheduleSpec> spec =
-        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{});
+        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp);
     if (failed(spec))
       return signalPassFailure();
     spec->dp = dp;

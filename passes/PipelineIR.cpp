@@ -139,7 +139,7 @@ FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
 
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
-                                                 const SimulationOptions &options) {
+                                                 const SimulationOptions &options, int64_t cp) {
   FailureOr<pipeline::Layout> layout = layoutOf(func);
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(layout) || failed(dims))
@@ -150,7 +150,9 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.vpp = layout->vpp;
   spec.microbatches = microbatches;
   spec.groupSize = groupSize;
-  spec.tokens = dims->tokens();
+  // Under context parallelism every rank holds 1 / cp of each sequence.
+  spec.tokens = dims->tokens() / cp;
+  spec.cp = cp;
   spec.elementBytes = dims->dtypeBytes();
   const DeviceProfile &profile = options.profile;
   spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
@@ -201,7 +203,7 @@ FailureOr<pipeline::SimulationResult> simulateModuleSchedule(ModuleOp module, co
     return failure();
   pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
   FailureOr<pipeline::ScheduleSpec> spec =
-      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options);
+      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options, schedule.cp);
   if (failed(spec))
     return failure();
   return pipeline::simulateSchedule(schedule, *spec);
@@ -218,7 +220,7 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       builder, loc, builder.getStringAttr(pipeline::scheduleKindName(schedule.kind)),
       FlatSymbolRefAttr::get(func.getSymNameAttr()), i64(schedule.pp), i64(schedule.vpp),
       i64(schedule.microbatches), i64(schedule.groupSize),
-      schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr());
+      schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr(), schedule.cp > 1 ? i64(schedule.cp) : IntegerAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   for (int64_t r = 0; r < schedule.pp; ++r) {
     auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
@@ -276,6 +278,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.microbatches = op.getMicrobatches();
   schedule.groupSize = op.getGroupSize();
   schedule.dp = op.getDp().value_or(1);
+  schedule.cp = op.getCp().value_or(1);
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {

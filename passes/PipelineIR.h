@@ -49,7 +49,7 @@ struct SimulationOptions {
 mlir::FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(mlir::func::FuncOp func,
                                                        pipeline::ScheduleKind kind,
                                                        int64_t microbatches, int64_t groupSize,
-                                                       const SimulationOptions &options);
+                                                       const SimulationOptions &options, int64_t cp = 1);
 
 /// Simulates the module's (first) pipe.schedule with `options`' rates:
 /// failure when the module has no model function or schedule, or the

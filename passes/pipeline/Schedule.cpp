@@ -272,6 +272,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.pp = p;
   schedule.vpp = v;
   schedule.dp = spec.dp;
+  schedule.cp = spec.cp;
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);
@@ -357,7 +358,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
       postSends(steps[i]);
     }
     flush();
-    if (spec.dp > 1) {
+    if (spec.dp * spec.cp > 1) {
       Instr reduce;
       reduce.kind = OpKind::AllReduce;
       reduce.tokens = 1;

@@ -51,6 +51,7 @@ struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int64_t pp = 1, vpp = 1;
   int64_t dp = 1; // data-parallel replicas: > 1 adds each rank's gradient ALLREDUCE before OPTIM
+  int64_t cp = 1; // context-parallel ranks per sequence: tokens is already T / cp; dp x cp > 1 adds the ALLREDUCE
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
@@ -67,8 +68,10 @@ struct ScheduleSpec {
 /// backward, before OPTIM, over exactly the rank's gradients).
 struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int64_t pp = 1, vpp = 1, dp = 1, microbatches = 1, groupSize = 1;
+  int64_t pp = 1, vpp = 1, dp = 1, cp = 1, microbatches = 1, groupSize = 1;
   std::vector<std::vector<Instr>> ranks;
+  /// Ranks one ALLREDUCE sums over: the data-parallel replicas and their context-parallel ranks.
+  int64_t reduceGroup() const { return dp * cp; }
 };
 
 /// Why `kind` cannot run pp x vpp stages with `microbatches` in groups of

@@ -139,10 +139,11 @@ private:
   /// A ring all-reduce of the rank's fp32 gradients over dp replicas: each
   /// link carries 2 (dp - 1) / dp of them (free when communication is).
   double allReduceTime(const Instr &instr) const {
-    if (spec_.linkBytesPerTime <= 0 || schedule_.dp < 2)
+    if (spec_.linkBytesPerTime <= 0 || schedule_.reduceGroup() < 2)
       return 0;
-    const double bytes = 2.0 * double(schedule_.dp - 1) / double(schedule_.dp) * double(instr.width) * 4.0;
-    return bytes / spec_.linkBytesPerTime + 2 * (schedule_.dp - 1) * spec_.linkLatency;
+    const double group = double(schedule_.reduceGroup());
+    const double bytes = 2.0 * (group - 1) / group * double(instr.width) * 4.0;
+    return bytes / spec_.linkBytesPerTime + 2 * (group - 1) * spec_.linkLatency;
   }
 
   /// AdamW over the parameters of rank r's stages (ms).
@@ -420,8 +421,8 @@ private:
       break;
     }
     case OpKind::AllReduce: {
-      if (schedule_.dp < 2)
-        return fail("an ALLREDUCE in a schedule without data parallelism (dp = 1)");
+      if (schedule_.reduceGroup() < 2)
+        return fail("an ALLREDUCE in a schedule without data or context parallelism (dp = cp = 1)");
       if (instr.width != rankGradientFloats(spec_, r))
         return fail("ALLREDUCE of " + std::to_string(instr.width) + " floats, but the rank holds " +
                     std::to_string(rankGradientFloats(spec_, r)) + " gradient floats");
@@ -485,10 +486,10 @@ private:
         }
       if (list.empty() || list.back().kind != OpKind::Optimizer)
         error(r, static_cast<int64_t>(list.size()) - 1, "the list must end with OPTIM");
-      if (schedule_.dp > 1 && st.allReduces != 1)
-        error(r, -1, "issues " + std::to_string(st.allReduces) + " gradient ALLREDUCEs; with dp = " +
-                         std::to_string(schedule_.dp) + " every rank sums its gradients over its replicas once, " +
-                         "before OPTIM");
+      if (schedule_.reduceGroup() > 1 && st.allReduces != 1)
+        error(r, -1, "issues " + std::to_string(st.allReduces) + " gradient ALLREDUCEs; with dp x cp = " +
+                         std::to_string(schedule_.reduceGroup()) +
+                         " every rank sums its gradients over its group once, before OPTIM");
     }
   }
 

@@ -344,6 +344,7 @@ json toJson(const Artifact &a) {
     prediction = write(*a.prediction, MHCC_FIELDS(predictionFields));
   json pipeline = write(a, MHCC_FIELDS(pipelineFields));
   pipeline["dp"] = a.dp; // the data-parallel replicas of the pipeline
+  pipeline["cp"] = a.cp; // the context-parallel ranks of each sequence
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
@@ -360,6 +361,7 @@ Artifact artifactFromJson(const json &j) {
   // Absent before data parallelism: one replica. Integers only, as every member.
   const json &pipeline = j.at("pipeline");
   a.dp = pipeline.contains("dp") ? strictValue<int64_t>(pipeline.at("dp"), "dp") : 1;
+  a.cp = pipeline.contains("cp") ? strictValue<int64_t>(pipeline.at("cp"), "cp") : 1;
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);

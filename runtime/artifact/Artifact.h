@@ -30,7 +30,7 @@ inline constexpr uint32_t kArtifactVersion = 2;
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";
 /// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
-inline constexpr int64_t kMaxDataParallel = 4096, kMaxWorldSize = 65536;
+inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxWorldSize = 65536;
 
 struct ParamInfo {
   std::string name;
@@ -61,14 +61,15 @@ struct Prediction {
 };
 
 /// The rank mesh (docs/parallelism.md): dp replicas of a pp-rank pipeline,
-/// world = pp x dp. Ranks are ordered data-parallel fastest, as Megatron
-/// orders them (tensor- and context-parallel ranks, when they exist, come
-/// faster still): global rank = pipeline rank x dp + replica.
+/// each sequence shared by cp context-parallel ranks; world = pp x dp x cp.
+/// Ranks are ordered as Megatron orders them, context-parallel fastest, then
+/// data-parallel, then pipeline (tensor-parallel ranks, when they exist, come
+/// faster still): global rank = (pipeline rank x dp + replica) x cp + context rank.
 struct Artifact {
   ModelInfo model;
   std::string modelHash; // of the model graph the artifact was compiled from
   /// microbatches: per replica and step (the global batch is dp x that).
-  int64_t pp = 1, vpp = 1, dp = 1, microbatches = 1, groupSize = 0;
+  int64_t pp = 1, vpp = 1, dp = 1, cp = 1, microbatches = 1, groupSize = 0;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
@@ -80,10 +81,20 @@ struct Artifact {
   std::optional<Prediction> prediction;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
-  int64_t worldSize() const { return pp * dp; }
-  int64_t globalRank(int64_t pipelineRank, int64_t replica) const { return pipelineRank * dp + replica; }
-  int64_t pipelineRankOf(int64_t global) const { return global / dp; }
-  int64_t replicaOf(int64_t global) const { return global % dp; }
+  int64_t worldSize() const { return pp * dp * cp; }
+  int64_t globalRank(int64_t pipelineRank, int64_t replica, int64_t contextRank = 0) const {
+    return (pipelineRank * dp + replica) * cp + contextRank;
+  }
+  int64_t pipelineRankOf(int64_t global) const { return global / (dp * cp); }
+  int64_t replicaOf(int64_t global) const { return global / cp % dp; }
+  int64_t contextRankOf(int64_t global) const { return global % cp; }
+  /// The ranks one gradient ALLREDUCE sums over: a pipeline rank's replicas
+  /// and their context-parallel ranks (Megatron's data-parallel group with
+  /// context parallelism); the member index of a global rank in it.
+  int64_t reduceGroupSize() const { return dp * cp; }
+  int64_t reduceMemberOf(int64_t global) const { return global % (dp * cp); }
+  /// Rows of a microbatch each rank holds: its context-parallel share.
+  int64_t rowsPerRank() const { return model.tokens() / cp; }
   /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
   /// sampler: each group of dp consecutive microbatches goes one to a replica).
   int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }

@@ -28,10 +28,16 @@ public:
       return "bad model sizes";
     if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
       return "bad pipeline sizes";
-    if (a_.dp < 1 || a_.dp > kMaxDataParallel || a_.pp * a_.dp > kMaxWorldSize)
+    if (a_.dp < 1 || a_.dp > kMaxDataParallel || a_.cp < 1 || a_.cp > kMaxContextParallel ||
+        a_.pp * a_.dp * a_.cp > kMaxWorldSize)
       return "bad rank mesh (dp = " + std::to_string(a_.dp) + " replicas of pp = " + std::to_string(a_.pp) +
-             " ranks; at most " + std::to_string(kMaxDataParallel) + " replicas and " +
+             " ranks, cp = " + std::to_string(a_.cp) + "; at most " + std::to_string(kMaxDataParallel) +
+             " replicas, " + std::to_string(kMaxContextParallel) + " context-parallel ranks and " +
              std::to_string(kMaxWorldSize) + " ranks)";
+    // The load-balanced causal split cuts each sequence into 2 cp equal chunks.
+    if (m.seqLen % (2 * a_.cp) != 0 && a_.cp > 1)
+      return "seq_len " + std::to_string(m.seqLen) + " does not split into 2 cp = " + std::to_string(2 * a_.cp) +
+             " equal chunks";
     if (m.dtype != "f32" && m.dtype != "bf16")
       return "unknown model dtype '" + m.dtype + "' (f32 or bf16)";
     for (const StageProgram &p : a_.stages)
@@ -138,9 +144,10 @@ public:
     }
     if (optimizers != 1)
       return "the list must end with one OPTIM, it has " + std::to_string(optimizers);
-    if (allReduces != (a_.dp > 1 ? 1 : 0))
-      return "with dp = " + std::to_string(a_.dp) + " the list needs " + (a_.dp > 1 ? "one" : "no") +
-             " gradient ALLREDUCE before its OPTIM, it has " + std::to_string(allReduces);
+    const bool reduces = a_.reduceGroupSize() > 1;
+    if (allReduces != (reduces ? 1 : 0))
+      return "with dp = " + std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + " the list needs " +
+             (reduces ? "one" : "no") + " gradient ALLREDUCE before its OPTIM, it has " + std::to_string(allReduces);
     for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
       for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
         const Seen &x = seen[{s, mb}];
@@ -228,7 +235,7 @@ private:
 
   std::string forward(const StageProgram &p, const ForwardInstr &f) {
     const ModelInfo &m = a_.model;
-    const int64_t T = m.tokens(), C = m.hidden, n = f.streams, K = n * n + 2 * n;
+    const int64_t T = a_.rowsPerRank(), C = m.hidden, n = f.streams, K = n * n + 2 * n;
     const bool usesStreams = f.op == Prim::Expand || f.op == Prim::Contract || f.op == Prim::MhcCoeffs ||
                              f.op == Prim::MhcPre || f.op == Prim::MhcPostRes;
     if (a_.deviceCode && usesStreams && f.streams != a_.deviceCode->streams)
@@ -246,7 +253,7 @@ private:
     for (int slot : f.params)
       if (slot < 0 || slot >= static_cast<int64_t>(p.params.size()))
         return "a parameter names no slot";
-    if (f.auxSize < 0 || f.seqLen < 1 || T % f.seqLen || n < 1)
+    if (f.auxSize < 0 || f.seqLen < 1 || m.tokens() % f.seqLen || n < 1) // sequences of the whole microbatch
       return "bad attributes";
     auto in = [&](size_t k) { return shape(p, f.inputs[k]); };
     auto param = [&](size_t k) {
@@ -322,7 +329,7 @@ private:
     if (i.kind == OpKind::Optimizer)
       return "";
     if (i.kind == OpKind::AllReduce)
-      return a_.dp > 1 && i.width > 0 ? "" : "a gradient ALLREDUCE needs dp > 1 and a size";
+      return a_.reduceGroupSize() > 1 && i.width > 0 ? "" : "a gradient ALLREDUCE needs dp x cp > 1 and a size";
     if (i.stage < 0 || i.stage >= stages || i.mb < 0 || i.mb >= a_.microbatches)
       return "stage or microbatch out of range";
     if (!i.isComm())

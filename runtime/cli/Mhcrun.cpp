@@ -130,9 +130,9 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   }
   if (backend != "auto")
     return backend;
-  if (a.dp > 1) {
-    std::cerr << "mhcrun: data parallelism (dp = " << a.dp << ") runs on the CPU backend in this release: "
-              << "using it\n";
+  if (a.dp > 1 || a.cp > 1) {
+    std::cerr << "mhcrun: " << (a.dp > 1 ? "data" : "context") << " parallelism (" << (a.dp > 1 ? "dp = " : "cp = ")
+              << (a.dp > 1 ? a.dp : a.cp) << ") runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
@@ -445,6 +445,10 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact has dp = " + std::to_string(artifact->dp) +
                 " data-parallel replicas, which run on the CPU backend for now (--backend cpu: threads, or one "
                 "process per rank with --processes, mpirun or srun); recompile with --dp 1 for GPUs");
+  if (artifact->cp > 1 && (backend != "cpu" || placement || f.processes > 0))
+    return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
+                " context-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
+                "--processes, mpirun or srun); recompile with --cp 1 for GPUs or processes");
   if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
                              "the host clock sees only when work is issued); use --profile there for device time");
@@ -494,6 +498,9 @@ int runMhcrun(int argc, char **argv) {
   if (speaker)
     std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend
               << ", pp = " << a.pp << ", vpp = " << a.vpp << (a.dp > 1 ? ", dp = " + std::to_string(a.dp) : "")
+              << (a.cp > 1 ? ", cp = " + std::to_string(a.cp) + " (" + std::to_string(a.rowsPerRank()) +
+                                 " tokens of each microbatch a rank)"
+                           : "")
               << ", layout " << a.layout << ", schedule "
               << a.scheduleKind << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", "
               << a.microbatches << " microbatches of " << a.model.tokens() << " tokens"

@@ -32,29 +32,38 @@ struct Channel {
   std::deque<Message> queue;
 };
 
-/// What the CPU ranks share: every rank of the mesh (pp x dp, by global rank).
+/// What the CPU ranks share: every rank of the mesh (pp x dp x cp, by global rank).
 struct CpuWorld {
   const Artifact &a;
   const TrainOptions &options;
   std::atomic<bool> &failed;
   HostParameters params; // one copy, read by every rank; the update runs once
-  /// Replicas 1.. dp-1's gradients, [replica - 1][stage][slot] (replica 0's
-  /// are params.slotGrads): each replica sums its own microbatches.
+  /// Reduce-group members 1 .. dp x cp - 1's gradients (Artifact::
+  /// reduceMemberOf), [member - 1][stage][slot] (member 0's are
+  /// params.slotGrads): each sums its own microbatches and rows.
   std::vector<std::vector<std::vector<std::vector<float>>>> replicaGrads;
-  std::map<std::pair<int64_t, int64_t>, Channel> channels; // (from, to) within a replica
+  /// (from, to) between ranks of one replica and context rank.
+  std::map<std::pair<int64_t, int64_t>, Channel> channels;
 
   // The optimizer barrier: the last rank to arrive runs the update.
   std::mutex mutex;
   std::condition_variable done;
   int64_t arrived = 0;
   uint64_t generation = 0;
-  std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [replica][mb][loss]
+  std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [reduce member][mb][loss]
   std::vector<int64_t> peakBytes;          // by rank
   struct ReduceGroup {
     int64_t arrived = 0;
     uint64_t generation = 0;
   };
   std::vector<ReduceGroup> reduceGroups; // by pipeline rank: its replicas' ALLREDUCE barrier
+  /// By pipeline rank x dp + replica: its context-parallel ranks' row gathers.
+  struct GatherGroup {
+    int64_t arrived = 0;
+    uint64_t generation = 0;
+    std::vector<const float *> sources; // by context rank
+  };
+  std::vector<GatherGroup> gatherGroups;
   StepResult result;
 
   // By rank, for the receive deadline (--recv-timeout): when it last ran an
@@ -63,13 +72,14 @@ struct CpuWorld {
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
       : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
-        replicaGrads(artifact.dp - 1, params.slotGrads), losses(artifact.dp), peakBytes(artifact.worldSize(), 0),
-        reduceGroups(artifact.pp),
+        replicaGrads(artifact.reduceGroupSize() - 1, params.slotGrads), losses(artifact.reduceGroupSize()),
+        peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),
+        gatherGroups(artifact.pp * artifact.dp, GatherGroup{0, 0, std::vector<const float *>(artifact.cp)}),
         lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
         waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
     for (int64_t from = 0; from < a.worldSize(); ++from)
       for (int64_t to = 0; to < a.worldSize(); ++to)
-        if (from != to && a.replicaOf(from) == a.replicaOf(to))
+        if (from != to && a.reduceMemberOf(from) == a.reduceMemberOf(to))
           channels[{from, to}];
     for (int64_t r = 0; r < a.worldSize(); ++r) {
       lastProgress[r] = Clock::now().time_since_epoch().count();
@@ -90,15 +100,15 @@ struct CpuWorld {
     return peer;
   }
 
-  /// The slot gradients of `replica` ([stage][slot]).
-  std::vector<std::vector<std::vector<float>>> &gradsOf(int64_t replica) {
-    return replica == 0 ? params.slotGrads : replicaGrads[replica - 1];
+  /// The slot gradients of reduce-group member `member` ([stage][slot]).
+  std::vector<std::vector<std::vector<float>>> &gradsOf(int64_t member) {
+    return member == 0 ? params.slotGrads : replicaGrads[member - 1];
   }
 
   /// The data-parallel all-reduce of pipeline rank r's stages, on the host:
-  /// replica 0's gradients become the sum over the replicas, added in replica
-  /// order (((g0 + g1) + g2) ...), so the bits depend on dp alone, never on
-  /// the pipeline layout.
+  /// member 0's gradients become the sum over the group, added in member
+  /// order (((g0 + g1) + g2) ...), so the bits depend on dp and cp alone,
+  /// never on the pipeline layout.
   void sumReplicas(int64_t r) {
     for (size_t s = r; s < params.slotGrads.size(); s += a.pp)
       for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
@@ -109,16 +119,14 @@ struct CpuWorld {
       }
   }
 
-  /// ALLREDUCE of global rank `rank`: a barrier of its data-parallel group
-  /// (the replicas of its pipeline rank); the last to arrive sums. False
-  /// when a rank failed meanwhile.
-  bool allReduce(int64_t rank) {
-    std::unique_lock<std::mutex> lock(mutex);
-    ReduceGroup &group = reduceGroups[a.pipelineRankOf(rank)];
+  /// Waits until all `size` members of a group arrived (false when a rank
+  /// failed meanwhile); `onLast` runs once, by the last to arrive.
+  template <typename Group, typename OnLast>
+  bool barrier(Group &group, int64_t size, std::unique_lock<std::mutex> &lock, OnLast onLast) {
     const uint64_t mine = group.generation;
-    if (++group.arrived == a.dp) {
+    if (++group.arrived == size) {
       group.arrived = 0;
-      sumReplicas(a.pipelineRankOf(rank));
+      onLast();
       ++group.generation;
       done.notify_all();
       return true;
@@ -129,13 +137,61 @@ struct CpuWorld {
     return true;
   }
 
+  /// A context-parallel gather (StageContext::gatherRows) of global rank
+  /// `rank`: every rank of its group posts its rows, each copies all of them
+  /// into microbatch order, and none returns before all have copied (the
+  /// sources stay valid).
+  bool gather(int64_t rank, const float *local, int64_t cols, float *all) {
+    GatherGroup &group = gatherGroups[rank / a.cp];
+    std::unique_lock<std::mutex> lock(mutex);
+    group.sources[a.contextRankOf(rank)] = local;
+    if (!barrier(group, a.cp, lock, [] {}))
+      return false;
+    lock.unlock();
+    for (int64_t c = 0; c < a.cp; ++c) {
+      const std::vector<int64_t> rows = contextRows(a, c);
+      for (size_t r = 0; r < rows.size(); ++r)
+        std::memcpy(all + rows[r] * cols, group.sources[c] + int64_t(r) * cols, cols * sizeof(float));
+    }
+    lock.lock();
+    return barrier(group, a.cp, lock, [] {});
+  }
+
+  /// ALLREDUCE of global rank `rank`: a barrier of its reduce group (the
+  /// replicas and context ranks of its pipeline rank); the last to arrive
+  /// sums. False when a rank failed meanwhile.
+  bool allReduce(int64_t rank) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const int64_t pipelineRank = a.pipelineRankOf(rank);
+    return barrier(reduceGroups[pipelineRank], a.reduceGroupSize(), lock, [&] { sumReplicas(pipelineRank); });
+  }
+
+  /// The last stage's losses by replica ([replica][mb][loss]): a replica's
+  /// context ranks each hold their rows' share of every loss, summed here in
+  /// context-rank order.
+  std::vector<std::vector<std::vector<double>>> replicaLosses() const {
+    std::vector<std::vector<std::vector<double>>> out(a.dp);
+    for (int64_t d = 0; d < a.dp; ++d)
+      for (int64_t c = 0; c < a.cp; ++c) {
+        const auto &part = losses[d * a.cp + c];
+        if (c == 0) {
+          out[d] = part;
+          continue;
+        }
+        for (size_t mb = 0; mb < part.size() && mb < out[d].size(); ++mb)
+          for (size_t k = 0; k < part[mb].size() && k < out[d][mb].size(); ++k)
+            out[d][mb][k] += part[mb][k];
+      }
+    return out;
+  }
+
   /// Every rank calls this once per step; the last one reduces the
   /// gradients and updates the weights for all. False when a rank failed.
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
                     int64_t peak, bool evaluateOnly, StepResult &out) {
     std::unique_lock<std::mutex> lock(mutex);
     if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank))
-      losses[a.replicaOf(rank)] = rankLosses;
+      losses[a.reduceMemberOf(rank)] = rankLosses;
     peakBytes[rank] = peak;
     const uint64_t mine = generation;
     if (++arrived == a.worldSize()) {
@@ -143,7 +199,7 @@ struct CpuWorld {
       result = StepResult();
       result.step = step;
       // The replicas' gradients were summed by each rank's ALLREDUCE.
-      params.update(a, options, losses, evaluateOnly, result);
+      params.update(a, options, replicaLosses(), evaluateOnly, result);
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -172,7 +228,7 @@ public:
     progressed();
     beginInputs(inputs);
     for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : world_->gradsOf(replica_)[s])
+      for (std::vector<float> &g : world_->gradsOf(a_.reduceMemberOf(rank_))[s])
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
   }
@@ -192,7 +248,7 @@ public:
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Send) {
         const Instr &i = *t.instr;
-        Channel &channel = world_->channels[{rank_, a_.globalRank(i.peer, replica_)}];
+        Channel &channel = world_->channels[{rank_, a_.globalRank(i.peer, replica_, contextRank_)}];
         {
           std::lock_guard<std::mutex> lock(channel.mutex);
           channel.queue.push_back({i.payload, i.srcStage, i.dstStage, i.mb,
@@ -237,7 +293,14 @@ public:
 
 private:
   float *weight(int param) override { return world_->params.weight(param); }
-  float *slotGrad(int64_t stage, int slot) override { return world_->gradsOf(replica_)[stage][slot].data(); }
+  float *slotGrad(int64_t stage, int slot) override {
+    return world_->gradsOf(a_.reduceMemberOf(rank_))[stage][slot].data();
+  }
+  bool gatherRows(const float *local, int64_t cols, float *all) override {
+    const bool ok = world_->gather(rank_, local, cols, all);
+    progressed();
+    return ok;
+  }
 
   void progressed() { world_->lastProgress[rank_] = Clock::now().time_since_epoch().count(); }
 
@@ -246,7 +309,7 @@ private:
   /// rank that progresses is waited for, however long).
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
-    const int64_t peer = a_.globalRank(i.peer, replica_);
+    const int64_t peer = a_.globalRank(i.peer, replica_, contextRank_);
     Channel &channel = world_->channels[{peer, rank_}];
     std::unique_lock<std::mutex> lock(channel.mutex);
     const double timeout = world_->options.recvTimeoutSeconds;

@@ -295,6 +295,12 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
 DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir) {
   return [=](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
+    if (artifact.cp > 1) {
+      error = "the artifact has cp = " + std::to_string(artifact.cp) +
+              " context-parallel ranks, which run as threads of one process for now: drop --processes (and "
+              "mpirun / srun) and use --backend cpu";
+      return devices;
+    }
     if (size != artifact.worldSize()) {
       error = std::to_string(size) + " processes for an artifact of pp = " + std::to_string(artifact.pp) +
               (artifact.dp > 1 ? " x dp = " + std::to_string(artifact.dp) : std::string()) +

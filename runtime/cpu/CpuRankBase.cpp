@@ -122,6 +122,22 @@ bool CpuRankBase::download(const Buffer &buffer, float *host) {
   return true;
 }
 
+std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {
+  std::vector<int64_t> rows;
+  if (a.cp == 1)
+    return rows;
+  const int64_t seq = a.model.seqLen, chunk = seq / (2 * a.cp);
+  for (int64_t b = 0; b < a.model.microBatch; ++b)
+    for (int64_t part : {contextRank, 2 * a.cp - 1 - contextRank})
+      for (int64_t i = 0; i < chunk; ++i)
+        rows.push_back(b * seq + part * chunk + i);
+  return rows;
+}
+
+CpuRankBase::CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank)
+    : a_(a), options_(options), rank_(rank), pipelineRank_(a.pipelineRankOf(rank)), replica_(a.replicaOf(rank)),
+      contextRank_(a.contextRankOf(rank)), rowMap_(contextRows(a, contextRank_)) {}
+
 StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
   const StageProgram &p = a_.stages[s];
   StageContext<float> c{p, a_.model};
@@ -132,6 +148,14 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
     c.documents.positions = inputs_->positions[mb].data();
   if (!inputs_->firstKeys.empty())
     c.documents.firstKeys = inputs_->firstKeys[mb].data();
+  if (!rowMap_.empty()) {
+    c.rows = int64_t(rowMap_.size());
+    c.rowMap = rowMap_.data();
+    c.gatherRows = [this](const float *local, int64_t cols, float *all) {
+      return gatherRows(local, cols, all) || !(gatherFailed_ = true);
+    };
+    c.addsAttentionWeightGrads = contextRank_ == 0;
+  }
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
   c.paramGrad = [this, s](int slot) { return slotGrad(s, slot); };
   if (a_.model.dtype == "bf16")
@@ -146,6 +170,8 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
 bool CpuRankBase::forward(int64_t stage, int64_t mb, size_t index, StageState &state) {
   StageContext<float> c = contextFor(stage, mb);
   forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
+  if (gatherFailed_)
+    return fail("stopped in a context-parallel gather: another rank failed");
   storeAs(c.program, c.program.forward[index].output, state);
   return true;
 }
@@ -154,7 +180,8 @@ bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart
                            const std::vector<int> &) {
   StageContext<float> c = contextFor(stage, mb);
   const BackwardInstr &b = c.program.backward[index];
-  backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part);
+  if (!backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part) || gatherFailed_)
+    return fail("stopped in a context-parallel gather: another rank failed");
   if (part != BackwardPart::Weight)
     for (int id : b.gradInputs)
       storeAs(c.program, id, state);

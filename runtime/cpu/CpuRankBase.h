@@ -60,11 +60,16 @@ struct HostParameters {
   void load(const ParameterState &state, bool withMoments);
 };
 
+/// The microbatch rows context rank `contextRank` holds (Artifact::cp > 1):
+/// the load-balanced causal split's chunks contextRank and 2 cp - 1 -
+/// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in
+/// that order; empty for cp = 1.
+std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank);
+
 class CpuRankBase : public Device {
 public:
   /// `rank`: the global rank (Artifact.h's mesh).
-  CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank)
-      : a_(a), options_(options), rank_(rank), pipelineRank_(a.pipelineRankOf(rank)), replica_(a.replicaOf(rank)) {}
+  CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank);
 
   int64_t rank() const override { return rank_; }
   int64_t pipelineRank() const override { return pipelineRank_; }
@@ -87,6 +92,10 @@ protected:
   /// The weight a kernel reads for `param`, and the gradient slot it adds into.
   virtual float *weight(int param) = 0;
   virtual float *slotGrad(int64_t stage, int slot) = 0;
+  /// Context parallelism: every rank of this rank's context-parallel group
+  /// contributes its rows (rowsPerRank x cols), gathered into microbatch
+  /// order in `all` (StageContext::gatherRows); false when a rank failed.
+  virtual bool gatherRows(const float *local, int64_t cols, float *all) { return false; }
 
   bool fail(const std::string &message);
   /// Starts a step: the inputs kernels read, peak accounting from here.
@@ -96,7 +105,10 @@ protected:
 
   const Artifact &a_;
   const TrainOptions &options_;
-  const int64_t rank_, pipelineRank_, replica_;
+  const int64_t rank_, pipelineRank_, replica_, contextRank_;
+  /// The microbatch row of each of this rank's rows (empty without context
+  /// parallelism): chunks contextRank and 2 cp - 1 - contextRank of each sequence.
+  std::vector<int64_t> rowMap_;
   std::string error_;
   int64_t live_ = 0, peak_ = 0;
 
@@ -104,6 +116,7 @@ private:
   StageContext<float> contextFor(int64_t stage, int64_t mb);
 
   const StepInputs *inputs_ = nullptr;
+  bool gatherFailed_ = false; // a context-parallel gather failed: the rank stops
   std::map<std::string, double> profile_;
 };
 

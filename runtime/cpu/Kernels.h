@@ -152,19 +152,25 @@ inline int64_t shiftedRow(int64_t t, int64_t shift, int64_t seq) {
   return (t % seq) + shift < seq ? t + shift : t;
 }
 
+/// A context-parallel rank's rows (mhcc --cp): local row t is row
+/// rowMap[t] of the microbatch, whose ids the token and label arrays hold;
+/// null: every row, in order. The kernels that read ids take it.
+inline int64_t microbatchRow(const int64_t *rowMap, int64_t t) { return rowMap ? rowMap[t] : t; }
+
 template <typename T>
 void embedForward(const int32_t *tokens, const T *table, T *out, int64_t rows, int64_t C,
-                  int64_t shift, int64_t seq) {
-  for (int64_t t = 0; t < rows; ++t)
-    std::copy(table + tokens[shiftedRow(t, shift, seq)] * C,
-              table + (tokens[shiftedRow(t, shift, seq)] + 1) * C, out + t * C);
+                  int64_t shift, int64_t seq, const int64_t *rowMap = nullptr) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t id = tokens[shiftedRow(microbatchRow(rowMap, t), shift, seq)];
+    std::copy(table + id * C, table + (id + 1) * C, out + t * C);
+  }
 }
 
 template <typename T>
 void embedBackward(const int32_t *tokens, const T *dOut, T *dTable, int64_t rows, int64_t C,
-                   int64_t shift, int64_t seq) {
+                   int64_t shift, int64_t seq, const int64_t *rowMap = nullptr) {
   for (int64_t t = 0; t < rows; ++t) {
-    T *row = dTable + tokens[shiftedRow(t, shift, seq)] * C;
+    T *row = dTable + tokens[shiftedRow(microbatchRow(rowMap, t), shift, seq)] * C;
     for (int64_t c = 0; c < C; ++c)
       row[c] += dOut[t * C + c];
   }
@@ -557,11 +563,36 @@ void concatProjBackward(const T *a, const T *b, const T *w, const T *dz, T *da, 
   }
 }
 
+/// Rows of a microbatch of `rows` (in sequences of `seq`) that a loss with
+/// `shift` counts: those whose label lies in their sequence.
+inline int64_t countedRows(int64_t rows, int64_t shift, int64_t seq) {
+  return (rows / seq) * std::max<int64_t>(0, seq - shift);
+}
+
 /// Mean over the unmasked rows of -log softmax(logits)[label]; row t's label
 /// is labels[t + shift] of its sequence, masked past the end. aux: lse per row.
+/// With a context-parallel rowMap (microbatchRow), the rank's share of the
+/// microbatch's mean: its rows' sum over the whole microbatch's count,
+/// microbatchRows rows.
 template <typename T>
 T crossEntropyForward(const T *logits, const int32_t *labels, T *aux, int64_t rows, int64_t V,
-                      int64_t shift, int64_t seq) {
+                      int64_t shift, int64_t seq, const int64_t *rowMap = nullptr, int64_t microbatchRows = 0) {
+  if (rowMap) {
+    T total = 0;
+    for (int64_t t = 0; t < rows; ++t) {
+      const T *row = logits + t * V;
+      const T maxLogit = *std::max_element(row, row + V);
+      T sum = 0;
+      for (int64_t v = 0; v < V; ++v)
+        sum += std::exp(row[v] - maxLogit);
+      aux[t] = maxLogit + std::log(sum);
+      const int64_t g = rowMap[t];
+      if ((g % seq) + shift < seq)
+        total += aux[t] - row[labels[g + shift]];
+    }
+    const int64_t counted = countedRows(microbatchRows, shift, seq);
+    return counted ? total / T(counted) : T(0);
+  }
   T total = 0;
   int64_t counted = 0;
   for (int64_t t = 0; t < rows; ++t) {
@@ -582,23 +613,29 @@ T crossEntropyForward(const T *logits, const int32_t *labels, T *aux, int64_t ro
 }
 
 /// dlogits += scale * (softmax - onehot) / counted rows
+/// (rowMap, microbatchRows: as crossEntropyForward.)
 template <typename T>
 void crossEntropyBackward(const T *logits, const int32_t *labels, const T *aux, T scale,
-                          T *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+                          T *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
+                          const int64_t *rowMap = nullptr, int64_t microbatchRows = 0) {
   int64_t counted = 0;
-  for (int64_t t = 0; t < rows; ++t)
-    counted += (t % seq) + shift < seq;
+  if (rowMap)
+    counted = countedRows(microbatchRows, shift, seq);
+  else
+    for (int64_t t = 0; t < rows; ++t)
+      counted += (t % seq) + shift < seq;
   if (!counted)
     return;
   T factor = scale / T(counted);
   for (int64_t t = 0; t < rows; ++t) {
-    if ((t % seq) + shift >= seq)
+    const int64_t g = microbatchRow(rowMap, t);
+    if ((g % seq) + shift >= seq)
       continue;
     const T *row = logits + t * V;
-    T *g = dLogits + t * V;
+    T *gradRow = dLogits + t * V;
     for (int64_t v = 0; v < V; ++v)
-      g[v] += factor * std::exp(row[v] - aux[t]);
-    g[labels[t + shift]] -= factor;
+      gradRow[v] += factor * std::exp(row[v] - aux[t]);
+    gradRow[labels[g + shift]] -= factor;
   }
 }
 

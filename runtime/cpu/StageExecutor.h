@@ -24,8 +24,19 @@ template <typename T> struct StageContext {
   const StageProgram &program;
   const ModelInfo &model;
   int64_t microbatches = 1;               // losses are averaged over them (the global batch's)
-  const int32_t *tokens = nullptr, *labels = nullptr;
+  const int32_t *tokens = nullptr, *labels = nullptr; // the whole microbatch's
   kernels::Documents documents; // packed documents' positions and masks (none: one per sequence)
+  /// Context parallelism (mhcc --cp): this rank's rows of the microbatch
+  /// (0: all of them), which row of the microbatch each is (Kernels.h,
+  /// microbatchRow), and the gather of every context-parallel rank's rows
+  /// into microbatch order (a collective: the group's ranks call it in the
+  /// same order; false when another rank failed). Attention runs on the
+  /// gathered rows, as the whole microbatch would, and keeps this rank's;
+  /// its weight gradients, then whole, are added by context rank 0 alone.
+  int64_t rows = 0;
+  const int64_t *rowMap = nullptr;
+  std::function<bool(const T *local, int64_t cols, T *all)> gatherRows;
+  bool addsAttentionWeightGrads = true;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
   /// Rounds what composite kernels keep in memory to the storage type
@@ -59,11 +70,52 @@ private:
 /// Forward instruction `i` of c.program: values[id] and aux[i] point at
 /// allocated buffers (every kernel writes its whole output). Returns the
 /// loss of a CrossEntropy (else 0).
+/// Attention over the context-parallel group's gathered rows (StageContext
+/// gatherRows): the forward's output rows of this rank, or (dy given) the
+/// backward's input gradient rows added into dx, and the weight gradients
+/// where the context asks for them. Every rank recomputes the whole
+/// microbatch's attention, so each row gets the bits it gets without
+/// context parallelism. False when a gather failed.
+template <typename T>
+bool contextParallelAttention(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
+                              T *dWqkv, T *dWo) {
+  const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
+  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * (4 * C + f.heads));
+  if (!c.gatherRows(x, C, xAll.data()))
+    return false;
+  T *wqkv = c.param(f.params[0]), *wo = c.param(f.params[1]);
+  kernels::attentionForward<T>(xAll.data(), wqkv, wo, yAll.data(), auxAll.data(), all, C, f.heads, f.seqLen, c.store,
+                               c.documents);
+  if (!dy) {
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy_n(yAll.data() + c.rowMap[t] * C, C, out + t * C);
+    return true;
+  }
+  std::vector<T> dyAll(all * C), dxAll(out ? all * C : 0, T(0));
+  if (!c.gatherRows(dy, C, dyAll.data()))
+    return false;
+  // dx starts from what this rank's rows hold, so they sum as they would unsplit.
+  for (int64_t t = 0; out && t < rows; ++t)
+    std::copy_n(out + t * C, C, dxAll.data() + c.rowMap[t] * C);
+  if (!out && !(dWqkv && c.addsAttentionWeightGrads))
+    return true; // a W half on a rank that adds no attention weight gradients: only the gathers
+  kernels::attentionBackward<T>(xAll.data(), wqkv, wo, auxAll.data(), dyAll.data(), out ? dxAll.data() : nullptr,
+                                c.addsAttentionWeightGrads ? dWqkv : nullptr,
+                                c.addsAttentionWeightGrads ? dWo : nullptr, all, C, f.heads, f.seqLen, c.store,
+                                c.documents);
+  for (int64_t t = 0; out && t < rows; ++t)
+    std::copy_n(dxAll.data() + c.rowMap[t] * C, C, out + t * C);
+  return true;
+}
+
+/// This rank's rows of a microbatch (all of them without context parallelism).
+template <typename T> int64_t rowsOf(const StageContext<T> &c) { return c.rows > 0 ? c.rows : c.model.tokens(); }
+
 template <typename T>
 double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, size_t i) {
   namespace k = kernels;
   const StageProgram &p = c.program;
-  const int64_t T_ = c.model.tokens(), C = c.model.hidden, V = c.model.vocab;
+  const int64_t T_ = rowsOf(c), C = c.model.hidden, V = c.model.vocab;
   const ForwardInstr &f = p.forward[i];
   T *out = values[f.output];
   auto in = [&](size_t j) { return values[f.inputs[j]]; };
@@ -75,7 +127,7 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     std::copy(in(0), in(0) + p.values[f.output].rows * p.values[f.output].cols, out);
     break;
   case Prim::Embed:
-    k::embedForward(c.tokens, w(0), out, T_, C, f.shift, f.seqLen);
+    k::embedForward(c.tokens, w(0), out, T_, C, f.shift, f.seqLen, c.rowMap);
     break;
   case Prim::Expand:
     k::expandForward(in(0), out, T_, C, n);
@@ -90,6 +142,11 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     k::rmsNormForward(in(0), w(0), out, aux[i], T_, C, f.eps);
     break;
   case Prim::Attention:
+    if (c.rowMap) {
+      if (!contextParallelAttention<T>(c, f, in(0), nullptr, out, nullptr, nullptr))
+        return std::nan("");
+      break;
+    }
     k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store, c.documents);
     break;
   case Prim::SwiGlu:
@@ -111,7 +168,7 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     k::concatProjForward(in(0), in(1), w(0), out, T_, C, C);
     break;
   case Prim::CrossEntropy:
-    out[0] = k::crossEntropyForward(in(0), c.labels, aux[i], T_, V, f.shift, f.seqLen);
+    out[0] = k::crossEntropyForward(in(0), c.labels, aux[i], T_, V, f.shift, f.seqLen, c.rowMap, c.model.tokens());
     return out[0];
   }
   return 0;
@@ -120,14 +177,15 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
 /// Backward instruction `b` of c.program, `part` of it (BackwardPart): the
 /// gradients it adds into are allocated and zero-filled in `values`; B
 /// passes no weight gradients to the kernels, W no input gradients, and the
-/// kernels skip what they are not given.
+/// kernels skip what they are not given. False when a context-parallel
+/// gather failed.
 template <typename T>
-void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, const BackwardInstr &b,
+bool backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, const BackwardInstr &b,
                    BackwardPart part) {
   const bool wantInput = part != BackwardPart::Weight, wantWeight = part != BackwardPart::Input;
   namespace k = kernels;
   const StageProgram &p = c.program;
-  const int64_t T_ = c.model.tokens(), C = c.model.hidden, V = c.model.vocab;
+  const int64_t T_ = rowsOf(c), C = c.model.hidden, V = c.model.vocab;
   const ForwardInstr &f = p.forward[b.forward];
   auto in = [&](size_t j) { return values[f.inputs[j]]; };
   auto din = [&](size_t j) { return wantInput ? values[b.gradInputs[j]] : nullptr; };
@@ -146,7 +204,7 @@ void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
   }
   case Prim::Embed:
     if (wantWeight)
-      k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen);
+      k::embedBackward(c.tokens, dOut, dw(0), T_, C, f.shift, f.seqLen, c.rowMap);
     break;
   case Prim::Expand:
     k::expandBackward(dOut, din(0), T_, C, n);
@@ -162,6 +220,11 @@ void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     k::rmsNormBackward(in(0), w(0), auxIn, dOut, din(0), dw(0), T_, C);
     break;
   case Prim::Attention:
+    if (c.rowMap) {
+      if (!contextParallelAttention<T>(c, f, in(0), dOut, din(0), dw(0), dw(1)))
+        return false;
+      break;
+    }
     k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
                          f.heads, f.seqLen, c.store, c.documents);
     break;
@@ -191,10 +254,12 @@ void backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     // Loss normalized by token count: each microbatch's mean, averaged over
     // the microbatches, weighted per loss.
     T scale = static_cast<T>(p.losses[f.loss].weight / double(c.microbatches));
-    k::crossEntropyBackward(in(0), c.labels, auxIn, scale, din(0), T_, V, f.shift, f.seqLen);
+    k::crossEntropyBackward(in(0), c.labels, auxIn, scale, din(0), T_, V, f.shift, f.seqLen, c.rowMap,
+                            c.model.tokens());
     break;
   }
   }
+  return true;
 }
 
 /// Owning buffers for running whole stage programs (the gradient checks).

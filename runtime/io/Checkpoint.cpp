@@ -207,7 +207,7 @@ bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a
       {"iteration", iteration},
       {"model", a.model.name},
       {"model_hash", a.modelHash},
-      {"layout", {{"pp", a.pp}, {"vpp", a.vpp}, {"dp", a.dp}, {"layout", a.layout}}},
+      {"layout", {{"pp", a.pp}, {"vpp", a.vpp}, {"dp", a.dp}, {"cp", a.cp}, {"layout", a.layout}}},
       {"params", paramTable(a)},
       {"optimizer",
        {{"kind", options.optimizer}, {"lr", options.lr}, {"beta1", options.beta1}, {"beta2", options.beta2},

@@ -10,7 +10,8 @@
 # replays as one model on the global batch. tiny trains on packed documents
 # too (mhc-prep's corpus, --reset-position-ids --reset-attention-mask), whose
 # positions and masks the reference reads from the dump (a third broken
-# reference ignores them).
+# reference ignores them), also with two context-parallel ranks per sequence
+# (replayed as one rank per sequence).
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcc="${root}/compiler/mhcc"
@@ -40,6 +41,8 @@ train "${root}/models/tiny.json" tiny_dp2 --microbatches 1 --dp 2 --pp 2 --layou
 "${prep}" --input "${corpus}" --output-prefix "${work}/corpus_docs" > /dev/null
 data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mask" \
   train "${root}/models/tiny.json" tiny_packed --pp 2 --vpp 2 --layout 'Et|t|t|tmL'
+data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mask" \
+  train "${root}/models/tiny.json" tiny_packed_cp2 --cp 2 --pp 2 --layout 'Ett|ttmL'
 
 echo "=== tiny"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny"
@@ -47,6 +50,8 @@ echo "=== tiny, dp 2 x pp 2"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_dp2"
 echo "=== tiny, packed documents, pp 2 x vpp 2"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_packed"
+echo "=== tiny, packed documents, cp 2 x pp 2"
+"${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_packed_cp2"
 echo "=== small_ci"
 "${python}" "${check}" "${root}/models/small_ci.json" "${work}/small_ci"
 # After 20 iterations on order-1 logits the rows are still ~3e-3 from 1

@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -55,6 +58,49 @@ inline TrainingRun train(const std::string &path, const TokenDataset &data, int6
   }
   run.weights = trainer->parameters();
   return run;
+}
+
+/// The text at `textPath` cut into documents of 3 to 150 bytes (a hash of the cut's
+/// position picks each length), written as an indexed dataset.
+inline std::optional<TokenDataset> packedCorpus(const std::string &textPath, std::string &error) {
+  std::optional<TokenDataset> text = TokenDataset::open(textPath, error);
+  if (!text)
+    return std::nullopt;
+  std::vector<std::vector<int32_t>> docs;
+  for (size_t i = 0; i < text->size();) {
+    const size_t length = std::min<size_t>(3 + mix64(i) % 148, text->size() - i);
+    docs.emplace_back();
+    for (size_t k = 0; k < length; ++k)
+      docs.back().push_back(text->token(i + k));
+    i += length;
+  }
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string prefix = std::string(tmp ? tmp : "/tmp") + "/packed_corpus";
+  if (!writeIndexedDataset(prefix, docs, 1, error))
+    return std::nullopt;
+  return TokenDataset::open(prefix, error);
+}
+
+/// Two runs of the same global batch that sum in another order: each step's
+/// lm loss (and MTP loss) within `lossTolerance` relative, the gradient norm
+/// within `normTolerance`; prints each step's pair.
+inline void expectCloseLosses(const TrainingRun &reference, const TrainingRun &other, const std::string &what,
+                              double lossTolerance, double normTolerance) {
+  ASSERT_EQ(reference.steps.size(), other.steps.size()) << what;
+  for (size_t s = 0; s < reference.steps.size(); ++s) {
+    const StepResult &a = reference.steps[s], &b = other.steps[s];
+    EXPECT_LE(std::abs(a.lmLoss - b.lmLoss), lossTolerance * std::abs(a.lmLoss))
+        << what << ": step " << s + 1 << " lm loss " << a.lmLoss << " vs " << b.lmLoss;
+    ASSERT_EQ(a.mtpLoss.has_value(), b.mtpLoss.has_value()) << what;
+    if (a.mtpLoss) {
+      EXPECT_LE(std::abs(*a.mtpLoss - *b.mtpLoss), lossTolerance * std::abs(*a.mtpLoss))
+          << what << ": step " << s + 1 << " mtp loss";
+    }
+    EXPECT_LE(std::abs(a.gradNorm - b.gradNorm), normTolerance * a.gradNorm)
+        << what << ": step " << s + 1 << " grad norm " << a.gradNorm << " vs " << b.gradNorm;
+    std::printf("%s: step %zu lm loss %.9f vs %.9f (relative %.2e)\n", what.c_str(), s + 1, a.lmLoss, b.lmLoss,
+                std::abs(a.lmLoss - b.lmLoss) / std::abs(a.lmLoss));
+  }
 }
 
 inline bool sameBits(const std::vector<float> &a, const std::vector<float> &b) {

@@ -62,15 +62,7 @@ void expectSameTraining(const TrainingRun &reference, const TrainingRun &other, 
   }
   std::printf("%s: step 1 gradients differ in %lld elements (summation order), every tap the same bits\n",
               what.c_str(), static_cast<long long>(differing));
-  for (int64_t s = 0; s < kSteps; ++s) {
-    const double x = reference.steps[s].lmLoss, y = other.steps[s].lmLoss;
-    EXPECT_LE(std::abs(x - y), lossTolerance * std::abs(x))
-        << what << ": step " << s + 1 << " lm loss " << x << " vs " << y;
-    const double gx = reference.steps[s].gradNorm, gy = other.steps[s].gradNorm;
-    EXPECT_LE(std::abs(gx - gy), normTolerance * gx) << what << ": step " << s + 1 << " grad norm " << gx << " vs " << gy;
-    std::printf("%s: step %lld lm loss %.9f vs %.9f (relative %.2e)\n", what.c_str(), static_cast<long long>(s + 1),
-                x, y, std::abs(x - y) / std::abs(x));
-  }
+  expectCloseLosses(reference, other, what, lossTolerance, normTolerance);
 }
 
 TEST(DataParallel, ReplicasTrainTheGlobalBatchAsOneReplicaDoes) {

@@ -78,37 +78,16 @@ TEST(Parity, EveryLayoutMatchesTheSerialReferenceBitForBit) {
   }
 }
 
-/// The corpus cut into documents of 3 to 150 bytes (a hash of the cut's
-/// position picks each length), written as an indexed dataset.
-std::optional<TokenDataset> packedCorpus(std::string &error) {
-  std::optional<TokenDataset> text = TokenDataset::open(gDataPath, error);
-  if (!text)
-    return std::nullopt;
-  std::vector<std::vector<int32_t>> docs;
-  for (size_t i = 0; i < text->size();) {
-    const size_t length = std::min<size_t>(3 + mix64(i) % 148, text->size() - i);
-    docs.emplace_back();
-    for (size_t k = 0; k < length; ++k)
-      docs.back().push_back(text->token(i + k));
-    i += length;
-  }
-  const char *tmp = std::getenv("TEST_TMPDIR");
-  const std::string prefix = std::string(tmp ? tmp : "/tmp") + "/parity_packed_corpus";
-  if (!writeIndexedDataset(prefix, docs, 1, error))
-    return std::nullopt;
-  return TokenDataset::open(prefix, error);
-}
-
 TEST(Parity, PackedDocumentsAreBitIdenticalAcrossLayouts) {
   // Megatron's --reset-position-ids --reset-attention-mask over documents
   // shorter and longer than a sequence; the tiny fp32 and bf16 families
-  // (MTP included), every layout against PP1.
+  // (MTP included) and the context-parallel family, every layout against PP1.
   std::string error;
-  std::optional<TokenDataset> data = packedCorpus(error);
+  std::optional<TokenDataset> data = packedCorpus(gDataPath, error);
   ASSERT_TRUE(data) << error;
   TrainOptions packed;
   packed.resetPositionIds = packed.resetAttentionMask = true;
-  for (size_t f : {size_t(0), size_t(2)}) {
+  for (size_t f : {size_t(0), size_t(2), size_t(4)}) {
     ASSERT_LT(f, gFamilies.size());
     const std::vector<std::string> &family = gFamilies[f];
     TrainingRun reference = train(family[0], *data, 2, cpuDevices(), packed);

@@ -81,9 +81,9 @@ LogicalResult AllReduceOp::verify() {
   if (getGroup() != "dp")
     return emitOpError() << "reduces over the data-parallel group \"dp\", got \"" << getGroup() << "\"";
   auto schedule = (*this)->getParentOfType<ScheduleOp>();
-  if (schedule && schedule.getDp().value_or(1) < 2)
-    return emitOpError() << "needs a schedule with dp > 1 (the schedule has dp = " << schedule.getDp().value_or(1)
-                         << ")";
+  if (schedule && schedule.getDp().value_or(1) * schedule.getCp().value_or(1) < 2)
+    return emitOpError() << "needs a schedule with dp x cp > 1 (the schedule has dp = "
+                         << schedule.getDp().value_or(1) << ", cp = " << schedule.getCp().value_or(1) << ")";
   return success();
 }
 

@@ -45,13 +45,15 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     One `pipe.rank` per pipeline rank, each holding that rank's instructions
     in execution order. `kind` is gpipe, 1f1b, interleaved or zb-h1;
     `group_size` is the interleaved microbatch group g (0 otherwise); `dp`
-    (absent: 1) the data-parallel replicas that each run these lists, ranks
-    pipeline rank x dp + replica.
+    (absent: 1) the data-parallel replicas and `cp` (absent: 1) the
+    context-parallel ranks of each replica that each run these lists, ranks
+    (pipeline rank x dp + replica) x cp + context rank.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
-    Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp);
+    Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp,
+    OptionalAttr<Pipe_PositiveI64>:$cp);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;
