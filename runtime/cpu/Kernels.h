@@ -642,5 +642,6 @@ void crossEntropyBackward(const T *logits, const int32_t *labels, const T *aux, 
 } // namespace mhcc::runtime::kernels
 
 #include "runtime/cpu/AttentionKernels.h"
+#include "runtime/cpu/GdnKernels.h"
 
 #endif // MHCC_RUNTIME_CPU_KERNELS_H

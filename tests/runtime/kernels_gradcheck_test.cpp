@@ -313,6 +313,106 @@ TEST(PackedDocuments, EachDocumentGetsTheBitsItGetsAlone) {
   expectDocumentsAlone<float>(&roundBf16);
 }
 
+/// Gated DeltaNet's parameters and a random input: C = 8, 2 heads of 4.
+struct GdnCase {
+  static constexpr int64_t kH = 2;
+  Vec x, wqkv, conv, wab, aLog, dtBias, outNorm, wgate, wo;
+  explicit GdnCase(int64_t rows, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    x = randomVec(rng, rows * kC);
+    wqkv = randomVec(rng, kC * 3 * kC, 0.5);
+    conv = randomVec(rng, kGdnConvWidth * 3 * kC, 0.5);
+    wab = randomVec(rng, kC * 2 * kH, 0.5);
+    aLog = randomVec(rng, kH, 0.5);
+    dtBias = randomVec(rng, kH, 0.5);
+    outNorm = randomVec(rng, kC / kH, 0.5);
+    for (double &w : outNorm)
+      w += 1;
+    wgate = randomVec(rng, kC * kC, 0.5);
+    wo = randomVec(rng, kC * kC, 0.5);
+  }
+  void forward(Vec &y, Vec &aux, int64_t rows, int64_t seq, Documents docs = {}) {
+    gdnForward<double>(x.data(), wqkv.data(), conv.data(), wab.data(), aLog.data(), dtBias.data(), outNorm.data(),
+                       wgate.data(), wo.data(), y.data(), aux.data(), rows, kC, kH, seq, 1e-6, nullptr, docs);
+  }
+  GdnGrads<double> grads(std::vector<Vec> &g, double *dx) {
+    Vec *all[] = {&wqkv, &conv, &wab, &aLog, &dtBias, &outNorm, &wgate, &wo};
+    g.clear();
+    for (Vec *v : all)
+      g.emplace_back(v->size(), 0.0);
+    return {dx, g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data(), g[5].data(), g[6].data(), g[7].data()};
+  }
+};
+
+TEST(GradCheck, GatedDeltaNet) {
+  // With packed documents (kDocStarts) and without: the conv taps and the
+  // state restart at a document's start.
+  std::vector<int32_t> positions, firstKeys;
+  packedDocuments(positions, firstKeys);
+  for (bool packed : {false, true}) {
+    GdnCase g(kDocRows, 21);
+    const Documents docs = packed ? Documents{nullptr, firstKeys.data()} : Documents{};
+    std::mt19937_64 rng(22);
+    const Vec w = randomVec(rng, kDocRows * kC);
+    Vec y(kDocRows * kC), aux(kDocRows * gdnAuxPerRow(kC, GdnCase::kH));
+    auto objective = [&] {
+      g.forward(y, aux, kDocRows, kDocSeq, docs);
+      return dot(w, y);
+    };
+    objective();
+    std::vector<Vec> grads;
+    Vec dx(g.x.size(), 0.0);
+    gdnBackward<double>(g.x.data(), g.wqkv.data(), g.conv.data(), g.wab.data(), g.aLog.data(), g.dtBias.data(),
+                        g.outNorm.data(), g.wgate.data(), g.wo.data(), aux.data(), w.data(), g.grads(grads, dx.data()),
+                        kDocRows, kC, GdnCase::kH, kDocSeq, nullptr, docs);
+    const std::string what = packed ? "packed gdn " : "gdn ";
+    checkGradient(what + "x", g.x, dx, objective);
+    const char *names[] = {"W_qkv", "conv", "W_ab", "a_log", "dt_bias", "out_norm", "W_gate", "W_o"};
+    Vec *params[] = {&g.wqkv, &g.conv, &g.wab, &g.aLog, &g.dtBias, &g.outNorm, &g.wgate, &g.wo};
+    for (size_t p = 0; p < 8; ++p)
+      checkGradient(what + names[p], *params[p], grads[p], objective);
+  }
+}
+
+TEST(PackedDocuments, GatedDeltaNetDocumentsGetTheBitsTheyGetAlone) {
+  std::vector<int32_t> positions, firstKeys;
+  packedDocuments(positions, firstKeys);
+  GdnCase g(kDocRows, 23);
+  const int64_t per = gdnAuxPerRow(kC, GdnCase::kH);
+  Vec y(kDocRows * kC), aux(kDocRows * per);
+  g.forward(y, aux, kDocRows, kDocSeq, Documents{nullptr, firstKeys.data()});
+  for (size_t d = 0; d < kDocStarts.size(); ++d) {
+    const int64_t begin = kDocStarts[d], end = d + 1 < kDocStarts.size() ? kDocStarts[d + 1] : kDocRows;
+    GdnCase alone = g;
+    alone.x.assign(g.x.begin() + begin * kC, g.x.begin() + end * kC);
+    Vec yAlone((end - begin) * kC), auxAlone((end - begin) * per);
+    alone.forward(yAlone, auxAlone, end - begin, end - begin);
+    for (int64_t k = 0; k < (end - begin) * kC; ++k)
+      ASSERT_EQ(y[begin * kC + k], yAlone[k]) << "document " << d << " output " << k;
+  }
+}
+
+TEST(SplitBackward, GatedDeltaNetHalvesEqualTheWhole) {
+  GdnCase g(kDocRows, 24);
+  Vec y(kDocRows * kC), aux(kDocRows * gdnAuxPerRow(kC, GdnCase::kH));
+  g.forward(y, aux, kDocRows, kDocSeq);
+  std::vector<Vec> whole, weights, none;
+  Vec dxWhole(g.x.size(), 0.0), dxInput(g.x.size(), 0.0);
+  auto run = [&](GdnGrads<double> grads) {
+    gdnBackward<double>(g.x.data(), g.wqkv.data(), g.conv.data(), g.wab.data(), g.aLog.data(), g.dtBias.data(),
+                        g.outNorm.data(), g.wgate.data(), g.wo.data(), aux.data(), y.data(), grads, kDocRows, kC,
+                        GdnCase::kH, kDocSeq);
+  };
+  run(g.grads(whole, dxWhole.data()));
+  GdnGrads<double> inputOnly;
+  inputOnly.dx = dxInput.data();
+  run(inputOnly);
+  run(g.grads(weights, nullptr));
+  EXPECT_EQ(dxWhole, dxInput);
+  for (size_t p = 0; p < whole.size(); ++p)
+    EXPECT_EQ(whole[p], weights[p]) << "parameter " << p;
+}
+
 TEST(GradCheck, SwiGlu) {
   std::mt19937_64 rng(10);
   Vec x = randomVec(rng, kRows * kC), wg = randomVec(rng, kC * kF, 0.5);
