@@ -83,6 +83,8 @@ private:
                                           node.name + ".norm");
     if (node.sublayer == SublayerKind::Attention)
       return mhc::AttentionOp::create(builder_, loc, normed, node.name + ".attention");
+    if (node.sublayer == SublayerKind::Gdn)
+      return mhc::GatedDeltaNetOp::create(builder_, loc, normed, node.name + ".gdn");
     return mhc::SwiGluMlpOp::create(builder_, loc, normed, node.name + ".mlp");
   }
 

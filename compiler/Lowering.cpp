@@ -152,8 +152,32 @@ private:
 
   double outputScale() const { return 0.02 / std::sqrt(2.0 * std::max<int64_t>(1, numLayers_)); }
 
-  /// One mHC-wrapped sublayer (or the plain residual of n = 1).
-  int lowerSublayer(const std::string &name, bool attention, int x, double eps) {
+  /// A Gated DeltaNet (runtime/cpu/GdnKernels.h): its parameters as FLA
+  /// initializes them where it matters (A_log = 0, dt_bias so that
+  /// softplus(dt_bias) = 0.01: the state decays by ~1% a token at first;
+  /// no weight decay on either) and what its forward keeps.
+  int lowerGatedDeltaNet(const std::string &name, int normed, double eps) {
+    const ModelInfo &m = artifact_.model;
+    const int64_t T = tokens_, C = m.hidden, H = m.heads;
+    const double dtBias = std::log(std::expm1(0.01));
+    return emit(Prim::GatedDeltaNet, {normed},
+                {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true),
+                 slot(name + ".conv", 4, 3 * C, "normal", 0.29, true), // PyTorch's depthwise conv: U(-1/2, 1/2)
+                 slot(name + ".w_ab", C, 2 * H, "normal", 0.02, true),
+                 slot(name + ".a_log", 1, H, "zeros", 0, false),
+                 slot(name + ".dt_bias", 1, H, "constant", dtBias, false),
+                 slot(name + ".out_norm", 1, C / H, "ones", 0, false),
+                 slot(name + ".w_gate", C, C, "normal", 0.02, true),
+                 slot(name + ".w_o", C, C, "normal", outputScale(), true)},
+                {T, C}, T * (11 * C + 5 * H), "", attrs([&](ForwardInstr &a) {
+                  a.heads = H;
+                  a.eps = eps;
+                }));
+  }
+
+  /// One mHC-wrapped sublayer (or the plain residual of n = 1); kind:
+  /// "attention", "gdn" or "mlp".
+  int lowerSublayer(const std::string &name, const std::string &kind, int x, double eps) {
     const ModelInfo &m = artifact_.model;
     const int64_t T = tokens_, C = m.hidden, n = m.streams, K = n * n + 2 * n;
     int u = x, coef = -1;
@@ -173,7 +197,9 @@ private:
     int normed = emit(Prim::RmsNorm, {u}, {slot(name + ".norm", 1, C, "ones", 0, false)}, {T, C}, T,
                       "", attrs([&](ForwardInstr &a) { a.eps = eps; }));
     int y;
-    if (attention)
+    if (kind == "gdn")
+      y = lowerGatedDeltaNet(name, normed, eps);
+    else if (kind == "attention")
       y = emit(Prim::Attention, {normed},
                {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true),
                 slot(name + ".w_o", C, C, "normal", outputScale(), true)},
@@ -233,7 +259,7 @@ private:
           double eps = m.normEps;
           for (auto norm : hc.getBody().getOps<mhc::RmsNormOp>())
             eps = norm.getEps().convertToDouble();
-          result = ok ? lowerSublayer(nodeOf(), hc.getSublayerKind() == "attention", x, eps) : -1;
+          result = ok ? lowerSublayer(nodeOf(), hc.getSublayerKind().str(), x, eps) : -1;
         })
         .Case([&](mhc::ContractOp) {
           int x = input(0);
@@ -299,8 +325,8 @@ private:
     int z = emit(Prim::ConcatProj, {hn, en}, {slot(name + ".proj", 2 * C, C, "normal", 0.02, true)},
                  {T, C}, 0);
     int r = emit(Prim::Expand, {z}, {}, {T, n * C}, 0, "", withStreams);
-    r = lowerSublayer(name + ".attn", true, r, m.normEps);
-    r = lowerSublayer(name + ".mlp", false, r, m.normEps);
+    r = lowerSublayer(name + ".attn", "attention", r, m.normEps);
+    r = lowerSublayer(name + ".mlp", "mlp", r, m.normEps);
     int c = emit(Prim::Contract, {r}, {}, {T, C}, 0, "", withStreams);
     int f = emit(Prim::RmsNorm, {c}, {slot(name + ".final_norm", 1, C, "ones", 0, false)}, {T, C}, T,
                  "", withEps);

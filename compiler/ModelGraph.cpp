@@ -263,12 +263,13 @@ ModelNode parseNode(const json &value, const std::string &pointer,
   ObjectReader attrReader(attrs ? *attrs : kNoAttrs, pointer + "/attrs",
                           std::string("the attrs of ") + spec->name);
   switch (node.op) {
-  case NodeOp::MhcSublayer:
-    node.sublayer = attrReader.oneOf("sublayer", std::nullopt,
-                                     {"attention", "mlp"}) == "attention"
-                        ? SublayerKind::Attention
-                        : SublayerKind::Mlp;
+  case NodeOp::MhcSublayer: {
+    const std::string kind = attrReader.oneOf("sublayer", std::nullopt, {"attention", "gdn", "mlp"});
+    node.sublayer = kind == "attention" ? SublayerKind::Attention
+                    : kind == "gdn"     ? SublayerKind::Gdn
+                                        : SublayerKind::Mlp;
     break;
+  }
   case NodeOp::RmsNorm:
     node.eps = attrReader.positiveNumber("eps", 0.0); // 0: config.normEps
     break;
@@ -411,24 +412,23 @@ void checkStructure(ModelGraph &graph) {
                              "also read the final residual)");
   }
 
-  // Sublayers come in (attention, mlp) pairs; each pair is one layer.
+  // Sublayers come in (mixer, mlp) pairs, the mixer attention or gdn; each
+  // pair is one layer.
   int64_t sublayers = 0;
   for (ModelNode &node : nodes) {
     if (node.op != NodeOp::MhcSublayer)
       continue;
-    SublayerKind expected =
-        sublayers % 2 == 0 ? SublayerKind::Attention : SublayerKind::Mlp;
-    if (node.sublayer != expected)
+    const bool mixerSlot = sublayers % 2 == 0;
+    if (mixerSlot == (node.sublayer == SublayerKind::Mlp))
       fail(node.pointer + "/attrs/sublayer",
-           std::string("expected \"") +
-               (expected == SublayerKind::Attention ? "attention" : "mlp") +
-               "\": sublayers come in attention, mlp pairs (layer " +
-               std::to_string(sublayers / 2) + ")");
+           std::string("expected ") + (mixerSlot ? "\"attention\" or \"gdn\"" : "\"mlp\"") +
+               ": sublayers come in (attention or gdn), mlp pairs (layer " + std::to_string(sublayers / 2) +
+               ")");
     node.layer = sublayers / 2;
     ++sublayers;
   }
   if (sublayers % 2 != 0)
-    fail("/nodes", "the last layer has an attention sublayer but no mlp");
+    fail("/nodes", "the last layer has a token mixer (attention or gdn) but no mlp");
   if (sublayers == 0)
     fail("/nodes", "the model has no mhc_sublayer: at least one layer is needed");
   for (ModelNode &node : nodes)

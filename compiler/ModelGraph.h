@@ -51,7 +51,9 @@ enum class NodeOp {
   Mtp,
 };
 
-enum class SublayerKind { Attention, Mlp };
+/// A layer's token mixer (attention, or a Gated DeltaNet in hybrid stacks)
+/// and its MLP.
+enum class SublayerKind { Attention, Gdn, Mlp };
 
 /// What a node's output is, by width.
 enum class ValueKind {

@@ -10,6 +10,7 @@ const char *unitKindName(UnitKind kind) {
   case UnitKind::Embedding: return "embedding";
   case UnitKind::Expand: return "expand";
   case UnitKind::AttentionSublayer: return "attention";
+  case UnitKind::GdnSublayer: return "gdn";
   case UnitKind::MlpSublayer: return "mlp";
   case UnitKind::Contract: return "contract";
   case UnitKind::FinalNorm: return "final_norm";
@@ -47,6 +48,18 @@ double mhcMixingFlops(const ModelInfo &d) {
   return projection + rms + sinkhorn + preMix + resMix + postMix;
 }
 
+/// Forward FLOPs per token of a Gated DeltaNet: the q/k/v, gate and output
+/// projections and the gates' (C -> 2 heads), the conv, norms and the
+/// recurrence's four d x d products per head (decay, S k, the rank-1
+/// update, S q).
+double gdnFlops(const ModelInfo &d) {
+  double c = d.hidden, h = d.heads, dh = c / h;
+  double projections = 2.0 * 5 * c * c + 2.0 * c * 2 * h;
+  double convAndNorms = 2.0 * 4 * 3 * c + 20.0 * c;
+  double recurrence = h * 8.0 * dh * dh;
+  return projections + convAndNorms + recurrence;
+}
+
 double attentionFlops(const ModelInfo &d) {
   double c = d.hidden;
   double projections = 2.0 * 4 * c * c;                    // QKV + output
@@ -79,6 +92,14 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = n * c;
     // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
     u.savedBytesPerToken = bytes * (n * c + 6 * c + d.heads);
+    break;
+  case UnitKind::GdnSublayer:
+    // W_qkv, the conv, W_ab, A_log, dt_bias, the head norm, W_gate, W_o.
+    u.params = mhcMappingParams(d) + c + 5 * c * c + 12 * c + 2 * c * d.heads + 2 * d.heads + c / d.heads;
+    u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + gdnFlops(d);
+    u.outputWidth = n * c;
+    // Input residual, u, normed u, then what the forward keeps (GdnKernels.h): 11 C + 5 heads.
+    u.savedBytesPerToken = bytes * (n * c + 2 * c) + 4 * (11 * c + 5 * d.heads);
     break;
   case UnitKind::MlpSublayer:
     u.params = mhcMappingParams(d) + c + 3 * c * f;
@@ -133,7 +154,7 @@ ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelInfo &d) {
   for (const UnitCost &u : units) {
     totals.params += u.params;
     totals.forwardFlopsPerToken += u.forwardFlopsPerToken;
-    if (u.kind == UnitKind::AttentionSublayer || u.kind == UnitKind::MlpSublayer) {
+    if (u.kind == UnitKind::AttentionSublayer || u.kind == UnitKind::GdnSublayer || u.kind == UnitKind::MlpSublayer) {
       ++sublayers;
       totals.mhcParams += mhcMappingParams(d);
     }

@@ -29,6 +29,7 @@ enum class UnitKind {
   Embedding,
   Expand,
   AttentionSublayer,
+  GdnSublayer,
   MlpSublayer,
   Contract,
   FinalNorm,

@@ -16,9 +16,10 @@ namespace {
 
 constexpr const char kFormat[] = "mhcc-device-profile-v1";
 
-constexpr UnitKind kUnitKinds[] = {UnitKind::Embedding,   UnitKind::Expand,    UnitKind::AttentionSublayer,
-                                   UnitKind::MlpSublayer, UnitKind::Contract,  UnitKind::FinalNorm,
-                                   UnitKind::LmHead,      UnitKind::Loss,      UnitKind::Mtp};
+constexpr UnitKind kUnitKinds[] = {UnitKind::Embedding,   UnitKind::Expand,   UnitKind::AttentionSublayer,
+                                   UnitKind::GdnSublayer, UnitKind::MlpSublayer, UnitKind::Contract,
+                                   UnitKind::FinalNorm,   UnitKind::LmHead,   UnitKind::Loss,
+                                   UnitKind::Mtp};
 
 /// A unit's rates in the JSON form, for the reader and the writer alike.
 constexpr std::pair<const char *, double UnitRates::*> kRateKeys[] = {

@@ -14,8 +14,10 @@ std::optional<UnitKind> unitKindOf(Operation *op) {
       .Case([](mhc::EmbeddingOp) { return UnitKind::Embedding; })
       .Case([](mhc::ExpandOp) { return UnitKind::Expand; })
       .Case([](mhc::HyperConnectionOp o) {
-        return o.getSublayerKind() == "attention" ? UnitKind::AttentionSublayer
-                                                  : UnitKind::MlpSublayer;
+        const StringRef kind = o.getSublayerKind();
+        return kind == "attention" ? UnitKind::AttentionSublayer
+               : kind == "gdn"     ? UnitKind::GdnSublayer
+                                   : UnitKind::MlpSublayer;
       })
       .Case([](mhc::ContractOp) { return UnitKind::Contract; })
       .Case([](mhc::RmsNormOp) { return UnitKind::FinalNorm; })

@@ -25,6 +25,7 @@ int64_t unitIndexOf(Operation *op, int64_t layers) {
   case UnitKind::Expand:
     return 1; // the residual is formed where the first layer runs
   case UnitKind::AttentionSublayer:
+  case UnitKind::GdnSublayer:
   case UnitKind::MlpSublayer:
     return 1 + cast<mhc::HyperConnectionOp>(op).getLayer();
   default:

@@ -4,7 +4,9 @@
 Deliberate regeneration only: `python3 tools/gen_models.py` rewrites every file
 under models/. The graphs are a chain: embedding -> mhc_expand -> (attention,
 mlp) mhc_sublayer pairs -> mhc_contract -> rmsnorm -> lm_head -> cross_entropy,
-with optional MTP modules reading the final residual.
+with optional MTP modules reading the final residual. A layer count may be
+a pattern instead, one letter a layer: A an attention layer, G a Gated
+DeltaNet (gdn) layer, each followed by its MLP.
 """
 import json
 import os
@@ -17,6 +19,13 @@ MODELS = {
     "tiny_bf16": ("tiny in bf16: activations stored in bf16, fp32 masters and coefficients (docs/precision.md).",
                   dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
                        streams=4, dtype="bf16"), 4, [1]),
+    "hybrid_tiny": ("tiny as a hybrid stack: three Gated DeltaNet layers per attention layer, 8 layers.",
+                    dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
+                         streams=4), "GGGAGGGA", [1]),
+    "hybrid_1b": ("1b as a hybrid stack at seq 4096 (three Gated DeltaNet layers per attention layer): "
+                  "the GDN vs attention throughput benchmark.",
+                  dict(vocab=32000, hidden=2048, heads=16, ffn_hidden=5632, seq_len=4096,
+                       streams=4, dtype="bf16"), "GGGA" * 4, []),
     "small": ("The shape of Megatron's mHC functional test (C=512, 12 layers).",
               dict(vocab=256, hidden=512, heads=8, ffn_hidden=1408, seq_len=1024,
                    streams=4), 12, []),
@@ -57,9 +66,10 @@ def graph(name, description, config, layers, mtp_depths):
     nodes = [{"name": "embed", "op": "embedding"},
              {"name": "expand", "op": "mhc_expand", "inputs": ["embed"]}]
     prev = "expand"
-    for layer in range(layers):
-        for sub in ("attention", "mlp"):
-            node = f"layer{layer}.{'attn' if sub == 'attention' else 'mlp'}"
+    pattern = layers if isinstance(layers, str) else "A" * layers
+    for layer, mixer in enumerate(pattern):
+        for sub in ({"A": "attention", "G": "gdn"}[mixer], "mlp"):
+            node = f"layer{layer}.{ {'attention': 'attn', 'gdn': 'gdn', 'mlp': 'mlp'}[sub] }"
             nodes.append({"name": node, "op": "mhc_sublayer", "inputs": [prev],
                           "attrs": {"sublayer": sub}})
             prev = node

@@ -41,7 +41,8 @@ cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
-      tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb)
+      tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb
+      hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Refusal: an artifact without kernels. (Kernels for another architecture
@@ -83,6 +84,8 @@ declare -A ARTIFACT=(
   [small_pp2_vpp2]="models/small.json --microbatches 8 --pp 2 --vpp 2"
   [small_pp2_zb]="models/small.json --microbatches 8 --pp 2 --schedule zb-h1"
   [1b_pp1]="models/1b.json --microbatches 8 --pp 1"
+  # Gated DeltaNet beside attention at seq 4096 (run with GPU_SUITE_PROFILE).
+  [hybrid_1b_m1_pp1]="models/hybrid_1b.json --microbatches 1 --pp 1"
   [1b_m1_pp1]="models/1b.json --microbatches 1 --pp 1"
   [1b_f32_pp1]="models/1b_f32.json --microbatches 8 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
@@ -132,7 +135,7 @@ bundle)
   cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py "$bundle/"
   # The corpus as documents (one per line) for the packed-document cases.
   bazel-bin/tools/mhc-prep --input data/corpus.txt --output-prefix "$bundle/corpus_docs" > /dev/null || exit 1
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 hybrid_tiny; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
   git rev-parse HEAD > "$bundle/COMMIT"
@@ -141,7 +144,7 @@ bundle)
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 hybrid_tiny; do
     src="$dir/golden_values_h200_$recipe.json"
     [ -f "$src" ] || { echo "no $src (not run: fewer GPUs?)"; continue; }
     mkdir -p "goldens/$recipe"
@@ -269,11 +272,14 @@ run)
       # Packed documents (--reset-position-ids --reset-attention-mask on mhc-prep's corpus):
       # the reference core (tiny) and flash attention (small) against the CPU.
       [tiny_packed]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2"
+      # hybrid_tiny (Gated DeltaNet and attention), an empty chunk among the layouts.
+      [hybrid]="hybrid_pp1:hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb"
+      [hybrid_packed]="hybrid_pp1:hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty"
       [small_bf16_packed]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2 small_bf16_m2_pp2_vpp2"
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
       [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -342,6 +348,9 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     }
     if golden tiny tiny_pp1 && detail=$(check_golden tiny tiny); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
     row "golden tiny (PP1)" $r "$detail; $(tail -1 "$logs/golden_tiny.1.log" | cut -c1-80)"
+    # hybrid_tiny at PP1 (its layouts are bit-identical: parity hybrid).
+    if golden hybrid_tiny hybrid_pp1 && detail=$(check_golden hybrid_tiny hybrid_tiny); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
+    row "golden hybrid_tiny (PP1)" $r "$detail; $(tail -1 "$logs/golden_hybrid_tiny.1.log" | cut -c1-80)"
     if [ "$gpus" -ge 2 ]; then
       detail=
       if golden tiny_pp2_vpp2 tiny_pp2_vpp2 env && detail=$(check_golden tiny_pp2_vpp2 tiny_pp2_vpp2) &&
@@ -379,7 +388,7 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     else
       row "golden tiny PP4/VPP2" SKIP "needs 4 GPUs, $gpus visible"
     fi
-    cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json \
+    cp "$logs"/golden_values_h200_tiny.json "$logs"/golden_values_h200_tiny_pp2_vpp2.json "$logs"/golden_values_h200_hybrid_tiny.json \
        "$logs"/golden_values_h200_tiny_pp4_vpp2.json "$out/" 2>/dev/null
   fi
 

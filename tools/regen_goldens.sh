@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A RECIPES=([tiny]=tiny_pp1 [tiny_pp2_vpp2]=tiny_pp2_vpp2 [tiny_pp4_vpp2]=tiny_pp4_vpp2
-                   [tiny_bf16]=tiny_bf16_pp1)
+                   [tiny_bf16]=tiny_bf16_pp1 [hybrid_tiny_pp2_vpp2]=hybrid_pp2_vpp2_empty)
 targets=(//tools:mhcrun)
 for artifact in "${RECIPES[@]}"; do targets+=("//tests:$artifact"); done
 bazel build "${targets[@]}" >/dev/null 2>&1 || bazel build "${targets[@]}"

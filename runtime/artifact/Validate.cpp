@@ -306,6 +306,14 @@ private:
       if (f.heads < 1 || C % f.heads || (C / f.heads) % 2)
         return "bad head count";
       return expect(1, 2, {{T, C}}, {{C, 3 * C}, {C, C}}, {T, C}, T * 4 * C + T * f.heads);
+    case Prim::GatedDeltaNet: {
+      if (f.heads < 1 || C % f.heads || !(f.eps > 0))
+        return "bad head count or norm eps";
+      const int64_t H = f.heads;
+      return expect(1, 8, {{T, C}},
+                    {{C, 3 * C}, {4, 3 * C}, {C, 2 * H}, {1, H}, {1, H}, {1, C / H}, {C, C}, {C, C}}, {T, C},
+                    T * (11 * C + 5 * H));
+    }
     case Prim::SwiGlu:
       if (f.ffn < 1)
         return "bad FFN size";

@@ -154,7 +154,7 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
     c.gatherRows = [this](const float *local, int64_t cols, float *all) {
       return gatherRows(local, cols, all) || !(gatherFailed_ = true);
     };
-    c.addsAttentionWeightGrads = contextRank_ == 0;
+    c.addsMixerWeightGrads = contextRank_ == 0;
   }
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
   c.paramGrad = [this, s](int slot) { return slotGrad(s, slot); };

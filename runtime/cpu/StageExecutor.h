@@ -30,13 +30,14 @@ template <typename T> struct StageContext {
   /// (0: all of them), which row of the microbatch each is (Kernels.h,
   /// microbatchRow), and the gather of every context-parallel rank's rows
   /// into microbatch order (a collective: the group's ranks call it in the
-  /// same order; false when another rank failed). Attention runs on the
-  /// gathered rows, as the whole microbatch would, and keeps this rank's;
-  /// its weight gradients, then whole, are added by context rank 0 alone.
+  /// same order; false when another rank failed). The token mixers
+  /// (attention, Gated DeltaNet) run on the gathered rows, as the whole
+  /// microbatch would, and keep this rank's; their weight gradients, then
+  /// whole, are added by context rank 0 alone.
   int64_t rows = 0;
   const int64_t *rowMap = nullptr;
   std::function<bool(const T *local, int64_t cols, T *all)> gatherRows;
-  bool addsAttentionWeightGrads = true;
+  bool addsMixerWeightGrads = true;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
   /// Rounds what composite kernels keep in memory to the storage type
@@ -70,22 +71,23 @@ private:
 /// Forward instruction `i` of c.program: values[id] and aux[i] point at
 /// allocated buffers (every kernel writes its whole output). Returns the
 /// loss of a CrossEntropy (else 0).
-/// Attention over the context-parallel group's gathered rows (StageContext
-/// gatherRows): the forward's output rows of this rank, or (dy given) the
-/// backward's input gradient rows added into dx, and the weight gradients
-/// where the context asks for them. Every rank recomputes the whole
-/// microbatch's attention, so each row gets the bits it gets without
+/// A token mixer (attention, Gated DeltaNet) over the context-parallel
+/// group's gathered rows (StageContext gatherRows): forwardAll(x, y, aux)
+/// and backwardAll(x, aux, dy, dx or null, add weight gradients) run it on
+/// the whole microbatch, auxPerRow floats a row. Without dy this keeps the
+/// forward's output rows of this rank in `out`; with dy it adds this rank's
+/// input gradient rows into `out` (null for a W half) and the weight
+/// gradients where the context asks for them. Every rank recomputes the
+/// whole microbatch's mixer, so each row gets the bits it gets without
 /// context parallelism. False when a gather failed.
-template <typename T>
-bool contextParallelAttention(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
-                              T *dWqkv, T *dWo) {
+template <typename T, typename Forward, typename Backward>
+bool contextParallelMixer(const StageContext<T> &c, int64_t auxPerRow, const T *x, const T *dy, T *out,
+                          bool weightHalf, Forward forwardAll, Backward backwardAll) {
   const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
-  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * (4 * C + f.heads));
+  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * auxPerRow);
   if (!c.gatherRows(x, C, xAll.data()))
     return false;
-  T *wqkv = c.param(f.params[0]), *wo = c.param(f.params[1]);
-  kernels::attentionForward<T>(xAll.data(), wqkv, wo, yAll.data(), auxAll.data(), all, C, f.heads, f.seqLen, c.store,
-                               c.documents);
+  forwardAll(xAll.data(), yAll.data(), auxAll.data());
   if (!dy) {
     for (int64_t t = 0; t < rows; ++t)
       std::copy_n(yAll.data() + c.rowMap[t] * C, C, out + t * C);
@@ -97,12 +99,10 @@ bool contextParallelAttention(const StageContext<T> &c, const ForwardInstr &f, c
   // dx starts from what this rank's rows hold, so they sum as they would unsplit.
   for (int64_t t = 0; out && t < rows; ++t)
     std::copy_n(out + t * C, C, dxAll.data() + c.rowMap[t] * C);
-  if (!out && !(dWqkv && c.addsAttentionWeightGrads))
-    return true; // a W half on a rank that adds no attention weight gradients: only the gathers
-  kernels::attentionBackward<T>(xAll.data(), wqkv, wo, auxAll.data(), dyAll.data(), out ? dxAll.data() : nullptr,
-                                c.addsAttentionWeightGrads ? dWqkv : nullptr,
-                                c.addsAttentionWeightGrads ? dWo : nullptr, all, C, f.heads, f.seqLen, c.store,
-                                c.documents);
+  const bool addWeights = weightHalf && c.addsMixerWeightGrads;
+  if (!out && !addWeights)
+    return true; // a W half on a rank that adds no mixer weight gradients: only the gathers
+  backwardAll(xAll.data(), auxAll.data(), dyAll.data(), out ? dxAll.data() : nullptr, addWeights);
   for (int64_t t = 0; out && t < rows; ++t)
     std::copy_n(dxAll.data() + c.rowMap[t] * C, C, out + t * C);
   return true;
@@ -143,11 +143,30 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     break;
   case Prim::Attention:
     if (c.rowMap) {
-      if (!contextParallelAttention<T>(c, f, in(0), nullptr, out, nullptr, nullptr))
-        return std::nan("");
+      contextParallelMixer<T>(
+          c, 4 * C + f.heads, in(0), nullptr, out, false,
+          [&](const T *x, T *y, T *a) {
+            k::attentionForward<T>(x, w(0), w(1), y, a, c.model.tokens(), C, f.heads, f.seqLen, c.store,
+                                   c.documents);
+          },
+          [](const T *, const T *, const T *, T *, bool) {}); // a forward: no backward
       break;
     }
     k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store, c.documents);
+    break;
+  case Prim::GatedDeltaNet:
+    if (c.rowMap) {
+      contextParallelMixer<T>(
+          c, k::gdnAuxPerRow(C, f.heads), in(0), nullptr, out, false,
+          [&](const T *x, T *y, T *a) {
+            k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, a, c.model.tokens(), C, f.heads,
+                             f.seqLen, f.eps, c.store, c.documents);
+          },
+          [](const T *, const T *, const T *, T *, bool) {}); // a forward: no backward
+      break;
+    }
+    k::gdnForward(in(0), w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), out, aux[i], T_, C, f.heads, f.seqLen,
+                  f.eps, c.store, c.documents);
     break;
   case Prim::SwiGlu:
     k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn, c.store);
@@ -220,13 +239,37 @@ bool backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     k::rmsNormBackward(in(0), w(0), auxIn, dOut, din(0), dw(0), T_, C);
     break;
   case Prim::Attention:
-    if (c.rowMap) {
-      if (!contextParallelAttention<T>(c, f, in(0), dOut, din(0), dw(0), dw(1)))
-        return false;
-      break;
-    }
+    if (c.rowMap)
+      return contextParallelMixer<T>(
+          c, 4 * C + f.heads, in(0), dOut, din(0), wantWeight,
+          [&](const T *x, T *y, T *a) {
+            k::attentionForward<T>(x, w(0), w(1), y, a, c.model.tokens(), C, f.heads, f.seqLen, c.store,
+                                   c.documents);
+          },
+          [&](const T *x, const T *a, const T *dy, T *dx, bool weights) {
+            k::attentionBackward<T>(x, w(0), w(1), a, dy, dx, weights ? dw(0) : nullptr, weights ? dw(1) : nullptr,
+                                    c.model.tokens(), C, f.heads, f.seqLen, c.store, c.documents);
+          });
     k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
                          f.heads, f.seqLen, c.store, c.documents);
+    break;
+  case Prim::GatedDeltaNet:
+    if (c.rowMap)
+      return contextParallelMixer<T>(
+          c, k::gdnAuxPerRow(C, f.heads), in(0), dOut, din(0), wantWeight,
+          [&](const T *x, T *y, T *a) {
+            k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, a, c.model.tokens(), C, f.heads,
+                             f.seqLen, f.eps, c.store, c.documents);
+          },
+          [&](const T *x, const T *a, const T *dy, T *dx, bool weights) {
+            auto g = [&](size_t j) { return weights ? dw(j) : nullptr; };
+            k::gdnBackward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), a, dy,
+                              k::GdnGrads<T>{dx, g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)},
+                              c.model.tokens(), C, f.heads, f.seqLen, c.store, c.documents);
+          });
+    k::gdnBackward(in(0), w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), auxIn, dOut,
+                   k::GdnGrads<T>{din(0), dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)}, T_, C, f.heads,
+                   f.seqLen, c.store, c.documents);
     break;
   case Prim::SwiGlu:
     k::swigluBackward(in(0), w(0), w(1), w(2), auxIn, dOut, din(0), dw(0), dw(1),

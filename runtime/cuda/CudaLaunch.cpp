@@ -127,6 +127,11 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
   case Prim::CrossEntropy:
     crossEntropyForward(k, in(0), labels_[mb], aux, out32, T, V, f.shift, f.seqLen, stream);
     break;
+  case Prim::GatedDeltaNet:
+    error = gdnForward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, out, aux,
+                          scratch(gdnForwardScratch(T, C, f.heads, sizeof(A))).data, T, C, f.heads, f.seqLen, f.eps,
+                          documents(mb), stream);
+    break;
   }
   markEnd(label.empty() ? std::string("fwd ") + primName(f.op) : label, started);
   releaseScratch();
@@ -243,6 +248,16 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   case Prim::CrossEntropy: {
     float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
     crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream);
+    break;
+  }
+  case Prim::GatedDeltaNet: {
+    GdnWeightGrads grads;
+    if (parts.weights)
+      grads = {dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)};
+    error = gdnBackward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dOut, din(0),
+                           grads, stash(gdnBackwardStash(T, C, f.heads, sizeof(A))),
+                           scratch(gdnBackwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C, f.heads,
+                           f.seqLen, parts, documents(mb), stream);
     break;
   }
   }

@@ -94,6 +94,10 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
 }
 
 bool CudaRank::setupDevice() {
+  for (const StageProgram &p : a_.stages)
+    for (const ForwardInstr &f : p.forward)
+      if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))
+        return fail(gdnHeadDimError(a_.model.hidden / f.heads));
   std::string problem = gpuSelfTest(gpu_);
   if (!problem.empty())
     return fail(problem);

@@ -458,5 +458,6 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
 INSTANTIATE_FOR(float)
 INSTANTIATE_FOR(bf16)
 INSTANTIATE(matmul<bf16, float>)
+INSTANTIATE(matmulTransBAcc<bf16, float>) // Gated DeltaNet: an fp32 gradient from bf16 operands
 
 } // namespace mhcc::runtime::cuda

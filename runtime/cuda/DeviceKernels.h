@@ -166,6 +166,34 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
                               float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
                               DeviceDocuments docs, cudaStream_t s);
 
+/// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
+/// bf16 rounding points; GdnKernels.cu): the recurrence runs sequentially,
+/// one thread block per (sequence, head), for head dims 16, 32, 64 and 128.
+/// Forward scratch: gdnForwardScratch; backward: stash gdnBackwardStash
+/// (what B leaves for W), scratch gdnBackwardScratch (for B, W or both).
+/// Both return "" or a one-line error (an unsupported head dim, a launch).
+inline constexpr int64_t kGdnConvWidth = 4; // as kernels::kGdnConvWidth (cuda_kernels_test checks)
+inline constexpr double kGdnL2Eps = 1e-6;
+template <typename A> struct GdnWeights {
+  const A *wqkv, *conv, *wab, *aLog, *dtBias, *outNorm, *wgate, *wo;
+};
+struct GdnWeightGrads {
+  float *wqkv = nullptr, *conv = nullptr, *wab = nullptr, *aLog = nullptr, *dtBias = nullptr, *outNorm = nullptr,
+        *wgate = nullptr, *wo = nullptr;
+};
+bool gdnHeadDimSupported(int64_t d);
+std::string gdnHeadDimError(int64_t d);
+int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t heads, int actBytes);
+int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t heads, int actBytes);
+int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
+template <typename A>
+std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float *aux, float *scratch, int64_t rows,
+                       int64_t C, int64_t heads, int64_t seq, double eps, DeviceDocuments docs, cudaStream_t s);
+template <typename A>
+std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const float *aux, const A *dy, A *dx,
+                        const GdnWeightGrads &dw, float *stash, float *scratch, int64_t rows, int64_t C,
+                        int64_t heads, int64_t seq, GradParts parts, DeviceDocuments docs, cudaStream_t s);
+
 /// aux: the gate and up projections and silu(a) b, each [rows, F] in A.
 /// Backward: stash swigluBackwardStash (the gate and up gradients),
 /// scratch swigluBackwardScratch.

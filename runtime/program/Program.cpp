@@ -15,6 +15,7 @@ constexpr struct {
     {Prim::MhcPostRes, "mhc_post_res"}, {Prim::Residual, "residual"},
     {Prim::Contract, "contract"},     {Prim::LmHead, "lm_head"},
     {Prim::ConcatProj, "concat_proj"}, {Prim::CrossEntropy, "cross_entropy"},
+    {Prim::GatedDeltaNet, "gated_delta_net"},
 };
 } // namespace
 

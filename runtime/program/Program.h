@@ -32,6 +32,8 @@ enum class Prim {
   LmHead,       // params W [C, V]
   ConcatProj,   // a, b [T, C]; params W [2C, C]
   CrossEntropy, // logits, labels -> scalar loss (value [1, 1]); attr shift
+  GatedDeltaNet, // params W_qkv [C, 3C], conv [4, 3C], W_ab [C, 2H], a_log [1, H], dt_bias [1, H],
+                 // out_norm [1, C/H], W_gate [C, C], W_o [C, C]; attrs heads, eps (the head norm's)
 };
 
 const char *primName(Prim prim);

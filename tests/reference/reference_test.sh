@@ -11,7 +11,9 @@
 # too (mhc-prep's corpus, --reset-position-ids --reset-attention-mask), whose
 # positions and masks the reference reads from the dump (a third broken
 # reference ignores them), also with two context-parallel ranks per sequence
-# (replayed as one rank per sequence).
+# (replayed as one rank per sequence). hybrid_tiny (Gated DeltaNet and
+# attention layers) trains on the packed documents under a layout with an
+# empty chunk: the reference's recurrence is its own, token by token.
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcc="${root}/compiler/mhcc"
@@ -43,6 +45,8 @@ data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mas
   train "${root}/models/tiny.json" tiny_packed --pp 2 --vpp 2 --layout 'Et|t|t|tmL'
 data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mask" \
   train "${root}/models/tiny.json" tiny_packed_cp2 --cp 2 --pp 2 --layout 'Ett|ttmL'
+data="${work}/corpus_docs" run_flags="--reset-position-ids --reset-attention-mask" \
+  train "${root}/models/hybrid_tiny.json" hybrid_packed --pp 2 --vpp 2 --layout 'Ettt|ttt||ttmL'
 
 echo "=== tiny"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny"
@@ -52,6 +56,8 @@ echo "=== tiny, packed documents, pp 2 x vpp 2"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_packed"
 echo "=== tiny, packed documents, cp 2 x pp 2"
 "${python}" "${check}" "${root}/models/tiny.json" "${work}/tiny_packed_cp2"
+echo "=== hybrid_tiny, packed documents, pp 2 x vpp 2 with an empty chunk"
+"${python}" "${check}" "${root}/models/hybrid_tiny.json" "${work}/hybrid_packed"
 echo "=== small_ci"
 "${python}" "${check}" "${root}/models/small_ci.json" "${work}/small_ci"
 # After 20 iterations on order-1 logits the rows are still ~3e-3 from 1
@@ -74,4 +80,6 @@ expect_failure() { # BREAK MODEL NAME [ARGS]: the broken reference must disagree
 expect_failure rms_per_stream "${root}/models/tiny.json" tiny
 expect_failure sinkhorn_short "${root}/tests/reference/tiny_sinkhorn.json" tiny_sinkhorn --sinkhorn-tol 1e-2
 expect_failure no_documents "${root}/models/tiny.json" tiny_packed
-echo "reference_test: mhcc agrees with the reference; the three broken references were caught"
+expect_failure no_documents "${root}/models/hybrid_tiny.json" hybrid_packed
+expect_failure gdn_conv_flipped "${root}/models/hybrid_tiny.json" hybrid_packed
+echo "reference_test: mhcc agrees with the reference; the broken references were caught"

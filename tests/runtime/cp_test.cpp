@@ -3,11 +3,11 @@
 // as one rank per sequence.
 //
 // What must hold, and why:
-// - Attention runs on the context-parallel group's gathered rows as the
-//   whole microbatch would (StageExecutor.h, contextParallelAttention), and
-//   its weight gradients are added by context rank 0 alone: step 1's
-//   attention weight gradients (w_qkv, w_o of every sublayer) are
-//   bit-identical to cp 1's.
+// - The token mixers (attention, Gated DeltaNet) run on the context-parallel
+//   group's gathered rows as the whole microbatch would (StageExecutor.h,
+//   contextParallelMixer), and their weight gradients are added by context
+//   rank 0 alone: step 1's mixer weight gradients (attention's w_qkv, w_o;
+//   every Gated DeltaNet weight) are bit-identical to cp 1's.
 // - Every other gradient sums its rows on each context rank, then over the
 //   ranks (the reduce group's order), and each rank's loss is its rows' sum
 //   over the microbatch's count: so step 1's other gradients agree to 1e-5
@@ -24,12 +24,14 @@
 // - A context-parallel run gives the same bits run to run.
 //
 // usage: cp_test DATA CP1.mhcc CP2.mhcc CP2_DP2_PP2.mhcc BF16_CP1.mhcc BF16_CP2_PP2.mhcc
+//                HYBRID_CP1.mhcc HYBRID_CP2.mhcc
 #include "tests/runtime/TrainingCompare.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace mhcc::runtime {
 namespace {
@@ -39,8 +41,19 @@ std::vector<std::string> gArtifacts; // cp1, cp2, cp2 x dp2 x pp2, bf16 cp1, bf1
 
 constexpr int64_t kSteps = 5;
 
-bool isAttentionWeight(const std::string &name) {
-  return name.find(".attn.w_qkv") != std::string::npos || name.find(".attn.w_o") != std::string::npos;
+/// A token mixer's weight (attention's, or a Gated DeltaNet's): computed whole from the
+/// gathered rows (the sublayer's mHC coefficients and its pre-norm are per row, summed in
+/// row order like everything else).
+bool isMixerWeight(const std::string &name) {
+  static const char *const kAttention[] = {".attn.w_qkv", ".attn.w_o"};
+  static const char *const kGdn[] = {".gdn.w_qkv",   ".gdn.conv",     ".gdn.w_ab",   ".gdn.a_log",
+                                     ".gdn.dt_bias", ".gdn.out_norm", ".gdn.w_gate", ".gdn.w_o"};
+  auto endsWith = [&](const char *suffix) {
+    const size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  return std::any_of(std::begin(kAttention), std::end(kAttention), endsWith) ||
+         std::any_of(std::begin(kGdn), std::end(kGdn), endsWith);
 }
 
 /// `other` trained the same global batch as `reference` with cp ranks per sequence.
@@ -54,7 +67,7 @@ void expectSameTraining(const TrainingRun &reference, const TrainingRun &other, 
   for (const auto &[name, grad] : a.paramGrads) {
     const std::vector<float> &g = b.paramGrads.at(name);
     ASSERT_EQ(g.size(), grad.size()) << name;
-    if (attentionBits && isAttentionWeight(name)) {
+    if (attentionBits && isMixerWeight(name)) {
       ++attention;
       EXPECT_TRUE(sameBits(grad, g)) << what << ": step 1 gradient of " << name << " differs";
       continue;
@@ -67,9 +80,10 @@ void expectSameTraining(const TrainingRun &reference, const TrainingRun &other, 
       EXPECT_LE(std::abs(grad[e] - g[e]), 1e-5 * largest) << what << ": gradient " << name << "[" << e << "]";
     }
   }
-  EXPECT_EQ(attention > 0, attentionBits) << what << ": no attention weights compared bit for bit";
+  EXPECT_EQ(attention > 0, attentionBits) << what << ": no token mixer weights compared bit for bit";
   EXPECT_GT(differing, 0) << what << ": no gradient summed in another order: is context parallelism on?";
-  std::printf("%s: step 1 attention weight gradients (%lld) the same bits, %lld other elements differ (row order)\n",
+  std::printf("%s: step 1 token mixer weight gradients (%lld) the same bits, %lld other elements differ "
+              "(row order)\n",
               what.c_str(), static_cast<long long>(attention), static_cast<long long>(differing));
   expectCloseLosses(reference, other, what, lossTolerance, normTolerance);
 }
@@ -80,13 +94,14 @@ TEST(ContextParallel, RanksSharingSequencesTrainAsOneRankDoes) {
   ASSERT_TRUE(text) << error;
   std::optional<TokenDataset> packed = packedCorpus(gDataPath, error);
   ASSERT_TRUE(packed) << error;
-  ASSERT_EQ(gArtifacts.size(), 5u);
+  ASSERT_EQ(gArtifacts.size(), 7u);
   for (const std::string &path : gArtifacts) {
     std::optional<Artifact> a = readArtifact(path, error);
     ASSERT_TRUE(a) << error;
-    std::printf("%s: cp %lld x dp %lld x pp %lld, %lld tokens of each microbatch a rank\n", path.c_str(),
-                static_cast<long long>(a->cp), static_cast<long long>(a->dp), static_cast<long long>(a->pp),
-                static_cast<long long>(a->rowsPerRank()));
+    std::printf("%s: cp %lld x dp %lld x pp %lld, %lld tokens of each "
+                "microbatch a rank\n",
+                path.c_str(), static_cast<long long>(a->cp), static_cast<long long>(a->dp),
+                static_cast<long long>(a->pp), static_cast<long long>(a->rowsPerRank()));
   }
   const TrainingRun cp1 = train(gArtifacts[0], *text, kSteps);
   const TrainingRun cp2 = train(gArtifacts[1], *text, kSteps);
@@ -96,8 +111,12 @@ TEST(ContextParallel, RanksSharingSequencesTrainAsOneRankDoes) {
   documents.resetPositionIds = documents.resetAttentionMask = true;
   expectSameTraining(train(gArtifacts[0], *packed, kSteps, cpuDevices(), documents),
                      train(gArtifacts[1], *packed, kSteps, cpuDevices(), documents), "cp 2, packed documents", true);
-  expectSameTraining(train(gArtifacts[3], *text, kSteps), train(gArtifacts[4], *text, kSteps), "bf16 cp 2 x pp 2",
-                     true, 1e-4, 1e-3);
+  expectSameTraining(train(gArtifacts[3], *text, kSteps), train(gArtifacts[4], *text, kSteps), "bf16 cp 2 x pp 2", true,
+                     1e-4, 1e-3);
+  // The hybrid stack: Gated DeltaNet's recurrence runs across the chunks too.
+  expectSameTraining(train(gArtifacts[5], *packed, kSteps, cpuDevices(), documents),
+                     train(gArtifacts[6], *packed, kSteps, cpuDevices(), documents), "hybrid cp 2, packed documents",
+                     true);
   // Run to run: the same bits.
   const TrainingRun again = train(gArtifacts[1], *text, kSteps);
   for (int64_t s = 0; s < kSteps; ++s)
@@ -111,11 +130,14 @@ TEST(ContextParallel, RanksSharingSequencesTrainAsOneRankDoes) {
 
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s DATA CP1 CP2 CP2_DP2_PP2 BF16_CP1 BF16_CP2_PP2\n", argv[0]);
+  if (argc != 9) {
+    std::fprintf(stderr,
+                 "usage: %s DATA CP1 CP2 CP2_DP2_PP2 BF16_CP1 BF16_CP2_PP2 "
+                 "HYBRID_CP1 HYBRID_CP2\n",
+                 argv[0]);
     return 2;
   }
   mhcc::runtime::gDataPath = argv[1];
-  mhcc::runtime::gArtifacts.assign(argv + 2, argv + 7);
+  mhcc::runtime::gArtifacts.assign(argv + 2, argv + 9);
   return RUN_ALL_TESTS();
 }

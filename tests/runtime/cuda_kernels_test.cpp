@@ -97,6 +97,22 @@ protected:
   }
 
   void checkAttention(int64_t rows, int64_t seq, int64_t width, int64_t heads, bool packed = false);
+  void checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, int64_t heads, bool packed);
+
+  /// Per token, its RoPE position and its document's first key: documents
+  /// of lengths 1, 8, 15, ... 36, 6, ..., restarting at each sequence.
+  static std::pair<std::vector<int32_t>, std::vector<int32_t>> packedDocuments(int64_t rows, int64_t seq) {
+    std::vector<int32_t> positions(rows), firstKeys(rows);
+    for (int64_t t = 0, length = 1, start = 0; t < rows; ++t) {
+      if (t % seq == 0 || t - start == length) {
+        start = t;
+        length = 1 + (length + 6) % 37;
+      }
+      positions[t] = int32_t(t - start);
+      firstKeys[t] = int32_t(start % seq);
+    }
+    return {positions, firstKeys};
+  }
 
   std::mt19937 rng_{42};
 };
@@ -222,15 +238,7 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
   auto u = random(rows * width), dy = random(rows * width);
   auto wqkv = random(width * 3 * width, 0.1f), wo = random(width * width, 0.1f);
   float *du_ = upload(u), *ddy = upload(dy), *dwqkv = upload(wqkv), *dwo = upload(wo);
-  std::vector<int32_t> positions(rows), firstKeys(rows);
-  for (int64_t t = 0, length = 1, start = 0; t < rows; ++t) {
-    if (t % seq == 0 || t - start == length) { // a new document (lengths 1, 8, 15, ... 36, 6, ...)
-      start = t;
-      length = 1 + (length + 6) % 37;
-    }
-    positions[t] = int32_t(t - start);
-    firstKeys[t] = int32_t(start % seq);
-  }
+  auto [positions, firstKeys] = packedDocuments(rows, seq);
   const k::Documents docs = packed ? k::Documents{positions.data(), firstKeys.data()} : k::Documents{};
   const cuda::DeviceDocuments deviceDocs =
       packed ? cuda::DeviceDocuments{upload(positions), upload(firstKeys)} : cuda::DeviceDocuments{};
@@ -263,6 +271,77 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
                                   backwardScratch, rows, width, heads, seq, parts, deviceDocs, nullptr);
         });
 }
+
+void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, int64_t heads, bool packed) {
+  ASSERT_EQ(cuda::kGdnConvWidth, k::kGdnConvWidth);
+  ASSERT_EQ(cuda::kGdnL2Eps, k::kGdnL2Eps);
+  const int64_t d = width / heads, auxSize = rows * k::gdnAuxPerRow(width, heads);
+  auto x = random(rows * width), dy = random(rows * width);
+  // Weights as a trained layer might hold them: small projections, decays
+  // from ~0 to ~1 a token, the norm near one.
+  std::vector<std::vector<float>> w = {random(width * 3 * width, 0.1f), random(k::kGdnConvWidth * 3 * width, 0.3f),
+                                       random(width * 2 * heads, 0.1f), random(heads, 0.5f),
+                                       random(heads, 1.0f),             random(d, 0.1f),
+                                       random(width * width, 0.1f),     random(width * width, 0.1f)};
+  for (float &v : w[5])
+    v += 1.0f;
+  std::vector<float *> dw;
+  for (auto &v : w)
+    dw.push_back(upload(v));
+  const cuda::GdnWeights<float> gw{dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7]};
+  auto [positions, firstKeys] = packedDocuments(rows, seq);
+  const k::Documents docs = packed ? k::Documents{positions.data(), firstKeys.data()} : k::Documents{};
+  const cuda::DeviceDocuments deviceDocs =
+      packed ? cuda::DeviceDocuments{upload(positions), upload(firstKeys)} : cuda::DeviceDocuments{};
+  auto cpuForward = [&](float *y, float *aux) {
+    k::gdnForward<float>(x.data(), w[0].data(), w[1].data(), w[2].data(), w[3].data(), w[4].data(), w[5].data(),
+                         w[6].data(), w[7].data(), y, aux, rows, width, heads, seq, 1e-5, nullptr, docs);
+  };
+  std::vector<float> aux(auxSize), y(rows * width);
+  cpuForward(y.data(), aux.data());
+  const std::string shape = " (rows " + std::to_string(rows) + ", seq " + std::to_string(seq) + ", C " +
+                            std::to_string(width) + ", heads " + std::to_string(heads) + (packed ? ", packed" : "") +
+                            ")";
+  float *dx_ = upload(x), *ddy = upload(dy);
+  float *forwardScratch = upload(std::vector<float>(cuda::gdnForwardScratch(rows, width, heads, 4)));
+  check("gated delta net" + shape, {std::vector<float>(rows * width), std::vector<float>(auxSize)},
+        [&](auto &o) { cpuForward(o[0].data(), o[1].data()); },
+        [&](auto &o) {
+          ASSERT_EQ(cuda::gdnForward<float>(*gemms_, dx_, gw, o[0], o[1], forwardScratch, rows, width, heads, seq,
+                                            1e-5, deviceDocs, nullptr),
+                    "");
+        });
+  float *daux = upload(aux);
+  float *stash = upload(std::vector<float>(cuda::gdnBackwardStash(rows, width, heads, 4)));
+  float *scratch = upload(std::vector<float>(cuda::gdnBackwardScratch(rows, width, heads, seq, 4)));
+  std::vector<std::vector<float>> grads = {random(rows * width)};
+  for (auto &v : w)
+    grads.push_back(random(v.size()));
+  checkParts("gated delta net backward" + shape, grads,
+             [&](auto &o) {
+               k::gdnBackward<float>(x.data(), w[0].data(), w[1].data(), w[2].data(), w[3].data(), w[4].data(),
+                                     w[5].data(), w[6].data(), w[7].data(), aux.data(), dy.data(),
+                                     k::GdnGrads<float>{o[0].data(), o[1].data(), o[2].data(), o[3].data(),
+                                                        o[4].data(), o[5].data(), o[6].data(), o[7].data(),
+                                                        o[8].data()},
+                                     rows, width, heads, seq, nullptr, docs);
+             },
+             [&](auto &o, cuda::GradParts parts) {
+               cuda::GdnWeightGrads g;
+               if (parts.weights)
+                 g = {o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8]};
+               ASSERT_EQ(cuda::gdnBackward<float>(*gemms_, dx_, gw, daux, ddy, parts.inputs ? o[0] : nullptr, g,
+                                                  stash, scratch, rows, width, heads, seq, parts, deviceDocs, nullptr),
+                         "");
+             });
+}
+
+// The recurrence at head dims 16 (tiny's), 64 and 128 (1b's), with
+// checkpointed chunks of the backward's replay that do not divide the
+// sequence, and across packed documents.
+TEST_F(CudaKernels, GatedDeltaNet) { checkGatedDeltaNet(2 * 45, 45, 64, 4, false); }
+TEST_F(CudaKernels, GatedDeltaNetPackedDocuments) { checkGatedDeltaNet(2 * 150, 150, 128, 2, true); }
+TEST_F(CudaKernels, GatedDeltaNetHeadDim128) { checkGatedDeltaNet(2 * 70, 70, 256, 2, true); }
 
 // Longer rows than a block has threads, head width 128, two sequences.
 TEST_F(CudaKernels, AttentionLongSequencesWideHeads) { checkAttention(2 * 300, 300, 256, 2); }

@@ -1,5 +1,5 @@
 // End-to-end check of compile-time autodiff: the compiled program of a whole
-// model (embedding, mHC sublayers with Sinkhorn, attention, SwiGLU, contract,
+// model (embedding, mHC sublayers with Sinkhorn, attention, Gated DeltaNet, SwiGLU, contract,
 // final norm, LM head, cross-entropy and an MTP module sharing the embedding
 // and head) runs in float64, and the gradient of its total loss with respect
 // to every parameter is compared with central finite differences.

@@ -51,12 +51,14 @@ def load_init(model, dump):
 
 def check_init(model, weights):
     """The initial values mhc.md and model_format.md specify: alpha = the
-    gating factor, b = 0, norm gains = 1, W_map Xavier-uniform."""
+    gating factor, b = 0, norm gains = 1, W_map Xavier-uniform; Gated
+    DeltaNet's a_log = 0 and dt_bias = log(expm1(0.01)) (softplus = 0.01)."""
     bad = []
     for name, w in weights.items():
         kind = name.rsplit(".", 1)[-1]
-        expect = {"alpha": np.float32(model.gating), "b": 0.0}.get(kind)
-        if kind in ("norm", "norm_hidden", "norm_embedding", "final_norm") or name.endswith("norm.weight"):
+        expect = {"alpha": np.float32(model.gating), "b": 0.0, "a_log": 0.0,
+                  "dt_bias": np.float32(np.log(np.expm1(0.01)))}.get(kind)
+        if kind in ("norm", "norm_hidden", "norm_embedding", "final_norm", "out_norm") or name.endswith("norm.weight"):
             expect = 1.0
         if expect is not None and not np.all(w == expect):
             bad.append(f"initial {name} is not {expect}")

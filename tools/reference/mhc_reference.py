@@ -11,6 +11,7 @@ chosen with the environment variable MHC_REFERENCE_BREAK:
                    instead of over the flattened n*C vector
   sinkhorn_short   one Sinkhorn-Knopp iteration fewer than the model's K
   no_documents     packed documents ignored: one document per sequence
+  gdn_conv_flipped Gated DeltaNet's convolution taps applied in reverse order
 """
 import json
 import os
@@ -22,10 +23,13 @@ import autograd as ag
 MHC_RMS_EPS = 1e-6       # r = 1 / (rms(x) + 1e-6)          (mhc.md)
 SINKHORN_CLAMP = 1e-6    # every Sinkhorn divisor >= 1e-6   (mhc.md)
 ROPE_BASE = 10000.0      # convention taken from mhcc's CPU kernels
+GDN_CONV_WIDTH = 4       # Gated DeltaNet's short convolution (FLA's default)
+GDN_L2_EPS = 1e-6        # q, k / sqrt(sum of squares + 1e-6)
 
 BREAK = os.environ.get("MHC_REFERENCE_BREAK", "")
-if BREAK not in ("", "rms_per_stream", "sinkhorn_short", "no_documents"):
-    raise SystemExit(f"MHC_REFERENCE_BREAK={BREAK}: expected rms_per_stream, sinkhorn_short or no_documents")
+BREAKS = ("rms_per_stream", "sinkhorn_short", "no_documents", "gdn_conv_flipped")
+if BREAK not in ("",) + BREAKS:
+    raise SystemExit(f"MHC_REFERENCE_BREAK={BREAK}: expected one of {', '.join(BREAKS)}")
 
 
 class Model:
@@ -55,7 +59,7 @@ class Model:
             if op == "embedding":
                 shapes[name + ".weight"] = (self.V, self.C)
             elif op == "mhc_sublayer":
-                shapes.update(self._sublayer_shapes(name, node["attrs"]["sublayer"] == "attention"))
+                shapes.update(self._sublayer_shapes(name, node["attrs"]["sublayer"]))
             elif op == "rmsnorm":
                 shapes[name + ".weight"] = (self.C,)
             elif op == "lm_head":
@@ -64,20 +68,24 @@ class Model:
                 shapes[name + ".norm_hidden"] = (self.C,)
                 shapes[name + ".norm_embedding"] = (self.C,)
                 shapes[name + ".proj"] = (2 * self.C, self.C)
-                shapes.update(self._sublayer_shapes(name + ".attn", True))
-                shapes.update(self._sublayer_shapes(name + ".mlp", False))
+                shapes.update(self._sublayer_shapes(name + ".attn", "attention"))
+                shapes.update(self._sublayer_shapes(name + ".mlp", "mlp"))
                 shapes[name + ".final_norm"] = (self.C,)
         return shapes
 
-    def _sublayer_shapes(self, name, attention):
-        n, C, F = self.n, self.C, self.F
+    def _sublayer_shapes(self, name, kind):
+        n, C, F, H = self.n, self.C, self.F, self.heads
         shapes = {}
         if n > 1:
             width = n * n + 2 * n
             shapes.update({name + ".w_map": (n * C, width), name + ".b": (width,), name + ".alpha": (3,)})
         shapes[name + ".norm"] = (C,)
-        if attention:
+        if kind == "attention":
             shapes.update({name + ".w_qkv": (C, 3 * C), name + ".w_o": (C, C)})
+        elif kind == "gdn":
+            shapes.update({name + ".w_qkv": (C, 3 * C), name + ".conv": (GDN_CONV_WIDTH, 3 * C),
+                           name + ".w_ab": (C, 2 * H), name + ".a_log": (H,), name + ".dt_bias": (H,),
+                           name + ".out_norm": (C // H,), name + ".w_gate": (C, C), name + ".w_o": (C, C)})
         else:
             shapes.update({name + ".w_gate": (C, F), name + ".w_up": (C, F), name + ".w_down": (F, C)})
         return shapes
@@ -177,15 +185,58 @@ def attention(x, P, name, model, docs):
     return o @ P[name + ".w_o"]
 
 
+def gated_delta_net(x, P, name, model, docs):
+    """Gated DeltaNet (docs/model_format.md), x [T, C], the recurrence written
+    as the delta rule reads: S <- alpha S; S <- S + beta (v - S k) k^T;
+    o = S q / sqrt(d), all heads of all sequences at once, token by token.
+    docs as attention()'s: a document's first token restarts the state and
+    the convolution reads nothing before it."""
+    B, S, H, C, T = model.B, model.S, model.heads, model.C, model.T
+    d = C // H
+    first_keys = None if BREAK == "no_documents" else docs[1]
+    first = np.zeros(T, dtype=np.int64) if first_keys is None else first_keys.reshape(T)
+    offset = np.arange(T) % S
+    p = x @ P[name + ".w_qkv"]
+    z = None
+    for j in range(GDN_CONV_WIDTH):
+        back = j if BREAK == "gdn_conv_flipped" else GDN_CONV_WIDTH - 1 - j
+        reads = (offset - back >= first).astype(np.float64)[:, None]
+        tap = ag.getitem(p, np.maximum(np.arange(T) - back, 0)) * reads * P[name + ".conv"][j]
+        z = tap if z is None else z + tap
+    a = z * ag.sigmoid(z)
+    unit = lambda u: u / ag.sqrt(ag.sum(u * u, -1, keepdims=True) + GDN_L2_EPS)
+    per_head = lambda part: ag.reshape(part, (B, S, H, d))
+    q, k, v = unit(per_head(a[:, :C])), unit(per_head(a[:, C:2 * C])), per_head(a[:, 2 * C:])
+    ab = x @ P[name + ".w_ab"]
+    beta = ag.reshape(ag.sigmoid(ab[:, :H]), (B, S, H, 1, 1))
+    softplus = lambda y: ag.log(1.0 + ag.exp(y))
+    alpha = ag.exp(-1.0 * ag.exp(P[name + ".a_log"]) * softplus(ab[:, H:] + P[name + ".dt_bias"]))
+    alpha = ag.reshape(alpha, (B, S, H, 1, 1))
+    restart = (offset == first).reshape(B, S)
+    state, outs = ag.const(np.zeros((B, H, d, d))), []
+    for s in range(S):
+        column = lambda u: ag.reshape(u[:, s], (B, H, d, 1))
+        kept = (1.0 - restart[:, s]).reshape(B, 1, 1, 1)
+        decayed = state * kept * alpha[:, s]
+        ks = column(k)
+        state = decayed + ((column(v) - decayed @ ks) * beta[:, s]) @ ag.transpose(ks, (0, 1, 3, 2))
+        outs.append(ag.reshape(state @ column(q), (B, 1, C)) * (1.0 / np.sqrt(d)))
+    o = ag.reshape(ag.concat(outs, 1), (T, H, d))
+    g = x @ P[name + ".w_gate"]
+    normed = ag.reshape(rms_norm(o, P[name + ".out_norm"], model.eps), (T, C))
+    return (normed * g * ag.sigmoid(g)) @ P[name + ".w_o"]
+
+
 def swiglu(x, P, name):
     a = x @ P[name + ".w_gate"]
     return (a * ag.sigmoid(a) * (x @ P[name + ".w_up"])) @ P[name + ".w_down"]
 
 
-def sublayer(x, P, name, attention_kind, model, probe, docs):
-    """One mHC-wrapped sublayer, x [T, n*C] -> [T, n*C]."""
+def sublayer(x, P, name, kind, model, probe, docs):
+    """One mHC-wrapped sublayer ("attention", "gdn" or "mlp"), x [T, n*C] -> [T, n*C]."""
     n, C, T = model.n, model.C, x.shape[0]
-    inner = lambda u: (attention(u, P, name, model, docs) if attention_kind else swiglu(u, P, name))
+    mixers = {"attention": attention, "gdn": gated_delta_net}
+    inner = lambda u: (mixers[kind](u, P, name, model, docs) if kind in mixers else swiglu(u, P, name))
     if n == 1:
         return x + inner(rms_norm(x, P[name + ".norm"], model.eps))
     h_pre, h_post, h_res = mhc_coefficients(x, P, name, model)
@@ -231,8 +282,8 @@ def mtp_module(x_final, tokens, labels, P, node, model, head, embed, probe, docs
     h = rms_norm(contract(x_final, model), P[name + ".norm_hidden"], model.eps)
     e = rms_norm(ag.rows(P[embed], shifted_tokens(tokens, depth, model)), P[name + ".norm_embedding"], model.eps)
     r = expand(ag.concat([h, e], 1) @ P[name + ".proj"], model)
-    r = sublayer(r, P, name + ".attn", True, model, probe, docs)
-    r = sublayer(r, P, name + ".mlp", False, model, probe, docs)
+    r = sublayer(r, P, name + ".attn", "attention", model, probe, docs)
+    r = sublayer(r, P, name + ".mlp", "mlp", model, probe, docs)
     f = rms_norm(contract(r, model), P[name + ".final_norm"], model.eps)
     return cross_entropy(f @ P[head], labels, depth, model)
 
@@ -251,7 +302,7 @@ def forward(model, P, tokens, labels, probe, docs=(None, None)):
         elif op == "mhc_expand":
             out = expand(inputs[0], model)
         elif op == "mhc_sublayer":
-            out = sublayer(inputs[0], P, name, attrs["sublayer"] == "attention", model, probe, docs)
+            out = sublayer(inputs[0], P, name, attrs["sublayer"], model, probe, docs)
         elif op == "mhc_contract":
             out = contract(inputs[0], model)
         elif op == "rmsnorm":

@@ -115,6 +115,8 @@ StringRef HyperConnectionOp::getSublayerKind() {
   for (Operation &op : getBody().front()) {
     if (isa<AttentionOp>(op))
       return "attention";
+    if (isa<GatedDeltaNetOp>(op))
+      return "gdn";
     if (isa<SwiGluMlpOp>(op))
       return "mlp";
   }
@@ -142,7 +144,7 @@ LogicalResult HyperConnectionOp::verify() {
     return emitOpError() << "body must yield " << sublayerType << ", got "
                          << yield.getValue().getType();
   if (getSublayerKind().empty())
-    return emitOpError() << "body holds neither mhc.attention nor mhc.swiglu_mlp";
+    return emitOpError() << "body holds none of mhc.attention, mhc.gated_delta_net and mhc.swiglu_mlp";
   return success();
 }
 
@@ -158,19 +160,24 @@ LogicalResult RmsNormOp::verify() {
   return success();
 }
 
-LogicalResult AttentionOp::verify() {
+/// A token mixer (attention, Gated DeltaNet) reads [T, C] with T whole
+/// sequences: it mixes along each sequence. C, heads and an even head
+/// dimension agree: the config's verifier checked them.
+static LogicalResult verifyTokenMixer(Operation *op, Type input) {
   int64_t tokens, hidden;
-  FailureOr<ModelConfigAttr> config = configOf(*this);
-  // C, heads and an even head dimension agree: the config's verifier checked them.
-  if (failed(config) ||
-      failed(checkMatrix(*this, "input", getInput().getType(), tokens, hidden)) ||
-      failed(checkWidth(*this, "input", hidden, "C", config->getHidden())))
+  FailureOr<ModelConfigAttr> config = configOf(op);
+  if (failed(config) || failed(checkMatrix(op, "input", input, tokens, hidden)) ||
+      failed(checkWidth(op, "input", hidden, "C", config->getHidden())))
     return failure();
   if (tokens % config->getSeqLen() != 0)
-    return emitOpError() << "tokens T = " << tokens << " must be a multiple of seq_len = "
-                         << config->getSeqLen();
+    return op->emitOpError() << "tokens T = " << tokens << " must be a multiple of seq_len = "
+                             << config->getSeqLen();
   return success();
 }
+
+LogicalResult AttentionOp::verify() { return verifyTokenMixer(*this, getInput().getType()); }
+
+LogicalResult GatedDeltaNetOp::verify() { return verifyTokenMixer(*this, getInput().getType()); }
 
 LogicalResult SwiGluMlpOp::verify() {
   int64_t tokens, hidden;

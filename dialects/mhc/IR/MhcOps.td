@@ -46,7 +46,7 @@ def Mhc_ExpandOp : Mhc_Op<"expand", [Pure]> {
 def Mhc_HyperConnectionOp : Mhc_Op<"hyper_connection", [
     SingleBlock, RecursiveMemoryEffects,
     AllTypesMatch<["residual", "result"]>]> {
-  let summary = "An mHC-wrapped sublayer (attention or MLP)";
+  let summary = "An mHC-wrapped sublayer (attention, Gated DeltaNet or MLP)";
   let description = [{
     Per token x (n*C values): coefficients
     `h = r * (x @ W_map) * [alpha_pre x n, alpha_post x n, alpha_res x n*n] + b`
@@ -58,8 +58,9 @@ def Mhc_HyperConnectionOp : Mhc_Op<"hyper_connection", [
     y; the result is `x'_i = sum_j H_res[i][j] x_j + H_post[i] y`.
 
     With `streams = 1` in the config it is a plain pre-norm residual: `x' = x + body(x)`.
-    `layer` is the transformer layer (a pair of attention and MLP sublayers)
-    it belongs to; pipeline layouts count those layers.
+    `layer` is the transformer layer (a pair of a token mixer, attention or
+    Gated DeltaNet, and an MLP sublayer) it belongs to; pipeline layouts
+    count those layers.
   }];
   let arguments = (ins
     Mhc_Activation:$residual,
@@ -70,7 +71,7 @@ def Mhc_HyperConnectionOp : Mhc_Op<"hyper_connection", [
   let assemblyFormat = "$residual attr-dict `:` type($residual) $body";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
-    /// The sublayer the body computes: "attention", "mlp" or "" if neither.
+    /// The sublayer the body computes: "attention", "gdn", "mlp" or "" if none.
     ::llvm::StringRef getSublayerKind();
   }];
 }
@@ -97,6 +98,23 @@ def Mhc_AttentionOp : Mhc_Op<"attention", [Pure, SameOperandsAndResultType]> {
     softmax attention over the sequence, output projection (C -> C).
     Heads and the sequence length come from #mhc.config, whose verifier
     requires an even head dimension C / heads (rotary pairs).
+  }];
+  let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
+  let results = (outs Mhc_Activation:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Mhc_GatedDeltaNetOp : Mhc_Op<"gated_delta_net", [Pure, SameOperandsAndResultType]> {
+  let summary = "Gated DeltaNet token mixer (linear attention with the gated delta rule)";
+  let description = [{
+    Per head of width d = C / heads (FLA's GatedDeltaNet): q, k, v
+    projections (C -> 3C), a 4-tap causal depthwise convolution and silu,
+    L2-normalized q and k; gates beta = sigmoid(x W_b) and alpha =
+    exp(-exp(A_log) softplus(x W_a + dt_bias)); the state
+    S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, zero at
+    each sequence's (and packed document's) start; o_t = S_t q_t / sqrt(d),
+    RMSNorm per head gated by silu(x W_gate), output projection (C -> C).
   }];
   let arguments = (ins Mhc_Activation:$input, StrAttr:$node);
   let results = (outs Mhc_Activation:$result);

@@ -93,7 +93,7 @@ func.func @yield_width(%x: tensor<4x16xf32>, %w: tensor<4x4xf32>) attributes {mh
 func.func @empty_body(%x: tensor<4x16xf32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
     seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
     gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
-  // expected-error @+1 {{body holds neither mhc.attention nor mhc.swiglu_mlp}}
+  // expected-error @+1 {{body holds none of mhc.attention, mhc.gated_delta_net and mhc.swiglu_mlp}}
   %r = mhc.hyper_connection %x {node = "l0.attn", layer = 0} : tensor<4x16xf32> {
   ^bb0(%u: tensor<4x8xf32>):
     mhc.yield %u : tensor<4x8xf32>
@@ -266,5 +266,25 @@ func.func @zero_sinkhorn_config() attributes {mhc.config = #mhc.config<vocab = 1
 func.func @negative_gating_config() attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2,
     ffn_hidden = 24, seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
     gating_factor = -1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
+  return
+}
+
+// -----
+
+func.func @gdn_width(%x: tensor<4x16xf32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
+  // expected-error @+1 {{input width 16 must be C = 8}}
+  %y = mhc.gated_delta_net %x {node = "l0.gdn.gdn"} : tensor<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @gdn_partial_sequence(%x: tensor<6x8xf32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
+  // expected-error @+1 {{tokens T = 6 must be a multiple of seq_len = 4}}
+  %y = mhc.gated_delta_net %x {node = "l0.gdn.gdn"} : tensor<6x8xf32>
   return
 }

@@ -66,3 +66,21 @@ func.func @plain_bf16(%x: tensor<2x8xbf16>) -> tensor<2x8xbf16>
   }
   return %r : tensor<2x8xbf16>
 }
+
+// -----
+
+// A Gated DeltaNet sublayer: the hyper-connection reports it as "gdn".
+// CHECK-LABEL: func.func @gdn_sublayer
+// CHECK: mhc.hyper_connection %{{.*}}node = "l0.gdn"
+// CHECK: mhc.gated_delta_net %{{.*}} {node = "l0.gdn.gdn"} : tensor<4x8xf32>
+func.func @gdn_sublayer(%x: tensor<4x16xf32>) -> tensor<4x16xf32> attributes {mhc.config = #mhc.config<vocab = 16,
+    hidden = 8, heads = 2, ffn_hidden = 24, seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, seed = 7>} {
+  %g = mhc.hyper_connection %x {node = "l0.gdn", layer = 0} : tensor<4x16xf32> {
+  ^bb0(%u: tensor<4x8xf32>):
+    %n = mhc.rms_norm %u {node = "l0.gdn.norm", eps = 1.0e-06} : tensor<4x8xf32>
+    %y = mhc.gated_delta_net %n {node = "l0.gdn.gdn"} : tensor<4x8xf32>
+    mhc.yield %y : tensor<4x8xf32>
+  }
+  return %g : tensor<4x16xf32>
+}
