@@ -134,17 +134,25 @@ __device__ inline void loadToken(TokenSlots<D> &slot, const float *a, const floa
   }
 }
 
+/// Dot products over a row in four interleaved partial sums (j mod 4), added
+/// pairwise: a fixed order with a quarter of the dependent chain.
+struct Dot4 {
+  float part[4] = {0, 0, 0, 0};
+  __device__ void add(int j, float v) { part[j & 3] += v; }
+  __device__ float sum() const { return (part[0] + part[1]) + (part[2] + part[3]); }
+};
+
 /// One token of the recurrence on this thread's state row S (r = threadIdx.x):
 /// S = alpha S (I - beta k k^T) + beta v k^T, row-wise as gdnScan does it.
 template <int D> __device__ inline void stepRow(float (&S)[D], const TokenSlots<D> &slot, bool restart) {
   const float alpha = slot.alpha, beta = slot.beta;
-  float dot = 0;
+  Dot4 dot;
 #pragma unroll
   for (int j = 0; j < D; ++j) {
     S[j] = restart ? 0.0f : S[j] * alpha;
-    dot += S[j] * slot.k[j];
+    dot.add(j, S[j] * slot.k[j]);
   }
-  const float e = beta * (slot.v[threadIdx.x] - dot);
+  const float e = beta * (slot.v[threadIdx.x] - dot.sum());
 #pragma unroll
   for (int j = 0; j < D; ++j)
     S[j] += e * slot.k[j];
@@ -166,11 +174,11 @@ __global__ void __launch_bounds__(D) scanForwardKernel(const float *a, const flo
     loadToken(slot, a, gates, nullptr, t0 + i, C, H, h);
     __syncthreads();
     stepRow(S, slot, i == firstKeyOf(firstKeys, t0 + i));
-    float out = 0;
+    Dot4 out;
 #pragma unroll
     for (int j = 0; j < D; ++j)
-      out += S[j] * slot.q[j];
-    o[(t0 + i) * C + h * D + r] = out * scale;
+      out.add(j, S[j] * slot.q[j]);
+    o[(t0 + i) * C + h * D + r] = out.sum() * scale;
   }
 }
 
@@ -216,15 +224,36 @@ __device__ void replay(float (&S)[D], TokenSlots<D> (&slots)[2], const float *a,
 }
 
 /// Column sums of the padded tile, each thread r having written its row
-/// tile[r * (D + 1) + j]: returns, on thread j, the sum over r ascending.
-/// Ends with the tile free again.
+/// tile[r * (D + 1) + j]: returns, on thread j, the sum over the rows (Dot4's
+/// order). Ends with the tile free again.
 template <int D> __device__ inline float tileColumnSum(float *tile) {
   const int r = threadIdx.x;
   __syncthreads();
-  float sum = 0;
+  Dot4 sum;
+#pragma unroll
   for (int row = 0; row < D; ++row)
-    sum += tile[row * (D + 1) + r];
+    sum.add(row, tile[row * (D + 1) + r]);
   __syncthreads();
+  return sum.sum();
+}
+
+/// The block's sum of v (D threads), valid on thread 0 after the next
+/// barrier: a butterfly within each warp (fixed), each warp's lane 0 writes
+/// warpSums[warp], thread 0 adds the warps in order (blockSumAfterBarrier).
+template <int D> __device__ inline void blockSumBegin(float v, float *warpSums) {
+  constexpr int kLanes = D < 32 ? D : 32;
+  constexpr unsigned kMask = D < 32 ? (1u << D) - 1 : 0xffffffffu;
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(kMask, v, offset);
+  if (threadIdx.x % 32 == 0)
+    warpSums[threadIdx.x / 32] = v;
+}
+template <int D> __device__ inline float blockSumAfterBarrier(const float *warpSums) {
+  float sum = 0;
+#pragma unroll
+  for (int w = 0; w < (D + 31) / 32; ++w)
+    sum += warpSums[w];
   return sum;
 }
 
@@ -236,7 +265,7 @@ __global__ void __launch_bounds__(D)
                        float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
   extern __shared__ float tile[]; // D x (D + 1)
   __shared__ TokenSlots<D> slots[2];
-  __shared__ float rowBeta[D], rowAlpha[D];
+  __shared__ float warpBeta[(D + 31) / 32], warpAlpha[(D + 31) / 32];
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
   const int r = threadIdx.x;
   float *checkpoints = stateScratch + (blockIdx.x * H + h) * scanStateFloats(seq, D);
@@ -276,36 +305,31 @@ __global__ void __launch_bounds__(D)
       const float dq = scale * tileColumnSum<D>(tile);
       dA[t * 3 * C + h * D + r] = dq;
       // S = al prev + beta e k^T, u = al prev k, e = v - u.
-      float u = 0, dSk = 0;
+      Dot4 u, dSk;
 #pragma unroll
       for (int j = 0; j < D; ++j) {
-        u += (prev ? al * prev[j * D + r] : 0.0f) * slot.k[j];
-        dSk += X[j] * slot.k[j];
+        u.add(j, (prev ? al * prev[j * D + r] : 0.0f) * slot.k[j]);
+        dSk.add(j, X[j] * slot.k[j]);
       }
-      const float e = slot.v[r] - u, de = beta * dSk, du = -de;
+      const float e = slot.v[r] - u.sum(), de = beta * dSk.sum(), du = -de;
       dA[t * 3 * C + 2 * C + h * D + r] = de;
-      float dAlpha = 0;
+      Dot4 dAlpha;
 #pragma unroll
       for (int j = 0; j < D; ++j) {
         const float p = prev ? al * prev[j * D + r] : 0.0f;
         tileRow[j] = beta * X[j] * e + p * du;
         const float dSt = X[j] + du * slot.k[j];
         if (prev)
-          dAlpha += dSt * prev[j * D + r];
+          dAlpha.add(j, dSt * prev[j * D + r]);
         X[j] = prev ? al * dSt : 0.0f;
       }
-      rowBeta[r] = e * dSk;
-      rowAlpha[r] = dAlpha;
-      const float dk = tileColumnSum<D>(tile); // its barriers also publish rowBeta, rowAlpha
+      blockSumBegin<D>(e * dSk.sum(), warpBeta);
+      blockSumBegin<D>(dAlpha.sum(), warpAlpha);
+      const float dk = tileColumnSum<D>(tile); // its barriers also publish warpBeta, warpAlpha
       dA[t * 3 * C + C + h * D + r] = dk;
       if (r == 0) {
-        float sumBeta = 0, sumAlpha = 0;
-        for (int row = 0; row < D; ++row) {
-          sumBeta += rowBeta[row];
-          sumAlpha += rowAlpha[row];
-        }
-        dAb[t * 2 * H + h] = sumBeta * beta * (1.0f - beta);
-        dLogAlpha[t * H + h] = sumAlpha * al;
+        dAb[t * 2 * H + h] = blockSumAfterBarrier<D>(warpBeta) * beta * (1.0f - beta);
+        dLogAlpha[t * H + h] = blockSumAfterBarrier<D>(warpAlpha) * al;
       }
     }
     storeRow(carry, X);

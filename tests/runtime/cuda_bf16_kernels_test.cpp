@@ -274,6 +274,78 @@ TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
   checkFusedForward(40, 1024); // eight steps a warp
 }
 
+// Gated DeltaNet in bf16 (d = 128) against the CPU's bf16 path, which rounds
+// at the same points (the projection p, the gate g and the normed output n;
+// the inputs, weights and outputs are bf16). The GPU also rounds the gate
+// logits' gradient, a GEMM operand, where the CPU keeps it in fp32; the
+// products' and the recurrence's sums run in other orders. So: y and dx
+// within 2e-2 of max |CPU|, every weight gradient within 2e-2; and the
+// GPU's bits equal on rerun.
+TEST_F(CudaBf16Kernels, GatedDeltaNetAgainstTheCpuBf16Path) {
+  constexpr int64_t seq = 70, rows = 2 * seq, width = 256, heads = 2, d = width / heads;
+  const auto x = random(rows * width), dy = random(rows * width);
+  std::vector<std::vector<float>> w = {random(width * 3 * width, 0.1f), random(k::kGdnConvWidth * 3 * width, 0.3f),
+                                       random(width * 2 * heads, 0.1f),  random(heads, 0.5f),
+                                       random(heads, 1.0f),              random(d, 0.1f),
+                                       random(width * width, 0.1f),      random(width * width, 0.1f)};
+  for (float &v : w[5])
+    v = roundToBf16(v + 1.0f);
+  std::vector<float> aux(rows * k::gdnAuxPerRow(width, heads)), y(rows * width), dx(rows * width, 0.0f);
+  std::vector<std::vector<float>> dw;
+  for (const auto &v : w)
+    dw.emplace_back(v.size(), 0.0f);
+  k::gdnForward<float>(x.data(), w[0].data(), w[1].data(), w[2].data(), w[3].data(), w[4].data(), w[5].data(),
+                       w[6].data(), w[7].data(), y.data(), aux.data(), rows, width, heads, seq, 1e-5, roundBf16);
+  roundBf16(y.data(), rows * width);
+  k::gdnBackward<float>(x.data(), w[0].data(), w[1].data(), w[2].data(), w[3].data(), w[4].data(), w[5].data(),
+                        w[6].data(), w[7].data(), aux.data(), dy.data(),
+                        k::GdnGrads<float>{dx.data(), dw[0].data(), dw[1].data(), dw[2].data(), dw[3].data(),
+                                           dw[4].data(), dw[5].data(), dw[6].data(), dw[7].data()},
+                        rows, width, heads, seq, roundBf16);
+  roundBf16(dx.data(), rows * width);
+
+  bf16 *dX = uploadBf16(x), *dDy = uploadBf16(dy);
+  std::vector<bf16 *> dW;
+  for (const auto &v : w)
+    dW.push_back(uploadBf16(v));
+  const cuda::GdnWeights<bf16> gw{dW[0], dW[1], dW[2], dW[3], dW[4], dW[5], dW[6], dW[7]};
+  float *gpuAux = allocate<float>(aux.size());
+  float *forwardScratch = allocate<float>(cuda::gdnForwardScratch(rows, width, heads, 2));
+  float *stash = allocate<float>(cuda::gdnBackwardStash(rows, width, heads, 2));
+  float *backwardScratch = allocate<float>(cuda::gdnBackwardScratch(rows, width, heads, seq, 2));
+  std::vector<std::vector<float>> runs[2];
+  for (auto &run : runs) {
+    bf16 *gy = allocate<bf16>(rows * width), *gdx = uploadBf16(std::vector<float>(rows * width, 0.0f));
+    std::vector<float *> gdw;
+    for (const auto &v : w)
+      gdw.push_back(uploadF32(std::vector<float>(v.size(), 0.0f)));
+    ASSERT_EQ(cuda::gdnForward<bf16>(*gemms_, dX, gw, gy, gpuAux, forwardScratch, rows, width, heads, seq, 1e-5, {},
+                                     nullptr),
+              "");
+    ASSERT_EQ(cuda::gdnBackward<bf16>(*gemms_, dX, gw, gpuAux, dDy, gdx,
+                                      cuda::GdnWeightGrads{gdw[0], gdw[1], gdw[2], gdw[3], gdw[4], gdw[5], gdw[6],
+                                                           gdw[7]},
+                                      stash, backwardScratch, rows, width, heads, seq, {}, {}, nullptr),
+              "");
+    noErrors("gated delta net (bf16)");
+    run.push_back(downloadBf16(gy, rows * width));
+    run.push_back(downloadBf16(gdx, rows * width));
+    for (size_t i = 0; i < w.size(); ++i)
+      run.push_back(downloadF32(gdw[i], w[i].size()));
+  }
+  const char *names[] = {"y", "dx", "dWqkv", "dConv", "dWab", "dALog", "dDtBias", "dOutNorm", "dWgate", "dWo"};
+  std::vector<const std::vector<float> *> cpu = {&y, &dx};
+  for (const auto &g : dw)
+    cpu.push_back(&g);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double error = relativeError(runs[0][i], *cpu[i]);
+    std::printf("gated delta net bf16, %s: relative error against the CPU %.2e\n", names[i], error);
+    EXPECT_LT(error, 2e-2) << names[i];
+    EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * 4), 0)
+        << names[i] << " differs between two runs";
+  }
+}
+
 } // namespace
 } // namespace mhcc::runtime
 
