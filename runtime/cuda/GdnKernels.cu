@@ -4,18 +4,17 @@
 // rounding points in bf16), declared in DeviceKernels.h. The projections go
 // through Gemms; the conv, the norms and the gates are one thread or one
 // warp per element or head row; the recurrence is one thread block per
-// (sequence, head) walking the tokens in order, thread r holding row r of
-// the d x d state in registers. That is the sequential form of the gated
-// delta rule (the chunked WY form would reorder its sums for tensor cores:
-// later work); it is deterministic by construction: every sum has one
-// writer and a fixed order, no atomics.
+// (sequence, head) walking the tokens in order, each state row held in the
+// registers of 4 threads (Lanes; MHCC_GDN_LANES=1: one thread a row). That
+// is the sequential form of the gated delta rule (the chunked WY form would
+// reorder its sums for tensor cores: later work); it is deterministic by
+// construction: every sum has one writer and a fixed order, no atomics.
 //
 // The backward recomputes the states: a first pass keeps one checkpoint
 // every `chunk` tokens (chunk ~ sqrt(seq)), then each chunk, last first, is
 // replayed from its checkpoint into global scratch and walked backwards.
-// Thread r reads back only the rows it wrote itself; the column sums the
-// backward needs (dq, dk) go through a padded shared tile, row order
-// ascending as on the CPU.
+// Each thread reads back only what it wrote itself; the column sums the
+// backward needs (dq, dk) go through a padded shared tile.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/DeviceKernelsImpl.h"
@@ -24,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace mhcc::runtime::cuda {
 namespace {
@@ -114,27 +114,39 @@ __global__ void gatesKernel(const float *ab, const A *aLog, const A *dtBias, flo
   out[t * 2 * H + H + h] = sigmoidf(ab[t * 2 * H + h]);
 }
 
+/// The scans' threads: P to a state row, D * P a block. Thread t holds row
+/// r = t / P, columns j = jj P + p (jj < Q = D / P) with p = t % P:
+/// interleaved, so a warp's reads of k or q and its tile writes spread over
+/// the shared-memory banks.
+template <int D, int P> struct Lanes {
+  static constexpr int Q = D / P;
+  int r = int(threadIdx.x) / P, p = int(threadIdx.x) % P;
+  __device__ int col(int jj) const { return jj * P + p; }
+};
+
 /// The shared part of the scans: token t's q, k, v (and, backwards, the
-/// output gradient) and its gates, loaded by the block into `buffer`.
+/// output gradient) and its gates, loaded by the block.
 template <int D> struct TokenSlots { float q[D], k[D], v[D], gO[D], alpha, beta; };
 
 template <int D>
 __device__ inline void loadToken(TokenSlots<D> &slot, const float *a, const float *gates, const float *dO, int64_t t,
                                  int64_t C, int64_t H, int64_t h) {
-  const int r = threadIdx.x;
-  const float *row = a + t * 3 * C + h * D;
-  slot.q[r] = row[r];
-  slot.k[r] = row[C + r];
-  slot.v[r] = row[2 * C + r];
-  if (dO)
-    slot.gO[r] = dO[t * C + h * D + r];
-  if (r == 0) {
+  const int e = threadIdx.x;
+  if (e < D) {
+    const float *row = a + t * 3 * C + h * D;
+    slot.q[e] = row[e];
+    slot.k[e] = row[C + e];
+    slot.v[e] = row[2 * C + e];
+    if (dO)
+      slot.gO[e] = dO[t * C + h * D + e];
+  }
+  if (e == 0) {
     slot.alpha = gates[t * 2 * H + h];
     slot.beta = gates[t * 2 * H + H + h];
   }
 }
 
-/// Dot products over a row in four interleaved partial sums (j mod 4), added
+/// Dot products in four interleaved partial sums (index mod 4), added
 /// pairwise: a fixed order with a quarter of the dependent chain.
 struct Dot4 {
   float part[4] = {0, 0, 0, 0};
@@ -142,56 +154,70 @@ struct Dot4 {
   __device__ float sum() const { return (part[0] + part[1]) + (part[2] + part[3]); }
 };
 
-/// One token of the recurrence on this thread's state row S (r = threadIdx.x):
+/// The sum over a row's P lanes (adjacent): a butterfly, every lane ending
+/// with the same bits (each level adds the same two values).
+template <int P> __device__ inline float rowSum(float v) {
+#pragma unroll
+  for (int offset = 1; offset < P; offset <<= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+/// One token of the recurrence on this thread's part of state row r:
 /// S = alpha S (I - beta k k^T) + beta v k^T, row-wise as gdnScan does it.
-template <int D> __device__ inline void stepRow(float (&S)[D], const TokenSlots<D> &slot, bool restart) {
+template <int D, int P>
+__device__ inline void stepRow(float (&S)[D / P], const TokenSlots<D> &slot, bool restart, const Lanes<D, P> &l) {
   const float alpha = slot.alpha, beta = slot.beta;
   Dot4 dot;
 #pragma unroll
-  for (int j = 0; j < D; ++j) {
-    S[j] = restart ? 0.0f : S[j] * alpha;
-    dot.add(j, S[j] * slot.k[j]);
+  for (int jj = 0; jj < l.Q; ++jj) {
+    S[jj] = restart ? 0.0f : S[jj] * alpha;
+    dot.add(jj, S[jj] * slot.k[l.col(jj)]);
   }
-  const float e = beta * (slot.v[threadIdx.x] - dot.sum());
+  const float e = beta * (slot.v[l.r] - rowSum<P>(dot.sum()));
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    S[j] += e * slot.k[j];
+  for (int jj = 0; jj < l.Q; ++jj)
+    S[jj] += e * slot.k[l.col(jj)];
 }
 
 /// The forward scan: o = scale S_t q_t for every token of one (sequence, head).
-template <int D>
-__global__ void __launch_bounds__(D) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
-                                                       int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
+template <int D, int P>
+__global__ void __launch_bounds__(D *P) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
+                                                          int64_t C, int64_t H, const int32_t *firstKeys,
+                                                          float scale) {
   __shared__ TokenSlots<D> slots[2];
+  const Lanes<D, P> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y;
-  const int r = threadIdx.x;
-  float S[D];
+  float S[D / P];
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    S[j] = 0;
+  for (int jj = 0; jj < l.Q; ++jj)
+    S[jj] = 0;
   for (int64_t i = 0; i < seq; ++i) {
     TokenSlots<D> &slot = slots[i & 1]; // two buffers: one barrier a token
     loadToken(slot, a, gates, nullptr, t0 + i, C, H, h);
     __syncthreads();
-    stepRow(S, slot, i == firstKeyOf(firstKeys, t0 + i));
+    stepRow<D, P>(S, slot, i == firstKeyOf(firstKeys, t0 + i), l);
     Dot4 out;
 #pragma unroll
-    for (int j = 0; j < D; ++j)
-      out.add(j, S[j] * slot.q[j]);
-    o[(t0 + i) * C + h * D + r] = out.sum() * scale;
+    for (int jj = 0; jj < l.Q; ++jj)
+      out.add(jj, S[jj] * slot.q[l.col(jj)]);
+    const float sum = rowSum<P>(out.sum());
+    if (l.p == 0)
+      o[(t0 + i) * C + h * D + l.r] = sum * scale;
   }
 }
 
-/// Row r of a stored d x d state lives at base[j * D + r] (coalesced).
-template <int D> __device__ inline void storeRow(float *base, const float (&S)[D]) {
+/// A stored d x d state: thread t's jj-th value at base[jj D P + t] (each
+/// thread reads back only what it wrote; coalesced).
+template <int D, int P> __device__ inline void storeRow(float *base, const float (&S)[D / P]) {
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    base[j * D + threadIdx.x] = S[j];
+  for (int jj = 0; jj < D / P; ++jj)
+    base[jj * D * P + threadIdx.x] = S[jj];
 }
-template <int D> __device__ inline void loadRow(const float *base, float (&S)[D]) {
+template <int D, int P> __device__ inline void loadRow(const float *base, float (&S)[D / P]) {
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    S[j] = base ? base[j * D + threadIdx.x] : 0.0f;
+  for (int jj = 0; jj < D / P; ++jj)
+    S[jj] = base ? base[jj * D * P + threadIdx.x] : 0.0f;
 }
 
 /// Floats of state scratch one (sequence, head) block keeps.
@@ -207,132 +233,139 @@ __host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d) {
 }
 
 /// Runs the state forward over tokens [from, to) of the block's sequence.
-template <int D>
-__device__ void replay(float (&S)[D], TokenSlots<D> (&slots)[2], const float *a, const float *gates, int64_t t0,
+template <int D, int P>
+__device__ void replay(float (&S)[D / P], TokenSlots<D> (&slots)[2], const float *a, const float *gates, int64_t t0,
                        int64_t from, int64_t to, int64_t C, int64_t H, const int32_t *firstKeys, float *keep,
-                       int64_t keepEvery, float *checkpoints) {
+                       int64_t keepEvery, float *checkpoints, const Lanes<D, P> &l) {
   for (int64_t i = from; i < to; ++i) {
     if (checkpoints && i % keepEvery == 0)
-      storeRow(checkpoints + (i / keepEvery) * D * D, S);
+      storeRow<D, P>(checkpoints + (i / keepEvery) * D * D, S);
     TokenSlots<D> &slot = slots[i & 1];
     loadToken(slot, a, gates, nullptr, t0 + i, C, H, blockIdx.y);
     __syncthreads();
-    stepRow(S, slot, i == firstKeyOf(firstKeys, t0 + i));
+    stepRow<D, P>(S, slot, i == firstKeyOf(firstKeys, t0 + i), l);
     if (keep)
-      storeRow(keep + (i - from) * D * D, S);
+      storeRow<D, P>(keep + (i - from) * D * D, S);
   }
 }
 
-/// Column sums of the padded tile, each thread r having written its row
-/// tile[r * (D + 1) + j]: returns, on thread j, the sum over the rows (Dot4's
-/// order). Ends with the tile free again.
-template <int D> __device__ inline float tileColumnSum(float *tile) {
-  const int r = threadIdx.x;
+/// Column sums of the padded tile, each row's lanes having written
+/// tile[r (D + 1) + j]: thread t sums column c = t / P over the rows
+/// rr P + q (q = t % P), then the P lanes add up (rowSum): on every lane of
+/// column c, its sum in a fixed order. Ends with the tile free again.
+template <int D, int P> __device__ inline float tileColumnSum(float *tile) {
+  const int c = threadIdx.x / P, q = threadIdx.x % P;
   __syncthreads();
   Dot4 sum;
 #pragma unroll
-  for (int row = 0; row < D; ++row)
-    sum.add(row, tile[row * (D + 1) + r]);
+  for (int rr = 0; rr < D / P; ++rr)
+    sum.add(rr, tile[(rr * P + q) * (D + 1) + c]);
   __syncthreads();
-  return sum.sum();
+  return rowSum<P>(sum.sum());
 }
 
-/// The block's sum of v (D threads), valid on thread 0 after the next
-/// barrier: a butterfly within each warp (fixed), each warp's lane 0 writes
-/// warpSums[warp], thread 0 adds the warps in order (blockSumAfterBarrier).
-template <int D> __device__ inline void blockSumBegin(float v, float *warpSums) {
-  constexpr int kLanes = D < 32 ? D : 32;
-  constexpr unsigned kMask = D < 32 ? (1u << D) - 1 : 0xffffffffu;
+/// The block's sum of v (kThreads threads), valid on thread 0 after the
+/// next barrier: a butterfly within each warp (fixed), each warp's lane 0
+/// writes warpSums[warp], thread 0 adds the warps in order.
+template <int kThreads> __device__ inline void blockSumBegin(float v, float *warpSums) {
+  constexpr int kLanes = kThreads < 32 ? kThreads : 32;
+  constexpr unsigned kMask = kThreads < 32 ? (1u << kThreads) - 1 : 0xffffffffu;
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset >>= 1)
     v += __shfl_xor_sync(kMask, v, offset);
   if (threadIdx.x % 32 == 0)
     warpSums[threadIdx.x / 32] = v;
 }
-template <int D> __device__ inline float blockSumAfterBarrier(const float *warpSums) {
+template <int kThreads> __device__ inline float blockSumAfterBarrier(const float *warpSums) {
   float sum = 0;
 #pragma unroll
-  for (int w = 0; w < (D + 31) / 32; ++w)
+  for (int w = 0; w < (kThreads + 31) / 32; ++w)
     sum += warpSums[w];
   return sum;
 }
 
 /// The backward scan of one (sequence, head): the gradients of q, k, v (into
 /// dA), of beta's logit (dAb[t, h]) and of log alpha (dLogAlpha[t, h]).
-template <int D>
-__global__ void __launch_bounds__(D)
+template <int D, int P>
+__global__ void __launch_bounds__(D *P)
     scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *dAb, float *dLogAlpha,
                        float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
+  constexpr int kThreads = D * P, kWarps = (kThreads + 31) / 32;
   extern __shared__ float tile[]; // D x (D + 1)
   __shared__ TokenSlots<D> slots[2];
-  __shared__ float warpBeta[(D + 31) / 32], warpAlpha[(D + 31) / 32];
+  __shared__ float warpBeta[kWarps], warpAlpha[kWarps];
+  const Lanes<D, P> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
-  const int r = threadIdx.x;
+  const int c = threadIdx.x / P, q = threadIdx.x % P; // the tile column this thread sums
   float *checkpoints = stateScratch + (blockIdx.x * H + h) * scanStateFloats(seq, D);
   float *states = checkpoints + chunks * D * D, *carry = states + chunk * D * D;
-  float X[D]; // the state row while replaying, the gradient row (dS) while walking back
+  float X[D / P]; // the state while replaying, the gradient dS while walking back
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    X[j] = 0;
-  replay(X, slots, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints);
+  for (int jj = 0; jj < l.Q; ++jj)
+    X[jj] = 0;
+  replay<D, P>(X, slots, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints, l);
   __syncthreads(); // each loop below restarts the slots' alternation
 #pragma unroll
-  for (int j = 0; j < D; ++j)
-    X[j] = 0;
-  storeRow(carry, X);
-  for (int64_t c = chunks - 1; c >= 0; --c) {
-    const int64_t from = c * chunk, to = from + chunk < seq ? from + chunk : seq;
-    loadRow(checkpoints + c * D * D, X);
-    replay(X, slots, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr);
+  for (int jj = 0; jj < l.Q; ++jj)
+    X[jj] = 0;
+  storeRow<D, P>(carry, X);
+  for (int64_t k = chunks - 1; k >= 0; --k) {
+    const int64_t from = k * chunk, to = from + chunk < seq ? from + chunk : seq;
+    loadRow<D, P>(checkpoints + k * D * D, X);
+    replay<D, P>(X, slots, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
     __syncthreads();
-    loadRow(carry, X);
+    loadRow<D, P>(carry, X);
     for (int64_t i = to - 1; i >= from; --i) {
       const int64_t t = t0 + i;
       TokenSlots<D> &slot = slots[i & 1];
       loadToken(slot, a, gates, dO, t, C, H, h);
       __syncthreads();
       const bool restart = i == firstKeyOf(firstKeys, t);
-      const float *S = states + (i - from) * D * D;
-      const float *prev = restart ? nullptr : i > from ? S - D * D : checkpoints + c * D * D;
-      const float al = slot.alpha, beta = slot.beta, g = slot.gO[r];
-      float *tileRow = tile + r * (D + 1);
+      const float *S = states + (i - from) * D * D + threadIdx.x;
+      const float *prev = restart ? nullptr : (i > from ? S - D * D : checkpoints + k * D * D + threadIdx.x);
+      const float al = slot.alpha, beta = slot.beta, g = slot.gO[l.r];
+      float *tileRow = tile + l.r * (D + 1);
       // o = scale S q: dS += scale gO q^T, dq = scale S^T gO.
 #pragma unroll
-      for (int j = 0; j < D; ++j) {
-        X[j] += scale * g * slot.q[j];
-        tileRow[j] = S[j * D + r] * g;
+      for (int jj = 0; jj < l.Q; ++jj) {
+        X[jj] += scale * g * slot.q[l.col(jj)];
+        tileRow[l.col(jj)] = S[jj * kThreads] * g;
       }
-      const float dq = scale * tileColumnSum<D>(tile);
-      dA[t * 3 * C + h * D + r] = dq;
+      const float dq = scale * tileColumnSum<D, P>(tile);
+      if (q == 0)
+        dA[t * 3 * C + h * D + c] = dq;
       // S = al prev + beta e k^T, u = al prev k, e = v - u.
       Dot4 u, dSk;
 #pragma unroll
-      for (int j = 0; j < D; ++j) {
-        u.add(j, (prev ? al * prev[j * D + r] : 0.0f) * slot.k[j]);
-        dSk.add(j, X[j] * slot.k[j]);
+      for (int jj = 0; jj < l.Q; ++jj) {
+        u.add(jj, (prev ? al * prev[jj * kThreads] : 0.0f) * slot.k[l.col(jj)]);
+        dSk.add(jj, X[jj] * slot.k[l.col(jj)]);
       }
-      const float e = slot.v[r] - u.sum(), de = beta * dSk.sum(), du = -de;
-      dA[t * 3 * C + 2 * C + h * D + r] = de;
+      const float rowDSk = rowSum<P>(dSk.sum());
+      const float e = slot.v[l.r] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
+      if (l.p == 0)
+        dA[t * 3 * C + 2 * C + h * D + l.r] = de;
       Dot4 dAlpha;
 #pragma unroll
-      for (int j = 0; j < D; ++j) {
-        const float p = prev ? al * prev[j * D + r] : 0.0f;
-        tileRow[j] = beta * X[j] * e + p * du;
-        const float dSt = X[j] + du * slot.k[j];
-        if (prev)
-          dAlpha.add(j, dSt * prev[j * D + r]);
-        X[j] = prev ? al * dSt : 0.0f;
+      for (int jj = 0; jj < l.Q; ++jj) {
+        const float before = prev ? prev[jj * kThreads] : 0.0f;
+        tileRow[l.col(jj)] = beta * X[jj] * e + al * before * du;
+        const float dSt = X[jj] + du * slot.k[l.col(jj)];
+        dAlpha.add(jj, dSt * before);
+        X[jj] = prev ? al * dSt : 0.0f;
       }
-      blockSumBegin<D>(e * dSk.sum(), warpBeta);
-      blockSumBegin<D>(dAlpha.sum(), warpAlpha);
-      const float dk = tileColumnSum<D>(tile); // its barriers also publish warpBeta, warpAlpha
-      dA[t * 3 * C + C + h * D + r] = dk;
-      if (r == 0) {
-        dAb[t * 2 * H + h] = blockSumAfterBarrier<D>(warpBeta) * beta * (1.0f - beta);
-        dLogAlpha[t * H + h] = blockSumAfterBarrier<D>(warpAlpha) * al;
+      const float rowDAlpha = rowSum<P>(dAlpha.sum());
+      blockSumBegin<kThreads>(l.p == 0 ? e * rowDSk : 0.0f, warpBeta);
+      blockSumBegin<kThreads>(l.p == 0 ? rowDAlpha : 0.0f, warpAlpha);
+      const float dk = tileColumnSum<D, P>(tile); // its barriers also publish warpBeta, warpAlpha
+      if (q == 0)
+        dA[t * 3 * C + C + h * D + c] = dk;
+      if (threadIdx.x == 0) {
+        dAb[t * 2 * H + h] = blockSumAfterBarrier<kThreads>(warpBeta) * beta * (1.0f - beta);
+        dLogAlpha[t * H + h] = blockSumAfterBarrier<kThreads>(warpAlpha) * al;
       }
     }
-    storeRow(carry, X);
+    storeRow<D, P>(carry, X);
     __syncthreads();
   }
 }
@@ -551,31 +584,40 @@ int64_t stashFloats(int64_t rows, int64_t C, int64_t H, int actBytes) {
       .floats();
 }
 
-template <int D>
-void launchScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA, float *dAb,
-                 float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
+template <int D, int P>
+void launchScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
+                 float *dAb, float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
                  const int32_t *firstKeys, cudaStream_t s) {
   const dim3 grid(unsigned(rows / seq), unsigned(H));
   const float scale = 1.0f / sqrtf(float(D));
   if (!backward) {
-    scanForwardKernel<D><<<grid, D, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
+    scanForwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
     return;
   }
   const int tileBytes = D * (D + 1) * 4;
-  cudaFuncSetAttribute(scanBackwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, tileBytes);
-  scanBackwardKernel<D>
-      <<<grid, D, tileBytes, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys, scale);
+  cudaFuncSetAttribute(scanBackwardKernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, tileBytes);
+  scanBackwardKernel<D, P>
+      <<<grid, D * P, tileBytes, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys, scale);
 }
 
-std::string scans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA, float *dAb,
-                  float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
+using ScanLaunch = decltype(&launchScans<16, 1>);
+template <int P> ScanLaunch scanFor(int64_t d) {
+  return d == 16 ? launchScans<16, P> : d == 32 ? launchScans<32, P> : d == 64 ? launchScans<64, P>
+                                                     : d == 128 ? launchScans<128, P> : nullptr;
+}
+
+/// Threads a state row (Lanes' P): 4, or MHCC_GDN_LANES=1 (one thread a
+/// row, for comparisons). Each gives its own fixed summation order.
+int scanLanes() {
+  const char *lanes = std::getenv("MHCC_GDN_LANES");
+  return lanes && std::string(lanes) == "1" ? 1 : 4;
+}
+
+std::string scans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
+                  float *dAb, float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
                   const int32_t *firstKeys, cudaStream_t s) {
   const int64_t d = C / H;
-  auto launch = d == 16    ? launchScans<16>
-                : d == 32  ? launchScans<32>
-                : d == 64  ? launchScans<64>
-                : d == 128 ? launchScans<128>
-                           : nullptr;
+  const ScanLaunch launch = scanLanes() == 1 ? scanFor<1>(d) : scanFor<4>(d);
   if (!launch)
     return gdnHeadDimError(d);
   launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, states, rows, C, H, seq, firstKeys, s);
