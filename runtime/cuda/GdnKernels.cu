@@ -124,26 +124,38 @@ template <int D, int P> struct Lanes {
   __device__ int col(int jj) const { return jj * P + p; }
 };
 
-/// The shared part of the scans: token t's q, k, v (and, backwards, the
-/// output gradient) and its gates, loaded by the block.
-template <int D> struct TokenSlots { float q[D], k[D], v[D], gO[D], alpha, beta; };
+/// Tokens of the block's (sequence, head) in shared memory: q, k, v (and,
+/// backwards, the output gradient) and the gates of up to kTokenBlock
+/// consecutive tokens, loaded together: one trip to memory for all of them,
+/// where a token at a time left the scans waiting on every load.
+constexpr int kTokenBlock = 16;
+template <int D> struct TokenBlock {
+  float q[kTokenBlock][D], k[kTokenBlock][D], v[kTokenBlock][D], gO[kTokenBlock][D];
+  float alpha[kTokenBlock], beta[kTokenBlock];
+};
 
+/// Loads tokens t0 + first .. + count into `b` between two barriers (the
+/// first lets the block finish reading what it held).
 template <int D>
-__device__ inline void loadToken(TokenSlots<D> &slot, const float *a, const float *gates, const float *dO, int64_t t,
-                                 int64_t C, int64_t H, int64_t h) {
-  const int e = threadIdx.x;
-  if (e < D) {
+__device__ inline void loadTokens(TokenBlock<D> &b, const float *a, const float *gates, const float *dO, int64_t t0,
+                                  int64_t first, int count, int64_t C, int64_t H, int64_t h) {
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < count * D; idx += blockDim.x) {
+    const int tt = idx / D, e = idx % D;
+    const int64_t t = t0 + first + tt;
     const float *row = a + t * 3 * C + h * D;
-    slot.q[e] = row[e];
-    slot.k[e] = row[C + e];
-    slot.v[e] = row[2 * C + e];
+    b.q[tt][e] = row[e];
+    b.k[tt][e] = row[C + e];
+    b.v[tt][e] = row[2 * C + e];
     if (dO)
-      slot.gO[e] = dO[t * C + h * D + e];
+      b.gO[tt][e] = dO[t * C + h * D + e];
   }
-  if (e == 0) {
-    slot.alpha = gates[t * 2 * H + h];
-    slot.beta = gates[t * 2 * H + H + h];
+  for (int tt = threadIdx.x; tt < count; tt += blockDim.x) {
+    const int64_t t = t0 + first + tt;
+    b.alpha[tt] = gates[t * 2 * H + h];
+    b.beta[tt] = gates[t * 2 * H + H + h];
   }
+  __syncthreads();
 }
 
 /// Dot products in four interleaved partial sums (index mod 4), added
@@ -166,18 +178,20 @@ template <int P> __device__ inline float rowSum(float v) {
 /// One token of the recurrence on this thread's part of state row r:
 /// S = alpha S (I - beta k k^T) + beta v k^T, row-wise as gdnScan does it.
 template <int D, int P>
-__device__ inline void stepRow(float (&S)[D / P], const TokenSlots<D> &slot, bool restart, const Lanes<D, P> &l) {
-  const float alpha = slot.alpha, beta = slot.beta;
+__device__ inline void stepRow(float (&S)[D / P], const TokenBlock<D> &b, int tt, bool restart,
+                               const Lanes<D, P> &l) {
+  const float alpha = b.alpha[tt], beta = b.beta[tt];
+  const float *k = b.k[tt];
   Dot4 dot;
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj) {
     S[jj] = restart ? 0.0f : S[jj] * alpha;
-    dot.add(jj, S[jj] * slot.k[l.col(jj)]);
+    dot.add(jj, S[jj] * k[l.col(jj)]);
   }
-  const float e = beta * (slot.v[l.r] - rowSum<P>(dot.sum()));
+  const float e = beta * (b.v[tt][l.r] - rowSum<P>(dot.sum()));
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
-    S[jj] += e * slot.k[l.col(jj)];
+    S[jj] += e * k[l.col(jj)];
 }
 
 /// The forward scan: o = scale S_t q_t for every token of one (sequence, head).
@@ -185,25 +199,27 @@ template <int D, int P>
 __global__ void __launch_bounds__(D *P) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
                                                           int64_t C, int64_t H, const int32_t *firstKeys,
                                                           float scale) {
-  __shared__ TokenSlots<D> slots[2];
+  __shared__ TokenBlock<D> b;
   const Lanes<D, P> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y;
   float S[D / P];
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     S[jj] = 0;
-  for (int64_t i = 0; i < seq; ++i) {
-    TokenSlots<D> &slot = slots[i & 1]; // two buffers: one barrier a token
-    loadToken(slot, a, gates, nullptr, t0 + i, C, H, h);
-    __syncthreads();
-    stepRow<D, P>(S, slot, i == firstKeyOf(firstKeys, t0 + i), l);
-    Dot4 out;
+  for (int64_t i0 = 0; i0 < seq; i0 += kTokenBlock) {
+    const int count = int(seq - i0 < kTokenBlock ? seq - i0 : kTokenBlock);
+    loadTokens(b, a, gates, nullptr, t0, i0, count, C, H, h);
+    for (int tt = 0; tt < count; ++tt) {
+      const int64_t i = i0 + tt;
+      stepRow<D, P>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
+      Dot4 out;
 #pragma unroll
-    for (int jj = 0; jj < l.Q; ++jj)
-      out.add(jj, S[jj] * slot.q[l.col(jj)]);
-    const float sum = rowSum<P>(out.sum());
-    if (l.p == 0)
-      o[(t0 + i) * C + h * D + l.r] = sum * scale;
+      for (int jj = 0; jj < l.Q; ++jj)
+        out.add(jj, S[jj] * b.q[tt][l.col(jj)]);
+      const float sum = rowSum<P>(out.sum());
+      if (l.p == 0)
+        o[(t0 + i) * C + h * D + l.r] = sum * scale;
+    }
   }
 }
 
@@ -234,18 +250,20 @@ __host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d) {
 
 /// Runs the state forward over tokens [from, to) of the block's sequence.
 template <int D, int P>
-__device__ void replay(float (&S)[D / P], TokenSlots<D> (&slots)[2], const float *a, const float *gates, int64_t t0,
+__device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, const float *gates, int64_t t0,
                        int64_t from, int64_t to, int64_t C, int64_t H, const int32_t *firstKeys, float *keep,
                        int64_t keepEvery, float *checkpoints, const Lanes<D, P> &l) {
-  for (int64_t i = from; i < to; ++i) {
-    if (checkpoints && i % keepEvery == 0)
-      storeRow<D, P>(checkpoints + (i / keepEvery) * D * D, S);
-    TokenSlots<D> &slot = slots[i & 1];
-    loadToken(slot, a, gates, nullptr, t0 + i, C, H, blockIdx.y);
-    __syncthreads();
-    stepRow<D, P>(S, slot, i == firstKeyOf(firstKeys, t0 + i), l);
-    if (keep)
-      storeRow<D, P>(keep + (i - from) * D * D, S);
+  for (int64_t i0 = from; i0 < to; i0 += kTokenBlock) {
+    const int count = int(to - i0 < kTokenBlock ? to - i0 : kTokenBlock);
+    loadTokens(b, a, gates, nullptr, t0, i0, count, C, H, blockIdx.y);
+    for (int tt = 0; tt < count; ++tt) {
+      const int64_t i = i0 + tt;
+      if (checkpoints && i % keepEvery == 0)
+        storeRow<D, P>(checkpoints + (i / keepEvery) * D * D, S);
+      stepRow<D, P>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
+      if (keep)
+        storeRow<D, P>(keep + (i - from) * D * D, S);
+    }
   }
 }
 
@@ -292,7 +310,7 @@ __global__ void __launch_bounds__(D *P)
                        float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
   constexpr int kThreads = D * P, kWarps = (kThreads + 31) / 32;
   extern __shared__ float tile[]; // D x (D + 1)
-  __shared__ TokenSlots<D> slots[2];
+  __shared__ TokenBlock<D> b;
   __shared__ float warpBeta[kWarps], warpAlpha[kWarps];
   const Lanes<D, P> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
@@ -303,8 +321,7 @@ __global__ void __launch_bounds__(D *P)
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     X[jj] = 0;
-  replay<D, P>(X, slots, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints, l);
-  __syncthreads(); // each loop below restarts the slots' alternation
+  replay<D, P>(X, b, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints, l);
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     X[jj] = 0;
@@ -312,57 +329,59 @@ __global__ void __launch_bounds__(D *P)
   for (int64_t k = chunks - 1; k >= 0; --k) {
     const int64_t from = k * chunk, to = from + chunk < seq ? from + chunk : seq;
     loadRow<D, P>(checkpoints + k * D * D, X);
-    replay<D, P>(X, slots, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
-    __syncthreads();
+    replay<D, P>(X, b, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
     loadRow<D, P>(carry, X);
-    for (int64_t i = to - 1; i >= from; --i) {
-      const int64_t t = t0 + i;
-      TokenSlots<D> &slot = slots[i & 1];
-      loadToken(slot, a, gates, dO, t, C, H, h);
-      __syncthreads();
-      const bool restart = i == firstKeyOf(firstKeys, t);
-      const float *S = states + (i - from) * D * D + threadIdx.x;
-      const float *prev = restart ? nullptr : (i > from ? S - D * D : checkpoints + k * D * D + threadIdx.x);
-      const float al = slot.alpha, beta = slot.beta, g = slot.gO[l.r];
-      float *tileRow = tile + l.r * (D + 1);
-      // o = scale S q: dS += scale gO q^T, dq = scale S^T gO.
+    for (int64_t hi = to; hi > from; hi -= kTokenBlock) { // tokens [lo, hi), walked back
+      const int64_t lo = hi - kTokenBlock > from ? hi - kTokenBlock : from;
+      loadTokens(b, a, gates, dO, t0, lo, int(hi - lo), C, H, h);
+      for (int64_t i = hi - 1; i >= lo; --i) {
+        const int64_t t = t0 + i;
+        const int tt = int(i - lo);
+        const bool restart = i == firstKeyOf(firstKeys, t);
+        const float *S = states + (i - from) * D * D + threadIdx.x;
+        const float *prev = restart ? nullptr : (i > from ? S - D * D : checkpoints + k * D * D + threadIdx.x);
+        const float al = b.alpha[tt], beta = b.beta[tt], g = b.gO[tt][l.r];
+        const float *kk = b.k[tt];
+        float *tileRow = tile + l.r * (D + 1);
+        // o = scale S q: dS += scale gO q^T, dq = scale S^T gO.
 #pragma unroll
-      for (int jj = 0; jj < l.Q; ++jj) {
-        X[jj] += scale * g * slot.q[l.col(jj)];
-        tileRow[l.col(jj)] = S[jj * kThreads] * g;
-      }
-      const float dq = scale * tileColumnSum<D, P>(tile);
-      if (q == 0)
-        dA[t * 3 * C + h * D + c] = dq;
-      // S = al prev + beta e k^T, u = al prev k, e = v - u.
-      Dot4 u, dSk;
+        for (int jj = 0; jj < l.Q; ++jj) {
+          X[jj] += scale * g * b.q[tt][l.col(jj)];
+          tileRow[l.col(jj)] = S[jj * kThreads] * g;
+        }
+        const float dq = scale * tileColumnSum<D, P>(tile);
+        if (q == 0)
+          dA[t * 3 * C + h * D + c] = dq;
+        // S = al prev + beta e k^T, u = al prev k, e = v - u.
+        Dot4 u, dSk;
 #pragma unroll
-      for (int jj = 0; jj < l.Q; ++jj) {
-        u.add(jj, (prev ? al * prev[jj * kThreads] : 0.0f) * slot.k[l.col(jj)]);
-        dSk.add(jj, X[jj] * slot.k[l.col(jj)]);
-      }
-      const float rowDSk = rowSum<P>(dSk.sum());
-      const float e = slot.v[l.r] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
-      if (l.p == 0)
-        dA[t * 3 * C + 2 * C + h * D + l.r] = de;
-      Dot4 dAlpha;
+        for (int jj = 0; jj < l.Q; ++jj) {
+          u.add(jj, (prev ? al * prev[jj * kThreads] : 0.0f) * kk[l.col(jj)]);
+          dSk.add(jj, X[jj] * kk[l.col(jj)]);
+        }
+        const float rowDSk = rowSum<P>(dSk.sum());
+        const float e = b.v[tt][l.r] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
+        if (l.p == 0)
+          dA[t * 3 * C + 2 * C + h * D + l.r] = de;
+        Dot4 dAlpha;
 #pragma unroll
-      for (int jj = 0; jj < l.Q; ++jj) {
-        const float before = prev ? prev[jj * kThreads] : 0.0f;
-        tileRow[l.col(jj)] = beta * X[jj] * e + al * before * du;
-        const float dSt = X[jj] + du * slot.k[l.col(jj)];
-        dAlpha.add(jj, dSt * before);
-        X[jj] = prev ? al * dSt : 0.0f;
-      }
-      const float rowDAlpha = rowSum<P>(dAlpha.sum());
-      blockSumBegin<kThreads>(l.p == 0 ? e * rowDSk : 0.0f, warpBeta);
-      blockSumBegin<kThreads>(l.p == 0 ? rowDAlpha : 0.0f, warpAlpha);
-      const float dk = tileColumnSum<D, P>(tile); // its barriers also publish warpBeta, warpAlpha
-      if (q == 0)
-        dA[t * 3 * C + C + h * D + c] = dk;
-      if (threadIdx.x == 0) {
-        dAb[t * 2 * H + h] = blockSumAfterBarrier<kThreads>(warpBeta) * beta * (1.0f - beta);
-        dLogAlpha[t * H + h] = blockSumAfterBarrier<kThreads>(warpAlpha) * al;
+        for (int jj = 0; jj < l.Q; ++jj) {
+          const float before = prev ? prev[jj * kThreads] : 0.0f;
+          tileRow[l.col(jj)] = beta * X[jj] * e + al * before * du;
+          const float dSt = X[jj] + du * kk[l.col(jj)];
+          dAlpha.add(jj, dSt * before);
+          X[jj] = prev ? al * dSt : 0.0f;
+        }
+        const float rowDAlpha = rowSum<P>(dAlpha.sum());
+        blockSumBegin<kThreads>(l.p == 0 ? e * rowDSk : 0.0f, warpBeta);
+        blockSumBegin<kThreads>(l.p == 0 ? rowDAlpha : 0.0f, warpAlpha);
+        const float dk = tileColumnSum<D, P>(tile); // its barriers also publish warpBeta, warpAlpha
+        if (q == 0)
+          dA[t * 3 * C + C + h * D + c] = dk;
+        if (threadIdx.x == 0) {
+          dAb[t * 2 * H + h] = blockSumAfterBarrier<kThreads>(warpBeta) * beta * (1.0f - beta);
+          dLogAlpha[t * H + h] = blockSumAfterBarrier<kThreads>(warpAlpha) * al;
+        }
       }
     }
     storeRow<D, P>(carry, X);
