@@ -12,9 +12,9 @@
 //
 // The backward recomputes the states: a first pass keeps one checkpoint
 // every `chunk` tokens (chunk ~ sqrt(seq)), then each chunk, last first, is
-// replayed from its checkpoint into global scratch and walked backwards.
-// Each thread reads back only what it wrote itself; the column sums the
-// backward needs (dq, dk) go through a padded shared tile.
+// replayed from its checkpoint into global scratch and walked backwards,
+// each row on its own (no barrier a token), keeping dS; then the sums over
+// rows (dq, dk, the gates' gradients) run for all the chunk's tokens at once.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/DeviceKernelsImpl.h"
@@ -243,9 +243,12 @@ __host__ __device__ inline int64_t scanChunk(int64_t seq) {
     ++chunk;
   return chunk;
 }
+/// Per (sequence, head): a checkpoint per chunk, then for the chunk being
+/// walked its states and state gradients, the carried gradient, and four
+/// numbers per token and row (ScanRows).
 __host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d) {
   const int64_t chunk = scanChunk(seq);
-  return ((seq + chunk - 1) / chunk + chunk + 1) * d * d;
+  return ((seq + chunk - 1) / chunk + 2 * chunk + 1) * d * d + 4 * chunk * d;
 }
 
 /// Runs the state forward over tokens [from, to) of the block's sequence.
@@ -267,56 +270,33 @@ __device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, cons
   }
 }
 
-/// Column sums of the padded tile, each row's lanes having written
-/// tile[r (D + 1) + j]: thread t sums column c = t / P over the rows
-/// rr P + q (q = t % P), then the P lanes add up (rowSum): on every lane of
-/// column c, its sum in a fixed order. Ends with the tile free again.
-template <int D, int P> __device__ inline float tileColumnSum(float *tile) {
-  const int c = threadIdx.x / P, q = threadIdx.x % P;
-  __syncthreads();
-  Dot4 sum;
-#pragma unroll
-  for (int rr = 0; rr < D / P; ++rr)
-    sum.add(rr, tile[(rr * P + q) * (D + 1) + c]);
-  __syncthreads();
-  return rowSum<P>(sum.sum());
-}
+/// What the walk back keeps per token and row for the sums over rows that
+/// follow it: e = v - u, du, and the row terms of beta's and alpha's
+/// gradients.
+enum ScanRows { kRowE, kRowDu, kRowBeta, kRowAlpha, kScanRows };
 
-/// The block's sum of v (kThreads threads), valid on thread 0 after the
-/// next barrier: a butterfly within each warp (fixed), each warp's lane 0
-/// writes warpSums[warp], thread 0 adds the warps in order.
-template <int kThreads> __device__ inline void blockSumBegin(float v, float *warpSums) {
-  constexpr int kLanes = kThreads < 32 ? kThreads : 32;
-  constexpr unsigned kMask = kThreads < 32 ? (1u << kThreads) - 1 : 0xffffffffu;
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(kMask, v, offset);
-  if (threadIdx.x % 32 == 0)
-    warpSums[threadIdx.x / 32] = v;
-}
-template <int kThreads> __device__ inline float blockSumAfterBarrier(const float *warpSums) {
-  float sum = 0;
-#pragma unroll
-  for (int w = 0; w < (kThreads + 31) / 32; ++w)
-    sum += warpSums[w];
-  return sum;
+/// Element (r, j) of a state stored by storeRow<D, P>.
+template <int D, int P> __device__ inline int64_t stateIndex(int r, int j) {
+  return int64_t(j / P) * D * P + r * P + j % P;
 }
 
 /// The backward scan of one (sequence, head): the gradients of q, k, v (into
 /// dA), of beta's logit (dAb[t, h]) and of log alpha (dLogAlpha[t, h]).
+/// Chunk by chunk, last first: replay the chunk's states from its
+/// checkpoint, walk it back carrying dS (each row on its own: no barrier a
+/// token, keeping dS and the row terms), then the sums over rows (dq, dk,
+/// beta's and alpha's gradients) for every token of the chunk at once.
 template <int D, int P>
 __global__ void __launch_bounds__(D *P)
     scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *dAb, float *dLogAlpha,
                        float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
-  constexpr int kThreads = D * P, kWarps = (kThreads + 31) / 32;
-  extern __shared__ float tile[]; // D x (D + 1)
+  constexpr int kThreads = D * P;
   __shared__ TokenBlock<D> b;
-  __shared__ float warpBeta[kWarps], warpAlpha[kWarps];
   const Lanes<D, P> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
-  const int c = threadIdx.x / P, q = threadIdx.x % P; // the tile column this thread sums
   float *checkpoints = stateScratch + (blockIdx.x * H + h) * scanStateFloats(seq, D);
-  float *states = checkpoints + chunks * D * D, *carry = states + chunk * D * D;
+  float *states = checkpoints + chunks * D * D, *grads = states + chunk * D * D, *carry = grads + chunk * D * D;
+  float *rows = carry + D * D; // [token in chunk][kScanRows][D]
   float X[D / P]; // the state while replaying, the gradient dS while walking back
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
@@ -338,20 +318,16 @@ __global__ void __launch_bounds__(D *P)
         const int64_t t = t0 + i;
         const int tt = int(i - lo);
         const bool restart = i == firstKeyOf(firstKeys, t);
-        const float *S = states + (i - from) * D * D + threadIdx.x;
-        const float *prev = restart ? nullptr : (i > from ? S - D * D : checkpoints + k * D * D + threadIdx.x);
+        const float *prev = restart ? nullptr
+                                    : (i > from ? states + (i - from - 1) * D * D : checkpoints + k * D * D) +
+                                          threadIdx.x;
         const float al = b.alpha[tt], beta = b.beta[tt], g = b.gO[tt][l.r];
         const float *kk = b.k[tt];
-        float *tileRow = tile + l.r * (D + 1);
-        // o = scale S q: dS += scale gO q^T, dq = scale S^T gO.
+        // o = scale S q: dS += scale gO q^T (dq = scale S^T gO comes after the walk).
 #pragma unroll
-        for (int jj = 0; jj < l.Q; ++jj) {
+        for (int jj = 0; jj < l.Q; ++jj)
           X[jj] += scale * g * b.q[tt][l.col(jj)];
-          tileRow[l.col(jj)] = S[jj * kThreads] * g;
-        }
-        const float dq = scale * tileColumnSum<D, P>(tile);
-        if (q == 0)
-          dA[t * 3 * C + h * D + c] = dq;
+        storeRow<D, P>(grads + (i - from) * D * D, X);
         // S = al prev + beta e k^T, u = al prev k, e = v - u.
         Dot4 u, dSk;
 #pragma unroll
@@ -361,31 +337,68 @@ __global__ void __launch_bounds__(D *P)
         }
         const float rowDSk = rowSum<P>(dSk.sum());
         const float e = b.v[tt][l.r] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
-        if (l.p == 0)
-          dA[t * 3 * C + 2 * C + h * D + l.r] = de;
         Dot4 dAlpha;
 #pragma unroll
         for (int jj = 0; jj < l.Q; ++jj) {
           const float before = prev ? prev[jj * kThreads] : 0.0f;
-          tileRow[l.col(jj)] = beta * X[jj] * e + al * before * du;
           const float dSt = X[jj] + du * kk[l.col(jj)];
           dAlpha.add(jj, dSt * before);
           X[jj] = prev ? al * dSt : 0.0f;
         }
         const float rowDAlpha = rowSum<P>(dAlpha.sum());
-        blockSumBegin<kThreads>(l.p == 0 ? e * rowDSk : 0.0f, warpBeta);
-        blockSumBegin<kThreads>(l.p == 0 ? rowDAlpha : 0.0f, warpAlpha);
-        const float dk = tileColumnSum<D, P>(tile); // its barriers also publish warpBeta, warpAlpha
-        if (q == 0)
-          dA[t * 3 * C + C + h * D + c] = dk;
-        if (threadIdx.x == 0) {
-          dAb[t * 2 * H + h] = blockSumAfterBarrier<kThreads>(warpBeta) * beta * (1.0f - beta);
-          dLogAlpha[t * H + h] = blockSumAfterBarrier<kThreads>(warpAlpha) * al;
+        if (l.p == 0) {
+          float *mine = rows + (i - from) * kScanRows * D + l.r;
+          mine[kRowE * D] = e;
+          mine[kRowDu * D] = du;
+          mine[kRowBeta * D] = e * rowDSk;
+          mine[kRowAlpha * D] = rowDAlpha;
+          dA[t * 3 * C + 2 * C + h * D + l.r] = de;
         }
       }
     }
     storeRow<D, P>(carry, X);
-    __syncthreads();
+    __syncthreads(); // the chunk's dS and row terms, from every thread
+    // The sums over rows, every token of the chunk: thread t takes column
+    // c = t / P over the rows rr P + q (q = t % P), the P lanes then add up.
+    const int c = threadIdx.x / P, q = threadIdx.x % P;
+    for (int64_t i0 = from; i0 < to; i0 += kTokenBlock) {
+      const int count = int(to - i0 < kTokenBlock ? to - i0 : kTokenBlock);
+      loadTokens(b, a, gates, dO, t0, i0, count, C, H, h);
+      for (int tt = 0; tt < count; ++tt) {
+        const int64_t i = i0 + tt, t = t0 + i;
+        const bool restart = i == firstKeyOf(firstKeys, t);
+        const float *S = states + (i - from) * D * D, *G = grads + (i - from) * D * D;
+        const float *prev = restart ? nullptr : i > from ? S - D * D : checkpoints + k * D * D;
+        const float *row = rows + (i - from) * kScanRows * D;
+        const float al = b.alpha[tt], beta = b.beta[tt];
+        Dot4 dq, dk;
+#pragma unroll
+        for (int rr = 0; rr < D / P; ++rr) {
+          const int r = rr * P + q;
+          const int64_t at = stateIndex<D, P>(r, c);
+          dq.add(rr, S[at] * b.gO[tt][r]);
+          dk.add(rr, beta * G[at] * row[kRowE * D + r] + (prev ? al * prev[at] : 0.0f) * row[kRowDu * D + r]);
+        }
+        const float dqSum = rowSum<P>(dq.sum()), dkSum = rowSum<P>(dk.sum());
+        if (q == 0) {
+          dA[t * 3 * C + h * D + c] = scale * dqSum;
+          dA[t * 3 * C + C + h * D + c] = dkSum;
+        }
+      }
+      // beta's and alpha's gradients: one thread a token, the rows in order.
+      for (int tt = threadIdx.x; tt < count; tt += kThreads) {
+        const int64_t i = i0 + tt, t = t0 + i;
+        const float *row = rows + (i - from) * kScanRows * D;
+        Dot4 sumBeta, sumAlpha;
+        for (int r = 0; r < D; ++r) {
+          sumBeta.add(r, row[kRowBeta * D + r]);
+          sumAlpha.add(r, row[kRowAlpha * D + r]);
+        }
+        const float beta = b.beta[tt];
+        dAb[t * 2 * H + h] = sumBeta.sum() * beta * (1.0f - beta);
+        dLogAlpha[t * H + h] = sumAlpha.sum() * b.alpha[tt];
+      }
+    }
   }
 }
 
@@ -613,10 +626,8 @@ void launchScans(bool backward, const float *a, const float *gates, const float 
     scanForwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
     return;
   }
-  const int tileBytes = D * (D + 1) * 4;
-  cudaFuncSetAttribute(scanBackwardKernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, tileBytes);
-  scanBackwardKernel<D, P>
-      <<<grid, D * P, tileBytes, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys, scale);
+  scanBackwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys,
+                                                   scale);
 }
 
 using ScanLaunch = decltype(&launchScans<16, 1>);
