@@ -81,10 +81,8 @@ public:
   }
 
   bool exchange(std::vector<Transfer> &group) override {
-    if (!exchanged_) {
-      exchanged_ = true;
-      faults_.atExchange(stepsRun_);
-    }
+    const bool firstOfStep = !exchanged_;
+    exchanged_ = true;
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Send) {
         const Instr &i = *t.instr;
@@ -96,6 +94,11 @@ public:
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Recv && !receive(t))
         return false;
+    // Once the step's first exchange is done, whoever this rank heard from
+    // is in this step too (rank 0 has finished the last step's optimizer
+    // and metrics line), so a fault here is "mid-step" for everyone.
+    if (firstOfStep)
+      faults_.atExchange(stepsRun_);
     return true;
   }
   /// The replicas of this pipeline rank send their stages' gradients to

@@ -1,9 +1,11 @@
 //===- TestFaults.h - the fault tests' hooks into a rank ---------*- C++ -*-===//
 //
 // For the fault tests only (tests/runtime/rank_loss_test.sh, the GPU suite's
-// faults part): MHCC_TEST_KILL_RANK_AT / MHCC_TEST_HANG_RANK_AT = "R:K" make
-// rank R SIGKILL itself, or sleep forever, in the first exchange of the K-th
-// step its process runs: a rank lost or stuck mid-step. MHCC_TEST_SLOW_RANK =
+// faults part): MHCC_TEST_KILL_RANK_AT / MHCC_TEST_HANG_RANK_AT /
+// MHCC_TEST_STOP_RANK_AT = "R:K" make rank R SIGKILL itself, sleep forever,
+// or SIGSTOP itself (no progress, no heartbeat), at the first exchange of the K-th
+// step its process runs (a CPU process: once that exchange completed, so
+// that its peers are in the step too): a rank lost or stuck mid-step. MHCC_TEST_SLOW_RANK =
 // "R:MS": rank R sleeps MS milliseconds before every instruction, a slow rank
 // that progresses. Unset, every hook is a comparison with -1.
 //
@@ -24,12 +26,14 @@ class TestFaults {
 public:
   explicit TestFaults(int64_t rank)
       : killAt_(step("MHCC_TEST_KILL_RANK_AT", rank)), hangAt_(step("MHCC_TEST_HANG_RANK_AT", rank)),
-        slowMs_(step("MHCC_TEST_SLOW_RANK", rank)) {}
+        stopAt_(step("MHCC_TEST_STOP_RANK_AT", rank)), slowMs_(step("MHCC_TEST_SLOW_RANK", rank)) {}
 
   /// At an exchange of step `stepsRun` (1-based, counted by this process).
   void atExchange(int64_t stepsRun) const {
     if (stepsRun == killAt_)
       std::raise(SIGKILL);
+    if (stepsRun == stopAt_)
+      std::raise(SIGSTOP);
     if (stepsRun == hangAt_)
       while (true)
         std::this_thread::sleep_for(std::chrono::hours(1));
@@ -48,7 +52,7 @@ private:
       return -1;
     return k;
   }
-  int64_t killAt_, hangAt_, slowMs_;
+  int64_t killAt_, hangAt_, stopAt_, slowMs_;
 };
 
 } // namespace mhcc::runtime

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A rank lost mid-step in a multi-process CPU run (mhcrun --processes 4, tiny
 # PP4): killed with SIGKILL (MHCC_TEST_KILL_RANK_AT), stopped with SIGSTOP
-# (--recv-timeout 3), or stuck forever (MHCC_TEST_HANG_RANK_AT) under the
-# default --recv-timeout. Every surviving rank exits non-zero with one line
+# (MHCC_TEST_STOP_RANK_AT, --recv-timeout 3), or stuck forever
+# (MHCC_TEST_HANG_RANK_AT) under the default --recv-timeout. Every
+# surviving rank exits non-zero with one line
 # naming the lost rank and the iteration, within 60 s; the parent exits
 # non-zero, leaves no rank process and removes its bootstrap folder. Prints
 # the measured time from the start of the faulty iteration until the
@@ -22,23 +23,16 @@ source "${root}/tests/runtime/fault_helpers.sh"
 now() { date +%s.%N; }
 since() { /usr/bin/python3 -c "print(f'{$(now) - $1:.1f}')"; }
 
-# rank_pid PARENT RANK: the process of rank RANK among PARENT's children.
-rank_pid() {
-  for pid in $(pgrep -P "$1"); do
-    tr '\0' '\n' < "/proc/${pid}/environ" | grep -qx "MHCC_RANK=$2" && { echo "${pid}"; return; }
-  done
-}
-
 # lose NAME LOST_RANK WHAT FAULT [FLAGS...]: rank LOST_RANK fails in
-# iteration 3. FAULT: VAR=VALUE for the environment, or "stop" (SIGSTOP
-# from here once iteration 2 is reported). ARTIFACT (default PP4): a
-# four-rank artifact.
+# iteration 3 (FAULT: VAR=VALUE for the environment; the hooks fire once the
+# rank's first exchange of iteration 3 completed, runtime/exec/TestFaults.h,
+# so its peers are in iteration 3 too). ARTIFACT (default PP4): a four-rank
+# artifact.
 lose() {
   local name=$1 lost=$2 what=$3 fault=$4 dir="${work}/$1"
   shift 4
   mkdir -p "${dir}"
-  local environment=(); [ "${fault}" = stop ] || environment=("${fault}")
-  env "${environment[@]}" "${mhcrun}" "${ARTIFACT:-${pp4}}" --data "${corpus}" --backend cpu --no-progress --steps 1000 \
+  env "${fault}" "${mhcrun}" "${ARTIFACT:-${pp4}}" --data "${corpus}" --backend cpu --no-progress --steps 1000 \
     --processes 4 --metrics "${dir}/m.json" "$@" > "${dir}/out.log" 2> "${dir}/err.log" &
   local parent=$!
   wait_lines "${dir}/m.json" 1
@@ -46,7 +40,6 @@ lose() {
   local bootstrap; bootstrap=$(tr '\0' '\n' < "/proc/${children%% *}/environ" | sed -n 's/^MHCC_BOOTSTRAP_DIR=//p')
   wait_lines "${dir}/m.json" 2
   local start; start=$(now) # iteration 3 begins as iteration 2's line is written
-  [ "${fault}" != stop ] || kill -STOP "$(rank_pid "${parent}" "${lost}")"
   # The survivors' lines come as they exit; the parent then stops (SIGKILLs) a stuck rank.
   for _ in $(seq 1800); do
     [ "$(grep -c '^mhcrun: rank [0-9]*: iteration' "${dir}/err.log" || true)" -ge 3 ] && break
@@ -82,7 +75,7 @@ lose kill 1 "rank 1 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=1:3
 # rank 2 waits on it in the gradient ALLREDUCE, rank 1 as its pipeline peer.
 ARTIFACT="${dp2}" lose dp_kill 3 "dp 2 x pp 2: rank 3 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=3:3
 # Stopped, a rank neither progresses nor heartbeats (nor reads its socket).
-lose stop 2 "rank 2 SIGSTOPped (--recv-timeout 3)" stop --recv-timeout 3
+lose stop 2 "rank 2 SIGSTOPped (--recv-timeout 3)" MHCC_TEST_STOP_RANK_AT=2:3 --recv-timeout 3
 
 # A slow rank that progresses: rank 2 takes 100 ms more per instruction, so
 # the others wait on it (directly, or through a chain of waits) for 1 to 5
