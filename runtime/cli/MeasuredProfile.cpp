@@ -51,9 +51,10 @@ void primitiveMs(const std::map<std::string, double> &profileMs, double microbat
 
 using Composition = std::vector<std::pair<Prim, int64_t>>;
 
-/// What each unit kind's forward calls, as compiler/Lowering.cpp emits it.
-Composition sublayer(bool attention, bool mhc) {
-  Composition c = {{Prim::RmsNorm, 1}, {attention ? Prim::Attention : Prim::SwiGlu, 1}};
+/// What each unit kind's forward calls, as compiler/Lowering.cpp emits it;
+/// `mixer` is the sublayer's own primitive (Attention, GatedDeltaNet, SwiGlu).
+Composition sublayer(Prim mixer, bool mhc) {
+  Composition c = {{Prim::RmsNorm, 1}, {mixer, 1}};
   if (mhc) {
     c.push_back({Prim::MhcCoeffs, 1});
     c.push_back({Prim::MhcPre, 1});
@@ -65,16 +66,18 @@ Composition sublayer(bool attention, bool mhc) {
 }
 
 /// The unit kinds, by the names passes/CostModel.cpp gives them.
-enum Unit { Embedding, Expand, Attention, Mlp, Contract, FinalNorm, LmHead, Loss, Mtp, kUnits };
-constexpr std::array<const char *, kUnits> kUnitNames = {"embedding", "expand",   "attention", "mlp", "contract",
-                                                         "final_norm", "lm_head", "loss",      "mtp"};
+enum Unit { Embedding, Expand, Attention, Gdn, Mlp, Contract, FinalNorm, LmHead, Loss, Mtp, kUnits };
+constexpr std::array<const char *, kUnits> kUnitNames = {"embedding",  "expand",  "attention", "gdn",
+                                                         "mlp",        "contract", "final_norm", "lm_head",
+                                                         "loss",       "mtp"};
 
 Composition compositionOf(Unit unit, bool mhc) {
   switch (unit) {
   case Embedding: return {{Prim::Embed, 1}};
   case Expand: return {{Prim::Expand, 1}};
-  case Attention: return sublayer(true, mhc);
-  case Mlp: return sublayer(false, mhc);
+  case Attention: return sublayer(Prim::Attention, mhc);
+  case Gdn: return sublayer(Prim::GatedDeltaNet, mhc);
+  case Mlp: return sublayer(Prim::SwiGlu, mhc);
   case Contract: return {{Prim::Contract, 1}};
   case FinalNorm: return {{Prim::RmsNorm, 1}};
   case LmHead: return {{Prim::LmHead, 1}};
@@ -84,8 +87,8 @@ Composition compositionOf(Unit unit, bool mhc) {
     // attention and one MLP sublayer, contract, final norm, head, loss.
     Composition c = {{Prim::Contract, 2}, {Prim::RmsNorm, 3},   {Prim::Embed, 1},   {Prim::ConcatProj, 1},
                      {Prim::Expand, 1},   {Prim::LmHead, 1},    {Prim::CrossEntropy, 1}};
-    for (bool attention : {true, false})
-      for (const auto &entry : sublayer(attention, mhc))
+    for (Prim mixer : {Prim::Attention, Prim::SwiGlu})
+      for (const auto &entry : sublayer(mixer, mhc))
         c.push_back(entry);
     return c;
   }
@@ -106,12 +109,13 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
   units[Embedding] = calls[Prim::Embed] - mtp;
   units[Expand] = calls[Prim::Expand] - mtp;
   units[Attention] = calls[Prim::Attention] - mtp;
+  units[Gdn] = calls[Prim::GatedDeltaNet];
   units[Mlp] = calls[Prim::SwiGlu] - mtp;
   units[Contract] = calls[Prim::Contract] - 2 * mtp;
   units[LmHead] = calls[Prim::LmHead] - mtp;
   units[Loss] = calls[Prim::CrossEntropy] - mtp;
   units[Mtp] = mtp;
-  units[FinalNorm] = calls[Prim::RmsNorm] - units[Attention] - units[Mlp] - 5 * mtp;
+  units[FinalNorm] = calls[Prim::RmsNorm] - units[Attention] - units[Gdn] - units[Mlp] - 5 * mtp;
   // The composition must account for every call, or the lowering changed.
   std::map<Prim, int64_t> composed;
   for (int u = 0; u < kUnits; ++u)

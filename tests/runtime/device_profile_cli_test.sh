@@ -3,7 +3,7 @@
 # 1. mhcrun --device-profile-out writes a profile of the run (tiny, with MTP:
 #    every unit kind) that mhcc --device-profile reads and names in its
 #    prediction; --profile prints the measured step beside the prediction the
-#    artifact records;
+#    artifact records; a hybrid stack's profile has a "gdn" unit too;
 # 2. the default profile follows the target (cpu for --cuda-arch none, the
 #    H200 profile of the model's dtype otherwise), and --sim-tflops gives
 #    nominal rates;
@@ -16,6 +16,7 @@ mhcc="${root}/compiler/mhcc"
 mhcrun="${root}/tools/mhcrun"
 tiny="${root}/models/tiny.json"
 tiny_bf16="${root}/models/tiny_bf16.json"
+hybrid="${root}/models/hybrid_tiny.json"
 corpus="${root}/data/corpus.txt"
 work="${TEST_TMPDIR}/profile"
 rm -rf "${work}" && mkdir -p "${work}"
@@ -40,6 +41,17 @@ for kind in ("embedding", "expand", "attention", "mlp", "contract", "final_norm"
 assert units["mtp"]["forward"] > units["attention"]["forward"], units
 assert p["optimizer_ns_per_param"] > 0, p
 PY
+"${mhcc}" "${hybrid}" --pp 1 --microbatches 1 --cuda-arch none --emit=artifact -o "${work}/h.mhcc"
+"${mhcrun}" "${work}/h.mhcc" --data "${corpus}" --steps 2 --no-progress --device-profile-out "${work}/h.json" \
+  > "${work}/hybrid.log"
+/usr/bin/python3 - "${work}/h.json" <<'PY'
+import json, sys
+units = json.load(open(sys.argv[1]))["unit_ms"]
+for kind in ("attention", "gdn", "mlp", "mtp"):
+    assert units[kind]["forward"] > 0 and units[kind]["backward"] > 0, (kind, units.get(kind))
+PY
+"${mhcc}" "${hybrid}" --pp 2 --microbatches 2 --device-profile "${work}/h.json" | grep -q 'with device profile cpu-f32' \
+  || fail "the hybrid profile is not read back"
 "${mhcc}" "${tiny}" --pp 2 --microbatches 4 --device-profile "${work}/p.json" > "${work}/summary.txt"
 grep -Eq 'predicted step [0-9.]+ ms with device profile cpu-f32 \(mhcrun --profile, tiny pp 1 vpp 1 m 2, cpu backend, 2 iterations, [0-9-]+; 0\.00 GB/s P2P\)' \
   "${work}/summary.txt" || fail "the measured profile is not named: $(grep predicted "${work}/summary.txt")"
