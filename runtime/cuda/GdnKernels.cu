@@ -3,10 +3,9 @@
 // The GPU twin of runtime/cpu/GdnKernels.h (its math, its aux layout, its
 // rounding points in bf16), declared in DeviceKernels.h. The projections go
 // through Gemms; the conv, the norms and the gates are one thread or one
-// warp per element or head row; the recurrence walks the tokens in order,
-// one thread block per (sequence, head, group of 16 state rows: the rows
-// evolve independently), each row in the registers of 4 threads (Lanes;
-// MHCC_GDN_LANES=1: one thread a row). That
+// warp per element or head row; the recurrence is one thread block per
+// (sequence, head) walking the tokens in order, each state row held in the
+// registers of 4 threads (Lanes; MHCC_GDN_LANES=1: one thread a row). That
 // is the sequential form of the gated delta rule (the chunked WY form would
 // reorder its sums for tensor cores: later work); it is deterministic by
 // construction: every sum has one writer and a fixed order, no atomics.
@@ -15,8 +14,7 @@
 // every `chunk` tokens (chunk ~ sqrt(seq)), then each chunk, last first, is
 // replayed from its checkpoint into global scratch and walked backwards,
 // each row on its own (no barrier a token), keeping dS; then the sums over
-// the group's rows (dq, dk, the gates' gradients) run for all the chunk's
-// tokens at once, and a last kernel adds the groups in order.
+// rows (dq, dk, the gates' gradients) run for all the chunk's tokens at once.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/DeviceKernelsImpl.h"
@@ -116,16 +114,13 @@ __global__ void gatesKernel(const float *ab, const A *aLog, const A *dtBias, flo
   out[t * 2 * H + H + h] = sigmoidf(ab[t * 2 * H + h]);
 }
 
-/// The scans' threads. A state's rows evolve independently, so each block
-/// takes a group of R rows (blockIdx.z: D / R groups, more blocks than one
-/// per sequence and head), P threads to a row: thread t holds row
-/// r = z R + t / P, columns j = jj P + p (jj < Q = D / P) with p = t % P,
-/// interleaved so that a warp's reads of k or q spread over the banks.
-constexpr int kGroupRows = 16;
+/// The scans' threads: P to a state row, D * P a block. Thread t holds row
+/// r = t / P, columns j = jj P + p (jj < Q = D / P) with p = t % P:
+/// interleaved, so a warp's reads of k or q and its tile writes spread over
+/// the shared-memory banks.
 template <int D, int P> struct Lanes {
-  static constexpr int Q = D / P, R = D < kGroupRows ? D : kGroupRows, kThreads = R * P, kGroups = D / R;
-  static constexpr int kState = R * D; // floats of a block's part of one state
-  int lr = int(threadIdx.x) / P, r = int(blockIdx.z) * R + lr, p = int(threadIdx.x) % P;
+  static constexpr int Q = D / P;
+  int r = int(threadIdx.x) / P, p = int(threadIdx.x) % P;
   __device__ int col(int jj) const { return jj * P + p; }
 };
 
@@ -201,7 +196,7 @@ __device__ inline void stepRow(float (&S)[D / P], const TokenBlock<D> &b, int tt
 
 /// The forward scan: o = scale S_t q_t for every token of one (sequence, head).
 template <int D, int P>
-__global__ void __launch_bounds__(Lanes<D, P>::kThreads) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
+__global__ void __launch_bounds__(D *P) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
                                                           int64_t C, int64_t H, const int32_t *firstKeys,
                                                           float scale) {
   __shared__ TokenBlock<D> b;
@@ -228,17 +223,17 @@ __global__ void __launch_bounds__(Lanes<D, P>::kThreads) scanForwardKernel(const
   }
 }
 
-/// A block's stored part of a state (R rows): thread t's jj-th value at
-/// base[jj kThreads + t] (coalesced).
+/// A stored d x d state: thread t's jj-th value at base[jj D P + t] (each
+/// thread reads back only what it wrote; coalesced).
 template <int D, int P> __device__ inline void storeRow(float *base, const float (&S)[D / P]) {
 #pragma unroll
   for (int jj = 0; jj < D / P; ++jj)
-    base[jj * Lanes<D, P>::kThreads + threadIdx.x] = S[jj];
+    base[jj * D * P + threadIdx.x] = S[jj];
 }
 template <int D, int P> __device__ inline void loadRow(const float *base, float (&S)[D / P]) {
 #pragma unroll
   for (int jj = 0; jj < D / P; ++jj)
-    S[jj] = base ? base[jj * Lanes<D, P>::kThreads + threadIdx.x] : 0.0f;
+    S[jj] = base ? base[jj * D * P + threadIdx.x] : 0.0f;
 }
 
 /// Floats of state scratch one (sequence, head) block keeps.
@@ -248,20 +243,12 @@ __host__ __device__ inline int64_t scanChunk(int64_t seq) {
     ++chunk;
   return chunk;
 }
-/// Per block (a sequence, a head, a group of R rows): a checkpoint per
-/// chunk, then for the chunk being walked its states and state gradients,
-/// the carried gradient, and four numbers per token and row (ScanRows).
+/// Per (sequence, head): a checkpoint per chunk, then for the chunk being
+/// walked its states and state gradients, the carried gradient, and four
+/// numbers per token and row (ScanRows).
 __host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d) {
-  const int64_t chunk = scanChunk(seq), rowsPerGroup = d < kGroupRows ? d : kGroupRows;
-  return ((seq + chunk - 1) / chunk + 2 * chunk + 1) * rowsPerGroup * d + 4 * chunk * rowsPerGroup;
-}
-/// Blocks per (sequence, head): row groups of a d x d state.
-inline int64_t scanGroups(int64_t d) { return d / (d < kGroupRows ? d : kGroupRows); }
-/// The backward's partial sums over each group's rows, per token and head:
-/// dq, dk (D each), beta's and alpha's row terms.
-inline int64_t scanPartialFloats(int64_t rows, int64_t C, int64_t H) {
-  const int64_t d = C / H;
-  return scanGroups(d) * rows * H * (2 * d + 2);
+  const int64_t chunk = scanChunk(seq);
+  return ((seq + chunk - 1) / chunk + 2 * chunk + 1) * d * d + 4 * chunk * d;
 }
 
 /// Runs the state forward over tokens [from, to) of the block's sequence.
@@ -275,10 +262,10 @@ __device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, cons
     for (int tt = 0; tt < count; ++tt) {
       const int64_t i = i0 + tt;
       if (checkpoints && i % keepEvery == 0)
-        storeRow<D, P>(checkpoints + (i / keepEvery) * Lanes<D, P>::kState, S);
+        storeRow<D, P>(checkpoints + (i / keepEvery) * D * D, S);
       stepRow<D, P>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
       if (keep)
-        storeRow<D, P>(keep + (i - from) * Lanes<D, P>::kState, S);
+        storeRow<D, P>(keep + (i - from) * D * D, S);
     }
   }
 }
@@ -288,31 +275,29 @@ __device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, cons
 /// gradients.
 enum ScanRows { kRowE, kRowDu, kRowBeta, kRowAlpha, kScanRows };
 
-/// Element (local row lr, column j) of a block's state part (storeRow).
-template <int D, int P> __device__ inline int64_t stateIndex(int lr, int j) {
-  return int64_t(j / P) * Lanes<D, P>::kThreads + lr * P + j % P;
+/// Element (r, j) of a state stored by storeRow<D, P>.
+template <int D, int P> __device__ inline int64_t stateIndex(int r, int j) {
+  return int64_t(j / P) * D * P + r * P + j % P;
 }
 
-/// The backward scan of one (sequence, head, group of rows). Chunk by
-/// chunk, last first: replay the chunk's states from its checkpoint, walk it
-/// back carrying dS (each row on its own: no barrier a token), keeping dS and
-/// the row terms; then the sums over the group's rows for every token of the
-/// chunk: partial[g][t][h] = (dq / scale, dk, beta's and alpha's row sums),
-/// which scanCombineKernel adds over the groups. dv goes to dA directly.
+/// The backward scan of one (sequence, head): the gradients of q, k, v (into
+/// dA), of beta's logit (dAb[t, h]) and of log alpha (dLogAlpha[t, h]).
+/// Chunk by chunk, last first: replay the chunk's states from its
+/// checkpoint, walk it back carrying dS (each row on its own: no barrier a
+/// token, keeping dS and the row terms), then the sums over rows (dq, dk,
+/// beta's and alpha's gradients) for every token of the chunk at once.
 template <int D, int P>
-__global__ void __launch_bounds__(Lanes<D, P>::kThreads)
-    scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *partial,
+__global__ void __launch_bounds__(D *P)
+    scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *dAb, float *dLogAlpha,
                        float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
-  using L = Lanes<D, P>;
-  constexpr int kThreads = L::kThreads, R = L::R, kState = L::kState;
+  constexpr int kThreads = D * P;
   __shared__ TokenBlock<D> b;
-  const L l;
-  const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, g = blockIdx.z, tokens = gridDim.x * seq;
-  const int64_t chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
-  float *checkpoints = stateScratch + ((blockIdx.x * H + h) * L::kGroups + g) * scanStateFloats(seq, D);
-  float *states = checkpoints + chunks * kState, *grads = states + chunk * kState, *carry = grads + chunk * kState;
-  float *rows = carry + kState; // [token in chunk][kScanRows][R]
-  float X[D / P];               // the state while replaying, the gradient dS while walking back
+  const Lanes<D, P> l;
+  const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
+  float *checkpoints = stateScratch + (blockIdx.x * H + h) * scanStateFloats(seq, D);
+  float *states = checkpoints + chunks * D * D, *grads = states + chunk * D * D, *carry = grads + chunk * D * D;
+  float *rows = carry + D * D; // [token in chunk][kScanRows][D]
+  float X[D / P]; // the state while replaying, the gradient dS while walking back
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     X[jj] = 0;
@@ -323,7 +308,7 @@ __global__ void __launch_bounds__(Lanes<D, P>::kThreads)
   storeRow<D, P>(carry, X);
   for (int64_t k = chunks - 1; k >= 0; --k) {
     const int64_t from = k * chunk, to = from + chunk < seq ? from + chunk : seq;
-    loadRow<D, P>(checkpoints + k * kState, X);
+    loadRow<D, P>(checkpoints + k * D * D, X);
     replay<D, P>(X, b, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
     loadRow<D, P>(carry, X);
     for (int64_t hi = to; hi > from; hi -= kTokenBlock) { // tokens [lo, hi), walked back
@@ -333,15 +318,16 @@ __global__ void __launch_bounds__(Lanes<D, P>::kThreads)
         const int64_t t = t0 + i;
         const int tt = int(i - lo);
         const bool restart = i == firstKeyOf(firstKeys, t);
-        const float *prev =
-            restart ? nullptr : (i > from ? states + (i - from - 1) * kState : checkpoints + k * kState) + threadIdx.x;
-        const float al = b.alpha[tt], beta = b.beta[tt], gOut = b.gO[tt][l.r];
+        const float *prev = restart ? nullptr
+                                    : (i > from ? states + (i - from - 1) * D * D : checkpoints + k * D * D) +
+                                          threadIdx.x;
+        const float al = b.alpha[tt], beta = b.beta[tt], g = b.gO[tt][l.r];
         const float *kk = b.k[tt];
         // o = scale S q: dS += scale gO q^T (dq = scale S^T gO comes after the walk).
 #pragma unroll
         for (int jj = 0; jj < l.Q; ++jj)
-          X[jj] += scale * gOut * b.q[tt][l.col(jj)];
-        storeRow<D, P>(grads + (i - from) * kState, X);
+          X[jj] += scale * g * b.q[tt][l.col(jj)];
+        storeRow<D, P>(grads + (i - from) * D * D, X);
         // S = al prev + beta e k^T, u = al prev k, e = v - u.
         Dot4 u, dSk;
 #pragma unroll
@@ -361,77 +347,58 @@ __global__ void __launch_bounds__(Lanes<D, P>::kThreads)
         }
         const float rowDAlpha = rowSum<P>(dAlpha.sum());
         if (l.p == 0) {
-          float *mine = rows + (i - from) * kScanRows * R + l.lr;
-          mine[kRowE * R] = e;
-          mine[kRowDu * R] = du;
-          mine[kRowBeta * R] = e * rowDSk;
-          mine[kRowAlpha * R] = rowDAlpha;
+          float *mine = rows + (i - from) * kScanRows * D + l.r;
+          mine[kRowE * D] = e;
+          mine[kRowDu * D] = du;
+          mine[kRowBeta * D] = e * rowDSk;
+          mine[kRowAlpha * D] = rowDAlpha;
           dA[t * 3 * C + 2 * C + h * D + l.r] = de;
         }
       }
     }
     storeRow<D, P>(carry, X);
     __syncthreads(); // the chunk's dS and row terms, from every thread
-    // The sums over the group's rows, every token of the chunk, a thread a column.
+    // The sums over rows, every token of the chunk: thread t takes column
+    // c = t / P over the rows rr P + q (q = t % P), the P lanes then add up.
+    const int c = threadIdx.x / P, q = threadIdx.x % P;
     for (int64_t i0 = from; i0 < to; i0 += kTokenBlock) {
       const int count = int(to - i0 < kTokenBlock ? to - i0 : kTokenBlock);
       loadTokens(b, a, gates, dO, t0, i0, count, C, H, h);
       for (int tt = 0; tt < count; ++tt) {
         const int64_t i = i0 + tt, t = t0 + i;
         const bool restart = i == firstKeyOf(firstKeys, t);
-        const float *S = states + (i - from) * kState, *G = grads + (i - from) * kState;
-        const float *prev = restart ? nullptr : i > from ? S - kState : checkpoints + k * kState;
-        const float *row = rows + (i - from) * kScanRows * R;
+        const float *S = states + (i - from) * D * D, *G = grads + (i - from) * D * D;
+        const float *prev = restart ? nullptr : i > from ? S - D * D : checkpoints + k * D * D;
+        const float *row = rows + (i - from) * kScanRows * D;
         const float al = b.alpha[tt], beta = b.beta[tt];
-        float *out = partial + ((g * tokens + t) * H + h) * (2 * D + 2);
-        for (int c = threadIdx.x; c < D; c += kThreads) {
-          Dot4 dq, dk;
+        Dot4 dq, dk;
 #pragma unroll
-          for (int lr = 0; lr < R; ++lr) {
-            const int64_t at = stateIndex<D, P>(lr, c);
-            dq.add(lr, S[at] * b.gO[tt][g * R + lr]);
-            dk.add(lr, beta * G[at] * row[kRowE * R + lr] + (prev ? al * prev[at] : 0.0f) * row[kRowDu * R + lr]);
-          }
-          out[c] = dq.sum();
-          out[D + c] = dk.sum();
+        for (int rr = 0; rr < D / P; ++rr) {
+          const int r = rr * P + q;
+          const int64_t at = stateIndex<D, P>(r, c);
+          dq.add(rr, S[at] * b.gO[tt][r]);
+          dk.add(rr, beta * G[at] * row[kRowE * D + r] + (prev ? al * prev[at] : 0.0f) * row[kRowDu * D + r]);
         }
-        if (threadIdx.x == 0) {
-          Dot4 sumBeta, sumAlpha;
-#pragma unroll
-          for (int lr = 0; lr < R; ++lr) {
-            sumBeta.add(lr, row[kRowBeta * R + lr]);
-            sumAlpha.add(lr, row[kRowAlpha * R + lr]);
-          }
-          out[2 * D] = sumBeta.sum();
-          out[2 * D + 1] = sumAlpha.sum();
+        const float dqSum = rowSum<P>(dq.sum()), dkSum = rowSum<P>(dk.sum());
+        if (q == 0) {
+          dA[t * 3 * C + h * D + c] = scale * dqSum;
+          dA[t * 3 * C + C + h * D + c] = dkSum;
         }
       }
+      // beta's and alpha's gradients: one thread a token, the rows in order.
+      for (int tt = threadIdx.x; tt < count; tt += kThreads) {
+        const int64_t i = i0 + tt, t = t0 + i;
+        const float *row = rows + (i - from) * kScanRows * D;
+        Dot4 sumBeta, sumAlpha;
+        for (int r = 0; r < D; ++r) {
+          sumBeta.add(r, row[kRowBeta * D + r]);
+          sumAlpha.add(r, row[kRowAlpha * D + r]);
+        }
+        const float beta = b.beta[tt];
+        dAb[t * 2 * H + h] = sumBeta.sum() * beta * (1.0f - beta);
+        dLogAlpha[t * H + h] = sumAlpha.sum() * b.alpha[tt];
+      }
     }
-  }
-}
-
-/// The groups' partial sums added in group order: dq (scaled) and dk into
-/// dA, beta's and alpha's gradients (through the sigmoid and the log) into
-/// dAb[t, h] and dLogAlpha[t, h]. One thread per (token, head, entry).
-__global__ void scanCombineKernel(const float *partial, const float *gates, float *dA, float *dAb, float *dLogAlpha,
-                                  int64_t tokens, int64_t C, int64_t H, int64_t groups, float scale) {
-  const int64_t d = C / H, width = 2 * d + 2;
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= tokens * H * width)
-    return;
-  const int64_t e = idx % width, th = idx / width, t = th / H, h = th % H;
-  float sum = 0;
-  for (int64_t g = 0; g < groups; ++g)
-    sum += partial[(g * tokens * H + th) * width + e];
-  if (e < d) {
-    dA[t * 3 * C + h * d + e] = scale * sum;
-  } else if (e < 2 * d) {
-    dA[t * 3 * C + C + h * d + (e - d)] = sum;
-  } else if (e == 2 * d) {
-    const float beta = gates[t * 2 * H + H + h];
-    dAb[t * 2 * H + h] = sum * beta * (1.0f - beta);
-  } else {
-    dLogAlpha[t * H + h] = sum * gates[t * 2 * H + h];
   }
 }
 
@@ -651,19 +618,16 @@ int64_t stashFloats(int64_t rows, int64_t C, int64_t H, int actBytes) {
 
 template <int D, int P>
 void launchScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
-                 float *dAb, float *dLogAlpha, float *states, float *partial, int64_t rows, int64_t C, int64_t H,
-                 int64_t seq, const int32_t *firstKeys, cudaStream_t s) {
-  using L = Lanes<D, P>;
-  const dim3 grid(unsigned(rows / seq), unsigned(H), unsigned(L::kGroups));
+                 float *dAb, float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
+                 const int32_t *firstKeys, cudaStream_t s) {
+  const dim3 grid(unsigned(rows / seq), unsigned(H));
   const float scale = 1.0f / sqrtf(float(D));
   if (!backward) {
-    scanForwardKernel<D, P><<<grid, L::kThreads, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
+    scanForwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
     return;
   }
-  scanBackwardKernel<D, P>
-      <<<grid, L::kThreads, 0, s>>>(a, gates, dO, dA, partial, states, seq, C, H, firstKeys, scale);
-  scanCombineKernel<<<blocks(rows * H * (2 * D + 2)), kThreads, 0, s>>>(partial, gates, dA, dAb, dLogAlpha, rows, C,
-                                                                        H, L::kGroups, scale);
+  scanBackwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys,
+                                                   scale);
 }
 
 using ScanLaunch = decltype(&launchScans<16, 1>);
@@ -680,13 +644,13 @@ int scanLanes() {
 }
 
 std::string scans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
-                  float *dAb, float *dLogAlpha, float *states, float *partial, int64_t rows, int64_t C, int64_t H,
-                  int64_t seq, const int32_t *firstKeys, cudaStream_t s) {
+                  float *dAb, float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
+                  const int32_t *firstKeys, cudaStream_t s) {
   const int64_t d = C / H;
   const ScanLaunch launch = scanLanes() == 1 ? scanFor<1>(d) : scanFor<4>(d);
   if (!launch)
     return gdnHeadDimError(d);
-  launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, states, partial, rows, C, H, seq, firstKeys, s);
+  launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, states, rows, C, H, seq, firstKeys, s);
   return lastError("gated_delta_net scan");
 }
 
@@ -713,8 +677,7 @@ int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int 
       .add(rows * 3 * C, 4)                                   // dA
       .add(rows * 2 * H, 4)                                   // dAb (fp32)
       .add(rows * H, 4)                                       // dLogAlpha
-      .add(scanGroups(C / H) * (rows / seq) * H * scanStateFloats(seq, C / H), 4) // the scans' states
-      .add(scanPartialFloats(rows, C, H), 4)                                      // their partial sums
+      .add((rows / seq) * H * scanStateFloats(seq, C / H), 4) // the scans' states
       .add(partials, 4)
       .floats();
 }
@@ -735,8 +698,7 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, C, H);
   matmul<A, float>(g, x, w.wab, aux.ab, rows, C, 2 * H, false);
   gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
-  std::string error = scans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, nullptr, nullptr, rows, C,
-                            H, seq,
+  std::string error = scans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, nullptr, rows, C, H, seq,
                             docs.firstKeys, s);
   if (!error.empty())
     return error;
@@ -761,8 +723,7 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
   float *dn = carve.take<float>(rows * C), *dO = carve.take<float>(rows * C);
   float *gates = carve.take<float>(rows * 2 * H), *dA = carve.take<float>(rows * 3 * C);
   float *dAb = carve.take<float>(rows * 2 * H), *dLogAlpha = carve.take<float>(rows * H);
-  float *states = carve.take<float>(scanGroups(C / H) * (rows / seq) * H * scanStateFloats(seq, C / H));
-  float *scanPartial = carve.take<float>(scanPartialFloats(rows, C, H));
+  float *states = carve.take<float>((rows / seq) * H * scanStateFloats(seq, C / H));
   float *partial = reinterpret_cast<float *>(carve.next);
   if (parts.inputs) {
     fill(dn, rows * C, 0.0f, s);
@@ -772,8 +733,7 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
     matmulTransBAcc<A, A>(g, kept.dG, w.wgate, dx, rows, C, C);
     gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
     std::string error =
-        scans(true, aux.a, gates, dO, nullptr, dA, dAb, dLogAlpha, states, scanPartial, rows, C, H, seq,
-              docs.firstKeys, s);
+        scans(true, aux.a, gates, dO, nullptr, dA, dAb, dLogAlpha, states, rows, C, H, seq, docs.firstKeys, s);
     if (!error.empty())
       return error;
     decayBackwardKernel<A>
