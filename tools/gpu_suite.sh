@@ -20,7 +20,7 @@
 # run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
-# "profiles": device profiles of 1b and small for mhcc --device-profile;
+# "profiles": device profiles of 1b, small and hybrid_1b for mhcc --device-profile;
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168",
 # the bf16 and packed-document groups and the PP4 groups),
@@ -506,9 +506,9 @@ sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
     # Device profiles (passes/DeviceProfile.h) measured on this GPU, one per
     # artifact, into $OUT/profile_NAME.json, with the measured step beside
     # the prediction the artifact carries (opt-in). 1b gives the built-in
-    # h200-bf16 / h200-fp32; small checks a profile measured on one model
-    # predicting another.
-    for spec in 1b_pp1:6 1b_f32_pp1:4 small_pp1:6 small_bf16_m2_pp1:6; do
+    # h200-bf16 / h200-fp32, hybrid_1b its gdn unit; small checks a profile
+    # measured on one model predicting another.
+    for spec in 1b_pp1:6 1b_f32_pp1:4 small_pp1:6 small_bf16_m2_pp1:6 hybrid_1b_m1_pp1:3; do
       name=${spec%%:*} steps=${spec#*:}
       if timeout 300 ./mhcrun "$name.mhcc" --data corpus.txt --steps "$steps" --no-progress \
            --device-profile-out "$out/profile_$name.json" > "$logs/profile_$name.log" 2>&1; then r=PASS; else r=FAIL; fi
