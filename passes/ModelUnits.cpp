@@ -86,12 +86,18 @@ std::string formatModelSummary(const ModelUnits &model) {
   ModelTotals totals = totalCost(model.units, d);
   std::string out;
   llvm::raw_string_ostream os(out);
-  int mtpModules = 0;
-  for (const UnitCost &u : model.units)
+  int mtpModules = 0, gdnLayers = 0;
+  for (const UnitCost &u : model.units) {
     mtpModules += u.kind == UnitKind::Mtp;
-  os << llvm::formatv("model {0}: {1} layers{2}, C = {3}, n = {4}, heads = {5}, "
-                      "FFN = {6}, vocab = {7}, seq = {8} x {9}, {10}\n",
-                      model.dims.name, totals.layers,
+    gdnLayers += u.kind == UnitKind::GdnSublayer;
+  }
+  // A hybrid stack says how its layers mix tokens.
+  const std::string mixers =
+      gdnLayers ? llvm::formatv(" ({0} Gated DeltaNet, {1} attention)", gdnLayers, totals.layers - gdnLayers).str()
+                : std::string();
+  os << llvm::formatv("model {0}: {1} layers{2}{3}, C = {4}, n = {5}, heads = {6}, "
+                      "FFN = {7}, vocab = {8}, seq = {9} x {10}, {11}\n",
+                      model.dims.name, totals.layers, mixers,
                       mtpModules ? llvm::formatv(" + {0} MTP", mtpModules).str()
                                  : std::string(),
                       d.hidden, d.streams, d.heads, d.ffnHidden, d.vocab,
