@@ -68,26 +68,55 @@ private:
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Forward instruction `i` of c.program: values[id] and aux[i] point at
-/// allocated buffers (every kernel writes its whole output). Returns the
-/// loss of a CrossEntropy (else 0).
-/// A token mixer (attention, Gated DeltaNet) over the context-parallel
-/// group's gathered rows (StageContext gatherRows): forwardAll(x, y, aux)
-/// and backwardAll(x, aux, dy, dx or null, add weight gradients) run it on
-/// the whole microbatch, auxPerRow floats a row. Without dy this keeps the
-/// forward's output rows of this rank in `out`; with dy it adds this rank's
-/// input gradient rows into `out` (null for a W half) and the weight
-/// gradients where the context asks for them. Every rank recomputes the
-/// whole microbatch's mixer, so each row gets the bits it gets without
-/// context parallelism. False when a gather failed.
-template <typename T, typename Forward, typename Backward>
-bool contextParallelMixer(const StageContext<T> &c, int64_t auxPerRow, const T *x, const T *dy, T *out,
-                          bool weightHalf, Forward forwardAll, Backward backwardAll) {
+/// A token mixer's (attention's, Gated DeltaNet's) forward over all
+/// `rows` rows of x, its aux `mixerAuxPerRow` floats a row.
+inline int64_t mixerAuxPerRow(const ForwardInstr &f, int64_t C) {
+  return f.op == Prim::GatedDeltaNet ? kernels::gdnAuxPerRow(C, f.heads) : 4 * C + f.heads;
+}
+template <typename T>
+void mixerForward(const StageContext<T> &c, const ForwardInstr &f, const T *x, T *y, T *aux, int64_t rows) {
+  namespace k = kernels;
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  const int64_t C = c.model.hidden;
+  if (f.op == Prim::GatedDeltaNet)
+    k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, aux, rows, C, f.heads, f.seqLen, f.eps,
+                     c.store, c.documents);
+  else
+    k::attentionForward<T>(x, w(0), w(1), y, aux, rows, C, f.heads, f.seqLen, c.store, c.documents);
+}
+/// Its backward: dx (null: none) and, with `weights`, the weight gradients.
+template <typename T>
+void mixerBackward(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *aux, const T *dy, T *dx,
+                   bool weights, int64_t rows) {
+  namespace k = kernels;
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  auto dw = [&](size_t j) { return weights ? c.paramGrad(f.params[j]) : nullptr; };
+  const int64_t C = c.model.hidden;
+  if (f.op == Prim::GatedDeltaNet)
+    k::gdnBackward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), aux, dy,
+                      k::GdnGrads<T>{dx, dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)}, rows, C, f.heads,
+                      f.seqLen, c.store, c.documents);
+  else
+    k::attentionBackward<T>(x, w(0), w(1), aux, dy, dx, dw(0), dw(1), rows, C, f.heads, f.seqLen, c.store,
+                            c.documents);
+}
+
+/// A token mixer over the context-parallel group's gathered rows
+/// (StageContext gatherRows), run on the whole microbatch. Without dy this
+/// keeps the forward's output rows of this rank in `out`; with dy it adds
+/// this rank's input gradient rows into `out` (null for a W half) and, for
+/// a W half (`weightHalf`), the weight gradients where the context asks for
+/// them. Every rank recomputes the whole microbatch's mixer, so each row
+/// gets the bits it gets without context parallelism. False when a gather
+/// failed.
+template <typename T>
+bool contextParallelMixer(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
+                          bool weightHalf) {
   const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
-  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * auxPerRow);
+  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * mixerAuxPerRow(f, C));
   if (!c.gatherRows(x, C, xAll.data()))
     return false;
-  forwardAll(xAll.data(), yAll.data(), auxAll.data());
+  mixerForward(c, f, xAll.data(), yAll.data(), auxAll.data(), all);
   if (!dy) {
     for (int64_t t = 0; t < rows; ++t)
       std::copy_n(yAll.data() + c.rowMap[t] * C, C, out + t * C);
@@ -102,7 +131,7 @@ bool contextParallelMixer(const StageContext<T> &c, int64_t auxPerRow, const T *
   const bool addWeights = weightHalf && c.addsMixerWeightGrads;
   if (!out && !addWeights)
     return true; // a W half on a rank that adds no mixer weight gradients: only the gathers
-  backwardAll(xAll.data(), auxAll.data(), dyAll.data(), out ? dxAll.data() : nullptr, addWeights);
+  mixerBackward(c, f, xAll.data(), auxAll.data(), dyAll.data(), out ? dxAll.data() : nullptr, addWeights, all);
   for (int64_t t = 0; out && t < rows; ++t)
     std::copy_n(dxAll.data() + c.rowMap[t] * C, C, out + t * C);
   return true;
@@ -111,6 +140,9 @@ bool contextParallelMixer(const StageContext<T> &c, int64_t auxPerRow, const T *
 /// This rank's rows of a microbatch (all of them without context parallelism).
 template <typename T> int64_t rowsOf(const StageContext<T> &c) { return c.rows > 0 ? c.rows : c.model.tokens(); }
 
+/// Forward instruction `i` of c.program: values[id] and aux[i] point at
+/// allocated buffers (every kernel writes its whole output). Returns the
+/// loss of a CrossEntropy (else 0; NaN when a context-parallel gather failed).
 template <typename T>
 double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, size_t i) {
   namespace k = kernels;
@@ -142,31 +174,11 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
     k::rmsNormForward(in(0), w(0), out, aux[i], T_, C, f.eps);
     break;
   case Prim::Attention:
-    if (c.rowMap) {
-      contextParallelMixer<T>(
-          c, 4 * C + f.heads, in(0), nullptr, out, false,
-          [&](const T *x, T *y, T *a) {
-            k::attentionForward<T>(x, w(0), w(1), y, a, c.model.tokens(), C, f.heads, f.seqLen, c.store,
-                                   c.documents);
-          },
-          [](const T *, const T *, const T *, T *, bool) {}); // a forward: no backward
-      break;
-    }
-    k::attentionForward(in(0), w(0), w(1), out, aux[i], T_, C, f.heads, f.seqLen, c.store, c.documents);
-    break;
   case Prim::GatedDeltaNet:
-    if (c.rowMap) {
-      contextParallelMixer<T>(
-          c, k::gdnAuxPerRow(C, f.heads), in(0), nullptr, out, false,
-          [&](const T *x, T *y, T *a) {
-            k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, a, c.model.tokens(), C, f.heads,
-                             f.seqLen, f.eps, c.store, c.documents);
-          },
-          [](const T *, const T *, const T *, T *, bool) {}); // a forward: no backward
-      break;
-    }
-    k::gdnForward(in(0), w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), out, aux[i], T_, C, f.heads, f.seqLen,
-                  f.eps, c.store, c.documents);
+    if (!c.rowMap)
+      mixerForward(c, f, in(0), out, aux[i], T_);
+    else if (!contextParallelMixer<T>(c, f, in(0), nullptr, out, false))
+      return std::nan("");
     break;
   case Prim::SwiGlu:
     k::swigluForward(in(0), w(0), w(1), w(2), out, aux[i], T_, C, f.ffn, c.store);
@@ -239,37 +251,10 @@ bool backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
     k::rmsNormBackward(in(0), w(0), auxIn, dOut, din(0), dw(0), T_, C);
     break;
   case Prim::Attention:
-    if (c.rowMap)
-      return contextParallelMixer<T>(
-          c, 4 * C + f.heads, in(0), dOut, din(0), wantWeight,
-          [&](const T *x, T *y, T *a) {
-            k::attentionForward<T>(x, w(0), w(1), y, a, c.model.tokens(), C, f.heads, f.seqLen, c.store,
-                                   c.documents);
-          },
-          [&](const T *x, const T *a, const T *dy, T *dx, bool weights) {
-            k::attentionBackward<T>(x, w(0), w(1), a, dy, dx, weights ? dw(0) : nullptr, weights ? dw(1) : nullptr,
-                                    c.model.tokens(), C, f.heads, f.seqLen, c.store, c.documents);
-          });
-    k::attentionBackward(in(0), w(0), w(1), auxIn, dOut, din(0), dw(0), dw(1), T_, C,
-                         f.heads, f.seqLen, c.store, c.documents);
-    break;
   case Prim::GatedDeltaNet:
     if (c.rowMap)
-      return contextParallelMixer<T>(
-          c, k::gdnAuxPerRow(C, f.heads), in(0), dOut, din(0), wantWeight,
-          [&](const T *x, T *y, T *a) {
-            k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, a, c.model.tokens(), C, f.heads,
-                             f.seqLen, f.eps, c.store, c.documents);
-          },
-          [&](const T *x, const T *a, const T *dy, T *dx, bool weights) {
-            auto g = [&](size_t j) { return weights ? dw(j) : nullptr; };
-            k::gdnBackward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), a, dy,
-                              k::GdnGrads<T>{dx, g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)},
-                              c.model.tokens(), C, f.heads, f.seqLen, c.store, c.documents);
-          });
-    k::gdnBackward(in(0), w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), auxIn, dOut,
-                   k::GdnGrads<T>{din(0), dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)}, T_, C, f.heads,
-                   f.seqLen, c.store, c.documents);
+      return contextParallelMixer<T>(c, f, in(0), dOut, din(0), wantWeight);
+    mixerBackward(c, f, in(0), auxIn, dOut, din(0), wantWeight, T_);
     break;
   case Prim::SwiGlu:
     k::swigluBackward(in(0), w(0), w(1), w(2), auxIn, dOut, din(0), dw(0), dw(1),
