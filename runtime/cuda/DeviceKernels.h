@@ -167,7 +167,7 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
                               DeviceDocuments docs, cudaStream_t s);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
-/// bf16 rounding points; GdnKernels.cu): the recurrence runs sequentially,
+/// bf16 rounding points; GdnKernels.cu, GdnScan.cu): the recurrence runs sequentially,
 /// one thread block per (sequence, head), for head dims 16, 32, 64 and 128.
 /// Forward scratch: gdnForwardScratch; backward: stash gdnBackwardStash
 /// (what B leaves for W), scratch gdnBackwardScratch (for B, W or both).
