@@ -50,12 +50,6 @@ __global__ void roundToBf16Kernel(float *p, int64_t count) {
     p[i] = __bfloat162float(__float2bfloat16_rn(p[i]));
 }
 
-template <typename A> __global__ void toStorageKernel(const float *src, A *dst, int64_t count) {
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count)
-    dst[i] = narrow<A>(src[i]);
-}
-
 /// z = causal depthwise conv of p, a = silu(z); one thread per element.
 template <typename A>
 __global__ void convForwardKernel(const float *p, const A *conv, float *z, float *a, int64_t rows, int64_t width,
@@ -399,7 +393,10 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
       return error;
     decayBackwardKernel<A>
         <<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, dLogAlpha, dAb, kept.small, rows, H);
-    toStorageKernel<A><<<blocks(rows * 2 * H), kThreads, 0, s>>>(dAb, kept.dAb, rows * 2 * H);
+    if constexpr (std::is_same_v<A, float>) // the GEMM operand copy of the gate logits' gradient
+      cudaMemcpyAsync(kept.dAb, dAb, rows * 2 * H * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    else
+      toBf16(dAb, kept.dAb, rows * 2 * H, s);
     matmulTransBAcc<A, A>(g, kept.dAb, w.wab, dx, rows, 2 * H, C);
     activationBackwardKernel<<<warpBlocks(rows * 3 * H), kThreads, 0, s>>>(aux.a, aux.z, aux.inv, dA, kept.dZ, rows, C,
                                                                            H);
