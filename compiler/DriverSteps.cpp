@@ -49,10 +49,15 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
     return failure();
   os << "pipeline: pp = " << layout->pp << ", vpp = " << layout->vpp << ", layout "
      << layout->toString() << "\n";
-  // Under context parallelism each rank sends its share of the boundary's tokens.
-  int64_t cp = 1;
-  for (auto scheduleOp : module.getOps<pipe::ScheduleOp>())
+  // Under context (and sequence) parallelism each rank sends its share of
+  // the boundary's tokens.
+  int64_t cp = 1, tp = 1;
+  bool sequenceParallel = false;
+  for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
     cp = scheduleOp.getCp().value_or(1);
+    tp = scheduleOp.getTp().value_or(1);
+    sequenceParallel = scheduleOp.getSequenceParallel();
+  }
   for (auto boundary : func.getOps<pipe::BoundaryOp>()) {
     auto type = cast<RankedTensorType>(boundary.getInput().getType());
     os << "  boundary stage " << boundary.getSrcStage() << " -> " << boundary.getDstStage()
@@ -61,12 +66,16 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
     if (cp > 1)
       os << ", per context-parallel rank " << type.getDimSize(0) / cp << " x " << type.getDimSize(1)
          << " (S/cp x n*C)";
+    if (sequenceParallel)
+      os << ", per tensor-parallel rank " << type.getDimSize(0) / tp << " x " << type.getDimSize(1)
+         << " (S/tp x n*C)";
     os << "\n";
   }
   for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
     pipeline::Schedule schedule = readSchedule(scheduleOp);
     FailureOr<pipeline::ScheduleSpec> spec = scheduleSpecOf(
-        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation, schedule.cp);
+        func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation, schedule.cp, schedule.tp,
+        schedule.sequenceParallel);
     if (failed(spec))
       return failure();
     pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
@@ -89,6 +98,17 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << " (load-balanced causal split), so every boundary carries " << spec->tokens
          << " tokens a microbatch; attention gathers the group's rows, and the ALLREDUCE spans dp x cp = "
          << schedule.dp * schedule.cp << " ranks\n";
+    if (schedule.tp > 1)
+      os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "
+         << schedule.pp * schedule.dp * schedule.cp * schedule.tp
+         << " ranks, tensor-parallel fastest); column-parallel q/k/v and gate/up, row-parallel output and down "
+            "projections, vocabulary-parallel embedding, LM head and cross-entropy, mHC replicated; "
+         << (schedule.sequenceParallel
+                 ? "sequence parallel: each rank holds " + std::to_string(spec->tokens) +
+                       " tokens a microbatch outside the GEMMs (all-gather before the column-parallel ones, "
+                       "reduce-scatter after the row-parallel ones)"
+                 : std::string("every rank holds the whole microbatch (all-reduce after the row-parallel GEMMs)"))
+         << "; the time assumes an even split and no collective cost\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {
@@ -162,6 +182,31 @@ std::optional<SimulationOptions> simulationOptions(const DriverOptions &options,
   return simulation;
 }
 
+/// Why `graph` cannot be split over pipeline.tp tensor-parallel ranks
+/// (empty: it can): whole heads, FFN columns and vocabulary rows per rank,
+/// whole sequence shares under sequence parallelism.
+std::string tensorParallelProblem(const ModelGraph &graph, const PipelineOptions &pipeline) {
+  const ModelConfig &m = graph.config;
+  const int64_t tp = pipeline.tp;
+  if (tp == 1)
+    return "";
+  auto notDivided = [&](const char *what, int64_t value) {
+    return std::string(what) + " " + std::to_string(value) + " does not split over tp = " + std::to_string(tp);
+  };
+  if (m.heads % tp)
+    return notDivided("heads", m.heads) + " (each rank takes whole heads)";
+  if (m.ffnHidden % tp)
+    return notDivided("ffn_hidden", m.ffnHidden);
+  if (m.vocab % tp)
+    return notDivided("vocab", m.vocab) + " (the embedding and LM head split it)";
+  if (pipeline.sequenceParallel && m.seqLen % tp)
+    return notDivided("seq_len", m.seqLen) + " under --sequence-parallel";
+  for (const ModelNode &node : graph.nodes)
+    if (node.op == NodeOp::MhcSublayer && node.sublayer == SublayerKind::Gdn)
+      return "Gated DeltaNet layers (" + node.name + ") do not split over tensor-parallel ranks in this release";
+  return "";
+}
+
 OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &input,
                                    const PipelineOptions &pipeline, const DriverOptions &options,
                                    SimulationOptions &simulation, llvm::raw_ostream &report) {
@@ -175,6 +220,10 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
     fail("--cp " + std::to_string(pipeline.cp) + ": seq_len " + std::to_string(graph->config.seqLen) + " of " + input +
          " does not split into 2 x cp = " + std::to_string(2 * pipeline.cp) +
          " equal chunks (the load-balanced causal split); choose a cp that divides seq_len / 2");
+    return nullptr;
+  }
+  if (std::string problem = tensorParallelProblem(*graph, pipeline); !problem.empty()) {
+    fail("--tp " + std::to_string(pipeline.tp) + ": " + problem + " of " + input);
     return nullptr;
   }
   std::string profileError;

@@ -24,7 +24,9 @@ public:
   StageLowering(Artifact &artifact, func::FuncOp func, int64_t numLayers)
       : artifact_(artifact), func_(func), numLayers_(numLayers) {
     const ModelInfo &m = artifact.model;
-    tokens_ = artifact.rowsPerRank(); // a context-parallel rank's share of each microbatch
+    tokens_ = artifact.rowsPerRank(); // a context- (or sequence-) parallel rank's share of each microbatch
+    tp_ = artifact.tp;
+    gemmTokens_ = m.tokens() / artifact.cp; // what the tensor-parallel GEMMs see: sequence shares gathered
     artifact.stages.resize(artifact.pp * artifact.vpp);
     for (size_t s = 0; s < artifact.stages.size(); ++s)
       artifact.stages[s].stage = s;
@@ -83,12 +85,12 @@ private:
   /// A parameter slot of the current stage for parameter `name`, created in
   /// the table on first use anywhere (shared parameters keep one entry).
   int slot(const std::string &name, int64_t rows, int64_t cols, const std::string &init,
-           double scale, bool decay) {
+           double scale, bool decay, const std::string &tpSplit = "") {
     auto it = paramIndex_.find(name);
     int param;
     if (it == paramIndex_.end()) {
       param = static_cast<int>(artifact_.params.size());
-      artifact_.params.push_back({name, rows, cols, init, scale, decay});
+      artifact_.params.push_back({name, rows, cols, init, scale, decay, tpSplit});
       paramIndex_[name] = param;
     } else {
       param = it->second;
@@ -199,19 +201,22 @@ private:
     int y;
     if (kind == "gdn")
       y = lowerGatedDeltaNet(name, normed, eps);
+    // Under tensor parallelism a rank holds heads / tp whole heads and ffn / tp
+    // FFN columns (column-parallel in, row-parallel out), and keeps their
+    // aux for every row the GEMMs see.
     else if (kind == "attention")
       y = emit(Prim::Attention, {normed},
-               {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true),
-                slot(name + ".w_o", C, C, "normal", outputScale(), true)},
-               {T, C}, T * 4 * C + T * m.heads, "",
-               attrs([&](ForwardInstr &a) { a.heads = m.heads; }));
+               {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true, "qkv"),
+                slot(name + ".w_o", C, C, "normal", outputScale(), true, "rows")},
+               {T, C}, gemmTokens_ * (4 * C + m.heads) / tp_, "",
+               attrs([&](ForwardInstr &a) { a.heads = m.heads / tp_; }));
     else
       y = emit(Prim::SwiGlu, {normed},
-               {slot(name + ".w_gate", C, m.ffnHidden, "normal", 0.02, true),
-                slot(name + ".w_up", C, m.ffnHidden, "normal", 0.02, true),
-                slot(name + ".w_down", m.ffnHidden, C, "normal", outputScale(), true)},
-               {T, C}, 3 * T * m.ffnHidden, "",
-               attrs([&](ForwardInstr &a) { a.ffn = m.ffnHidden; }));
+               {slot(name + ".w_gate", C, m.ffnHidden, "normal", 0.02, true, "cols"),
+                slot(name + ".w_up", C, m.ffnHidden, "normal", 0.02, true, "cols"),
+                slot(name + ".w_down", m.ffnHidden, C, "normal", outputScale(), true, "rows")},
+               {T, C}, 3 * gemmTokens_ * m.ffnHidden / tp_, "",
+               attrs([&](ForwardInstr &a) { a.ffn = m.ffnHidden / tp_; }));
     if (n > 1)
       return emit(Prim::MhcPostRes, {x, coef, y}, {}, {T, n * C}, 0, name,
                   attrs([&](ForwardInstr &a) { a.streams = n; }));
@@ -222,7 +227,7 @@ private:
                 const std::string &tap) {
     program().losses.push_back({lossName, weight});
     int loss = static_cast<int>(program().losses.size()) - 1;
-    return emit(Prim::CrossEntropy, {logits}, {}, {1, 1}, tokens_, tap,
+    return emit(Prim::CrossEntropy, {logits}, {}, {1, 1}, gemmTokens_, tap,
                 attrs([&](ForwardInstr &a) {
                   a.loss = loss;
                   a.shift = shift;
@@ -243,7 +248,7 @@ private:
     bool ok = true;
     llvm::TypeSwitch<Operation *>(op)
         .Case([&](mhc::EmbeddingOp) {
-          result = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true)},
+          result = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true, "rows")},
                         {T, C}, 0, nodeOf());
         })
         .Case([&](mhc::ExpandOp) {
@@ -279,8 +284,8 @@ private:
         .Case([&](mhc::LmHeadOp) {
           int x = input(0);
           ok = x >= 0;
-          result = ok ? emit(Prim::LmHead, {x}, {slot(headParam_, C, V, "normal", 0.02, true)}, {T, V},
-                             0, nodeOf())
+          result = ok ? emit(Prim::LmHead, {x}, {slot(headParam_, C, V, "normal", 0.02, true, "cols")},
+                             {gemmTokens_, V / tp_}, 0, nodeOf())
                       : -1;
         })
         .Case([&](mhc::CrossEntropyOp ce) {
@@ -318,7 +323,7 @@ private:
     int h = emit(Prim::Contract, {x}, {}, {T, C}, 0, "", withStreams);
     int hn = emit(Prim::RmsNorm, {h}, {slot(name + ".norm_hidden", 1, C, "ones", 0, false)}, {T, C}, T,
                   "", withEps);
-    int e = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true)}, {T, C}, 0, "",
+    int e = emit(Prim::Embed, {}, {slot(embeddingParam_, V, C, "normal", 0.02, true, "rows")}, {T, C}, 0, "",
                  attrs([&](ForwardInstr &a) { a.shift = depth; }));
     int en = emit(Prim::RmsNorm, {e}, {slot(name + ".norm_embedding", 1, C, "ones", 0, false)},
                   {T, C}, T, "", withEps);
@@ -330,7 +335,8 @@ private:
     int c = emit(Prim::Contract, {r}, {}, {T, C}, 0, "", withStreams);
     int f = emit(Prim::RmsNorm, {c}, {slot(name + ".final_norm", 1, C, "ones", 0, false)}, {T, C}, T,
                  "", withEps);
-    int logits = emit(Prim::LmHead, {f}, {slot(headParam_, C, V, "normal", 0.02, true)}, {T, V}, 0);
+    int logits = emit(Prim::LmHead, {f}, {slot(headParam_, C, V, "normal", 0.02, true, "cols")},
+                      {gemmTokens_, V / tp_}, 0);
     return lowerLoss(logits, "mtp loss", mtp.getLossWeight().convertToDouble(), depth, name);
   }
 
@@ -338,6 +344,7 @@ private:
   func::FuncOp func_;
   int64_t numLayers_;
   int64_t tokens_ = 0;
+  int64_t tp_ = 1, gemmTokens_ = 0;
   int64_t stage_ = 0;
   int64_t useOrder_ = 0;
   std::string embeddingParam_, headParam_;
@@ -371,6 +378,8 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   artifact.vpp = schedule.vpp;
   artifact.dp = schedule.dp;
   artifact.cp = schedule.cp;
+  artifact.tp = schedule.tp;
+  artifact.sequenceParallel = schedule.sequenceParallel;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

@@ -67,6 +67,17 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "load-balanced causal split), so every boundary carries seq_len / cp tokens; attention "
                          "gathers the group's rows, and the gradient ALLREDUCE spans dp x cp (CPU backend)"),
                 cl::cat(pipelineCategory()));
+  binder.option(tp, "tp",
+                cl::desc("Tensor-parallel ranks per layer (world = pp x dp x cp x tp ranks, tensor-parallel "
+                         "fastest, as Megatron orders them): column-parallel q/k/v and gate/up, row-parallel "
+                         "output and down projections, vocabulary-parallel embedding, LM head and "
+                         "cross-entropy; the mHC parameters are replicated (CPU backend)"),
+                cl::cat(pipelineCategory()));
+  binder.option(sequenceParallel, "sequence-parallel",
+                cl::desc("With --tp: norms, mHC mixing and the residual run on seq_len / tp of each sequence "
+                         "per tensor-parallel rank (all-gather before the column-parallel GEMMs, "
+                         "reduce-scatter after the row-parallel ones), so every boundary carries that share"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -96,6 +107,17 @@ std::optional<OptionError> PipelineOptions::validate() const {
   if (pp >= 1 && pp <= kMaxPipelineRanks && pp * dp * cp > runtime::kMaxWorldSize)
     return OptionError{"cp", "pp x dp x cp = " + std::to_string(pp * dp * cp) + " ranks, more than " +
                                  std::to_string(runtime::kMaxWorldSize)};
+  if (tp < 1 || tp > runtime::kMaxTensorParallel)
+    return OptionError{"tp", "must be 1 to " + std::to_string(runtime::kMaxTensorParallel) + " ranks, got " +
+                                 std::to_string(tp)};
+  if (pp >= 1 && pp <= kMaxPipelineRanks && pp * dp * cp * tp > runtime::kMaxWorldSize)
+    return OptionError{"tp", "pp x dp x cp x tp = " + std::to_string(pp * dp * cp * tp) + " ranks, more than " +
+                                 std::to_string(runtime::kMaxWorldSize)};
+  if (sequenceParallel && tp < 2)
+    return OptionError{"sequence-parallel", "splits sequences over the tensor-parallel ranks; it needs --tp 2 or "
+                                            "more"};
+  if (tp > 1 && cp > 1)
+    return OptionError{"tp", "tensor parallelism does not compose with --cp in this release; use --tp or --cp"};
   // Bounds checked where the flags enter, so no product below overflows and
   // no phase is asked for millions of lists (issue 14): far past any real
   // run, small enough that a compile stays quick.
@@ -182,6 +204,8 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.groupSize = options.microbatchGroup;
   schedule.dp = options.dp;
   schedule.cp = options.cp;
+  schedule.tp = options.tp;
+  schedule.sequenceParallel = options.sequenceParallel;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

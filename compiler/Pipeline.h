@@ -49,6 +49,8 @@ struct PipelineOptions {
   int64_t microbatchGroup = 0; // interleaved g; 0: p
   int64_t dp = 1;              // data-parallel replicas of the pipeline
   int64_t cp = 1;              // context-parallel ranks sharing each sequence
+  int64_t tp = 1;              // tensor-parallel ranks splitting each layer
+  bool sequenceParallel = false; // Megatron's sequence parallelism (tp > 1)
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

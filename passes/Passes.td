@@ -93,6 +93,10 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     Option<"cp", "cp", "int64_t", "1",
            "Context-parallel ranks sharing each sequence: every boundary carries seq_len / cp "
            "tokens, and the gradient ALLREDUCE spans dp x cp">,
+    Option<"tp", "tp", "int64_t", "1",
+           "Tensor-parallel ranks splitting each layer's GEMMs; they run the same lists">,
+    Option<"sequenceParallel", "sequence-parallel", "bool", "false",
+           "Sequence parallelism (tp > 1): every boundary carries seq_len / (cp x tp) tokens">,
   ];
 }
 

@@ -32,7 +32,7 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
       return signalPassFailure();
     }
     FailureOr<pipeline::ScheduleSpec> spec =
-        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp);
+        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp, tp, sequenceParallel);
     if (failed(spec))
       return signalPassFailure();
     spec->dp = dp;

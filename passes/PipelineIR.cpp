@@ -140,7 +140,8 @@ FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
 
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
-                                                 const SimulationOptions &options, int64_t cp) {
+                                                 const SimulationOptions &options, int64_t cp, int64_t tp,
+                                                 bool sequenceParallel) {
   FailureOr<pipeline::Layout> layout = layoutOf(func);
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(layout) || failed(dims))
@@ -151,9 +152,13 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.vpp = layout->vpp;
   spec.microbatches = microbatches;
   spec.groupSize = groupSize;
-  // Under context parallelism every rank holds 1 / cp of each sequence.
-  spec.tokens = dims->tokens() / cp;
+  // Under context parallelism every rank holds 1 / cp of each sequence, and
+  // under sequence parallelism 1 / tp of that: what a boundary carries.
+  const int64_t computedTokens = dims->tokens() / cp;
+  spec.tokens = computedTokens / (sequenceParallel ? tp : 1);
   spec.cp = cp;
+  spec.tp = tp;
+  spec.sequenceParallel = sequenceParallel;
   spec.elementBytes = dims->dtypeBytes();
   const DeviceProfile &profile = options.profile;
   spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
@@ -181,13 +186,15 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
       return op.emitOpError() << "has no " << pipe::kStageAttr << " (run -pipe-partition first)";
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
-    const double flops = cost.forwardFlopsPerToken * spec.tokens;
-    const double backward = profile.backwardMs(*kind, 2 * flops, spec.tokens);
-    stage.forwardTime += profile.forwardMs(*kind, flops, spec.tokens);
+    // Tensor parallelism is assumed to split the work and the memory evenly
+    // (its collectives are not costed).
+    const double flops = cost.forwardFlopsPerToken * computedTokens;
+    const double backward = profile.backwardMs(*kind, 2 * flops, computedTokens) / tp;
+    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
-    stage.savedBytes += cost.savedBytesPerToken * spec.tokens;
-    stage.params += cost.params;
+    stage.savedBytes += cost.savedBytesPerToken * computedTokens / tp;
+    stage.params += cost.params / tp;
   }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   for (int64_t s = 0; s + 1 < stages; ++s)
@@ -204,7 +211,8 @@ FailureOr<pipeline::SimulationResult> simulateModuleSchedule(ModuleOp module, co
     return failure();
   pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
   FailureOr<pipeline::ScheduleSpec> spec =
-      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options, schedule.cp);
+      scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options, schedule.cp,
+                     schedule.tp, schedule.sequenceParallel);
   if (failed(spec))
     return failure();
   return pipeline::simulateSchedule(schedule, *spec);
@@ -221,7 +229,9 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       builder, loc, builder.getStringAttr(pipeline::scheduleKindName(schedule.kind)),
       FlatSymbolRefAttr::get(func.getSymNameAttr()), i64(schedule.pp), i64(schedule.vpp),
       i64(schedule.microbatches), i64(schedule.groupSize),
-      schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr(), schedule.cp > 1 ? i64(schedule.cp) : IntegerAttr());
+      schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr(), schedule.cp > 1 ? i64(schedule.cp) : IntegerAttr(),
+      schedule.tp > 1 ? i64(schedule.tp) : IntegerAttr(),
+      schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   for (int64_t r = 0; r < schedule.pp; ++r) {
     auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
@@ -280,6 +290,8 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.groupSize = op.getGroupSize();
   schedule.dp = op.getDp().value_or(1);
   schedule.cp = op.getCp().value_or(1);
+  schedule.tp = op.getTp().value_or(1);
+  schedule.sequenceParallel = op.getSequenceParallel();
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {

@@ -49,7 +49,8 @@ struct SimulationOptions {
 mlir::FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(mlir::func::FuncOp func,
                                                        pipeline::ScheduleKind kind,
                                                        int64_t microbatches, int64_t groupSize,
-                                                       const SimulationOptions &options, int64_t cp = 1);
+                                                       const SimulationOptions &options, int64_t cp = 1,
+                                                       int64_t tp = 1, bool sequenceParallel = false);
 
 /// Simulates the module's (first) pipe.schedule with `options`' rates:
 /// failure when the module has no model function or schedule, or the

@@ -273,6 +273,8 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.vpp = v;
   schedule.dp = spec.dp;
   schedule.cp = spec.cp;
+  schedule.tp = spec.tp;
+  schedule.sequenceParallel = spec.sequenceParallel;
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);

@@ -116,6 +116,13 @@ template <typename Param, typename Field> void paramFields(Param &p, Field &&fie
   field("decay", p.decay);
 }
 
+/// The tensor-parallel split, written only where there is one (older readers
+/// see the same parameter table).
+void writeSplit(const ParamInfo &p, json &j) {
+  if (!p.tpSplit.empty())
+    j["tp_split"] = p.tpSplit;
+}
+
 template <typename Code, typename Field> void deviceCodeFields(Code &c, Field &&field) {
   field("arch", c.arch);
   field("compiler", c.compiler);
@@ -342,14 +349,19 @@ json toJson(const Artifact &a) {
   json prediction = nullptr;
   if (a.prediction)
     prediction = write(*a.prediction, MHCC_FIELDS(predictionFields));
+  json params = writeList(a.params, MHCC_FIELDS(paramFields));
+  for (size_t k = 0; k < a.params.size(); ++k)
+    writeSplit(a.params[k], params[k]);
   json pipeline = write(a, MHCC_FIELDS(pipelineFields));
   pipeline["dp"] = a.dp; // the data-parallel replicas of the pipeline
   pipeline["cp"] = a.cp; // the context-parallel ranks of each sequence
+  pipeline["tp"] = a.tp; // the tensor-parallel ranks of each layer
+  pipeline["sequence_parallel"] = a.sequenceParallel;
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
           {"pipeline", pipeline},
-          {"params", writeList(a.params, MHCC_FIELDS(paramFields))},
+          {"params", params},
           {"stages", stages},
           {"ranks", ranks},
           {"ir", a.ir},
@@ -362,11 +374,17 @@ Artifact artifactFromJson(const json &j) {
   const json &pipeline = j.at("pipeline");
   a.dp = pipeline.contains("dp") ? strictValue<int64_t>(pipeline.at("dp"), "dp") : 1;
   a.cp = pipeline.contains("cp") ? strictValue<int64_t>(pipeline.at("cp"), "cp") : 1;
+  a.tp = pipeline.contains("tp") ? strictValue<int64_t>(pipeline.at("tp"), "tp") : 1;
+  a.sequenceParallel =
+      pipeline.contains("sequence_parallel") && strictValue<bool>(pipeline.at("sequence_parallel"), "sequence_parallel");
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);
   a.modelHash = j.at("model_hash");
   a.params = readList<ParamInfo>(j.at("params"), MHCC_FIELDS(paramFields));
+  for (size_t k = 0; k < a.params.size(); ++k)
+    if (j.at("params")[k].contains("tp_split"))
+      a.params[k].tpSplit = strictValue<std::string>(j.at("params")[k].at("tp_split"), "tp_split");
   for (const json &s : j.at("stages"))
     a.stages.push_back(programFromJson(s));
   for (const json &rank : j.at("ranks")) {

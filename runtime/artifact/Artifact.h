@@ -30,7 +30,8 @@ inline constexpr uint32_t kArtifactVersion = 2;
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";
 /// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
-inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxWorldSize = 65536;
+inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxTensorParallel = 64,
+                         kMaxWorldSize = 65536;
 
 struct ParamInfo {
   std::string name;
@@ -38,6 +39,10 @@ struct ParamInfo {
   std::string init;  // "normal", "xavier_uniform", "ones", "zeros", "constant"
   double scale = 0;  // normal: std; constant: the value
   bool decay = true; // AdamW weight decay applies
+  /// How tensor parallelism splits it (TensorSplit.h): "" replicated on
+  /// every tensor-parallel rank, "rows", "cols", or "qkv" (the columns of
+  /// each of q, k and v: whole heads).
+  std::string tpSplit;
   int64_t count() const { return rows * cols; }
 };
 
@@ -60,16 +65,20 @@ struct Prediction {
   std::string profile;       // the rates' description
 };
 
-/// The rank mesh (docs/parallelism.md): dp replicas of a pp-rank pipeline,
-/// each sequence shared by cp context-parallel ranks; world = pp x dp x cp.
-/// Ranks are ordered as Megatron orders them, context-parallel fastest, then
-/// data-parallel, then pipeline (tensor-parallel ranks, when they exist, come
-/// faster still): global rank = (pipeline rank x dp + replica) x cp + context rank.
+/// The rank mesh (docs/pipeline.md): dp replicas of a pp-rank pipeline,
+/// each sequence shared by cp context-parallel ranks, each layer's weights
+/// split over tp tensor-parallel ranks; world = pp x dp x cp x tp. Ranks are
+/// ordered as Megatron orders them, tensor-parallel fastest, then context-
+/// parallel, then data-parallel, then pipeline: global rank = ((pipeline
+/// rank x dp + replica) x cp + context rank) x tp + tensor rank.
 struct Artifact {
   ModelInfo model;
   std::string modelHash; // of the model graph the artifact was compiled from
   /// microbatches: per replica and step (the global batch is dp x that).
-  int64_t pp = 1, vpp = 1, dp = 1, cp = 1, microbatches = 1, groupSize = 0;
+  int64_t pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, microbatches = 1, groupSize = 0;
+  /// Megatron's sequence parallelism (tp > 1): outside the tensor-parallel
+  /// GEMMs each tensor-parallel rank holds seq_len / tp of every sequence.
+  bool sequenceParallel = false;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
@@ -81,20 +90,25 @@ struct Artifact {
   std::optional<Prediction> prediction;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
-  int64_t worldSize() const { return pp * dp * cp; }
-  int64_t globalRank(int64_t pipelineRank, int64_t replica, int64_t contextRank = 0) const {
-    return (pipelineRank * dp + replica) * cp + contextRank;
+  int64_t worldSize() const { return pp * dp * cp * tp; }
+  int64_t globalRank(int64_t pipelineRank, int64_t replica, int64_t contextRank = 0, int64_t tensorRank = 0) const {
+    return ((pipelineRank * dp + replica) * cp + contextRank) * tp + tensorRank;
   }
-  int64_t pipelineRankOf(int64_t global) const { return global / (dp * cp); }
-  int64_t replicaOf(int64_t global) const { return global / cp % dp; }
-  int64_t contextRankOf(int64_t global) const { return global % cp; }
+  int64_t pipelineRankOf(int64_t global) const { return global / (dp * cp * tp); }
+  int64_t replicaOf(int64_t global) const { return global / (cp * tp) % dp; }
+  int64_t contextRankOf(int64_t global) const { return global / tp % cp; }
+  int64_t tensorRankOf(int64_t global) const { return global % tp; }
+  /// A global rank's index among the dp x cp x tp ranks of its pipeline rank.
+  int64_t memberOf(int64_t global) const { return global % (dp * cp * tp); }
   /// The ranks one gradient ALLREDUCE sums over: a pipeline rank's replicas
   /// and their context-parallel ranks (Megatron's data-parallel group with
-  /// context parallelism); the member index of a global rank in it.
+  /// context parallelism) of one tensor rank; the member index of a global
+  /// rank in it.
   int64_t reduceGroupSize() const { return dp * cp; }
-  int64_t reduceMemberOf(int64_t global) const { return global % (dp * cp); }
-  /// Rows of a microbatch each rank holds: its context-parallel share.
-  int64_t rowsPerRank() const { return model.tokens() / cp; }
+  int64_t reduceMemberOf(int64_t global) const { return global / tp % (dp * cp); }
+  /// Rows of a microbatch each rank holds outside the tensor-parallel GEMMs:
+  /// its context-parallel share, split again over tp under sequence parallelism.
+  int64_t rowsPerRank() const { return model.tokens() / cp / (sequenceParallel ? tp : 1); }
   /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
   /// sampler: each group of dp consecutive microbatches goes one to a replica).
   int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }

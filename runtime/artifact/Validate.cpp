@@ -1,5 +1,6 @@
 //===- Validate.cpp - everything the executor indexes, checked up front ------===//
 #include "runtime/artifact/Artifact.h"
+#include "runtime/artifact/TensorSplit.h"
 
 #include <cmath>
 
@@ -28,16 +29,26 @@ public:
       return "bad model sizes";
     if (a_.pp < 1 || a_.vpp < 1 || a_.microbatches < 1)
       return "bad pipeline sizes";
-    if (a_.dp < 1 || a_.dp > kMaxDataParallel || a_.cp < 1 || a_.cp > kMaxContextParallel ||
-        a_.pp * a_.dp * a_.cp > kMaxWorldSize)
+    if (a_.dp < 1 || a_.dp > kMaxDataParallel || a_.cp < 1 || a_.cp > kMaxContextParallel || a_.tp < 1 ||
+        a_.tp > kMaxTensorParallel || a_.pp * a_.dp * a_.cp * a_.tp > kMaxWorldSize)
       return "bad rank mesh (dp = " + std::to_string(a_.dp) + " replicas of pp = " + std::to_string(a_.pp) +
-             " ranks, cp = " + std::to_string(a_.cp) + "; at most " + std::to_string(kMaxDataParallel) +
-             " replicas, " + std::to_string(kMaxContextParallel) + " context-parallel ranks and " +
+             " ranks, cp = " + std::to_string(a_.cp) + ", tp = " + std::to_string(a_.tp) + "; at most " +
+             std::to_string(kMaxDataParallel) + " replicas, " + std::to_string(kMaxContextParallel) +
+             " context-parallel ranks, " + std::to_string(kMaxTensorParallel) + " tensor-parallel ranks and " +
              std::to_string(kMaxWorldSize) + " ranks)";
     // The load-balanced causal split cuts each sequence into 2 cp equal chunks.
     if (m.seqLen % (2 * a_.cp) != 0 && a_.cp > 1)
       return "seq_len " + std::to_string(m.seqLen) + " does not split into 2 cp = " + std::to_string(2 * a_.cp) +
              " equal chunks";
+    if (a_.sequenceParallel && (a_.tp < 2 || m.seqLen % a_.tp != 0))
+      return "sequence parallelism needs tp > 1 dividing seq_len " + std::to_string(m.seqLen) + " (tp = " +
+             std::to_string(a_.tp) + ")";
+    if (a_.tp > 1 && (m.heads % a_.tp || m.ffnHidden % a_.tp || m.vocab % a_.tp))
+      return "tp = " + std::to_string(a_.tp) + " does not divide the heads, the FFN width and the vocabulary";
+    for (const ParamInfo &p : a_.params)
+      if (std::string problem = splitProblem(p, a_.tp); !problem.empty())
+        return "parameter " + p.name + " (split '" + p.tpSplit + "'): " + problem + " do not split over tp = " +
+               std::to_string(a_.tp);
     if (m.dtype != "f32" && m.dtype != "bf16")
       return "unknown model dtype '" + m.dtype + "' (f32 or bf16)";
     for (const StageProgram &p : a_.stages)
@@ -236,6 +247,10 @@ private:
   std::string forward(const StageProgram &p, const ForwardInstr &f) {
     const ModelInfo &m = a_.model;
     const int64_t T = a_.rowsPerRank(), C = m.hidden, n = f.streams, K = n * n + 2 * n;
+    // Under tensor parallelism the GEMM primitives see G rows (every row of
+    // a context-parallel share) and hold 1 / tp of the heads, FFN columns and
+    // vocabulary; their parameters are named whole.
+    const int64_t tp = a_.tp, G = m.tokens() / a_.cp, D = C / tp, Vs = m.vocab / tp;
     const bool usesStreams = f.op == Prim::Expand || f.op == Prim::Contract || f.op == Prim::MhcCoeffs ||
                              f.op == Prim::MhcPre || f.op == Prim::MhcPostRes;
     if (a_.deviceCode && usesStreams && f.streams != a_.deviceCode->streams)
@@ -303,9 +318,9 @@ private:
         return "eps must be positive";
       return expect(1, 1, {{T, C}}, {{1, C}}, {T, C}, T);
     case Prim::Attention:
-      if (f.heads < 1 || C % f.heads || (C / f.heads) % 2)
+      if (f.heads < 1 || f.heads * tp != m.heads || (D / f.heads) % 2)
         return "bad head count";
-      return expect(1, 2, {{T, C}}, {{C, 3 * C}, {C, C}}, {T, C}, T * 4 * C + T * f.heads);
+      return expect(1, 2, {{T, C}}, {{C, 3 * C}, {C, C}}, {T, C}, G * 4 * D + G * f.heads);
     case Prim::GatedDeltaNet: {
       if (f.heads < 1 || C % f.heads || !(f.eps > 0))
         return "bad head count or norm eps";
@@ -317,9 +332,9 @@ private:
     case Prim::SwiGlu:
       if (f.ffn < 1)
         return "bad FFN size";
-      return expect(1, 3, {{T, C}}, {{C, f.ffn}, {C, f.ffn}, {f.ffn, C}}, {T, C}, 3 * T * f.ffn);
+      return expect(1, 3, {{T, C}}, {{C, f.ffn * tp}, {C, f.ffn * tp}, {f.ffn * tp, C}}, {T, C}, 3 * G * f.ffn);
     case Prim::LmHead:
-      return expect(1, 1, {{T, C}}, {{C, m.vocab}}, {T, m.vocab}, 0);
+      return expect(1, 1, {{T, C}}, {{C, m.vocab}}, {G, Vs}, 0);
     case Prim::ConcatProj:
       return expect(2, 1, {{T, C}, {T, C}}, {{2 * C, C}}, {T, C}, 0);
     case Prim::CrossEntropy:
@@ -327,7 +342,7 @@ private:
         return "names no loss";
       if (f.shift < 0 || f.shift >= f.seqLen)
         return "bad shift";
-      return expect(1, 0, {{T, m.vocab}}, {}, {1, 1}, T);
+      return expect(1, 0, {{G, Vs}}, {}, {1, 1}, G);
     }
     return "unknown kernel";
   }

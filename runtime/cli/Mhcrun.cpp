@@ -130,9 +130,12 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   }
   if (backend != "auto")
     return backend;
-  if (a.dp > 1 || a.cp > 1) {
-    std::cerr << "mhcrun: " << (a.dp > 1 ? "data" : "context") << " parallelism (" << (a.dp > 1 ? "dp = " : "cp = ")
-              << (a.dp > 1 ? a.dp : a.cp) << ") runs on the CPU backend in this release: using it\n";
+  if (a.dp > 1 || a.cp > 1 || a.tp > 1) {
+    const char *kind = a.dp > 1 ? "data" : a.cp > 1 ? "context" : "tensor";
+    const std::string size = a.dp > 1   ? "dp = " + std::to_string(a.dp)
+                             : a.cp > 1 ? "cp = " + std::to_string(a.cp)
+                                        : "tp = " + std::to_string(a.tp);
+    std::cerr << "mhcrun: " << kind << " parallelism (" << size << ") runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
@@ -449,6 +452,10 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
                 " context-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
                 "--processes, mpirun or srun); recompile with --cp 1 for GPUs or processes");
+  if (artifact->tp > 1 && (backend != "cpu" || placement || f.processes > 0))
+    return fail(rankPrefix + "the artifact has tp = " + std::to_string(artifact->tp) +
+                " tensor-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
+                "--processes, mpirun or srun); recompile with --tp 1 for GPUs or processes");
   if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
                              "the host clock sees only when work is issued); use --profile there for device time");
@@ -500,6 +507,12 @@ int runMhcrun(int argc, char **argv) {
               << ", pp = " << a.pp << ", vpp = " << a.vpp << (a.dp > 1 ? ", dp = " + std::to_string(a.dp) : "")
               << (a.cp > 1 ? ", cp = " + std::to_string(a.cp) + " (" + std::to_string(a.rowsPerRank()) +
                                  " tokens of each microbatch a rank)"
+                           : "")
+              << (a.tp > 1 ? ", tp = " + std::to_string(a.tp) +
+                                 (a.sequenceParallel ? " with sequence parallelism (" +
+                                                           std::to_string(a.rowsPerRank()) +
+                                                           " tokens of each microbatch a rank outside the GEMMs)"
+                                                     : std::string())
                            : "")
               << ", layout " << a.layout << ", schedule "
               << a.scheduleKind << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", "

@@ -54,34 +54,38 @@ template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, i
     addScaled(dots, rowsT + e * seq, x[e], last + 1);
 }
 
-/// Causal multi-head self-attention with rotary positions. aux: [rows, 3C]
-/// rotated q, k and v, then [rows, C] attention output o, then [rows, heads]
+/// Causal multi-head self-attention with rotary positions. x and y are
+/// [rows, C]; the heads span D = `inner` columns (0: C; less on a
+/// tensor-parallel rank, which holds heads / tp of them and partial sums of
+/// y). aux: [rows, 3D] rotated q, k and v, then [rows, D] attention output
+/// o, then [rows, heads]
 /// log-sum-exp of each score row. A query attends to the keys of its own
 /// document only (`docs`); its score row is summed from its document's start,
 /// so a packed document gets the bits it would get alone.
 template <typename T>
 void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int64_t rows,
-                      int64_t C, int64_t heads, int64_t seq, Store<T> store = nullptr, Documents docs = {}) {
-  const int64_t d = C / heads;
-  T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
-  matmul(x, wqkv, qkv, rows, C, 3 * C);
-  stored(store, qkv, rows * 3 * C);
+                      int64_t C, int64_t heads, int64_t seq, Store<T> store = nullptr, Documents docs = {},
+                      int64_t inner = 0) {
+  const int64_t D = inner ? inner : C, d = D / heads;
+  T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
+  matmul(x, wqkv, qkv, rows, C, 3 * D);
+  stored(store, qkv, rows * 3 * D);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
-      rotate(qkv + t * 3 * C + h * d, docs.position(t, seq), d, false);
-      rotate(qkv + t * 3 * C + C + h * d, docs.position(t, seq), d, false);
+      rotate(qkv + t * 3 * D + h * d, docs.position(t, seq), d, false);
+      rotate(qkv + t * 3 * D + D + h * d, docs.position(t, seq), d, false);
     }
-  stored(store, qkv, rows * 3 * C);
+  stored(store, qkv, rows * 3 * D);
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs are independent: split them over threads.
   parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
     std::vector<T> p(seq), kt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
-      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
+      transposeHead(qkv + b * seq * 3 * D + D + h * d, 3 * D, seq, d, kt.data());
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i, first = docs.firstKey(ti);
-        const T *q = qkv + ti * 3 * C + h * d;
+        const T *q = qkv + ti * 3 * D + h * d;
         causalDots(q, kt.data(), seq, d, i, p.data());
         T maxScore = -INFINITY;
         for (int64_t j = first; j <= i; ++j) {
@@ -94,38 +98,38 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
           sum += p[j];
         }
         lse[ti * heads + h] = maxScore + std::log(sum);
-        T *out = o + ti * C + h * d;
+        T *out = o + ti * D + h * d;
         std::fill(out, out + d, T(0));
         for (int64_t j = first; j <= i; ++j) {
-          const T *v = qkv + (b * seq + j) * 3 * C + 2 * C + h * d;
+          const T *v = qkv + (b * seq + j) * 3 * D + 2 * D + h * d;
           addScaled(out, v, p[j] / sum, d);
         }
         stored(store, out, d);
       }
     }
   });
-  matmul(o, wo, y, rows, C, C);
+  matmul(o, wo, y, rows, D, C);
 }
 
 template <typename T>
 void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, const T *dy, T *dx,
                        T *dWqkv, T *dWo, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                       Store<T> store = nullptr, Documents docs = {}) {
-  const int64_t d = C / heads;
-  const T *qkv = aux, *o = aux + rows * 3 * C, *lse = o + rows * C;
+                       Store<T> store = nullptr, Documents docs = {}, int64_t inner = 0) {
+  const int64_t D = inner ? inner : C, d = D / heads;
+  const T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
   if (dWo)
-    matmulTransAAcc(o, dy, dWo, rows, C, C);
-  std::vector<T> dO(rows * C, T(0)), dQkv(rows * 3 * C, T(0));
-  matmulTransBAcc(dy, wo, dO.data(), rows, C, C);
-  stored(store, dO.data(), rows * C);
+    matmulTransAAcc(o, dy, dWo, rows, D, C);
+  std::vector<T> dO(rows * D, T(0)), dQkv(rows * 3 * D, T(0));
+  matmulTransBAcc(dy, wo, dO.data(), rows, C, D);
+  stored(store, dO.data(), rows * D);
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
   parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {
     std::vector<T> p(seq), dp(seq), ds(seq), kt(d * seq), vt(d * seq), dkt(d * seq), dvt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
-      transposeHead(qkv + b * seq * 3 * C + C + h * d, 3 * C, seq, d, kt.data());
-      transposeHead(qkv + b * seq * 3 * C + 2 * C + h * d, 3 * C, seq, d, vt.data());
+      transposeHead(qkv + b * seq * 3 * D + D + h * d, 3 * D, seq, d, kt.data());
+      transposeHead(qkv + b * seq * 3 * D + 2 * D + h * d, 3 * D, seq, d, vt.data());
       // dK and dV of this head accumulate transposed ([d, seq]) so that one
       // query row updates every key at once; each element still sums over
       // the queries i in ascending order, from 0 as the zeroed dQkv would.
@@ -133,8 +137,8 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       std::fill(dvt.begin(), dvt.end(), T(0));
       for (int64_t i = 0; i < seq; ++i) {
         int64_t ti = b * seq + i, first = docs.firstKey(ti);
-        const T *q = qkv + ti * 3 * C + h * d;
-        const T *gO = dO.data() + ti * C + h * d;
+        const T *q = qkv + ti * 3 * D + h * d;
+        const T *gO = dO.data() + ti * D + h * d;
         causalDots(q, kt.data(), seq, d, i, p.data());
         causalDots(gO, vt.data(), seq, d, i, dp.data());
         T rowDot = 0;
@@ -142,9 +146,9 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
           p[j] = std::exp(p[j] * scale - lse[ti * heads + h]);
           rowDot += p[j] * dp[j];
         }
-        T *dq = dQkv.data() + ti * 3 * C + h * d;
+        T *dq = dQkv.data() + ti * 3 * D + h * d;
         for (int64_t j = first; j <= i; ++j) {
-          const T *k = qkv + (b * seq + j) * 3 * C + C + h * d;
+          const T *k = qkv + (b * seq + j) * 3 * D + D + h * d;
           ds[j] = p[j] * (dp[j] - rowDot) * scale;
           addScaled(dq, k, ds[j], d);
         }
@@ -158,7 +162,7 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
         }
       }
       for (int64_t j = 0; j < seq; ++j) {
-        T *dk = dQkv.data() + (b * seq + j) * 3 * C + C + h * d, *dv = dk + C;
+        T *dk = dQkv.data() + (b * seq + j) * 3 * D + D + h * d, *dv = dk + D;
         for (int64_t e = 0; e < d; ++e) {
           dk[e] += dkt[e * seq + j];
           dv[e] += dvt[e * seq + j];
@@ -168,14 +172,14 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
   });
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
-      rotate(dQkv.data() + t * 3 * C + h * d, docs.position(t, seq), d, true);
-      rotate(dQkv.data() + t * 3 * C + C + h * d, docs.position(t, seq), d, true);
+      rotate(dQkv.data() + t * 3 * D + h * d, docs.position(t, seq), d, true);
+      rotate(dQkv.data() + t * 3 * D + D + h * d, docs.position(t, seq), d, true);
     }
-  stored(store, dQkv.data(), rows * 3 * C);
+  stored(store, dQkv.data(), rows * 3 * D);
   if (dWqkv)
-    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * C);
+    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * D);
   if (dx)
-    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * C, C);
+    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * D, C);
 }
 
 } // namespace mhcc::runtime::kernels

@@ -1,6 +1,7 @@
 //===- CpuDevice.cpp - the CPU reference backend's Device -------------------===//
 #include "runtime/cpu/CpuDevice.h"
 
+#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/CpuRankBase.h"
 
 #include <chrono>
@@ -32,16 +33,32 @@ struct Channel {
   std::deque<Message> queue;
 };
 
-/// What the CPU ranks share: every rank of the mesh (pp x dp x cp, by global rank).
+using SlotGrads = std::vector<std::vector<std::vector<float>>>; // [stage][slot]
+
+/// Slot gradients shaped as a tensor-parallel rank's blocks (TensorSplit.h).
+SlotGrads blockGrads(const Artifact &a) {
+  SlotGrads grads(a.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (const ParamSlot &slot : a.stages[s].params)
+      grads[s].emplace_back(shardCount(a.params[slot.param], a.tp), 0.0f);
+  return grads;
+}
+
+/// What the CPU ranks share: every rank of the mesh (pp x dp x cp x tp, by global rank).
 struct CpuWorld {
   const Artifact &a;
   const TrainOptions &options;
   std::atomic<bool> &failed;
   HostParameters params; // one copy, read by every rank; the update runs once
-  /// Reduce-group members 1 .. dp x cp - 1's gradients (Artifact::
-  /// reduceMemberOf), [member - 1][stage][slot] (member 0's are
-  /// params.slotGrads): each sums its own microbatches and rows.
-  std::vector<std::vector<std::vector<std::vector<float>>>> replicaGrads;
+  /// The gradients of a pipeline rank's members (Artifact::memberOf), each
+  /// summing its own microbatches and rows: member 0's are params.slotGrads
+  /// without tensor parallelism, the others [member - 1] here; with it every
+  /// member's blocks are here ([member]), and completeStep assembles them.
+  std::vector<SlotGrads> rankGrads;
+  /// Tensor parallelism: each tensor rank's blocks of the split weights
+  /// ([tensor rank][param]; empty for the replicated ones), cut from the
+  /// working copies after every change of the masters.
+  std::vector<std::vector<std::vector<float>>> blocks;
   /// (from, to) between ranks of one replica and context rank.
   std::map<std::pair<int64_t, int64_t>, Channel> channels;
 
@@ -64,6 +81,8 @@ struct CpuWorld {
     std::vector<const float *> sources; // by context rank
   };
   std::vector<GatherGroup> gatherGroups;
+  /// By global rank / tp: its tensor-parallel ranks' collectives.
+  std::vector<GatherGroup> tensorGroups;
   StepResult result;
 
   // By rank, for the receive deadline (--recv-timeout): when it last ran an
@@ -72,15 +91,18 @@ struct CpuWorld {
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
       : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
-        replicaGrads(artifact.reduceGroupSize() - 1, params.slotGrads), losses(artifact.reduceGroupSize()),
-        peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),
+        rankGrads(artifact.tp > 1 ? artifact.dp * artifact.cp * artifact.tp : artifact.reduceGroupSize() - 1,
+                  blockGrads(artifact)),
+        losses(artifact.reduceGroupSize()), peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),
         gatherGroups(artifact.pp * artifact.dp, GatherGroup{0, 0, std::vector<const float *>(artifact.cp)}),
+        tensorGroups(artifact.worldSize() / artifact.tp, GatherGroup{0, 0, std::vector<const float *>(artifact.tp)}),
         lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
         waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
     for (int64_t from = 0; from < a.worldSize(); ++from)
       for (int64_t to = 0; to < a.worldSize(); ++to)
-        if (from != to && a.reduceMemberOf(from) == a.reduceMemberOf(to))
+        if (from != to && a.memberOf(from) == a.memberOf(to))
           channels[{from, to}];
+    cutBlocks();
     for (int64_t r = 0; r < a.worldSize(); ++r) {
       lastProgress[r] = Clock::now().time_since_epoch().count();
       waitingOn[r] = -1;
@@ -100,23 +122,113 @@ struct CpuWorld {
     return peer;
   }
 
-  /// The slot gradients of reduce-group member `member` ([stage][slot]).
-  std::vector<std::vector<std::vector<float>>> &gradsOf(int64_t member) {
-    return member == 0 ? params.slotGrads : replicaGrads[member - 1];
+  /// The slot gradients of member `member` of a pipeline rank ([stage][slot]).
+  SlotGrads &gradsOf(int64_t member) {
+    return a.tp > 1 ? rankGrads[member] : member == 0 ? params.slotGrads : rankGrads[member - 1];
+  }
+
+  /// The weights a kernel of tensor rank t reads for `param`.
+  float *weightFor(int64_t t, int param) {
+    return blocks.empty() || blocks[t][param].empty() ? params.weight(param) : blocks[t][param].data();
+  }
+  void cutBlocks() {
+    if (a.tp == 1)
+      return;
+    blocks.assign(a.tp, std::vector<std::vector<float>>(a.params.size()));
+    for (int64_t t = 0; t < a.tp; ++t)
+      for (size_t p = 0; p < a.params.size(); ++p)
+        if (!a.params[p].tpSplit.empty()) {
+          blocks[t][p].resize(shardCount(a.params[p], a.tp));
+          gatherShard(a.params[p], a.tp, t, params.weight(int(p)), blocks[t][p].data());
+        }
   }
 
   /// The data-parallel all-reduce of pipeline rank r's stages, on the host:
-  /// member 0's gradients become the sum over the group, added in member
-  /// order (((g0 + g1) + g2) ...), so the bits depend on dp and cp alone,
-  /// never on the pipeline layout.
+  /// for each tensor rank, its first member's gradients become the sum over
+  /// the group, added in member order (((g0 + g1) + g2) ...), so the bits
+  /// depend on dp and cp alone, never on the pipeline layout.
   void sumReplicas(int64_t r) {
-    for (size_t s = r; s < params.slotGrads.size(); s += a.pp)
+    for (int64_t t = 0; t < a.tp; ++t)
+      for (size_t s = r; s < params.slotGrads.size(); s += a.pp)
+        for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
+          std::vector<float> &sum = gradsOf(t)[s][k];
+          for (int64_t m = t + a.tp; m < a.dp * a.cp * a.tp; m += a.tp)
+            for (size_t e = 0; e < sum.size(); ++e)
+              sum[e] = sum[e] + gradsOf(m)[s][k][e];
+        }
+  }
+
+  /// Tensor parallelism: the whole gradients of every slot from the tensor
+  /// ranks' (after sumReplicas): each split weight's blocks put in place; a
+  /// replicated weight's gradient is tensor rank 0's (every rank computed
+  /// the same bits from the same rows), or under sequence parallelism the
+  /// sum over the ranks' rows in tensor-rank order.
+  void assembleTensorParallel() {
+    for (size_t s = 0; s < params.slotGrads.size(); ++s)
       for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
-        std::vector<float> &sum = params.slotGrads[s][k];
-        for (const auto &replica : replicaGrads)
-          for (size_t e = 0; e < sum.size(); ++e)
-            sum[e] = sum[e] + replica[s][k][e];
+        const ParamInfo &info = a.params[a.stages[s].params[k].param];
+        std::vector<float> &whole = params.slotGrads[s][k];
+        if (!info.tpSplit.empty()) {
+          for (int64_t t = 0; t < a.tp; ++t)
+            scatterShard(info, a.tp, t, gradsOf(t)[s][k].data(), whole.data());
+          continue;
+        }
+        whole = gradsOf(0)[s][k];
+        for (int64_t t = 1; a.sequenceParallel && t < a.tp; ++t)
+          for (size_t e = 0; e < whole.size(); ++e)
+            whole[e] = whole[e] + gradsOf(t)[s][k][e];
       }
+  }
+
+  /// A collective of global rank `rank`'s tensor-parallel group: every rank
+  /// posts `mine`, then runs `work(sources)` once all have, and none returns
+  /// before all have run it (the sources stay valid). False when a rank failed.
+  template <typename Work> bool tensorCollective(int64_t rank, const float *mine, Work work) {
+    GatherGroup &group = tensorGroups[rank / a.tp];
+    std::unique_lock<std::mutex> lock(mutex);
+    group.sources[a.tensorRankOf(rank)] = mine;
+    if (!barrier(group, a.tp, lock, [] {}))
+      return false;
+    lock.unlock();
+    work(group.sources);
+    lock.lock();
+    return barrier(group, a.tp, lock, [] {});
+  }
+
+  /// The tensor-parallel collectives (TensorGroup): sums and maxima in
+  /// tensor-rank order, so every rank of the group gets the same bits.
+  bool tensorAllReduce(int64_t rank, float *data, int64_t count, bool max) {
+    std::vector<float> result(count);
+    const bool ok = tensorCollective(rank, data, [&](const std::vector<const float *> &sources) {
+      std::copy_n(sources[0], count, result.data());
+      for (int64_t t = 1; t < a.tp; ++t)
+        for (int64_t e = 0; e < count; ++e)
+          result[e] = max ? std::max(result[e], sources[t][e]) : result[e] + sources[t][e];
+    });
+    if (ok) // every rank has read every source: the result may overwrite this rank's
+      std::copy_n(result.data(), count, data);
+    return ok;
+  }
+  bool tensorGatherRows(int64_t rank, const float *local, int64_t cols, float *all) {
+    return tensorCollective(rank, local, [&](const std::vector<const float *> &sources) {
+      for (int64_t t = 0; t < a.tp; ++t) {
+        const std::vector<int64_t> rows = sequenceRows(a, t);
+        for (size_t r = 0; r < rows.size(); ++r)
+          std::memcpy(all + rows[r] * cols, sources[t] + int64_t(r) * cols, cols * sizeof(float));
+      }
+    });
+  }
+  bool tensorReduceScatterRows(int64_t rank, const float *all, int64_t cols, float *local) {
+    const std::vector<int64_t> rows = sequenceRows(a, a.tensorRankOf(rank));
+    return tensorCollective(rank, all, [&](const std::vector<const float *> &sources) {
+      for (size_t r = 0; r < rows.size(); ++r) {
+        float *out = local + int64_t(r) * cols;
+        std::memcpy(out, sources[0] + rows[r] * cols, cols * sizeof(float));
+        for (int64_t t = 1; t < a.tp; ++t)
+          for (int64_t e = 0; e < cols; ++e)
+            out[e] = out[e] + sources[t][rows[r] * cols + e];
+      }
+    });
   }
 
   /// Waits until all `size` members of a group arrived (false when a rank
@@ -142,7 +254,7 @@ struct CpuWorld {
   /// into microbatch order, and none returns before all have copied (the
   /// sources stay valid).
   bool gather(int64_t rank, const float *local, int64_t cols, float *all) {
-    GatherGroup &group = gatherGroups[rank / a.cp];
+    GatherGroup &group = gatherGroups[rank / a.tp / a.cp];
     std::unique_lock<std::mutex> lock(mutex);
     group.sources[a.contextRankOf(rank)] = local;
     if (!barrier(group, a.cp, lock, [] {}))
@@ -157,13 +269,13 @@ struct CpuWorld {
     return barrier(group, a.cp, lock, [] {});
   }
 
-  /// ALLREDUCE of global rank `rank`: a barrier of its reduce group (the
-  /// replicas and context ranks of its pipeline rank); the last to arrive
-  /// sums. False when a rank failed meanwhile.
+  /// ALLREDUCE of global rank `rank`: a barrier of its pipeline rank's
+  /// members (the reduce groups of every tensor rank at once); the last to
+  /// arrive sums. False when a rank failed meanwhile.
   bool allReduce(int64_t rank) {
     std::unique_lock<std::mutex> lock(mutex);
     const int64_t pipelineRank = a.pipelineRankOf(rank);
-    return barrier(reduceGroups[pipelineRank], a.reduceGroupSize(), lock, [&] { sumReplicas(pipelineRank); });
+    return barrier(reduceGroups[pipelineRank], a.dp * a.cp * a.tp, lock, [&] { sumReplicas(pipelineRank); });
   }
 
   /// The last stage's losses by replica ([replica][mb][loss]): a replica's
@@ -190,7 +302,8 @@ struct CpuWorld {
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
                     int64_t peak, bool evaluateOnly, StepResult &out) {
     std::unique_lock<std::mutex> lock(mutex);
-    if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank))
+    // Every tensor-parallel rank computes the same losses; rank 0's count.
+    if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank) && a.tensorRankOf(rank) == 0)
       losses[a.reduceMemberOf(rank)] = rankLosses;
     peakBytes[rank] = peak;
     const uint64_t mine = generation;
@@ -199,7 +312,10 @@ struct CpuWorld {
       result = StepResult();
       result.step = step;
       // The replicas' gradients were summed by each rank's ALLREDUCE.
+      if (a.tp > 1 && !evaluateOnly)
+        assembleTensorParallel();
       params.update(a, options, replicaLosses(), evaluateOnly, result);
+      cutBlocks();
       result.peakBytes = peakBytes;
       ++generation;
       done.notify_all();
@@ -228,7 +344,7 @@ public:
     progressed();
     beginInputs(inputs);
     for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
-      for (std::vector<float> &g : world_->gradsOf(a_.reduceMemberOf(rank_))[s])
+      for (std::vector<float> &g : world_->gradsOf(a_.memberOf(rank_))[s])
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
   }
@@ -248,7 +364,7 @@ public:
     for (Transfer &t : group)
       if (t.instr->kind == OpKind::Send) {
         const Instr &i = *t.instr;
-        Channel &channel = world_->channels[{rank_, a_.globalRank(i.peer, replica_, contextRank_)}];
+        Channel &channel = world_->channels[{rank_, a_.globalRank(i.peer, replica_, contextRank_, tensorRank_)}];
         {
           std::lock_guard<std::mutex> lock(channel.mutex);
           channel.queue.push_back({i.payload, i.srcStage, i.dstStage, i.mb,
@@ -287,14 +403,26 @@ public:
     if (rank_ != 0)
       return true;
     world_->params.load(state, true);
+    world_->cutBlocks();
     return true;
   }
   void abort() override { world_->failed = true; }
 
 private:
-  float *weight(int param) override { return world_->params.weight(param); }
-  float *slotGrad(int64_t stage, int slot) override {
-    return world_->gradsOf(a_.reduceMemberOf(rank_))[stage][slot].data();
+  float *weight(int param) override { return world_->weightFor(tensorRank_, param); }
+  float *slotGrad(int64_t stage, int slot) override { return world_->gradsOf(a_.memberOf(rank_))[stage][slot].data(); }
+  bool tensorAllReduce(float *data, int64_t count, bool max) override {
+    return progressedAfter(world_->tensorAllReduce(rank_, data, count, max));
+  }
+  bool tensorGatherRows(const float *local, int64_t cols, float *all) override {
+    return progressedAfter(world_->tensorGatherRows(rank_, local, cols, all));
+  }
+  bool tensorReduceScatterRows(const float *all, int64_t cols, float *local) override {
+    return progressedAfter(world_->tensorReduceScatterRows(rank_, all, cols, local));
+  }
+  bool progressedAfter(bool ok) {
+    progressed();
+    return ok;
   }
   bool gatherRows(const float *local, int64_t cols, float *all) override {
     const bool ok = world_->gather(rank_, local, cols, all);
@@ -309,7 +437,7 @@ private:
   /// rank that progresses is waited for, however long).
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
-    const int64_t peer = a_.globalRank(i.peer, replica_, contextRank_);
+    const int64_t peer = a_.globalRank(i.peer, replica_, contextRank_, tensorRank_);
     Channel &channel = world_->channels[{peer, rank_}];
     std::unique_lock<std::mutex> lock(channel.mutex);
     const double timeout = world_->options.recvTimeoutSeconds;

@@ -134,9 +134,18 @@ std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {
   return rows;
 }
 
+std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank) {
+  std::vector<int64_t> rows;
+  const int64_t seq = a.model.seqLen, share = seq / a.tp;
+  for (int64_t b = 0; b < a.model.microBatch; ++b)
+    for (int64_t i = 0; i < share; ++i)
+      rows.push_back(b * seq + tensorRank * share + i);
+  return rows;
+}
+
 CpuRankBase::CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank)
     : a_(a), options_(options), rank_(rank), pipelineRank_(a.pipelineRankOf(rank)), replica_(a.replicaOf(rank)),
-      contextRank_(a.contextRankOf(rank)), rowMap_(contextRows(a, contextRank_)) {}
+      contextRank_(a.contextRankOf(rank)), tensorRank_(a.tensorRankOf(rank)), rowMap_(contextRows(a, contextRank_)) {}
 
 StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
   const StageProgram &p = a_.stages[s];
@@ -156,6 +165,23 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
     };
     c.addsMixerWeightGrads = contextRank_ == 0;
   }
+  if (a_.tp > 1) {
+    c.tensor.size = a_.tp;
+    c.tensor.rank = tensorRank_;
+    c.tensor.sequenceParallel = a_.sequenceParallel;
+    if (a_.sequenceParallel)
+      c.rows = a_.rowsPerRank(); // the row-local primitives' share; the GEMMs gather every row
+    auto failed = [this](bool ok) { return ok || !(gatherFailed_ = true); };
+    c.tensor.allReduce = [this, failed](float *data, int64_t count, bool max) {
+      return failed(tensorAllReduce(data, count, max));
+    };
+    c.tensor.gatherRows = [this, failed](const float *local, int64_t cols, float *all) {
+      return failed(tensorGatherRows(local, cols, all));
+    };
+    c.tensor.reduceScatterRows = [this, failed](const float *all, int64_t cols, float *local) {
+      return failed(tensorReduceScatterRows(all, cols, local));
+    };
+  }
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
   c.paramGrad = [this, s](int slot) { return slotGrad(s, slot); };
   if (a_.model.dtype == "bf16")
@@ -171,7 +197,7 @@ bool CpuRankBase::forward(int64_t stage, int64_t mb, size_t index, StageState &s
   StageContext<float> c = contextFor(stage, mb);
   forwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), index);
   if (gatherFailed_)
-    return fail("stopped in a context-parallel gather: another rank failed");
+    return fail("stopped in a collective of its context- or tensor-parallel group: another rank failed");
   storeAs(c.program, c.program.forward[index].output, state);
   return true;
 }
@@ -181,7 +207,7 @@ bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart
   StageContext<float> c = contextFor(stage, mb);
   const BackwardInstr &b = c.program.backward[index];
   if (!backwardInstr(c, pointers(state.values).data(), pointers(state.aux).data(), b, part) || gatherFailed_)
-    return fail("stopped in a context-parallel gather: another rank failed");
+    return fail("stopped in a collective of its context- or tensor-parallel group: another rank failed");
   if (part != BackwardPart::Weight)
     for (int id : b.gradInputs)
       storeAs(c.program, id, state);

@@ -65,6 +65,10 @@ struct HostParameters {
 /// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in
 /// that order; empty for cp = 1.
 std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank);
+/// The microbatch rows tensor rank `tensorRank` holds under sequence
+/// parallelism: of each sequence, its tensorRank-th share of seq_len / tp
+/// rows, in order (Megatron splits the sequence dimension).
+std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank);
 
 class CpuRankBase : public Device {
 public:
@@ -96,6 +100,11 @@ protected:
   /// contributes its rows (rowsPerRank x cols), gathered into microbatch
   /// order in `all` (StageContext::gatherRows); false when a rank failed.
   virtual bool gatherRows(const float *local, int64_t cols, float *all) { return false; }
+  /// Tensor parallelism: the collectives of this rank's tensor-parallel
+  /// group (TensorGroup in TensorParallel.h); false when a rank failed.
+  virtual bool tensorAllReduce(float *data, int64_t count, bool max) { return false; }
+  virtual bool tensorGatherRows(const float *local, int64_t cols, float *all) { return false; }
+  virtual bool tensorReduceScatterRows(const float *all, int64_t cols, float *local) { return false; }
 
   bool fail(const std::string &message);
   /// Starts a step: the inputs kernels read, peak accounting from here.
@@ -105,7 +114,7 @@ protected:
 
   const Artifact &a_;
   const TrainOptions &options_;
-  const int64_t rank_, pipelineRank_, replica_, contextRank_;
+  const int64_t rank_, pipelineRank_, replica_, contextRank_, tensorRank_;
   /// The microbatch row of each of this rank's rows (empty without context
   /// parallelism): chunks contextRank and 2 cp - 1 - contextRank of each sequence.
   std::vector<int64_t> rowMap_;
@@ -116,7 +125,7 @@ private:
   StageContext<float> contextFor(int64_t stage, int64_t mb);
 
   const StepInputs *inputs_ = nullptr;
-  bool gatherFailed_ = false; // a context-parallel gather failed: the rank stops
+  bool gatherFailed_ = false; // a context- or tensor-parallel collective failed: the rank stops
   std::map<std::string, double> profile_;
 };
 

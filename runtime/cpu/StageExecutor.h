@@ -11,6 +11,7 @@
 
 #include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/TensorParallel.h"
 
 #include <chrono>
 #include <functional>
@@ -38,6 +39,10 @@ template <typename T> struct StageContext {
   const int64_t *rowMap = nullptr;
   std::function<bool(const T *local, int64_t cols, T *all)> gatherRows;
   bool addsMixerWeightGrads = true;
+  /// Tensor parallelism (mhcc --tp; TensorParallel.h): the parameters are
+  /// this rank's blocks, and the GEMM primitives run on every row of the
+  /// microbatch (`rows` is this rank's share under sequence parallelism).
+  TensorGroup<T> tensor;
   std::function<T *(int slot)> param;     // the stage's parameter slots
   std::function<T *(int slot)> paramGrad; // accumulated into
   /// Rounds what composite kernels keep in memory to the storage type
@@ -82,7 +87,8 @@ void mixerForward(const StageContext<T> &c, const ForwardInstr &f, const T *x, T
     k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, aux, rows, C, f.heads, f.seqLen, f.eps,
                      c.store, c.documents);
   else
-    k::attentionForward<T>(x, w(0), w(1), y, aux, rows, C, f.heads, f.seqLen, c.store, c.documents);
+    k::attentionForward<T>(x, w(0), w(1), y, aux, rows, C, f.heads, f.seqLen, c.store, c.documents,
+                           C / c.tensor.size);
 }
 /// Its backward: dx (null: none) and, with `weights`, the weight gradients.
 template <typename T>
@@ -98,7 +104,7 @@ void mixerBackward(const StageContext<T> &c, const ForwardInstr &f, const T *x, 
                       f.seqLen, c.store, c.documents);
   else
     k::attentionBackward<T>(x, w(0), w(1), aux, dy, dx, dw(0), dw(1), rows, C, f.heads, f.seqLen, c.store,
-                            c.documents);
+                            c.documents, C / c.tensor.size);
 }
 
 /// A token mixer over the context-parallel group's gathered rows
@@ -140,6 +146,61 @@ bool contextParallelMixer(const StageContext<T> &c, const ForwardInstr &f, const
 /// This rank's rows of a microbatch (all of them without context parallelism).
 template <typename T> int64_t rowsOf(const StageContext<T> &c) { return c.rows > 0 ? c.rows : c.model.tokens(); }
 
+/// The primitives that hold weight blocks under tensor parallelism (or read
+/// the vocabulary-split logits); the others run as without it, on this
+/// rank's rows.
+inline bool holdsWeightBlocks(Prim op) {
+  return op == Prim::Embed || op == Prim::Attention || op == Prim::GatedDeltaNet || op == Prim::SwiGlu ||
+         op == Prim::LmHead || op == Prim::CrossEntropy;
+}
+
+/// Under tensor parallelism, a primitive that holdsWeightBlocks, on every
+/// row of the microbatch (TensorParallel.h). The loss of a CrossEntropy
+/// (else 0; NaN when a collective failed).
+template <typename T>
+double tensorParallelForwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, size_t i) {
+  namespace k = kernels;
+  const ForwardInstr &f = c.program.forward[i];
+  const TensorGroup<T> &g = c.tensor;
+  const int64_t all = c.model.tokens(), C = c.model.hidden, share = c.model.vocab / g.size;
+  T *out = values[f.output];
+  const T *x = f.inputs.empty() ? nullptr : values[f.inputs[0]];
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  bool ok = true;
+  switch (f.op) {
+  case Prim::Embed:
+    ok = k::tensorParallelEmbedForward(g, c.tokens, w(0), out, all, C, share, f.shift, f.seqLen);
+    break;
+  case Prim::Attention:
+  case Prim::GatedDeltaNet:
+    ok = k::tensorParallelForward(g, x, out, all, C, [&](const T *in, T *partial) {
+      mixerForward(c, f, in, partial, aux[i], all);
+    });
+    break;
+  case Prim::SwiGlu:
+    ok = k::tensorParallelForward(g, x, out, all, C, [&](const T *in, T *partial) {
+      k::swigluForward(in, w(0), w(1), w(2), partial, aux[i], all, C, f.ffn, c.store);
+    });
+    break;
+  case Prim::LmHead: {
+    std::vector<T> xAll;
+    const T *in = k::allRows(g, x, all, C, xAll, ok);
+    if (ok)
+      k::matmul(in, w(0), out, all, C, share);
+    break;
+  }
+  case Prim::CrossEntropy: {
+    T loss = 0;
+    ok = k::tensorParallelCrossEntropyForward(g, x, c.labels, aux[i], all, share, f.shift, f.seqLen, loss);
+    out[0] = loss;
+    return ok ? double(loss) : std::nan("");
+  }
+  default:
+    break;
+  }
+  return ok ? 0 : std::nan("");
+}
+
 /// Forward instruction `i` of c.program: values[id] and aux[i] point at
 /// allocated buffers (every kernel writes its whole output). Returns the
 /// loss of a CrossEntropy (else 0; NaN when a context-parallel gather failed).
@@ -154,6 +215,8 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
   auto w = [&](size_t j) { return c.param(f.params[j]); };
   const int64_t n = f.streams;
   PrimitiveTimer<T> timer(c, "fwd", f.op);
+  if (c.tensor.active() && holdsWeightBlocks(f.op))
+    return tensorParallelForwardInstr(c, values, aux, i);
   switch (f.op) {
   case Prim::Identity:
     std::copy(in(0), in(0) + p.values[f.output].rows * p.values[f.output].cols, out);
@@ -205,6 +268,61 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
   return 0;
 }
 
+/// Under tensor parallelism (as tensorParallelForwardInstr): the backward
+/// of a primitive that holdsWeightBlocks; false when a collective failed.
+template <typename T>
+bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *const *aux,
+                                                const BackwardInstr &b, BackwardPart part) {
+  namespace k = kernels;
+  const bool wantInput = part != BackwardPart::Weight, wantWeight = part != BackwardPart::Input;
+  const ForwardInstr &f = c.program.forward[b.forward];
+  const TensorGroup<T> &g = c.tensor;
+  const int64_t all = c.model.tokens(), C = c.model.hidden, share = c.model.vocab / g.size;
+  const T *x = f.inputs.empty() ? nullptr : values[f.inputs[0]];
+  T *dx = wantInput && !b.gradInputs.empty() ? values[b.gradInputs[0]] : nullptr;
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  auto dw = [&](size_t j) { return wantWeight ? c.paramGrad(f.params[j]) : nullptr; };
+  const T *dOut = b.gradOutput >= 0 ? values[b.gradOutput] : nullptr;
+  const T *auxIn = aux[b.forward];
+  switch (f.op) {
+  case Prim::Embed:
+    return !wantWeight ||
+           k::tensorParallelEmbedBackward(g, c.tokens, dOut, dw(0), all, C, share, f.shift, f.seqLen);
+  case Prim::Attention:
+  case Prim::GatedDeltaNet:
+    return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight, [&](const T *in, const T *dy, T *partial) {
+      mixerBackward(c, f, in, auxIn, dy, partial, wantWeight, all);
+    });
+  case Prim::SwiGlu:
+    return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight, [&](const T *in, const T *dy, T *partial) {
+      k::swigluBackward(in, w(0), w(1), w(2), auxIn, dy, partial, dw(0), dw(1), dw(2), all, C, f.ffn, c.store);
+    });
+  case Prim::LmHead: {
+    bool ok = true;
+    if (wantWeight) {
+      std::vector<T> xAll;
+      const T *in = k::allRows(g, x, all, C, xAll, ok);
+      if (ok)
+        k::matmulTransAAcc(in, dOut, dw(0), all, C, share);
+    }
+    if (ok && dx) {
+      std::vector<T> partial(all * C, T(0));
+      k::matmulTransBAcc(dOut, w(0), partial.data(), all, share, C);
+      ok = k::addReduced(g, partial.data(), dx, all, C);
+    }
+    return ok;
+  }
+  case Prim::CrossEntropy:
+    if (dx)
+      k::tensorParallelCrossEntropyBackward(g, x, c.labels, auxIn,
+                                            static_cast<T>(c.program.losses[f.loss].weight / double(c.microbatches)),
+                                            dx, all, share, f.shift, f.seqLen);
+    return true;
+  default:
+    return true;
+  }
+}
+
 /// Backward instruction `b` of c.program, `part` of it (BackwardPart): the
 /// gradients it adds into are allocated and zero-filled in `values`; B
 /// passes no weight gradients to the kernels, W no input gradients, and the
@@ -226,6 +344,8 @@ bool backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
   const T *auxIn = aux[b.forward];
   const int64_t n = f.streams;
   PrimitiveTimer<T> timer(c, part == BackwardPart::Weight ? "bwd-weight" : "bwd", f.op);
+  if (c.tensor.active() && holdsWeightBlocks(f.op))
+    return tensorParallelBackwardInstr(c, values, aux, b, part);
   switch (f.op) {
   case Prim::Identity: {
     T *d = din(0);

@@ -107,6 +107,47 @@ inline bool sameBits(const std::vector<float> &a, const std::vector<float> &b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// What expectCloseGradients compared.
+struct GradientComparison {
+  int64_t sameBitsParams = 0;     // compared bit for bit (sameBits)
+  int64_t differing = 0, compared = 0; // elements compared with the tolerance, and those whose bits differ
+  double worst = 0;               // the largest difference over its bound's scale
+};
+
+/// Step 1's gradients of two runs of the same batch summed in another order:
+/// those `sameBits(name)` selects bit for bit, every other element within
+/// `tolerance` of its parameter's largest (or of 1e-4 of the gradient norm
+/// where that is larger: the mHC gates' gradients are sums that nearly cancel).
+template <typename SameBits>
+GradientComparison expectCloseGradients(const StepResult &a, const StepResult &b, const std::string &what,
+                                        double tolerance, SameBits sameBitsFor) {
+  GradientComparison out;
+  EXPECT_EQ(a.paramGrads.size(), b.paramGrads.size()) << what;
+  for (const auto &[name, grad] : a.paramGrads) {
+    auto it = b.paramGrads.find(name);
+    if (it == b.paramGrads.end() || it->second.size() != grad.size()) {
+      ADD_FAILURE() << what << ": no gradient of " << name << " of the same size";
+      continue;
+    }
+    const std::vector<float> &g = it->second;
+    if (sameBitsFor(name)) {
+      ++out.sameBitsParams;
+      EXPECT_TRUE(sameBits(grad, g)) << what << ": step 1 gradient of " << name << " differs";
+      continue;
+    }
+    float largest = float(1e-4 * a.gradNorm);
+    for (float v : grad)
+      largest = std::max(largest, std::abs(v));
+    for (size_t e = 0; e < grad.size(); ++e) {
+      out.differing += grad[e] != g[e];
+      ++out.compared;
+      out.worst = std::max(out.worst, double(std::abs(grad[e] - g[e])) / largest);
+      EXPECT_LE(std::abs(grad[e] - g[e]), tolerance * largest) << what << ": gradient " << name << "[" << e << "]";
+    }
+  }
+  return out;
+}
+
 inline bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 inline void expectIdentical(const TrainingRun &reference, const TrainingRun &run, const std::string &what) {

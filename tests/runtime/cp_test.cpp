@@ -61,25 +61,10 @@ void expectSameTraining(const TrainingRun &reference, const TrainingRun &other, 
                         bool attentionBits, double lossTolerance = 1e-6, double normTolerance = 1e-5) {
   ASSERT_EQ(reference.steps.size(), size_t(kSteps)) << what;
   ASSERT_EQ(other.steps.size(), size_t(kSteps)) << what;
-  const StepResult &a = reference.steps[0], &b = other.steps[0];
-  ASSERT_EQ(a.paramGrads.size(), b.paramGrads.size());
-  int64_t attention = 0, differing = 0;
-  for (const auto &[name, grad] : a.paramGrads) {
-    const std::vector<float> &g = b.paramGrads.at(name);
-    ASSERT_EQ(g.size(), grad.size()) << name;
-    if (attentionBits && isMixerWeight(name)) {
-      ++attention;
-      EXPECT_TRUE(sameBits(grad, g)) << what << ": step 1 gradient of " << name << " differs";
-      continue;
-    }
-    float largest = float(1e-4 * a.gradNorm);
-    for (float v : grad)
-      largest = std::max(largest, std::abs(v));
-    for (size_t e = 0; e < grad.size(); ++e) {
-      differing += grad[e] != g[e];
-      EXPECT_LE(std::abs(grad[e] - g[e]), 1e-5 * largest) << what << ": gradient " << name << "[" << e << "]";
-    }
-  }
+  const GradientComparison c =
+      expectCloseGradients(reference.steps[0], other.steps[0], what, 1e-5,
+                           [&](const std::string &name) { return attentionBits && isMixerWeight(name); });
+  const int64_t attention = c.sameBitsParams, differing = c.differing;
   EXPECT_EQ(attention > 0, attentionBits) << what << ": no token mixer weights compared bit for bit";
   EXPECT_GT(differing, 0) << what << ": no gradient summed in another order: is context parallelism on?";
   std::printf("%s: step 1 token mixer weight gradients (%lld) the same bits, %lld other elements differ "

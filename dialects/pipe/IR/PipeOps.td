@@ -46,14 +46,19 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     in execution order. `kind` is gpipe, 1f1b, interleaved or zb-h1;
     `group_size` is the interleaved microbatch group g (0 otherwise); `dp`
     (absent: 1) the data-parallel replicas and `cp` (absent: 1) the
-    context-parallel ranks of each replica that each run these lists, ranks
-    (pipeline rank x dp + replica) x cp + context rank.
+    context-parallel ranks of each replica, and `tp` (absent: 1) the
+    tensor-parallel ranks of each, that each run these lists: ranks
+    ((pipeline rank x dp + replica) x cp + context rank) x tp + tensor rank.
+    `sequence_parallel` (tp > 1 only): each tensor-parallel rank holds
+    seq_len / tp of every sequence outside the tensor-parallel GEMMs, so
+    every boundary carries that share.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
     Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp,
-    OptionalAttr<Pipe_PositiveI64>:$cp);
+    OptionalAttr<Pipe_PositiveI64>:$cp, OptionalAttr<Pipe_PositiveI64>:$tp,
+    UnitAttr:$sequence_parallel);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;

@@ -67,6 +67,18 @@ pipe.schedule "pipedream" for @m attributes {group_size = 0, microbatches = 1, p
 func.func @m() {
   return
 }
+// expected-error @+1 {{sequence_parallel splits sequences over the tensor-parallel ranks; it needs tp > 1}}
+pipe.schedule "1f1b" for @m attributes {group_size = 0, microbatches = 1, pp = 1, vpp = 1, sequence_parallel} {
+  pipe.rank 0 {
+    pipe.optimizer
+  }
+}
+
+// -----
+
+func.func @m() {
+  return
+}
 pipe.schedule "1f1b" for @m attributes {group_size = 0, microbatches = 1, pp = 2, vpp = 1} {
   pipe.rank 0 {
     // expected-error @+1 {{an activation goes from stage s to s + 1, got 0 -> 2}}

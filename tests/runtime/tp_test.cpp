@@ -1,0 +1,134 @@
+// Tensor parallelism on the CPU backend (issue 13): tp ranks split every
+// layer as Megatron-LM does (column-parallel q/k/v and gate/up, row-parallel
+// output and down projections, vocabulary-parallel embedding, LM head and
+// cross-entropy; runtime/cpu/TensorParallel.h) and train the same batch as
+// one rank per layer.
+//
+// What must hold, and why:
+// - The row-parallel GEMMs leave partial sums that the group adds in
+//   tensor-rank order, and the cross-entropy adds its shards' sums of
+//   exponentials: the sums run in another order than at tp 1, so the bits
+//   move, and only there. The lm loss over 5 steps agrees to 1e-6 relative in
+//   fp32 (1e-4 in bf16, where a master one fp32 ulp away can round to another
+//   bf16 copy), the gradient norm to 1e-5 (1e-3), and step 1's gradients to
+//   1e-5 of their parameter's largest (or of 1e-4 of the global gradient
+//   norm where that is larger: the mHC gates' gradients are sums that nearly
+//   cancel). In bf16 a partial sum rounds to its bf16 activation only after
+//   the group's sum, so an activation can land one bf16 step (2^-8 relative)
+//   away: step 1's gradients agree to 1e-2 of their parameter's largest.
+// - Sequence parallelism (each rank holds seq_len / tp of every sequence
+//   outside the GEMMs) adds one more reordering: the replicated parameters'
+//   gradients are summed per rank, then over the ranks. The same bounds hold.
+// - The same at tp 4, at dp 2 x pp 2 x tp 2 with sequence parallelism and
+//   MTP (8 ranks; the replicas split the microbatches), and on packed
+//   documents (--reset-position-ids --reset-attention-mask).
+// - A tensor-parallel run gives the same bits run to run, and the split is
+//   real: some gradient differs from tp 1's in its bits.
+//
+// usage: tp_test DATA TP1.mhcc TP2.mhcc TP2_SP.mhcc TP4_SP.mhcc TP2_SP_DP2_PP2.mhcc BF16_TP1.mhcc
+//                BF16_TP2_SP_PP2.mhcc
+#include "runtime/artifact/TensorSplit.h"
+#include "tests/runtime/TrainingCompare.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace mhcc::runtime {
+namespace {
+
+std::string gDataPath;
+std::vector<std::string> gArtifacts;
+
+constexpr int64_t kSteps = 5;
+
+/// `other` trained the same batch as `reference` with the layers split over tensor-parallel ranks.
+void expectSameTraining(const TrainingRun &reference, const TrainingRun &other, const std::string &what,
+                        double lossTolerance = 1e-6, double normTolerance = 1e-5, double gradTolerance = 1e-5) {
+  ASSERT_EQ(reference.steps.size(), size_t(kSteps)) << what;
+  ASSERT_EQ(other.steps.size(), size_t(kSteps)) << what;
+  const GradientComparison c = expectCloseGradients(reference.steps[0], other.steps[0], what, gradTolerance,
+                                                    [](const std::string &) { return false; });
+  EXPECT_GT(c.differing, 0) << what << ": no gradient summed in another order: is tensor parallelism on?";
+  std::printf("%s: step 1 gradients within %.1e of their parameter's largest (bound %.0e), %lld of %lld elements "
+              "differ in their bits\n",
+              what.c_str(), c.worst, gradTolerance, static_cast<long long>(c.differing),
+              static_cast<long long>(c.compared));
+  expectCloseLosses(reference, other, what, lossTolerance, normTolerance);
+}
+
+TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
+  std::string error;
+  std::optional<TokenDataset> text = TokenDataset::open(gDataPath, error);
+  ASSERT_TRUE(text) << error;
+  std::optional<TokenDataset> packed = packedCorpus(gDataPath, error);
+  ASSERT_TRUE(packed) << error;
+  ASSERT_EQ(gArtifacts.size(), 7u);
+  for (const std::string &path : gArtifacts) {
+    std::optional<Artifact> a = readArtifact(path, error);
+    ASSERT_TRUE(a) << error;
+    std::printf("%s: tp %lld%s x dp %lld x pp %lld, %lld tokens of each microbatch a rank outside the GEMMs\n",
+                path.c_str(), static_cast<long long>(a->tp), a->sequenceParallel ? " (sequence parallel)" : "",
+                static_cast<long long>(a->dp), static_cast<long long>(a->pp),
+                static_cast<long long>(a->rowsPerRank()));
+  }
+  const TrainingRun tp1 = train(gArtifacts[0], *text, kSteps);
+  const TrainingRun tp2 = train(gArtifacts[1], *text, kSteps);
+  expectSameTraining(tp1, tp2, "tp 2");
+  const TrainingRun sp2 = train(gArtifacts[2], *text, kSteps);
+  expectSameTraining(tp1, sp2, "tp 2, sequence parallel");
+  expectSameTraining(tp1, train(gArtifacts[3], *text, kSteps), "tp 4, sequence parallel");
+  expectSameTraining(tp1, train(gArtifacts[4], *text, kSteps), "tp 2 x dp 2 x pp 2, sequence parallel");
+  TrainOptions documents;
+  documents.resetPositionIds = documents.resetAttentionMask = true;
+  expectSameTraining(train(gArtifacts[0], *packed, kSteps, cpuDevices(), documents),
+                     train(gArtifacts[2], *packed, kSteps, cpuDevices(), documents),
+                     "tp 2, sequence parallel, packed documents");
+  expectSameTraining(train(gArtifacts[5], *text, kSteps), train(gArtifacts[6], *text, kSteps),
+                     "bf16 tp 2 x pp 2, sequence parallel", 1e-4, 1e-3, 1e-2);
+  // Run to run: the same bits.
+  expectIdentical(tp2, train(gArtifacts[1], *text, kSteps), "tp 2 (rerun)");
+  expectIdentical(sp2, train(gArtifacts[2], *text, kSteps), "tp 2, sequence parallel (rerun)");
+}
+
+TEST(TensorParallel, BlocksCoverEveryElementOnce) {
+  // Each split's blocks, scattered back, rebuild the whole tensor, and the
+  // q, k and v blocks of a rank hold the same heads of each.
+  for (const char *split : {"rows", "cols", "qkv"}) {
+    ParamInfo info{"w", 8, 24, "normal", 0.02, true, split};
+    for (int64_t tp : {1, 2, 4}) {
+      ASSERT_EQ(splitProblem(info, tp), "") << split << " tp " << tp;
+      std::vector<float> whole(info.count()), rebuilt(info.count(), -1.0f), block(shardCount(info, tp));
+      std::iota(whole.begin(), whole.end(), 0.0f);
+      for (int64_t t = 0; t < tp; ++t) {
+        gatherShard(info, tp, t, whole.data(), block.data());
+        scatterShard(info, tp, t, block.data(), rebuilt.data());
+      }
+      EXPECT_EQ(whole, rebuilt) << split << " tp " << tp;
+    }
+  }
+  ParamInfo qkv{"w_qkv", 1, 12, "normal", 0.02, true, "qkv"};
+  std::vector<float> whole(12), block(6);
+  std::iota(whole.begin(), whole.end(), 0.0f);
+  gatherShard(qkv, 2, 1, whole.data(), block.data());
+  EXPECT_EQ(block, (std::vector<float>{2, 3, 6, 7, 10, 11})); // the second half of each of q, k and v
+  EXPECT_NE(splitProblem(ParamInfo{"w", 6, 10, "normal", 0.02, true, "cols"}, 4), "");
+  EXPECT_NE(splitProblem(ParamInfo{"w", 6, 12, "normal", 0.02, true, "qkv"}, 3), "");
+  EXPECT_NE(splitProblem(ParamInfo{"w", 6, 12, "normal", 0.02, true, "diagonal"}, 2), "");
+}
+
+} // namespace
+} // namespace mhcc::runtime
+
+int main(int argc, char **argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc != 9) {
+    std::fprintf(stderr, "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2\n", argv[0]);
+    return 2;
+  }
+  mhcc::runtime::gDataPath = argv[1];
+  mhcc::runtime::gArtifacts.assign(argv + 2, argv + argc);
+  return RUN_ALL_TESTS();
+}
