@@ -1,7 +1,8 @@
 //===- GdnScan.cu - the Gated DeltaNet recurrence on the GPU --------------===//
 //
 // GdnScan.h's scans. One thread block per (sequence, head) walks the tokens
-// in order, each state row held in the registers of 4 threads (Lanes;
+// in order forward (backward: per group of 16 state rows; the rows are
+// independent), each state row held in the registers of 4 threads (Lanes;
 // MHCC_GDN_LANES=1: one thread a row), 16 tokens' inputs staged in shared
 // memory at a time. That is the sequential form of the gated delta rule
 // (the chunked WY form would reorder its sums for tensor cores: later
@@ -12,7 +13,8 @@
 // every `chunk` tokens (chunk ~ sqrt(seq)), then each chunk, last first, is
 // replayed from its checkpoint into global scratch and walked backwards,
 // each row on its own (no barrier a token), keeping dS; then the sums over
-// rows (dq, dk, the gates' gradients) run for all the chunk's tokens at once.
+// the block's rows (dq, dk, the gates' gradients) run for all the chunk's
+// tokens at once, and a last kernel adds the groups' sums in group order.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/GdnScan.h"
@@ -25,13 +27,23 @@
 namespace mhcc::runtime::cuda {
 namespace {
 
-/// The scans' threads: P to a state row, D * P a block. Thread t holds row
-/// r = t / P, columns j = jj P + p (jj < Q = D / P) with p = t % P:
-/// interleaved, so a warp's reads of k or q spread over the shared-memory
-/// banks.
-template <int D, int P> struct Lanes {
+/// Rows of the state one backward block holds: the rows of the recurrence
+/// are independent (row r needs only its own past, k, v[r] and the gates),
+/// so a (sequence, head) is split over D / kGroupRows blocks. One block a
+/// (sequence, head) left 116 of 132 SMs idle at 16 heads, its backward bound
+/// by that one SM's L1 (ncu, hybrid_1b: 74% busy, 400 GB/s in all; split:
+/// 17%, the scan 48.7 -> 38.8 ms).
+constexpr int kGroupRows = 16;
+template <int D> constexpr int groupRows() { return D < kGroupRows ? D : kGroupRows; }
+
+/// The scans' threads: P to a state row, R rows a block (its group: rows
+/// blockIdx.z R ..). Thread t holds the block's row r = t / P, columns
+/// j = jj P + p (jj < Q = D / P) with p = t % P: interleaved, so a warp's
+/// reads of k or q spread over the shared-memory banks.
+template <int D, int P, int R> struct Lanes {
   static constexpr int Q = D / P;
   int r = int(threadIdx.x) / P, p = int(threadIdx.x) % P;
+  int row = int(blockIdx.z) * R + int(threadIdx.x) / P; // the state row
   __device__ int col(int jj) const { return jj * P + p; }
 };
 
@@ -86,11 +98,11 @@ template <int P> __device__ inline float rowSum(float v) {
   return v;
 }
 
-/// One token of the recurrence on this thread's part of state row r:
+/// One token of the recurrence on this thread's part of state row l.row:
 /// S = alpha S (I - beta k k^T) + beta v k^T, row-wise as gdnScan does it.
-template <int D, int P>
+template <int D, int P, int R>
 __device__ inline void stepRow(float (&S)[D / P], const TokenBlock<D> &b, int tt, bool restart,
-                               const Lanes<D, P> &l) {
+                               const Lanes<D, P, R> &l) {
   const float alpha = b.alpha[tt], beta = b.beta[tt];
   const float *k = b.k[tt];
   Dot4 dot;
@@ -99,19 +111,20 @@ __device__ inline void stepRow(float (&S)[D / P], const TokenBlock<D> &b, int tt
     S[jj] = restart ? 0.0f : S[jj] * alpha;
     dot.add(jj, S[jj] * k[l.col(jj)]);
   }
-  const float e = beta * (b.v[tt][l.r] - rowSum<P>(dot.sum()));
+  const float e = beta * (b.v[tt][l.row] - rowSum<P>(dot.sum()));
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     S[jj] += e * k[l.col(jj)];
 }
 
-/// The forward scan: o = scale S_t q_t for every token of one (sequence, head).
-template <int D, int P>
-__global__ void __launch_bounds__(D *P) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
+/// The forward scan: o = scale S_t q_t for every token of one (sequence,
+/// head) and the block's rows.
+template <int D, int P, int R>
+__global__ void __launch_bounds__(R *P) scanForwardKernel(const float *a, const float *gates, float *o, int64_t seq,
                                                           int64_t C, int64_t H, const int32_t *firstKeys,
                                                           float scale) {
   __shared__ TokenBlock<D> b;
-  const Lanes<D, P> l;
+  const Lanes<D, P, R> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y;
   float S[D / P];
 #pragma unroll
@@ -122,29 +135,29 @@ __global__ void __launch_bounds__(D *P) scanForwardKernel(const float *a, const 
     loadTokens(b, a, gates, nullptr, t0, i0, count, C, H, h);
     for (int tt = 0; tt < count; ++tt) {
       const int64_t i = i0 + tt;
-      stepRow<D, P>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
+      stepRow<D, P, R>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
       Dot4 out;
 #pragma unroll
       for (int jj = 0; jj < l.Q; ++jj)
         out.add(jj, S[jj] * b.q[tt][l.col(jj)]);
       const float sum = rowSum<P>(out.sum());
       if (l.p == 0)
-        o[(t0 + i) * C + h * D + l.r] = sum * scale;
+        o[(t0 + i) * C + h * D + l.row] = sum * scale;
     }
   }
 }
 
-/// A stored d x d state: thread t's jj-th value at base[jj D P + t] (each
-/// thread reads back only what it wrote; coalesced).
-template <int D, int P> __device__ inline void storeRow(float *base, const float (&S)[D / P]) {
+/// A block's stored R x D part of a state: thread t's jj-th value at
+/// base[jj R P + t] (each thread reads back only what it wrote; coalesced).
+template <int D, int P, int R> __device__ inline void storeRow(float *base, const float (&S)[D / P]) {
 #pragma unroll
   for (int jj = 0; jj < D / P; ++jj)
-    base[jj * D * P + threadIdx.x] = S[jj];
+    base[jj * R * P + threadIdx.x] = S[jj];
 }
-template <int D, int P> __device__ inline void loadRow(const float *base, float (&S)[D / P]) {
+template <int D, int P, int R> __device__ inline void loadRow(const float *base, float (&S)[D / P]) {
 #pragma unroll
   for (int jj = 0; jj < D / P; ++jj)
-    S[jj] = base ? base[jj * D * P + threadIdx.x] : 0.0f;
+    S[jj] = base ? base[jj * R * P + threadIdx.x] : 0.0f;
 }
 
 /// Tokens between the backward's checkpoints: ~sqrt(seq).
@@ -154,29 +167,32 @@ __host__ __device__ inline int64_t scanChunk(int64_t seq) {
     ++chunk;
   return chunk;
 }
-/// Per (sequence, head): a checkpoint per chunk, then for the chunk being
-/// walked its states and state gradients, the carried gradient, and four
-/// numbers per token and row (ScanRows).
-__host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d) {
+/// Per (sequence, head, row group) of R rows: a checkpoint per chunk, then
+/// for the chunk being walked its states and state gradients, the carried
+/// gradient, and four numbers per token and row (ScanRows).
+__host__ __device__ inline int64_t scanStateFloats(int64_t seq, int64_t d, int64_t r) {
   const int64_t chunk = scanChunk(seq);
-  return ((seq + chunk - 1) / chunk + 2 * chunk + 1) * d * d + 4 * chunk * d;
+  return ((seq + chunk - 1) / chunk + 2 * chunk + 1) * r * d + 4 * chunk * r;
 }
+/// Per (sequence, head, row group) and token: the group's sums over its rows
+/// of dq and dk (d each), then of beta's and alpha's row terms.
+__host__ __device__ inline int64_t scanPartialFloats(int64_t d) { return 2 * d + 2; }
 
-/// Runs the state forward over tokens [from, to) of the block's sequence.
-template <int D, int P>
+/// Runs the block's rows of the state forward over tokens [from, to).
+template <int D, int P, int R>
 __device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, const float *gates, int64_t t0,
                        int64_t from, int64_t to, int64_t C, int64_t H, const int32_t *firstKeys, float *keep,
-                       int64_t keepEvery, float *checkpoints, const Lanes<D, P> &l) {
+                       int64_t keepEvery, float *checkpoints, const Lanes<D, P, R> &l) {
   for (int64_t i0 = from; i0 < to; i0 += kTokenBlock) {
     const int count = int(to - i0 < kTokenBlock ? to - i0 : kTokenBlock);
     loadTokens(b, a, gates, nullptr, t0, i0, count, C, H, blockIdx.y);
     for (int tt = 0; tt < count; ++tt) {
       const int64_t i = i0 + tt;
       if (checkpoints && i % keepEvery == 0)
-        storeRow<D, P>(checkpoints + (i / keepEvery) * D * D, S);
-      stepRow<D, P>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
+        storeRow<D, P, R>(checkpoints + (i / keepEvery) * R * D, S);
+      stepRow<D, P, R>(S, b, tt, i == firstKeyOf(firstKeys, t0 + i), l);
       if (keep)
-        storeRow<D, P>(keep + (i - from) * D * D, S);
+        storeRow<D, P, R>(keep + (i - from) * R * D, S);
     }
   }
 }
@@ -186,42 +202,45 @@ __device__ void replay(float (&S)[D / P], TokenBlock<D> &b, const float *a, cons
 /// gradients.
 enum ScanRows { kRowE, kRowDu, kRowBeta, kRowAlpha, kScanRows };
 
-/// Element (r, j) of a state stored by storeRow<D, P>.
-template <int D, int P> __device__ inline int64_t stateIndex(int r, int j) {
-  return int64_t(j / P) * D * P + r * P + j % P;
+/// Element (block row r, column j) of a state part stored by storeRow.
+template <int D, int P, int R> __device__ inline int64_t stateIndex(int r, int j) {
+  return int64_t(j / P) * R * P + r * P + j % P;
 }
 
-/// The backward scan of one (sequence, head): the gradients of q, k, v (into
-/// dA), of beta's logit (dAb[t, h]) and of log alpha (dLogAlpha[t, h]).
-/// Chunk by chunk, last first: replay the chunk's states from its
-/// checkpoint, walk it back carrying dS (each row on its own: no barrier a
-/// token, keeping dS and the row terms), then the sums over rows (dq, dk,
-/// beta's and alpha's gradients) for every token of the chunk at once.
-template <int D, int P>
-__global__ void __launch_bounds__(D *P)
-    scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *dAb, float *dLogAlpha,
-                       float *stateScratch, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
-  constexpr int kThreads = D * P;
+/// The backward scan of one (sequence, head) and the block's rows: the
+/// gradient of v (into dA) and the block's sums over its rows of dq, dk and
+/// the gates' row terms (into `partials`, added over the row groups by
+/// scanReduceKernel). Chunk by chunk, last first: replay the chunk's states
+/// from its checkpoint, walk it back carrying dS (each row on its own: no
+/// barrier a token, keeping dS and the row terms), then the sums over the
+/// block's rows for every token of the chunk at once.
+template <int D, int P, int R>
+__global__ void __launch_bounds__(R *P)
+    scanBackwardKernel(const float *a, const float *gates, const float *dO, float *dA, float *stateScratch,
+                       float *partials, int64_t seq, int64_t C, int64_t H, const int32_t *firstKeys, float scale) {
+  constexpr int kThreads = R * P, G = D / R;
   __shared__ TokenBlock<D> b;
-  const Lanes<D, P> l;
+  const Lanes<D, P, R> l;
   const int64_t t0 = blockIdx.x * seq, h = blockIdx.y, chunk = scanChunk(seq), chunks = (seq + chunk - 1) / chunk;
-  float *checkpoints = stateScratch + (blockIdx.x * H + h) * scanStateFloats(seq, D);
-  float *states = checkpoints + chunks * D * D, *grads = states + chunk * D * D, *carry = grads + chunk * D * D;
-  float *rows = carry + D * D; // [token in chunk][kScanRows][D]
+  const int64_t group = (int64_t(blockIdx.x) * H + h) * G + blockIdx.z;
+  float *checkpoints = stateScratch + group * scanStateFloats(seq, D, R);
+  float *states = checkpoints + chunks * R * D, *grads = states + chunk * R * D, *carry = grads + chunk * R * D;
+  float *rows = carry + R * D; // [token in chunk][kScanRows][R]
+  float *partial = partials + group * seq * scanPartialFloats(D);
   float X[D / P]; // the state while replaying, the gradient dS while walking back
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     X[jj] = 0;
-  replay<D, P>(X, b, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints, l);
+  replay<D, P, R>(X, b, a, gates, t0, 0, seq, C, H, firstKeys, nullptr, chunk, checkpoints, l);
 #pragma unroll
   for (int jj = 0; jj < l.Q; ++jj)
     X[jj] = 0;
-  storeRow<D, P>(carry, X);
+  storeRow<D, P, R>(carry, X);
   for (int64_t k = chunks - 1; k >= 0; --k) {
     const int64_t from = k * chunk, to = from + chunk < seq ? from + chunk : seq;
-    loadRow<D, P>(checkpoints + k * D * D, X);
-    replay<D, P>(X, b, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
-    loadRow<D, P>(carry, X);
+    loadRow<D, P, R>(checkpoints + k * R * D, X);
+    replay<D, P, R>(X, b, a, gates, t0, from, to, C, H, firstKeys, states, chunk, nullptr, l);
+    loadRow<D, P, R>(carry, X);
     for (int64_t hi = to; hi > from; hi -= kTokenBlock) { // tokens [lo, hi), walked back
       const int64_t lo = hi - kTokenBlock > from ? hi - kTokenBlock : from;
       loadTokens(b, a, gates, dO, t0, lo, int(hi - lo), C, H, h);
@@ -230,15 +249,15 @@ __global__ void __launch_bounds__(D *P)
         const int tt = int(i - lo);
         const bool restart = i == firstKeyOf(firstKeys, t);
         const float *prev = restart ? nullptr
-                                    : (i > from ? states + (i - from - 1) * D * D : checkpoints + k * D * D) +
+                                    : (i > from ? states + (i - from - 1) * R * D : checkpoints + k * R * D) +
                                           threadIdx.x;
-        const float al = b.alpha[tt], beta = b.beta[tt], g = b.gO[tt][l.r];
+        const float al = b.alpha[tt], beta = b.beta[tt], g = b.gO[tt][l.row];
         const float *kk = b.k[tt];
         // o = scale S q: dS += scale gO q^T (dq = scale S^T gO comes after the walk).
 #pragma unroll
         for (int jj = 0; jj < l.Q; ++jj)
           X[jj] += scale * g * b.q[tt][l.col(jj)];
-        storeRow<D, P>(grads + (i - from) * D * D, X);
+        storeRow<D, P, R>(grads + (i - from) * R * D, X);
         // S = al prev + beta e k^T, u = al prev k, e = v - u.
         Dot4 u, dSk;
 #pragma unroll
@@ -247,7 +266,7 @@ __global__ void __launch_bounds__(D *P)
           dSk.add(jj, X[jj] * kk[l.col(jj)]);
         }
         const float rowDSk = rowSum<P>(dSk.sum());
-        const float e = b.v[tt][l.r] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
+        const float e = b.v[tt][l.row] - rowSum<P>(u.sum()), de = beta * rowDSk, du = -de;
         Dot4 dAlpha;
 #pragma unroll
         for (int jj = 0; jj < l.Q; ++jj) {
@@ -258,74 +277,112 @@ __global__ void __launch_bounds__(D *P)
         }
         const float rowDAlpha = rowSum<P>(dAlpha.sum());
         if (l.p == 0) {
-          float *mine = rows + (i - from) * kScanRows * D + l.r;
-          mine[kRowE * D] = e;
-          mine[kRowDu * D] = du;
-          mine[kRowBeta * D] = e * rowDSk;
-          mine[kRowAlpha * D] = rowDAlpha;
-          dA[t * 3 * C + 2 * C + h * D + l.r] = de;
+          float *mine = rows + (i - from) * kScanRows * R + l.r;
+          mine[kRowE * R] = e;
+          mine[kRowDu * R] = du;
+          mine[kRowBeta * R] = e * rowDSk;
+          mine[kRowAlpha * R] = rowDAlpha;
+          dA[t * 3 * C + 2 * C + h * D + l.row] = de;
         }
       }
     }
-    storeRow<D, P>(carry, X);
+    storeRow<D, P, R>(carry, X);
     __syncthreads(); // the chunk's dS and row terms, from every thread
-    // The sums over rows, every token of the chunk: thread t takes column
-    // c = t / P over the rows rr P + q (q = t % P), the P lanes then add up.
-    const int c = threadIdx.x / P, q = threadIdx.x % P;
+    // The sums over the block's rows, every token of the chunk: a thread a
+    // column (the rows in order), then a thread a token for the gates.
     for (int64_t i0 = from; i0 < to; i0 += kTokenBlock) {
       const int count = int(to - i0 < kTokenBlock ? to - i0 : kTokenBlock);
       loadTokens(b, a, gates, dO, t0, i0, count, C, H, h);
       for (int tt = 0; tt < count; ++tt) {
-        const int64_t i = i0 + tt, t = t0 + i;
-        const bool restart = i == firstKeyOf(firstKeys, t);
-        const float *S = states + (i - from) * D * D, *G = grads + (i - from) * D * D;
-        const float *prev = restart ? nullptr : i > from ? S - D * D : checkpoints + k * D * D;
-        const float *row = rows + (i - from) * kScanRows * D;
+        const int64_t i = i0 + tt;
+        const bool restart = i == firstKeyOf(firstKeys, t0 + i);
+        const float *S = states + (i - from) * R * D, *Gr = grads + (i - from) * R * D;
+        const float *prev = restart ? nullptr : i > from ? S - R * D : checkpoints + k * R * D;
+        const float *row = rows + (i - from) * kScanRows * R;
         const float al = b.alpha[tt], beta = b.beta[tt];
-        Dot4 dq, dk;
+        for (int c = threadIdx.x; c < D; c += kThreads) {
+          Dot4 dq, dk;
 #pragma unroll
-        for (int rr = 0; rr < D / P; ++rr) {
-          const int r = rr * P + q;
-          const int64_t at = stateIndex<D, P>(r, c);
-          dq.add(rr, S[at] * b.gO[tt][r]);
-          dk.add(rr, beta * G[at] * row[kRowE * D + r] + (prev ? al * prev[at] : 0.0f) * row[kRowDu * D + r]);
-        }
-        const float dqSum = rowSum<P>(dq.sum()), dkSum = rowSum<P>(dk.sum());
-        if (q == 0) {
-          dA[t * 3 * C + h * D + c] = scale * dqSum;
-          dA[t * 3 * C + C + h * D + c] = dkSum;
+          for (int r = 0; r < R; ++r) {
+            const int64_t at = stateIndex<D, P, R>(r, c);
+            dq.add(r, S[at] * b.gO[tt][blockIdx.z * R + r]);
+            dk.add(r, beta * Gr[at] * row[kRowE * R + r] + (prev ? al * prev[at] : 0.0f) * row[kRowDu * R + r]);
+          }
+          partial[i * scanPartialFloats(D) + c] = dq.sum();
+          partial[i * scanPartialFloats(D) + D + c] = dk.sum();
         }
       }
-      // beta's and alpha's gradients: one thread a token, the rows in order.
       for (int tt = threadIdx.x; tt < count; tt += kThreads) {
-        const int64_t i = i0 + tt, t = t0 + i;
-        const float *row = rows + (i - from) * kScanRows * D;
+        const int64_t i = i0 + tt;
+        const float *row = rows + (i - from) * kScanRows * R;
         Dot4 sumBeta, sumAlpha;
-        for (int r = 0; r < D; ++r) {
-          sumBeta.add(r, row[kRowBeta * D + r]);
-          sumAlpha.add(r, row[kRowAlpha * D + r]);
+        for (int r = 0; r < R; ++r) {
+          sumBeta.add(r, row[kRowBeta * R + r]);
+          sumAlpha.add(r, row[kRowAlpha * R + r]);
         }
-        const float beta = b.beta[tt];
-        dAb[t * 2 * H + h] = sumBeta.sum() * beta * (1.0f - beta);
-        dLogAlpha[t * H + h] = sumAlpha.sum() * b.alpha[tt];
+        partial[i * scanPartialFloats(D) + 2 * D] = sumBeta.sum();
+        partial[i * scanPartialFloats(D) + 2 * D + 1] = sumAlpha.sum();
       }
     }
   }
 }
 
+/// The row groups' sums added in group order, one block a (token, head):
+/// dq and dk into dA, beta's and alpha's gradients.
+template <int D>
+__global__ void __launch_bounds__(D) scanReduceKernel(const float *partials, const float *gates, float *dA,
+                                                      float *dAb, float *dLogAlpha, int64_t seq, int64_t C, int64_t H,
+                                                      float scale) {
+  constexpr int G = D / groupRows<D>();
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = t / seq, i = t % seq;
+  const int c = threadIdx.x;
+  const float *part = partials + (b * H + h) * G * seq * scanPartialFloats(D) + i * scanPartialFloats(D);
+  const int64_t stride = seq * scanPartialFloats(D); // from one group's partials to the next
+  float dq = part[c], dk = part[D + c];
+  for (int g = 1; g < G; ++g) {
+    dq += part[g * stride + c];
+    dk += part[g * stride + D + c];
+  }
+  dA[t * 3 * C + h * D + c] = scale * dq;
+  dA[t * 3 * C + C + h * D + c] = dk;
+  if (c == 0) {
+    float sumBeta = part[2 * D], sumAlpha = part[2 * D + 1];
+    for (int g = 1; g < G; ++g) {
+      sumBeta += part[g * stride + 2 * D];
+      sumAlpha += part[g * stride + 2 * D + 1];
+    }
+    const float alpha = gates[t * 2 * H + h], beta = gates[t * 2 * H + H + h];
+    dAb[t * 2 * H + h] = sumBeta * beta * (1.0f - beta);
+    dLogAlpha[t * H + h] = sumAlpha * alpha;
+  }
+}
+
+/// The partials follow the states in the backward's scratch.
+int64_t scanStatesOnly(int64_t rows, int64_t d, int64_t H, int64_t seq) {
+  return (rows / seq) * H * (d / (d < kGroupRows ? d : kGroupRows)) *
+         scanStateFloats(seq, d, d < kGroupRows ? d : kGroupRows);
+}
 
 template <int D, int P>
 void launchScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
                  float *dAb, float *dLogAlpha, float *states, int64_t rows, int64_t C, int64_t H, int64_t seq,
                  const int32_t *firstKeys, cudaStream_t s) {
-  const dim3 grid(unsigned(rows / seq), unsigned(H));
+  // The forward keeps one block a (sequence, head): its token loop is
+  // latency-bound, and 16 warps on an SM hide more of it than 2 (hybrid_1b,
+  // S = 4096: 4.4 ms a layer, 5.4 split in groups of 16 rows).
   const float scale = 1.0f / sqrtf(float(D));
   if (!backward) {
-    scanForwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, o, seq, C, H, firstKeys, scale);
+    scanForwardKernel<D, P, D><<<dim3(unsigned(rows / seq), unsigned(H)), D * P, 0, s>>>(a, gates, o, seq, C, H,
+                                                                                         firstKeys, scale);
     return;
   }
-  scanBackwardKernel<D, P><<<grid, D * P, 0, s>>>(a, gates, dO, dA, dAb, dLogAlpha, states, seq, C, H, firstKeys,
-                                                   scale);
+  constexpr int R = groupRows<D>();
+  const dim3 grid(unsigned(rows / seq), unsigned(H), unsigned(D / R));
+  float *partials = states + scanStatesOnly(rows, D, H, seq);
+  scanBackwardKernel<D, P, R><<<grid, R * P, 0, s>>>(a, gates, dO, dA, states, partials, seq, C, H, firstKeys,
+                                                      scale);
+  scanReduceKernel<D><<<dim3(unsigned(rows), unsigned(H)), D, 0, s>>>(partials, gates, dA, dAb, dLogAlpha, seq, C,
+                                                                       H, scale);
 }
 
 using ScanLaunch = decltype(&launchScans<16, 1>);
@@ -356,7 +413,8 @@ std::string gdnScans(bool backward, const float *a, const float *gates, const fl
 
 
 int64_t gdnScanStateFloats(int64_t rows, int64_t C, int64_t H, int64_t seq) {
-  return (rows / seq) * H * scanStateFloats(seq, C / H);
+  const int64_t d = C / H, groups = d / (d < kGroupRows ? d : kGroupRows);
+  return scanStatesOnly(rows, d, H, seq) + rows * H * groups * scanPartialFloats(d);
 }
 
 } // namespace mhcc::runtime::cuda
