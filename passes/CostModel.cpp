@@ -79,7 +79,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   double norm = 4.0 * c;
   switch (kind) {
   case UnitKind::Embedding:
-    u.params = v * c;
+    u.params = u.splitParams = v * c;
     u.outputWidth = c;
     break;
   case UnitKind::Expand:
@@ -88,6 +88,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     break;
   case UnitKind::AttentionSublayer:
     u.params = mhcMappingParams(d) + c + 4 * c * c;
+    u.splitParams = 4 * c * c;
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + attentionFlops(d);
     u.outputWidth = n * c;
     // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
@@ -103,6 +104,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     break;
   case UnitKind::MlpSublayer:
     u.params = mhcMappingParams(d) + c + 3 * c * f;
+    u.splitParams = 3 * c * f;
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + 6.0 * c * f + 4.0 * f;
     u.outputWidth = n * c;
     // Input residual, u, normed u, gate and up projections, their product.
@@ -119,7 +121,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.savedBytesPerToken = bytes * c;
     break;
   case UnitKind::LmHead:
-    u.params = c * v;
+    u.params = u.splitParams = c * v;
     u.forwardFlopsPerToken = 2.0 * c * v;
     u.outputWidth = v;
     u.savedBytesPerToken = bytes * c;
@@ -136,6 +138,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     UnitCost attention = unitCost(UnitKind::AttentionSublayer, d);
     UnitCost mlp = unitCost(UnitKind::MlpSublayer, d);
     u.params = 3 * c + 2 * c * c + attention.params + mlp.params;
+    u.splitParams = attention.splitParams + mlp.splitParams;
     u.forwardFlopsPerToken = 3 * norm + 4.0 * c * c +
                              attention.forwardFlopsPerToken +
                              mlp.forwardFlopsPerToken + 2.0 * c * v + 4.0 * v;

@@ -45,6 +45,9 @@ struct UnitCost {
   std::string name;          // the model-graph node name
   int64_t layer = -1;        // transformer layer, for sublayers
   int64_t params = 0;        // trainable parameters
+  /// Of params: the GEMM weights tensor parallelism splits over its ranks
+  /// (runtime/artifact/TensorSplit.h); the rest is replicated.
+  int64_t splitParams = 0;
   double forwardFlopsPerToken = 0;
   /// Width per token of the unit's output (n*C for residual-producing units).
   int64_t outputWidth = 0;

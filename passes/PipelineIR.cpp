@@ -186,15 +186,16 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
       return op.emitOpError() << "has no " << pipe::kStageAttr << " (run -pipe-partition first)";
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
-    // Tensor parallelism is assumed to split the work and the memory evenly
-    // (its collectives are not costed).
+    // Tensor parallelism is assumed to split the work and the activations
+    // evenly (its collectives are not costed); a rank holds 1 / tp of the
+    // GEMM weights and all of the rest.
     const double flops = cost.forwardFlopsPerToken * computedTokens;
     const double backward = profile.backwardMs(*kind, 2 * flops, computedTokens) / tp;
     stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     stage.savedBytes += cost.savedBytesPerToken * computedTokens / tp;
-    stage.params += cost.params / tp;
+    stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
   }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   for (int64_t s = 0; s + 1 < stages; ++s)
