@@ -89,7 +89,12 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
       os << "data parallel: dp = " << schedule.dp << " replicas of each rank's list (world = pp x dp = "
          << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); replica d takes "
          << "microbatches d, d + " << schedule.dp << ", ... of the global batch of " << schedule.dp * schedule.microbatches
-         << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM\n";
+         << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM"
+         << (schedule.distributedOptimizer
+                 ? "; distributed optimizer: the fp32 masters and Adam's moments sharded over the replicas, each "
+                   "updating 1 / dp of every parameter"
+                 : "")
+         << "\n";
     if (schedule.cp > 1)
       os << "context parallel: cp = " << schedule.cp << " ranks share each sequence (world = pp x dp x cp = "
          << schedule.pp * schedule.dp * schedule.cp

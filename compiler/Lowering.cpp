@@ -380,6 +380,7 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   artifact.cp = schedule.cp;
   artifact.tp = schedule.tp;
   artifact.sequenceParallel = schedule.sequenceParallel;
+  artifact.distributedOptimizer = schedule.distributedOptimizer;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

@@ -78,6 +78,11 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "per tensor-parallel rank (all-gather before the column-parallel GEMMs, "
                          "reduce-scatter after the row-parallel ones), so every boundary carries that share"),
                 cl::cat(pipelineCategory()));
+  binder.option(distributedOptimizer, "distributed-optimizer",
+                cl::desc("With --dp: shard the fp32 master weights and Adam's moments over the data-parallel "
+                         "replicas (Megatron's distributed optimizer, ZeRO-1): each replica updates 1 / dp of "
+                         "every parameter (CPU backend)"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -116,6 +121,9 @@ std::optional<OptionError> PipelineOptions::validate() const {
   if (sequenceParallel && tp < 2)
     return OptionError{"sequence-parallel", "splits sequences over the tensor-parallel ranks; it needs --tp 2 or "
                                             "more"};
+  if (distributedOptimizer && dp < 2)
+    return OptionError{"distributed-optimizer", "shards the optimizer over the data-parallel replicas; it needs "
+                                                "--dp 2 or more"};
   if (tp > 1 && cp > 1)
     return OptionError{"tp", "tensor parallelism does not compose with --cp in this release; use --tp or --cp"};
   // Bounds checked where the flags enter, so no product below overflows and
@@ -206,6 +214,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.cp = options.cp;
   schedule.tp = options.tp;
   schedule.sequenceParallel = options.sequenceParallel;
+  schedule.distributedOptimizer = options.distributedOptimizer;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

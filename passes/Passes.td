@@ -97,6 +97,8 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
            "Tensor-parallel ranks splitting each layer's GEMMs; they run the same lists">,
     Option<"sequenceParallel", "sequence-parallel", "bool", "false",
            "Sequence parallelism (tp > 1): every boundary carries seq_len / (cp x tp) tokens">,
+    Option<"distributedOptimizer", "distributed-optimizer", "bool", "false",
+           "ZeRO-1 (dp > 1): each replica updates 1 / dp of every parameter">,
   ];
 }
 

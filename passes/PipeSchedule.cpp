@@ -36,6 +36,7 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
     if (failed(spec))
       return signalPassFailure();
     spec->dp = dp;
+    spec->distributedOptimizer = distributedOptimizer;
     std::string error;
     std::optional<pipeline::Schedule> schedule = pipeline::buildSchedule(*spec, error);
     if (!schedule) {

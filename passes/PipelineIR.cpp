@@ -232,7 +232,8 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       i64(schedule.microbatches), i64(schedule.groupSize),
       schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr(), schedule.cp > 1 ? i64(schedule.cp) : IntegerAttr(),
       schedule.tp > 1 ? i64(schedule.tp) : IntegerAttr(),
-      schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr());
+      schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr(),
+      schedule.distributedOptimizer ? builder.getUnitAttr() : UnitAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   for (int64_t r = 0; r < schedule.pp; ++r) {
     auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
@@ -293,6 +294,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.cp = op.getCp().value_or(1);
   schedule.tp = op.getTp().value_or(1);
   schedule.sequenceParallel = op.getSequenceParallel();
+  schedule.distributedOptimizer = op.getDistributedOptimizer();
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {

@@ -275,6 +275,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.cp = spec.cp;
   schedule.tp = spec.tp;
   schedule.sequenceParallel = spec.sequenceParallel;
+  schedule.distributedOptimizer = spec.distributedOptimizer;
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);

@@ -54,6 +54,7 @@ struct ScheduleSpec {
   int64_t cp = 1; // context-parallel ranks per sequence: tokens is already T / cp; dp x cp > 1 adds the ALLREDUCE
   int64_t tp = 1; // tensor-parallel ranks per layer (with sequence parallelism tokens is T / (cp x tp))
   bool sequenceParallel = false;
+  bool distributedOptimizer = false; // ZeRO-1 over the dp replicas (their OPTIM updates 1 / dp each)
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
@@ -71,7 +72,7 @@ struct ScheduleSpec {
 struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int64_t pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, microbatches = 1, groupSize = 1;
-  bool sequenceParallel = false;
+  bool sequenceParallel = false, distributedOptimizer = false;
   std::vector<std::vector<Instr>> ranks;
   /// Ranks one ALLREDUCE sums over: the data-parallel replicas and their context-parallel ranks.
   int64_t reduceGroup() const { return dp * cp; }

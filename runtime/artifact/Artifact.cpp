@@ -357,6 +357,7 @@ json toJson(const Artifact &a) {
   pipeline["cp"] = a.cp; // the context-parallel ranks of each sequence
   pipeline["tp"] = a.tp; // the tensor-parallel ranks of each layer
   pipeline["sequence_parallel"] = a.sequenceParallel;
+  pipeline["distributed_optimizer"] = a.distributedOptimizer;
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
@@ -377,6 +378,8 @@ Artifact artifactFromJson(const json &j) {
   a.tp = pipeline.contains("tp") ? strictValue<int64_t>(pipeline.at("tp"), "tp") : 1;
   a.sequenceParallel =
       pipeline.contains("sequence_parallel") && strictValue<bool>(pipeline.at("sequence_parallel"), "sequence_parallel");
+  a.distributedOptimizer = pipeline.contains("distributed_optimizer") &&
+                           strictValue<bool>(pipeline.at("distributed_optimizer"), "distributed_optimizer");
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mhcc::runtime {
@@ -79,6 +80,10 @@ struct Artifact {
   /// Megatron's sequence parallelism (tp > 1): outside the tensor-parallel
   /// GEMMs each tensor-parallel rank holds seq_len / tp of every sequence.
   bool sequenceParallel = false;
+  /// Megatron's distributed optimizer (ZeRO-1, dp > 1): the fp32 masters
+  /// and Adam's moments sharded over the data-parallel replicas, replica d
+  /// updating elements [d n / dp, (d + 1) n / dp) of every parameter (shardOf).
+  bool distributedOptimizer = false;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage
@@ -109,6 +114,9 @@ struct Artifact {
   /// Rows of a microbatch each rank holds outside the tensor-parallel GEMMs:
   /// its context-parallel share, split again over tp under sequence parallelism.
   int64_t rowsPerRank() const { return model.tokens() / cp / (sequenceParallel ? tp : 1); }
+  /// The elements [begin, end) of a parameter of `count` elements that
+  /// replica d holds under the distributed optimizer.
+  std::pair<int64_t, int64_t> shardOf(int64_t count, int64_t d) const { return {d * count / dp, (d + 1) * count / dp}; }
   /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
   /// sampler: each group of dp consecutive microbatches goes one to a replica).
   int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }

@@ -40,6 +40,9 @@ public:
     if (m.seqLen % (2 * a_.cp) != 0 && a_.cp > 1)
       return "seq_len " + std::to_string(m.seqLen) + " does not split into 2 cp = " + std::to_string(2 * a_.cp) +
              " equal chunks";
+    if (a_.distributedOptimizer && a_.dp < 2)
+      return "the distributed optimizer shards over the data-parallel replicas and needs dp > 1 (dp = " +
+             std::to_string(a_.dp) + ")";
     if (a_.sequenceParallel && (a_.tp < 2 || m.seqLen % a_.tp != 0))
       return "sequence parallelism needs tp > 1 dividing seq_len " + std::to_string(m.seqLen) + " (tp = " +
              std::to_string(a_.tp) + ")";

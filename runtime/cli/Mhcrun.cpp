@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
+#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
@@ -151,6 +152,33 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
 }
 
 /// The validation pass's lines, Megatron's format.
+/// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
+/// bytes a parameter element, of the parameters its stages use, its
+/// tensor-parallel blocks of them), the largest over the ranks: sharded over
+/// the replicas under the distributed optimizer, and without it.
+std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a) {
+  int64_t sharded = 0, whole = 0;
+  for (int64_t r = 0; r < a.pp; ++r) {
+    std::vector<bool> uses(a.params.size(), false);
+    for (size_t s = r; s < a.stages.size(); s += a.pp)
+      for (const ParamSlot &slot : a.stages[s].params)
+        uses[slot.param] = true;
+    for (int64_t d = 0; d < a.dp; ++d) {
+      int64_t shard = 0, all = 0;
+      for (size_t p = 0; p < a.params.size(); ++p)
+        if (uses[p]) {
+          const int64_t count = shardCount(a.params[p], a.tp);
+          const auto [begin, end] = a.shardOf(count, d);
+          shard += 12 * (end - begin);
+          all += 12 * count;
+        }
+      sharded = std::max(sharded, shard);
+      whole = std::max(whole, all);
+    }
+  }
+  return {sharded, whole};
+}
+
 std::string validationLine(const StepResult &v) {
   char text[256];
   std::snprintf(text, sizeof text, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
@@ -452,6 +480,10 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
                 " context-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
                 "--processes, mpirun or srun); recompile with --cp 1 for GPUs or processes");
+  if (artifact->distributedOptimizer && (backend != "cpu" || placement || f.processes > 0))
+    return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
+                " replicas (--distributed-optimizer), which runs on the CPU backend's threads for now (--backend "
+                "cpu, without --processes, mpirun or srun); recompile without --distributed-optimizer for those");
   if (artifact->tp > 1 && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "the artifact has tp = " + std::to_string(artifact->tp) +
                 " tensor-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
@@ -519,6 +551,15 @@ int runMhcrun(int argc, char **argv) {
               << a.microbatches << " microbatches of " << a.model.tokens() << " tokens"
               << (a.dp > 1 ? " per replica" : "") << ", data " << data->source()
               << " (" << data->size() << " tokens)" << std::endl;
+  if (speaker && a.distributedOptimizer) {
+    const auto [sharded, whole] = optimizerBytesPerRank(a);
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "mhcrun: distributed optimizer: fp32 masters and Adam moments sharded over dp = %lld replicas, "
+                  "%.2f MiB a rank (%.2f MiB without sharding)",
+                  static_cast<long long>(a.dp), sharded / 1048576.0, whole / 1048576.0);
+    std::cout << line << std::endl;
+  }
   std::unique_ptr<Bootstrap> bootstrap;
   DeviceFactory devices;
   std::unique_ptr<SocketFolder> sockets;

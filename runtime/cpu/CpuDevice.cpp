@@ -395,8 +395,7 @@ public:
     if (rank_ != 0)
       return true;
     state.weights = world_->params.weights;
-    state.adamM = world_->params.adamM;
-    state.adamV = world_->params.adamV;
+    world_->params.wholeMoments(state);
     return true;
   }
   bool loadState(const ParameterState &state) override {

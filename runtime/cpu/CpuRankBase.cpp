@@ -5,6 +5,7 @@
 #include "runtime/train/Optimizer.h"
 #include "runtime/train/Parameters.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,11 +39,21 @@ void WorkingWeights::refresh(const std::vector<std::vector<float>> &masters) {
 HostParameters::HostParameters(const Artifact &a, bool withMoments,
                                const std::function<bool(int64_t stage)> &holdsStage)
     : working(a) {
+  const bool whole = withMoments && !a.distributedOptimizer;
   for (const ParamInfo &info : a.params) {
     weights.push_back(initialParameter(info, a.model.seed)); // the same bits wherever they are held
-    adamM.emplace_back(withMoments ? info.count() : 0, 0.0f);
-    adamV.emplace_back(withMoments ? info.count() : 0, 0.0f);
+    adamM.emplace_back(whole ? info.count() : 0, 0.0f);
+    adamV.emplace_back(whole ? info.count() : 0, 0.0f);
   }
+  if (withMoments && a.distributedOptimizer)
+    for (int64_t d = 0; d < a.dp; ++d) {
+      shardM.emplace_back();
+      for (const ParamInfo &info : a.params) {
+        const auto [begin, end] = a.shardOf(info.count(), d);
+        shardM.back().emplace_back(end - begin, 0.0f);
+      }
+      shardV.push_back(shardM.back());
+    }
   slotGrads.resize(a.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s)
     if (holdsStage(int64_t(s)))
@@ -66,13 +77,55 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
   for (size_t s = 0; s < a.stages.size(); ++s)
     for (const std::vector<float> &g : slotGrads[s])
       grads[s].push_back(g.data());
-  completeStep(a, options, losses, grads, weights, adamM, adamV, result);
+  if (shardM.empty()) {
+    completeStep(a, options, losses, grads, weights, runtime::wholeMoments(adamM, adamV), result);
+  } else {
+    // Each replica updates its shard of every parameter (ZeRO-1): the same
+    // arithmetic per element, so the same bits as without sharding.
+    completeStep(a, options, losses, grads, weights,
+                 [&](size_t p) {
+                   std::vector<MomentRange> ranges;
+                   for (int64_t d = 0; d < a.dp; ++d) {
+                     const auto [begin, end] = a.shardOf(a.params[p].count(), d);
+                     ranges.push_back({begin, end, shardM[d][p].data(), shardV[d][p].data()});
+                   }
+                   return ranges;
+                 },
+                 result);
+  }
   working.refresh(weights);
+}
+
+void HostParameters::wholeMoments(ParameterState &state) const {
+  state.adamM = adamM;
+  state.adamV = adamV;
+  for (size_t d = 0; d < shardM.size(); ++d)
+    for (size_t p = 0; p < shardM[d].size(); ++p) {
+      if (d == 0) {
+        state.adamM[p].clear();
+        state.adamV[p].clear();
+      }
+      state.adamM[p].insert(state.adamM[p].end(), shardM[d][p].begin(), shardM[d][p].end());
+      state.adamV[p].insert(state.adamV[p].end(), shardV[d][p].begin(), shardV[d][p].end());
+    }
 }
 
 void HostParameters::load(const ParameterState &state, bool withMoments) {
   for (size_t p = 0; p < weights.size(); ++p) {
     weights[p] = state.weights[p];
+    if (withMoments && !shardM.empty()) {
+      // Each replica's shard of the whole moments (shards tile the parameter in replica order).
+      int64_t at = 0;
+      for (size_t d = 0; d < shardM.size(); ++d) {
+        const int64_t n = int64_t(shardM[d][p].size());
+        if (!state.adamM[p].empty())
+          std::copy_n(state.adamM[p].begin() + at, n, shardM[d][p].begin());
+        if (!state.adamV[p].empty())
+          std::copy_n(state.adamV[p].begin() + at, n, shardV[d][p].begin());
+        at += n;
+      }
+      continue;
+    }
     if (withMoments && !state.adamM[p].empty())
       adamM[p] = state.adamM[p];
     if (withMoments && !state.adamV[p].empty())

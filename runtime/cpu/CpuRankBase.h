@@ -42,6 +42,9 @@ private:
 /// update path for both CPU devices, so their bits cannot drift apart.
 struct HostParameters {
   std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
+  /// The distributed optimizer's moments instead of adamM / adamV:
+  /// [replica][param], replica d's shard (Artifact::shardOf) of each.
+  std::vector<std::vector<std::vector<float>>> shardM, shardV;
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]; empty for stages not held
   WorkingWeights working;
 
@@ -58,6 +61,8 @@ struct HostParameters {
               StepResult &result);
   /// Masters from `state` (moments too where given and `withMoments`).
   void load(const ParameterState &state, bool withMoments);
+  /// The moments by whole parameter (the shards put together), for checkpoints.
+  void wholeMoments(ParameterState &state) const;
 };
 
 /// The microbatch rows context rank `contextRank` holds (Artifact::cp > 1):

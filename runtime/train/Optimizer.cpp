@@ -50,9 +50,15 @@ OptimizerScalars optimizerScalars(const TrainOptions &options, int64_t step, dou
   return k;
 }
 
+MomentRanges wholeMoments(std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV) {
+  return [&adamM, &adamV](size_t p) {
+    return std::vector<MomentRange>{{0, int64_t(adamM[p].size()), adamM[p].data(), adamV[p].data()}};
+  };
+}
+
 double applyOptimizer(const Artifact &a, const TrainOptions &options, int64_t step,
                       ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
-                      std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV) {
+                      const MomentRanges &moments) {
   const OptimizerScalars k = optimizerScalars(options, step, reduced.norm);
   const float lrF = static_cast<float>(k.lr), clip = k.clip;
   auto &grads = reduced.grads;
@@ -65,14 +71,15 @@ double applyOptimizer(const Artifact &a, const TrainOptions &options, int64_t st
   const float b1 = k.beta1, b2 = k.beta2, eps = k.eps, c1 = k.correction1, c2 = k.correction2;
   for (size_t p = 0; p < a.params.size(); ++p) {
     const float decay = a.params[p].decay ? float(options.weightDecay) : 0.0f;
-    for (size_t e = 0; e < grads[p].size(); ++e) {
-      float g = grads[p][e] * clip;
-      float &mm = adamM[p][e], &vv = adamV[p][e], &w = weights[p][e];
-      mm = b1 * mm + (1.0f - b1) * g;
-      vv = b2 * vv + (1.0f - b2) * g * g;
-      float update = (mm / c1) / (std::sqrt(vv / c2) + eps);
-      w -= lrF * (update + decay * w);
-    }
+    for (const MomentRange &range : moments(p))
+      for (int64_t e = range.begin; e < range.end; ++e) {
+        float g = grads[p][e] * clip;
+        float &mm = range.m[e - range.begin], &vv = range.v[e - range.begin], &w = weights[p][e];
+        mm = b1 * mm + (1.0f - b1) * g;
+        vv = b2 * vv + (1.0f - b2) * g * g;
+        float update = (mm / c1) / (std::sqrt(vv / c2) + eps);
+        w -= lrF * (update + decay * w);
+      }
   }
   return k.lr;
 }
@@ -98,8 +105,7 @@ void summarizeLosses(const StageProgram &last, const std::vector<std::vector<dou
 
 void completeStep(const Artifact &a, const TrainOptions &options, const std::vector<std::vector<double>> &losses,
                   const std::vector<std::vector<const float *>> &slotGrads, std::vector<std::vector<float>> &weights,
-                  std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV,
-                  StepResult &result) {
+                  const MomentRanges &moments, StepResult &result) {
   summarizeLosses(a.stages.back(), losses, result);
   ReducedGradients reduced = reduceGradients(a, slotGrads);
   result.gradNorm = reduced.norm;
@@ -107,7 +113,7 @@ void completeStep(const Artifact &a, const TrainOptions &options, const std::vec
   if (options.recordTaps)
     for (size_t p = 0; p < a.params.size(); ++p)
       result.paramGrads[a.params[p].name] = reduced.grads[p];
-  result.learningRate = applyOptimizer(a, options, result.step, reduced, weights, adamM, adamV);
+  result.learningRate = applyOptimizer(a, options, result.step, reduced, weights, moments);
 }
 
 } // namespace mhcc::runtime

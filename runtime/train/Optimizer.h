@@ -12,6 +12,7 @@
 #include "runtime/artifact/Artifact.h"
 #include "runtime/exec/StepTypes.h"
 
+#include <functional>
 #include <vector>
 
 namespace mhcc::runtime {
@@ -37,11 +38,24 @@ struct OptimizerScalars {
 };
 OptimizerScalars optimizerScalars(const TrainOptions &options, int64_t step, double gradNorm);
 
+/// Adam's moments of a parameter's elements [begin, end): m[0] and v[0]
+/// are element begin's.
+struct MomentRange {
+  int64_t begin = 0, end = 0;
+  float *m = nullptr, *v = nullptr;
+};
+/// The ranges that together cover parameter p: the whole of it, or the
+/// data-parallel replicas' shards under the distributed optimizer.
+using MomentRanges = std::function<std::vector<MomentRange>(size_t param)>;
+/// Whole-parameter moments, adamM[p] and adamV[p].
+MomentRanges wholeMoments(std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV);
+
 /// Clips by the global norm and applies AdamW or SGD for step `step`
-/// (1-based). Returns the learning rate used.
+/// (1-based), range by range; every element's update is the same
+/// arithmetic however the moments are split. Returns the learning rate used.
 double applyOptimizer(const Artifact &artifact, const TrainOptions &options, int64_t step,
                       ReducedGradients &reduced, std::vector<std::vector<float>> &weights,
-                      std::vector<std::vector<float>> &adamM, std::vector<std::vector<float>> &adamV);
+                      const MomentRanges &moments);
 
 /// Everything a backend does once its ranks finished step `result.step`:
 /// losses into `result`, gradients reduced (and recorded with recordTaps),
@@ -49,8 +63,7 @@ double applyOptimizer(const Artifact &artifact, const TrainOptions &options, int
 void completeStep(const Artifact &artifact, const TrainOptions &options,
                   const std::vector<std::vector<double>> &losses,
                   const std::vector<std::vector<const float *>> &slotGrads,
-                  std::vector<std::vector<float>> &weights, std::vector<std::vector<float>> &adamM,
-                  std::vector<std::vector<float>> &adamV, StepResult &result);
+                  std::vector<std::vector<float>> &weights, const MomentRanges &moments, StepResult &result);
 
 /// The step's "lm loss" and "mtp loss": means over microbatches (and MTP
 /// modules) of the last stage's losses[mb][k], summed in microbatch order.

@@ -5,6 +5,8 @@
 #    checkpoint resumed under PP1; likewise with two data-parallel replicas
 #    (dp 2 x pp 2) and with two tensor-parallel ranks (tp 2 x pp 2, sequence
 #    parallel), whose checkpoint (whole tensors by name) resumes at tp 1;
+#    and with the distributed optimizer (dp 2 x pp 2): its sharded moments
+#    saved as whole tensors resume without it, exactly;
 # 2. a process SIGKILLed in the middle of a save (MHCC_TEST_SAVE_PAUSE_S
 #    stalls it between its two files) leaves the previous checkpoint the
 #    latest and loadable, and the run resumed from it is exact;
@@ -20,6 +22,7 @@ pp1="${root}/$1"
 pp2="${root}/$2"
 dp2="${root}/$3"
 tp2="${root}/$4"
+zero1="${root}/$5"
 work="${TEST_TMPDIR}/cli"
 rm -rf "${work}" && mkdir -p "${work}"
 python=/usr/bin/python3
@@ -71,6 +74,11 @@ gap = abs(tp1["lm_loss"] - tp2["lm_loss"]) / tp2["lm_loss"]
 assert gap <= 1e-6, f"iteration 4 at tp 1 after a tp 2 checkpoint: lm loss {tp1['lm_loss']} vs {tp2['lm_loss']}"
 EOF
 echo "ok: 3 + 3 == 6 at tp 2 x pp 2 (sequence parallel), resumed at tp 1 within 1e-6"
+run "${zero1}" --steps 3 --save "${work}/ck_zero1" --metrics "${work}/a_zero1.json" > "${work}/a_zero1.log"
+grep -q "distributed optimizer: fp32 masters and Adam moments sharded over dp = 2 replicas" "${work}/a_zero1.log"
+run "${dp2}" --steps 6 --load "${work}/ck_zero1" --metrics "${work}/b_zero1.json" > /dev/null
+same_metrics "${work}/full_dp2.json" "${work}/a_zero1.json" "${work}/b_zero1.json"
+echo "ok: 3 (distributed optimizer) + 3 (without) == 6 at dp 2 x pp 2"
 
 # 2. SIGKILL in the middle of a save of iteration 5.
 MHCC_TEST_SAVE_PAUSE_S=60 "${mhcrun}" "${pp2}" --data "${corpus}" --backend cpu --no-progress --steps 5 \

@@ -51,14 +51,16 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     ((pipeline rank x dp + replica) x cp + context rank) x tp + tensor rank.
     `sequence_parallel` (tp > 1 only): each tensor-parallel rank holds
     seq_len / tp of every sequence outside the tensor-parallel GEMMs, so
-    every boundary carries that share.
+    every boundary carries that share. `distributed_optimizer` (dp > 1
+    only): the replicas shard the optimizer (ZeRO-1), each updating 1 / dp
+    of every parameter after the gradient ALLREDUCE.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
     Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp,
     OptionalAttr<Pipe_PositiveI64>:$cp, OptionalAttr<Pipe_PositiveI64>:$tp,
-    UnitAttr:$sequence_parallel);
+    UnitAttr:$sequence_parallel, UnitAttr:$distributed_optimizer);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;
