@@ -88,11 +88,12 @@ class Device {
 public:
   virtual ~Device() = default;
 
-  /// This device's rank in the world (Artifact.h: pipeline rank x dp +
-  /// replica), as messages name it.
+  /// This device's rank in the world (Artifact.h's mesh: pipeline rank,
+  /// replica, context rank, tensor rank), as messages name it.
   virtual int64_t rank() const = 0;
   /// Its pipeline rank, whose instruction list it runs (SEND / RECV peers
-  /// are pipeline ranks of the same replica), and its data-parallel replica.
+  /// are pipeline ranks of the same replica, context and tensor rank), and
+  /// its data-parallel replica.
   virtual int64_t pipelineRank() const { return rank(); }
   virtual int64_t replica() const { return 0; }
   /// The first error, one line; empty while all is well.
