@@ -138,6 +138,29 @@ FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
   return layout;
 }
 
+/// Tensor parallelism's reductions over the group in one unit's forward and
+/// backward, each of T x C activations (Megatron's g and f): the
+/// row-parallel output (the embedding's too) forward, the column-parallel
+/// input gradient backward. Under sequence parallelism an all-gather and a
+/// reduce-scatter replace each all-reduce: the same bytes on a ring. The LM
+/// head's input gradient is one backward; the loss's statistics are a few
+/// floats a token (not counted).
+static std::pair<int, int> tensorParallelReductions(UnitKind kind) {
+  switch (kind) {
+  case UnitKind::Embedding:
+    return {1, 0};
+  case UnitKind::AttentionSublayer:
+  case UnitKind::MlpSublayer:
+    return {1, 1};
+  case UnitKind::LmHead:
+    return {0, 1};
+  case UnitKind::Mtp: // its embedding, attention and MLP forward; attention, MLP and head backward
+    return {3, 3};
+  default:
+    return {0, 0};
+  }
+}
+
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
                                                  const SimulationOptions &options, int64_t cp, int64_t tp,
@@ -187,11 +210,20 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
     // Tensor parallelism is assumed to split the work and the activations
-    // evenly (its collectives are not costed); a rank holds 1 / tp of the
-    // GEMM weights and all of the rest.
+    // evenly, and its reductions are ring all-reduces over the link
+    // (2 (tp - 1) / tp of the bytes each way, 2 (tp - 1) latencies); a rank
+    // holds 1 / tp of the GEMM weights and all of the rest.
     const double flops = cost.forwardFlopsPerToken * computedTokens;
-    const double backward = profile.backwardMs(*kind, 2 * flops, computedTokens) / tp;
-    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp;
+    const auto [forwardReductions, backwardReductions] = tensorParallelReductions(*kind);
+    const double reduction =
+        tp == 1 || profile.linkGBps <= 0
+            ? 0.0
+            : 2.0 * (tp - 1) / tp * double(computedTokens * dims->hidden * spec.elementBytes) /
+                      spec.linkBytesPerTime +
+                  2.0 * (tp - 1) * spec.linkLatency;
+    const double backward =
+        profile.backwardMs(*kind, 2 * flops, computedTokens) / tp + backwardReductions * reduction;
+    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp + forwardReductions * reduction;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     stage.savedBytes += cost.savedBytesPerToken * computedTokens / tp;
