@@ -78,7 +78,7 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
     for (const std::vector<float> &g : slotGrads[s])
       grads[s].push_back(g.data());
   if (shardM.empty()) {
-    completeStep(a, options, losses, grads, weights, runtime::wholeMoments(adamM, adamV), result);
+    completeStep(a, options, losses, grads, weights, runtime::wholeMoments(adamM, adamV), reduced, result);
   } else {
     // Each replica updates its shard of every parameter (ZeRO-1): the same
     // arithmetic per element, so the same bits as without sharding.
@@ -91,7 +91,7 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
                    }
                    return ranges;
                  },
-                 result);
+                 reduced, result);
   }
   working.refresh(weights);
 }

@@ -15,6 +15,7 @@
 
 #include "runtime/cpu/StageExecutor.h"
 #include "runtime/exec/Device.h"
+#include "runtime/train/Optimizer.h"
 
 #include <functional>
 
@@ -47,6 +48,7 @@ struct HostParameters {
   std::vector<std::vector<std::vector<float>>> shardM, shardV;
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]; empty for stages not held
   WorkingWeights working;
+  ReducedGradients reduced; // the optimizer's buffers, kept between steps
 
   /// Initial values from the seed; moments sized only `withMoments`.
   HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage);
