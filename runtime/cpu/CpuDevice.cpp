@@ -74,7 +74,7 @@ struct CpuWorld {
     uint64_t generation = 0;
   };
   std::vector<ReduceGroup> reduceGroups; // by pipeline rank: its replicas' ALLREDUCE barrier
-  /// By pipeline rank x dp + replica: its context-parallel ranks' row gathers.
+  /// By (pipeline rank x dp + replica) x tp + tensor rank: its context-parallel ranks' row gathers.
   struct GatherGroup {
     int64_t arrived = 0;
     uint64_t generation = 0;
@@ -94,7 +94,7 @@ struct CpuWorld {
         rankGrads(artifact.tp > 1 ? artifact.dp * artifact.cp * artifact.tp : artifact.reduceGroupSize() - 1,
                   blockGrads(artifact)),
         losses(artifact.reduceGroupSize()), peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),
-        gatherGroups(artifact.pp * artifact.dp, GatherGroup{0, 0, std::vector<const float *>(artifact.cp)}),
+        gatherGroups(artifact.pp * artifact.dp * artifact.tp, GatherGroup{0, 0, std::vector<const float *>(artifact.cp)}),
         tensorGroups(artifact.worldSize() / artifact.tp, GatherGroup{0, 0, std::vector<const float *>(artifact.tp)}),
         lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
         waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
@@ -254,7 +254,8 @@ struct CpuWorld {
   /// into microbatch order, and none returns before all have copied (the
   /// sources stay valid).
   bool gather(int64_t rank, const float *local, int64_t cols, float *all) {
-    GatherGroup &group = gatherGroups[rank / a.tp / a.cp];
+    // One group per (pipeline rank, replica, tensor rank): its context ranks.
+    GatherGroup &group = gatherGroups[rank / (a.cp * a.tp) * a.tp + a.tensorRankOf(rank)];
     std::unique_lock<std::mutex> lock(mutex);
     group.sources[a.contextRankOf(rank)] = local;
     if (!barrier(group, a.cp, lock, [] {}))

@@ -154,27 +154,37 @@ inline bool holdsWeightBlocks(Prim op) {
          op == Prim::LmHead || op == Prim::CrossEntropy;
 }
 
-/// Under tensor parallelism, a primitive that holdsWeightBlocks, on every
-/// row of the microbatch (TensorParallel.h). The loss of a CrossEntropy
-/// (else 0; NaN when a collective failed).
+/// The rows the tensor-parallel GEMMs see: the microbatch's (gathered under
+/// sequence parallelism), or a context-parallel rank's share.
+template <typename T> int64_t gemmRowsOf(const StageContext<T> &c) {
+  return c.tensor.sequenceParallel || c.rows == 0 ? c.model.tokens() : c.rows;
+}
+
+/// Under tensor parallelism, a primitive that holdsWeightBlocks on the rows
+/// of gemmRowsOf (TensorParallel.h); a token mixer under context parallelism
+/// runs on the group's gathered rows (contextParallelMixer) with this rank's
+/// heads. The loss of a CrossEntropy (else 0; NaN when a collective failed).
 template <typename T>
 double tensorParallelForwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, size_t i) {
   namespace k = kernels;
   const ForwardInstr &f = c.program.forward[i];
   const TensorGroup<T> &g = c.tensor;
-  const int64_t all = c.model.tokens(), C = c.model.hidden, share = c.model.vocab / g.size;
+  const int64_t all = gemmRowsOf(c), C = c.model.hidden, share = c.model.vocab / g.size;
   T *out = values[f.output];
   const T *x = f.inputs.empty() ? nullptr : values[f.inputs[0]];
   auto w = [&](size_t j) { return c.param(f.params[j]); };
   bool ok = true;
   switch (f.op) {
   case Prim::Embed:
-    ok = k::tensorParallelEmbedForward(g, c.tokens, w(0), out, all, C, share, f.shift, f.seqLen);
+    ok = k::tensorParallelEmbedForward(g, c.tokens, w(0), out, all, C, share, f.shift, f.seqLen, c.rowMap);
     break;
   case Prim::Attention:
   case Prim::GatedDeltaNet:
     ok = k::tensorParallelForward(g, x, out, all, C, [&](const T *in, T *partial) {
-      mixerForward(c, f, in, partial, aux[i], all);
+      if (c.rowMap)
+        contextParallelMixer<T>(c, f, in, nullptr, partial, false);
+      else
+        mixerForward(c, f, in, partial, aux[i], all);
     });
     break;
   case Prim::SwiGlu:
@@ -191,7 +201,8 @@ double tensorParallelForwardInstr(const StageContext<T> &c, T *const *values, T 
   }
   case Prim::CrossEntropy: {
     T loss = 0;
-    ok = k::tensorParallelCrossEntropyForward(g, x, c.labels, aux[i], all, share, f.shift, f.seqLen, loss);
+    ok = k::tensorParallelCrossEntropyForward(g, x, c.labels, aux[i], all, share, f.shift, f.seqLen, loss, c.rowMap,
+                                              c.model.tokens());
     out[0] = loss;
     return ok ? double(loss) : std::nan("");
   }
@@ -277,7 +288,7 @@ bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *
   const bool wantInput = part != BackwardPart::Weight, wantWeight = part != BackwardPart::Input;
   const ForwardInstr &f = c.program.forward[b.forward];
   const TensorGroup<T> &g = c.tensor;
-  const int64_t all = c.model.tokens(), C = c.model.hidden, share = c.model.vocab / g.size;
+  const int64_t all = gemmRowsOf(c), C = c.model.hidden, share = c.model.vocab / g.size;
   const T *x = f.inputs.empty() ? nullptr : values[f.inputs[0]];
   T *dx = wantInput && !b.gradInputs.empty() ? values[b.gradInputs[0]] : nullptr;
   auto w = [&](size_t j) { return c.param(f.params[j]); };
@@ -287,12 +298,16 @@ bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *
   switch (f.op) {
   case Prim::Embed:
     return !wantWeight ||
-           k::tensorParallelEmbedBackward(g, c.tokens, dOut, dw(0), all, C, share, f.shift, f.seqLen);
+           k::tensorParallelEmbedBackward(g, c.tokens, dOut, dw(0), all, C, share, f.shift, f.seqLen, c.rowMap);
   case Prim::Attention:
   case Prim::GatedDeltaNet:
-    return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight, [&](const T *in, const T *dy, T *partial) {
-      mixerBackward(c, f, in, auxIn, dy, partial, wantWeight, all);
-    });
+    return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight || c.rowMap,
+                                     [&](const T *in, const T *dy, T *partial) {
+                                       if (c.rowMap)
+                                         contextParallelMixer<T>(c, f, in, dy, partial, wantWeight);
+                                       else
+                                         mixerBackward(c, f, in, auxIn, dy, partial, wantWeight, all);
+                                     });
   case Prim::SwiGlu:
     return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight, [&](const T *in, const T *dy, T *partial) {
       k::swigluBackward(in, w(0), w(1), w(2), auxIn, dy, partial, dw(0), dw(1), dw(2), all, C, f.ffn, c.store);
@@ -316,7 +331,7 @@ bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *
     if (dx)
       k::tensorParallelCrossEntropyBackward(g, x, c.labels, auxIn,
                                             static_cast<T>(c.program.losses[f.loss].weight / double(c.microbatches)),
-                                            dx, all, share, f.shift, f.seqLen);
+                                            dx, all, share, f.shift, f.seqLen, c.rowMap, c.model.tokens());
     return true;
   default:
     return true;

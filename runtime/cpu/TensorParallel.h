@@ -116,11 +116,12 @@ bool tensorParallelBackward(const TensorGroup<T> &g, const T *x, const T *dy, T 
 /// elsewhere is zero here, so the group's sum has exactly the table's bits.
 template <typename T>
 bool tensorParallelEmbedForward(const TensorGroup<T> &g, const int32_t *tokens, const T *table, T *out,
-                                int64_t rows, int64_t C, int64_t vocabShare, int64_t shift, int64_t seq) {
+                                int64_t rows, int64_t C, int64_t vocabShare, int64_t shift, int64_t seq,
+                                const int64_t *rowMap = nullptr) {
   const int64_t first = g.rank * vocabShare;
   std::vector<T> partial(rows * C, T(0));
   for (int64_t t = 0; t < rows; ++t) {
-    const int64_t id = tokens[shiftedRow(t, shift, seq)] - first;
+    const int64_t id = tokens[shiftedRow(microbatchRow(rowMap, t), shift, seq)] - first;
     if (id >= 0 && id < vocabShare)
       std::copy_n(table + id * C, C, partial.data() + t * C);
   }
@@ -129,7 +130,8 @@ bool tensorParallelEmbedForward(const TensorGroup<T> &g, const int32_t *tokens, 
 
 template <typename T>
 bool tensorParallelEmbedBackward(const TensorGroup<T> &g, const int32_t *tokens, const T *dOut, T *dTable,
-                                 int64_t rows, int64_t C, int64_t vocabShare, int64_t shift, int64_t seq) {
+                                 int64_t rows, int64_t C, int64_t vocabShare, int64_t shift, int64_t seq,
+                                 const int64_t *rowMap = nullptr) {
   bool ok = true;
   std::vector<T> dyAll;
   const T *dy = allRows(g, dOut, rows, C, dyAll, ok);
@@ -137,7 +139,7 @@ bool tensorParallelEmbedBackward(const TensorGroup<T> &g, const int32_t *tokens,
     return false;
   const int64_t first = g.rank * vocabShare;
   for (int64_t t = 0; t < rows; ++t) {
-    const int64_t id = tokens[shiftedRow(t, shift, seq)] - first;
+    const int64_t id = tokens[shiftedRow(microbatchRow(rowMap, t), shift, seq)] - first;
     if (id >= 0 && id < vocabShare)
       addScaled(dTable + id * C, dy + t * C, T(1), C);
   }
@@ -147,10 +149,13 @@ bool tensorParallelEmbedBackward(const TensorGroup<T> &g, const int32_t *tokens,
 /// The vocabulary-parallel cross-entropy (Megatron's): each rank holds the
 /// logits of its vocabulary share for every row; the row maxima, the sums
 /// of exponentials and the label's logit are reduced over the group, so
-/// every rank gets the same loss and lse (aux) per row.
+/// every rank gets the same loss and lse (aux) per row. With a
+/// context-parallel rowMap (Kernels.h, microbatchRow), the rows' share of
+/// the microbatch's mean over its `microbatchRows` rows.
 template <typename T>
 bool tensorParallelCrossEntropyForward(const TensorGroup<T> &g, const T *logits, const int32_t *labels, T *aux,
-                                       int64_t rows, int64_t vocabShare, int64_t shift, int64_t seq, T &loss) {
+                                       int64_t rows, int64_t vocabShare, int64_t shift, int64_t seq, T &loss,
+                                       const int64_t *rowMap = nullptr, int64_t microbatchRows = 0) {
   const int64_t first = g.rank * vocabShare;
   std::vector<T> maxima(rows), sums(rows, T(0)), targets(rows, T(0));
   for (int64_t t = 0; t < rows; ++t)
@@ -161,8 +166,9 @@ bool tensorParallelCrossEntropyForward(const TensorGroup<T> &g, const T *logits,
     const T *row = logits + t * vocabShare;
     for (int64_t v = 0; v < vocabShare; ++v)
       sums[t] += std::exp(row[v] - maxima[t]);
-    if ((t % seq) + shift < seq) {
-      const int64_t label = labels[t + shift] - first;
+    const int64_t m = microbatchRow(rowMap, t);
+    if ((m % seq) + shift < seq) {
+      const int64_t label = labels[m + shift] - first;
       if (label >= 0 && label < vocabShare)
         targets[t] = row[label];
     }
@@ -170,14 +176,12 @@ bool tensorParallelCrossEntropyForward(const TensorGroup<T> &g, const T *logits,
   if (!g.allReduce(sums.data(), rows, false) || !g.allReduce(targets.data(), rows, false))
     return false;
   T total = 0;
-  int64_t counted = 0;
   for (int64_t t = 0; t < rows; ++t) {
     aux[t] = maxima[t] + std::log(sums[t]);
-    if ((t % seq) + shift < seq) {
+    if ((microbatchRow(rowMap, t) % seq) + shift < seq)
       total += aux[t] - targets[t];
-      ++counted;
-    }
   }
+  const int64_t counted = countedRows(rowMap ? microbatchRows : rows, shift, seq);
   loss = counted ? total / T(counted) : T(0);
   return true;
 }
@@ -186,19 +190,21 @@ bool tensorParallelCrossEntropyForward(const TensorGroup<T> &g, const T *logits,
 template <typename T>
 void tensorParallelCrossEntropyBackward(const TensorGroup<T> &g, const T *logits, const int32_t *labels,
                                         const T *aux, T scale, T *dLogits, int64_t rows, int64_t vocabShare,
-                                        int64_t shift, int64_t seq) {
-  const int64_t counted = countedRows(rows, shift, seq), first = g.rank * vocabShare;
+                                        int64_t shift, int64_t seq, const int64_t *rowMap = nullptr,
+                                        int64_t microbatchRows = 0) {
+  const int64_t counted = countedRows(rowMap ? microbatchRows : rows, shift, seq), first = g.rank * vocabShare;
   if (!counted)
     return;
   const T factor = scale / T(counted);
   for (int64_t t = 0; t < rows; ++t) {
-    if ((t % seq) + shift >= seq)
+    const int64_t m = microbatchRow(rowMap, t);
+    if ((m % seq) + shift >= seq)
       continue;
     const T *row = logits + t * vocabShare;
     T *gradRow = dLogits + t * vocabShare;
     for (int64_t v = 0; v < vocabShare; ++v)
       gradRow[v] += factor * std::exp(row[v] - aux[t]);
-    const int64_t label = labels[t + shift] - first;
+    const int64_t label = labels[m + shift] - first;
     if (label >= 0 && label < vocabShare)
       gradRow[label] -= factor;
   }

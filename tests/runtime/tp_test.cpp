@@ -20,13 +20,15 @@
 //   outside the GEMMs) adds one more reordering: the replicated parameters'
 //   gradients are summed per rank, then over the ranks. The same bounds hold.
 // - The same at tp 4, at dp 2 x pp 2 x tp 2 with sequence parallelism and
-//   MTP (8 ranks; the replicas split the microbatches), and on packed
-//   documents (--reset-position-ids --reset-attention-mask).
+//   MTP (8 ranks; the replicas split the microbatches), at tp 2 x cp 2
+//   (attention over the context group's gathered rows with this rank's
+//   heads), and on packed documents (--reset-position-ids
+//   --reset-attention-mask).
 // - A tensor-parallel run gives the same bits run to run, and the split is
 //   real: some gradient differs from tp 1's in its bits.
 //
 // usage: tp_test DATA TP1.mhcc TP2.mhcc TP2_SP.mhcc TP4_SP.mhcc TP2_SP_DP2_PP2.mhcc BF16_TP1.mhcc
-//                BF16_TP2_SP_PP2.mhcc
+//                BF16_TP2_SP_PP2.mhcc TP2_CP2.mhcc
 #include "runtime/artifact/TensorSplit.h"
 #include "tests/runtime/TrainingCompare.h"
 
@@ -65,7 +67,7 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   ASSERT_TRUE(text) << error;
   std::optional<TokenDataset> packed = packedCorpus(gDataPath, error);
   ASSERT_TRUE(packed) << error;
-  ASSERT_EQ(gArtifacts.size(), 7u);
+  ASSERT_EQ(gArtifacts.size(), 8u);
   for (const std::string &path : gArtifacts) {
     std::optional<Artifact> a = readArtifact(path, error);
     ASSERT_TRUE(a) << error;
@@ -81,6 +83,7 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   expectSameTraining(tp1, sp2, "tp 2, sequence parallel");
   expectSameTraining(tp1, train(gArtifacts[3], *text, kSteps), "tp 4, sequence parallel");
   expectSameTraining(tp1, train(gArtifacts[4], *text, kSteps), "tp 2 x dp 2 x pp 2, sequence parallel");
+  expectSameTraining(tp1, train(gArtifacts[7], *text, kSteps), "tp 2 x cp 2");
   TrainOptions documents;
   documents.resetPositionIds = documents.resetAttentionMask = true;
   expectSameTraining(train(gArtifacts[0], *packed, kSteps, cpuDevices(), documents),
@@ -124,8 +127,9 @@ TEST(TensorParallel, BlocksCoverEveryElementOnce) {
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc != 9) {
-    std::fprintf(stderr, "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2\n", argv[0]);
+  if (argc != 10) {
+    std::fprintf(stderr, "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2 TP2_CP2\n",
+                 argv[0]);
     return 2;
   }
   mhcc::runtime::gDataPath = argv[1];
