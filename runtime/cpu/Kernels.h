@@ -652,11 +652,13 @@ T crossEntropyForward(const T *logits, const int32_t *labels, T *aux, int64_t ro
 }
 
 /// dlogits += scale * (softmax - onehot) / counted rows
-/// (rowMap, microbatchRows: as crossEntropyForward.)
+/// (rowMap, microbatchRows: as crossEntropyForward.) The logits are the V
+/// columns of vocabulary ids vocabFirst ..: a tensor-parallel rank's share
+/// (TensorParallel.h), whose rows' lse (aux) already spans the vocabulary.
 template <typename T>
 void crossEntropyBackward(const T *logits, const int32_t *labels, const T *aux, T scale,
                           T *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
-                          const int64_t *rowMap = nullptr, int64_t microbatchRows = 0) {
+                          const int64_t *rowMap = nullptr, int64_t microbatchRows = 0, int64_t vocabFirst = 0) {
   int64_t counted = 0;
   if (rowMap)
     counted = countedRows(microbatchRows, shift, seq);
@@ -674,7 +676,8 @@ void crossEntropyBackward(const T *logits, const int32_t *labels, const T *aux, 
     T *gradRow = dLogits + t * V;
     for (int64_t v = 0; v < V; ++v)
       gradRow[v] += factor * std::exp(row[v] - aux[t]);
-    gradRow[labels[g + shift]] -= factor;
+    if (const int64_t label = labels[g + shift] - vocabFirst; label >= 0 && label < V)
+      gradRow[label] -= factor;
   }
 }
 

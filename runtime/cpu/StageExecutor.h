@@ -329,9 +329,9 @@ bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *
   }
   case Prim::CrossEntropy:
     if (dx)
-      k::tensorParallelCrossEntropyBackward(g, x, c.labels, auxIn,
-                                            static_cast<T>(c.program.losses[f.loss].weight / double(c.microbatches)),
-                                            dx, all, share, f.shift, f.seqLen, c.rowMap, c.model.tokens());
+      k::crossEntropyBackward(x, c.labels, auxIn,
+                              static_cast<T>(c.program.losses[f.loss].weight / double(c.microbatches)), dx, all,
+                              share, f.shift, f.seqLen, c.rowMap, c.model.tokens(), g.rank * share);
     return true;
   default:
     return true;

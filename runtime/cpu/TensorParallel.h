@@ -149,7 +149,8 @@ bool tensorParallelEmbedBackward(const TensorGroup<T> &g, const int32_t *tokens,
 /// The vocabulary-parallel cross-entropy (Megatron's): each rank holds the
 /// logits of its vocabulary share for every row; the row maxima, the sums
 /// of exponentials and the label's logit are reduced over the group, so
-/// every rank gets the same loss and lse (aux) per row. With a
+/// every rank gets the same loss and lse (aux) per row. Its backward needs
+/// no collective: Kernels.h's crossEntropyBackward on the share (vocabFirst). With a
 /// context-parallel rowMap (Kernels.h, microbatchRow), the rows' share of
 /// the microbatch's mean over its `microbatchRows` rows.
 template <typename T>
@@ -184,30 +185,6 @@ bool tensorParallelCrossEntropyForward(const TensorGroup<T> &g, const T *logits,
   const int64_t counted = countedRows(rowMap ? microbatchRows : rows, shift, seq);
   loss = counted ? total / T(counted) : T(0);
   return true;
-}
-
-/// dlogits += scale * (softmax - onehot) / counted rows, on this rank's share.
-template <typename T>
-void tensorParallelCrossEntropyBackward(const TensorGroup<T> &g, const T *logits, const int32_t *labels,
-                                        const T *aux, T scale, T *dLogits, int64_t rows, int64_t vocabShare,
-                                        int64_t shift, int64_t seq, const int64_t *rowMap = nullptr,
-                                        int64_t microbatchRows = 0) {
-  const int64_t counted = countedRows(rowMap ? microbatchRows : rows, shift, seq), first = g.rank * vocabShare;
-  if (!counted)
-    return;
-  const T factor = scale / T(counted);
-  for (int64_t t = 0; t < rows; ++t) {
-    const int64_t m = microbatchRow(rowMap, t);
-    if ((m % seq) + shift >= seq)
-      continue;
-    const T *row = logits + t * vocabShare;
-    T *gradRow = dLogits + t * vocabShare;
-    for (int64_t v = 0; v < vocabShare; ++v)
-      gradRow[v] += factor * std::exp(row[v] - aux[t]);
-    const int64_t label = labels[m + shift] - first;
-    if (label >= 0 && label < vocabShare)
-      gradRow[label] -= factor;
-  }
 }
 
 } // namespace kernels
