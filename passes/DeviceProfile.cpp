@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -169,6 +170,9 @@ std::string DeviceProfile::describe() const {
     return text;
   }
   std::snprintf(text, sizeof text, "%.2f GB/s P2P", linkGBps);
+  if (sharedCores > 0)
+    std::snprintf(text + std::strlen(text), sizeof text - std::strlen(text), "; ranks share %lld cores",
+                  static_cast<long long>(sharedCores));
   return "device profile " + name + " (" + (source.empty() ? "no source given" : source) + "; " + text + ")";
 }
 
@@ -232,6 +236,14 @@ std::optional<DeviceProfile> parseDeviceProfile(const std::string &text, std::st
       !number("link_latency_us", p.linkLatencyUs, false) ||
       !number("optimizer_ns_per_param", p.optimizerNsPerParam, false))
     return std::nullopt;
+  if (j.contains("shared_cores")) {
+    const nlohmann::json &cores = j["shared_cores"];
+    if (!cores.is_number_integer() || cores.get<int64_t>() < 0 || cores.get<int64_t>() > 65536) {
+      error = "\"shared_cores\" must be an integer from 0 (a device per rank) to 65536";
+      return std::nullopt;
+    }
+    p.sharedCores = cores.get<int64_t>();
+  }
   if (j.contains("units")) {
     if (!j["units"].is_object()) {
       error = "\"units\" must be an object of unit kinds";
@@ -312,6 +324,8 @@ std::string formatDeviceProfile(const DeviceProfile &p) {
   j["link_gbps"] = p.linkGBps;
   j["link_latency_us"] = p.linkLatencyUs;
   j["optimizer_ns_per_param"] = p.optimizerNsPerParam;
+  if (p.sharedCores > 0)
+    j["shared_cores"] = p.sharedCores;
   return j.dump(1) + "\n";
 }
 

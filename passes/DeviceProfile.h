@@ -21,7 +21,12 @@
 //    ..., "unit_ms": ...}, ...] (several models: time = a x FLOPs + b per
 //    unit kind, least squares, so small and large models are both costed),
 //    "default_tflops": R, "link_gbps": G, "link_latency_us": L,
-//    "optimizer_ns_per_param": N}
+//    "optimizer_ns_per_param": N, "shared_cores": K}
+//
+// "shared_cores" (the CPU backend): every rank of a run is a thread or a
+// process of one host with K cores, so ranks computing at once beyond K
+// share them (the simulator's processor sharing); absent or 0, each rank has
+// a device of its own (GPUs).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_PASSES_DEVICEPROFILE_H
@@ -55,6 +60,7 @@ struct DeviceProfile {
   double linkGBps = 0;        // 0: communication is free
   double linkLatencyUs = 0;
   double optimizerNsPerParam = 0;
+  int64_t sharedCores = 0; // the host's cores every rank shares; 0: a device per rank
 
   /// Milliseconds of a unit of `kind` over `tokens` tokens whose forward
   /// (backward) does `flops` FLOPs.

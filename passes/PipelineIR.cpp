@@ -186,6 +186,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   const DeviceProfile &profile = options.profile;
   spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
   spec.linkLatency = profile.linkLatencyUs * 1e-3;
+  spec.sharedCores = profile.sharedCores;
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});
   for (Operation &op : func.getBody().front()) {

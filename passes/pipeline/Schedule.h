@@ -62,6 +62,10 @@ struct ScheduleSpec {
   double linkBytesPerTime = 0; // P2P bandwidth; 0 = free communication
   double linkLatency = 0;      // per message
   double optimizerNsPerParam = 0; // OPTIM: the rank's stages' parameters x this
+  /// Cores every rank of the world shares (the CPU backend: threads or
+  /// processes of one host); 0: a device per rank. Ranks computing at once
+  /// beyond it share the cores equally (simulateSchedule's processor sharing).
+  int64_t sharedCores = 0;
   std::vector<StageSpec> stages; // pp * vpp of them
 };
 
@@ -118,6 +122,11 @@ struct SimulationResult {
 };
 
 /// Simulates every rank's list together; see the file comment for the rules.
+/// With spec.sharedCores, more ranks than cores computing at once each run
+/// at cores / ranks of their speed: each compute instruction is stretched by
+/// the share of the cores it got over its interval, and the schedule is
+/// simulated again until the step stops moving (a damped fixed point). The
+/// pipeline ranks simulated stand for dp x cp x tp host ranks each.
 SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &spec);
 
 /// A per-rank text timeline plus bubble and peak memory, for --print-schedule.

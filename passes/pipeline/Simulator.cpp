@@ -9,6 +9,7 @@
 #include "passes/pipeline/Schedule.h"
 
 #include "passes/CostModel.h"
+#include "passes/pipeline/SharedCores.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,9 +38,11 @@ struct Posted {
 
 class Simulator {
 public:
-  Simulator(const Schedule &schedule, const ScheduleSpec &spec)
-      : schedule_(schedule), spec_(spec), p_(schedule.pp),
-        stages_(schedule.pp * schedule.vpp) {}
+  /// `stretch` ([rank][instruction], or null): each compute instruction's
+  /// time over its work's (the processor sharing of simulateSchedule).
+  Simulator(const Schedule &schedule, const ScheduleSpec &spec, const std::vector<std::vector<double>> *stretch)
+      : schedule_(schedule), spec_(spec), p_(schedule.pp), stages_(schedule.pp * schedule.vpp),
+        stretch_(stretch) {}
 
   SimulationResult run() {
     SimulationResult result;
@@ -146,10 +149,11 @@ private:
     return bytes / spec_.linkBytesPerTime + 2 * (group - 1) * spec_.linkLatency;
   }
 
-  /// AdamW over the parameters of rank r's stages (ms).
+  /// AdamW over the parameters of rank r's stages (ms); on a shared host
+  /// (the CPU backend) one update of every parameter that all ranks wait for.
   double optimizerTime(int64_t r) const {
     int64_t params = 0;
-    for (size_t s = r; s < spec_.stages.size(); s += p_)
+    for (size_t s = spec_.sharedCores > 0 ? 0 : r; s < spec_.stages.size(); s += spec_.sharedCores > 0 ? 1 : p_)
       params += spec_.stages[s].params;
     return params * spec_.optimizerNsPerParam * 1e-6;
   }
@@ -443,10 +447,14 @@ private:
     default:
       break;
     }
-    double duration = computeTime(r, instr);
+    // Busy counts the work (the rank's time alone); the stretch of a shared
+    // host is time spent waiting for a core, idle as the runtime measures it
+    // (its primitives' wall time starts once the rank runs).
+    const double work = computeTime(r, instr);
+    const double duration = work * (stretch_ && instr.isCompute() ? (*stretch_)[r][index] : 1.0);
     result_->timeline[r][index] = {st.clock, st.clock + duration};
     st.clock += duration;
-    result_->busy[r] += duration;
+    result_->busy[r] += work;
   }
 
   void releaseOutput(int64_t r, std::pair<int64_t, int64_t> key) {
@@ -496,6 +504,7 @@ private:
   const Schedule &schedule_;
   const ScheduleSpec &spec_;
   int64_t p_, stages_;
+  const std::vector<std::vector<double>> *stretch_;
   std::vector<RankState> ranks_;
   std::vector<std::vector<double>> complete_;
   std::map<std::pair<int64_t, int64_t>, std::deque<Posted>> sends_, recvs_;
@@ -505,7 +514,29 @@ private:
 } // namespace
 
 SimulationResult simulateSchedule(const Schedule &schedule, const ScheduleSpec &spec) {
-  return Simulator(schedule, spec).run();
+  SimulationResult result = Simulator(schedule, spec, nullptr).run();
+  const int64_t hostRanks = schedule.dp * schedule.cp * schedule.tp;
+  if (spec.sharedCores <= 0 || schedule.pp * hostRanks <= spec.sharedCores || !result.errors.empty())
+    return result;
+  // An instruction that got a share f of a core over its interval takes its
+  // work / f. The first update takes that at once (deep pipelines settle
+  // there); later ones are damped, half the old stretch and half the new,
+  // since the plain update can swing between two overlaps (PP8 1F1B does).
+  std::vector<std::vector<double>> stretch(schedule.pp);
+  for (int64_t r = 0; r < schedule.pp; ++r)
+    stretch[r].assign(schedule.ranks[r].size(), 1.0);
+  for (int iteration = 0; iteration < kSharingIterations; ++iteration) {
+    const std::vector<std::vector<double>> shares = coreShares(schedule, result, spec.sharedCores, hostRanks);
+    for (int64_t r = 0; r < schedule.pp; ++r)
+      for (size_t i = 0; i < stretch[r].size(); ++i)
+        stretch[r][i] = iteration == 0 ? 1.0 / shares[r][i] : 0.5 * (stretch[r][i] + 1.0 / shares[r][i]);
+    SimulationResult next = Simulator(schedule, spec, &stretch).run();
+    const bool settled = std::abs(next.makespan - result.makespan) <= kSharingTolerance * result.makespan;
+    result = std::move(next);
+    if (settled)
+      break;
+  }
+  return result;
 }
 
 std::string formatTimeline(const Schedule &schedule, const SimulationResult &result) {

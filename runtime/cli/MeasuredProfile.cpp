@@ -100,7 +100,8 @@ Composition compositionOf(Unit unit, bool mhc) {
 
 std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::map<std::string, double> &profileMs,
                                                  int64_t iterations, const std::string &name,
-                                                 const std::string &source, std::string &error) {
+                                                 const std::string &source, int64_t sharedCores,
+                                                 std::string &error) {
   std::map<Prim, int64_t> calls = callsPerMicrobatch(a);
   const bool mhc = a.model.streams > 1;
   // Units per model, from the calls that only one unit kind besides MTP makes.
@@ -159,6 +160,8 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
     params += info.count();
   if (auto it = profileMs.find("host: gradient reduction and optimizer"); it != profileMs.end() && params > 0)
     j["optimizer_ns_per_param"] = it->second / iterations * 1e6 / params;
+  if (sharedCores > 0)
+    j["shared_cores"] = sharedCores;
   return j.dump(1) + "\n";
 }
 

@@ -27,10 +27,13 @@ namespace mhcc::runtime {
 /// steps); nullopt and `error` when the artifact's kernels do not compose
 /// into its units as the lowering builds them (a lowering change this code
 /// has not followed).
+/// `sharedCores`: the host's cores when every rank ran on it (the CPU
+/// backend; 0 on GPUs), recorded as the profile's "shared_cores".
 std::optional<std::string> measuredDeviceProfile(const Artifact &artifact,
                                                  const std::map<std::string, double> &profileMs,
                                                  int64_t iterations, const std::string &name,
-                                                 const std::string &source, std::string &error);
+                                                 const std::string &source, int64_t sharedCores,
+                                                 std::string &error);
 
 /// "mhcrun: measured step ... bubble fraction ...; predicted ..." from the
 /// same profile times: the step's wall time (the pipeline and the optimizer),

@@ -33,6 +33,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <thread>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -318,7 +319,8 @@ bool writeDeviceProfile(const Artifact &a, const std::map<std::string, double> &
                              std::to_string(a.vpp) + " m " + std::to_string(a.microbatches) + ", " + backend +
                              " backend, " + std::to_string(iterations) + " iterations, " + date;
   std::optional<std::string> json =
-      measuredDeviceProfile(a, profileMs, iterations, backend + "-" + a.model.dtype, source, error);
+      measuredDeviceProfile(a, profileMs, iterations, backend + "-" + a.model.dtype, source,
+                            backend == "cpu" ? int64_t(std::thread::hardware_concurrency()) : 0, error);
   if (!json) {
     error = "--device-profile-out: " + error;
     return false;

@@ -52,6 +52,17 @@ TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {
   }
   EXPECT_EQ(q->name, "m");
   EXPECT_EQ(q->linkGBps, 50);
+  EXPECT_EQ(q->sharedCores, 0); // a device per rank unless the profile says otherwise
+  p->sharedCores = 6;
+  q = parseDeviceProfile(formatDeviceProfile(*p), error);
+  ASSERT_TRUE(q) << error;
+  EXPECT_EQ(q->sharedCores, 6);
+  EXPECT_NE(q->describe().find("ranks share 6 cores"), std::string::npos) << q->describe();
+}
+
+TEST(DeviceProfile, TheCpuProfileSharesItsHostsCores) {
+  EXPECT_EQ(builtinDeviceProfile("cpu")->sharedCores, 2);
+  EXPECT_EQ(builtinDeviceProfile("h200-bf16")->sharedCores, 0);
 }
 
 TEST(DeviceProfile, EveryBuiltinProfileParsesAndNamesItsSource) {
@@ -82,6 +93,8 @@ TEST(DeviceProfile, BadProfilesAreOneErrorEach) {
           "unit_ms": {"mlp": {"forward": 0, "backward": 1}}})",
        "unit_ms.mlp"},
       {R"({"format": "mhcc-device-profile-v1", "name": 3})", "\"name\" must be a string"},
+      {R"({"format": "mhcc-device-profile-v1", "shared_cores": -2})", "\"shared_cores\""},
+      {R"({"format": "mhcc-device-profile-v1", "shared_cores": 1.5})", "\"shared_cores\""},
   };
   for (const auto &[text, expected] : cases) {
     std::string error;

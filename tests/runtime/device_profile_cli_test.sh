@@ -53,8 +53,8 @@ PY
 "${mhcc}" "${hybrid}" --pp 2 --microbatches 2 --device-profile "${work}/h.json" | grep -q 'with device profile cpu-f32' \
   || fail "the hybrid profile is not read back"
 "${mhcc}" "${tiny}" --pp 2 --microbatches 4 --device-profile "${work}/p.json" > "${work}/summary.txt"
-grep -Eq 'predicted step [0-9.]+ ms with device profile cpu-f32 \(mhcrun --profile, tiny pp 1 vpp 1 m 2, cpu backend, 2 iterations, [0-9-]+; 0\.00 GB/s P2P\)' \
-  "${work}/summary.txt" || fail "the measured profile is not named: $(grep predicted "${work}/summary.txt")"
+grep -Eq 'predicted step [0-9.]+ ms with device profile cpu-f32 \(mhcrun --profile, tiny pp 1 vpp 1 m 2, cpu backend, 2 iterations, [0-9-]+; 0\.00 GB/s P2P; ranks share [0-9]+ cores\)' \
+  "${work}/summary.txt" || fail "the measured profile is not named (with the host's cores): $(grep predicted "${work}/summary.txt")"
 
 # 2. Defaults and nominal rates.
 "${mhcc}" "${tiny}" --pp 2 --cuda-arch none | grep -q 'with device profile cpu (' || fail "default for --cuda-arch none"

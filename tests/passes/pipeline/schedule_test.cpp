@@ -3,10 +3,13 @@
 // for uniform costs, 1F1B memory is bounded by p, and broken lists (misordered
 // messages, deadlocks, FREE before the send, shape mismatches) are rejected.
 #include "passes/pipeline/Schedule.h"
+#include "passes/pipeline/SharedCores.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
+#include <tuple>
 
 namespace mhcc::pipeline {
 namespace {
@@ -310,6 +313,43 @@ TEST(Schedule, CommunicationTimeAddsToTheCriticalPath) {
   spec.linkBytesPerTime = 16.0 * 2048 * 4 / 0.5; // each message takes 0.5
   double paid = buildAndSimulate(spec).result.makespan;
   EXPECT_GT(paid, free);
+}
+
+// The CPU backend's ranks share one host's cores: beyond them, ranks
+// computing at once slow each other (processor sharing), never below the
+// cores' throughput, and up to the cores nothing changes.
+TEST(Schedule, RanksBeyondTheSharedCoresSlowEachOther) {
+  for (auto [p, v, m] : {std::tuple<int64_t, int64_t, int64_t>{4, 1, 8}, {4, 2, 8}, {8, 2, 16}}) {
+    ScheduleSpec spec = uniformSpec(v > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB, p, v, m);
+    const Built own = buildAndSimulate(spec);
+    const double work = std::accumulate(own.result.busy.begin(), own.result.busy.end(), 0.0);
+    spec.sharedCores = p;
+    EXPECT_EQ(buildAndSimulate(spec).result.makespan, own.result.makespan) << p;
+    for (int64_t cores : {p / 2, int64_t(1)}) {
+      spec.sharedCores = cores;
+      const Built shared = buildAndSimulate(spec);
+      ASSERT_TRUE(shared.result.errors.empty());
+      EXPECT_GT(shared.result.makespan, own.result.makespan) << p << " ranks on " << cores;
+      // Busy counts the work alone (the stretch is waiting for a core). No
+      // faster than the cores' throughput, no slower than one rank at a time
+      // (within 1%: the fixed point stops once the step moves less than
+      // kSharingTolerance an iteration).
+      EXPECT_NEAR(std::accumulate(shared.result.busy.begin(), shared.result.busy.end(), 0.0), work, 1e-9 * work);
+      EXPECT_GE(shared.result.makespan, work / double(cores) * 0.99) << p << " " << cores;
+      EXPECT_LE(shared.result.makespan, work * 1.01) << p << " " << cores;
+      for (double bubble : shared.result.rankBubbleFraction)
+        EXPECT_TRUE(bubble >= 0 && bubble < 1) << bubble;
+    }
+  }
+}
+
+// On one core, ranks that never compute at the same time (1F1B at m = 1:
+// a chain) keep their times; the stretch is only where they overlap.
+TEST(Schedule, SharingStretchesOnlyOverlappingWork) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 4, 1, 1);
+  const double own = buildAndSimulate(spec).result.makespan;
+  spec.sharedCores = 1;
+  EXPECT_NEAR(buildAndSimulate(spec).result.makespan, own, 1e-9);
 }
 
 } // namespace
