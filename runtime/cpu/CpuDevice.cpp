@@ -3,6 +3,7 @@
 
 #include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/CpuRankBase.h"
+#include "runtime/exec/TestFaults.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 namespace mhcc::runtime {
 namespace {
@@ -62,23 +64,23 @@ struct CpuWorld {
   /// (from, to) between ranks of one replica and context rank.
   std::map<std::pair<int64_t, int64_t>, Channel> channels;
 
-  // The optimizer barrier: the last rank to arrive runs the update.
-  std::mutex mutex;
-  std::condition_variable done;
-  int64_t arrived = 0;
-  uint64_t generation = 0;
-  std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [reduce member][mb][loss]
-  std::vector<int64_t> peakBytes;          // by rank
-  struct ReduceGroup {
-    int64_t arrived = 0;
+  /// A barrier's state: the ranks arrived in this generation, in arrival
+  /// order (a rank waiting on the others names the first one missing).
+  struct Group {
+    std::vector<int64_t> arrived;
     uint64_t generation = 0;
   };
-  std::vector<ReduceGroup> reduceGroups; // by pipeline rank: its replicas' ALLREDUCE barrier
+  // The optimizer barrier of every rank: the last to arrive runs the update.
+  std::mutex mutex;
+  std::condition_variable done;
+  Group stepGroup;
+  std::vector<std::vector<std::vector<double>>> losses; // the last stage's, [reduce member][mb][loss]
+  std::vector<int64_t> peakBytes;          // by rank
+  std::vector<Group> reduceGroups; // by pipeline rank: its members' ALLREDUCE barrier
   /// By (pipeline rank x dp + replica) x tp + tensor rank: its context-parallel ranks' row gathers.
-  struct GatherGroup {
-    int64_t arrived = 0;
-    uint64_t generation = 0;
-    std::vector<const float *> sources; // by context rank
+  struct GatherGroup : Group {
+    explicit GatherGroup(int64_t size) : sources(size) {}
+    std::vector<const float *> sources; // by context (or tensor) rank
   };
   std::vector<GatherGroup> gatherGroups;
   /// By global rank / tp: its tensor-parallel ranks' collectives.
@@ -94,8 +96,8 @@ struct CpuWorld {
         rankGrads(artifact.tp > 1 ? artifact.dp * artifact.cp * artifact.tp : artifact.reduceGroupSize() - 1,
                   blockGrads(artifact)),
         losses(artifact.reduceGroupSize()), peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),
-        gatherGroups(artifact.pp * artifact.dp * artifact.tp, GatherGroup{0, 0, std::vector<const float *>(artifact.cp)}),
-        tensorGroups(artifact.worldSize() / artifact.tp, GatherGroup{0, 0, std::vector<const float *>(artifact.tp)}),
+        gatherGroups(artifact.pp * artifact.dp * artifact.tp, GatherGroup(artifact.cp)),
+        tensorGroups(artifact.worldSize() / artifact.tp, GatherGroup(artifact.tp)),
         lastProgress(new std::atomic<int64_t>[artifact.worldSize()]),
         waitingOn(new std::atomic<int64_t>[artifact.worldSize()]) {
     for (int64_t from = 0; from < a.worldSize(); ++from)
@@ -120,6 +122,46 @@ struct CpuWorld {
       rank = next;
     }
     return peer;
+  }
+
+  /// Why a wait of `self` on `peer` that began at `start` must end now, or
+  /// "" to keep waiting: the wait and the rank at the end of the chain of
+  /// waits from `peer` have both gone --recv-timeout without progress (a
+  /// slow rank that progresses is waited for, however long).
+  std::string stuckProblem(int64_t self, int64_t peer, Clock::time_point start) const {
+    const auto now = Clock::now();
+    const std::chrono::duration<double> limit(options.recvTimeoutSeconds);
+    if (now - start <= limit)
+      return "";
+    const int64_t stuck = stuckRank(peer, self);
+    if (now - Clock::time_point(Clock::duration(lastProgress[stuck].load())) <= limit)
+      return "";
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", options.recvTimeoutSeconds);
+    return "rank " + std::to_string(stuck) + " is stuck: it made no progress for " + text + " s" +
+           (stuck == peer ? "" : ", and rank " + std::to_string(peer) + " waits on it") +
+           " (--recv-timeout sets the limit)";
+  }
+
+  /// The global ranks of a group, in the order its results are added.
+  std::vector<int64_t> tensorMembers(int64_t rank) const {
+    std::vector<int64_t> members;
+    for (int64_t t = 0; t < a.tp; ++t)
+      members.push_back(rank - a.tensorRankOf(rank) + t);
+    return members;
+  }
+  std::vector<int64_t> contextMembers(int64_t rank) const {
+    std::vector<int64_t> members;
+    for (int64_t c = 0; c < a.cp; ++c)
+      members.push_back(a.globalRank(a.pipelineRankOf(rank), a.replicaOf(rank), c, a.tensorRankOf(rank)));
+    return members;
+  }
+  /// first .. first + count - 1: a pipeline rank's members, or the world.
+  static std::vector<int64_t> rankRange(int64_t first, int64_t count) {
+    std::vector<int64_t> members(count);
+    for (int64_t k = 0; k < count; ++k)
+      members[k] = first + k;
+    return members;
   }
 
   /// The slot gradients of member `member` of a pipeline rank ([stage][slot]).
@@ -180,45 +222,53 @@ struct CpuWorld {
       }
   }
 
-  /// A collective of global rank `rank`'s tensor-parallel group: every rank
-  /// posts `mine`, then runs `work(sources)` once all have, and none returns
-  /// before all have run it (the sources stay valid). False when a rank failed.
-  template <typename Work> bool tensorCollective(int64_t rank, const float *mine, Work work) {
-    GatherGroup &group = tensorGroups[rank / a.tp];
+  /// A collective of `group` (its ranks `members`; this rank's source at
+  /// `index`): every rank posts `mine`, then runs `work(sources)` once all
+  /// have, and none returns before all have run it (the sources stay
+  /// valid). False when a rank failed, with `problem` when one is stuck.
+  template <typename Work>
+  bool collective(int64_t rank, GatherGroup &group, const std::vector<int64_t> &members, int64_t index,
+                  const float *mine, Work work, std::string &problem) {
     std::unique_lock<std::mutex> lock(mutex);
-    group.sources[a.tensorRankOf(rank)] = mine;
-    if (!barrier(group, a.tp, lock, [] {}))
+    group.sources[index] = mine;
+    if (!barrier(rank, group, members, lock, [] {}, problem))
       return false;
     lock.unlock();
     work(group.sources);
     lock.lock();
-    return barrier(group, a.tp, lock, [] {});
+    return barrier(rank, group, members, lock, [] {}, problem);
+  }
+  /// A collective of global rank `rank`'s tensor-parallel group.
+  template <typename Work>
+  bool tensorCollective(int64_t rank, const float *mine, Work work, std::string &problem) {
+    return collective(rank, tensorGroups[rank / a.tp], tensorMembers(rank), a.tensorRankOf(rank), mine, work,
+                      problem);
   }
 
   /// The tensor-parallel collectives (TensorGroup): sums and maxima in
   /// tensor-rank order, so every rank of the group gets the same bits.
-  bool tensorAllReduce(int64_t rank, float *data, int64_t count, bool max) {
+  bool tensorAllReduce(int64_t rank, float *data, int64_t count, bool max, std::string &problem) {
     std::vector<float> result(count);
     const bool ok = tensorCollective(rank, data, [&](const std::vector<const float *> &sources) {
       std::copy_n(sources[0], count, result.data());
       for (int64_t t = 1; t < a.tp; ++t)
         for (int64_t e = 0; e < count; ++e)
           result[e] = max ? std::max(result[e], sources[t][e]) : result[e] + sources[t][e];
-    });
+    }, problem);
     if (ok) // every rank has read every source: the result may overwrite this rank's
       std::copy_n(result.data(), count, data);
     return ok;
   }
-  bool tensorGatherRows(int64_t rank, const float *local, int64_t cols, float *all) {
+  bool tensorGatherRows(int64_t rank, const float *local, int64_t cols, float *all, std::string &problem) {
     return tensorCollective(rank, local, [&](const std::vector<const float *> &sources) {
       for (int64_t t = 0; t < a.tp; ++t) {
         const std::vector<int64_t> rows = sequenceRows(a, t);
         for (size_t r = 0; r < rows.size(); ++r)
           std::memcpy(all + rows[r] * cols, sources[t] + int64_t(r) * cols, cols * sizeof(float));
       }
-    });
+    }, problem);
   }
-  bool tensorReduceScatterRows(int64_t rank, const float *all, int64_t cols, float *local) {
+  bool tensorReduceScatterRows(int64_t rank, const float *all, int64_t cols, float *local, std::string &problem) {
     const std::vector<int64_t> rows = sequenceRows(a, a.tensorRankOf(rank));
     return tensorCollective(rank, all, [&](const std::vector<const float *> &sources) {
       for (size_t r = 0; r < rows.size(); ++r) {
@@ -228,55 +278,73 @@ struct CpuWorld {
           for (int64_t e = 0; e < cols; ++e)
             out[e] = out[e] + sources[t][rows[r] * cols + e];
       }
-    });
+    }, problem);
   }
 
-  /// Waits until all `size` members of a group arrived (false when a rank
-  /// failed meanwhile); `onLast` runs once, by the last to arrive.
-  template <typename Group, typename OnLast>
-  bool barrier(Group &group, int64_t size, std::unique_lock<std::mutex> &lock, OnLast onLast) {
+  /// Waits until every rank of `members` arrived at `group`; `onLast` runs
+  /// once, by the last to arrive, with the lock held. False when a rank
+  /// failed meanwhile, or with `problem` when the wait for a member that has
+  /// not arrived found it stuck (stuckProblem: the receives' rule, so no
+  /// collective waits forever).
+  template <typename OnLast>
+  bool barrier(int64_t rank, Group &group, const std::vector<int64_t> &members, std::unique_lock<std::mutex> &lock,
+               OnLast onLast, std::string &problem) {
     const uint64_t mine = group.generation;
-    if (++group.arrived == size) {
-      group.arrived = 0;
+    group.arrived.push_back(rank);
+    if (group.arrived.size() == members.size()) {
+      group.arrived.clear();
       onLast();
       ++group.generation;
       done.notify_all();
       return true;
     }
-    while (group.generation == mine)
-      if (failed || (done.wait_for(lock, kWaitSlice), failed.load()))
-        return false;
-    return true;
+    const auto start = Clock::now();
+    bool ok = true;
+    while (ok && group.generation == mine) {
+      int64_t missing = -1; // the first member not arrived: whom this rank waits on
+      for (size_t k = 0; k < members.size() && missing < 0; ++k)
+        if (std::find(group.arrived.begin(), group.arrived.end(), members[k]) == group.arrived.end())
+          missing = members[k];
+      waitingOn[rank] = missing;
+      if (failed)
+        ok = false;
+      else if (problem = stuckProblem(rank, missing, start); !problem.empty())
+        ok = false;
+      else
+        done.wait_for(lock, kWaitSlice);
+    }
+    waitingOn[rank] = -1;
+    if (ok) // the barrier passed: progress, as a completed receive is
+      lastProgress[rank] = Clock::now().time_since_epoch().count();
+    return ok;
   }
 
   /// A context-parallel gather (StageContext::gatherRows) of global rank
   /// `rank`: every rank of its group posts its rows, each copies all of them
   /// into microbatch order, and none returns before all have copied (the
   /// sources stay valid).
-  bool gather(int64_t rank, const float *local, int64_t cols, float *all) {
+  bool gather(int64_t rank, const float *local, int64_t cols, float *all, std::string &problem) {
     // One group per (pipeline rank, replica, tensor rank): its context ranks.
     GatherGroup &group = gatherGroups[rank / (a.cp * a.tp) * a.tp + a.tensorRankOf(rank)];
-    std::unique_lock<std::mutex> lock(mutex);
-    group.sources[a.contextRankOf(rank)] = local;
-    if (!barrier(group, a.cp, lock, [] {}))
-      return false;
-    lock.unlock();
-    for (int64_t c = 0; c < a.cp; ++c) {
-      const std::vector<int64_t> rows = contextRows(a, c);
-      for (size_t r = 0; r < rows.size(); ++r)
-        std::memcpy(all + rows[r] * cols, group.sources[c] + int64_t(r) * cols, cols * sizeof(float));
-    }
-    lock.lock();
-    return barrier(group, a.cp, lock, [] {});
+    return collective(rank, group, contextMembers(rank), a.contextRankOf(rank), local,
+                      [&](const std::vector<const float *> &sources) {
+                        for (int64_t c = 0; c < a.cp; ++c) {
+                          const std::vector<int64_t> rows = contextRows(a, c);
+                          for (size_t r = 0; r < rows.size(); ++r)
+                            std::memcpy(all + rows[r] * cols, sources[c] + int64_t(r) * cols, cols * sizeof(float));
+                        }
+                      },
+                      problem);
   }
 
   /// ALLREDUCE of global rank `rank`: a barrier of its pipeline rank's
   /// members (the reduce groups of every tensor rank at once); the last to
   /// arrive sums. False when a rank failed meanwhile.
-  bool allReduce(int64_t rank) {
+  bool allReduce(int64_t rank, std::string &problem) {
     std::unique_lock<std::mutex> lock(mutex);
-    const int64_t pipelineRank = a.pipelineRankOf(rank);
-    return barrier(reduceGroups[pipelineRank], a.dp * a.cp * a.tp, lock, [&] { sumReplicas(pipelineRank); });
+    const int64_t pipelineRank = a.pipelineRankOf(rank), members = a.dp * a.cp * a.tp;
+    return barrier(rank, reduceGroups[pipelineRank], rankRange(pipelineRank * members, members), lock,
+                   [&] { sumReplicas(pipelineRank); }, problem);
   }
 
   /// The last stage's losses by replica ([replica][mb][loss]): a replica's
@@ -301,15 +369,13 @@ struct CpuWorld {
   /// Every rank calls this once per step; the last one reduces the
   /// gradients and updates the weights for all. False when a rank failed.
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
-                    int64_t peak, bool evaluateOnly, StepResult &out) {
+                    int64_t peak, bool evaluateOnly, StepResult &out, std::string &problem) {
     std::unique_lock<std::mutex> lock(mutex);
     // Every tensor-parallel rank computes the same losses; rank 0's count.
     if (a.rankOf(int64_t(a.stages.size()) - 1) == a.pipelineRankOf(rank) && a.tensorRankOf(rank) == 0)
       losses[a.reduceMemberOf(rank)] = rankLosses;
     peakBytes[rank] = peak;
-    const uint64_t mine = generation;
-    if (++arrived == a.worldSize()) {
-      arrived = 0;
+    const bool ok = barrier(rank, stepGroup, rankRange(0, a.worldSize()), lock, [&] {
       result = StepResult();
       result.step = step;
       // The replicas' gradients were summed by each rank's ALLREDUCE.
@@ -318,12 +384,9 @@ struct CpuWorld {
       params.update(a, options, replicaLosses(), evaluateOnly, result);
       cutBlocks();
       result.peakBytes = peakBytes;
-      ++generation;
-      done.notify_all();
-    }
-    while (generation == mine)
-      if (failed || (done.wait_for(lock, kWaitSlice), failed.load()))
-        return false;
+    }, problem);
+    if (!ok)
+      return false;
     out.lmLoss = result.lmLoss;
     out.mtpLoss = result.mtpLoss;
     out.gradNorm = result.gradNorm;
@@ -339,9 +402,10 @@ struct CpuWorld {
 class CpuDevice final : public CpuRankBase {
 public:
   CpuDevice(std::shared_ptr<CpuWorld> world, int64_t rank)
-      : CpuRankBase(world->a, world->options, rank), world_(std::move(world)) {}
+      : CpuRankBase(world->a, world->options, rank), world_(std::move(world)), faults_(rank) {}
 
   bool beginStep(const StepInputs &inputs) override {
+    ++stepsRun_;
     progressed();
     beginInputs(inputs);
     for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
@@ -351,13 +415,13 @@ public:
   }
   bool finishPipeline() override { return !world_->failed || fail("stopped: another rank failed"); }
   bool allReduceGradients(const Instr &) override {
-    const bool ok = world_->allReduce(rank_) || fail("stopped in the gradient ALLREDUCE: another rank failed");
-    progressed();
-    return ok;
+    std::string problem;
+    return collectiveDone(world_->allReduce(rank_, problem), "the gradient ALLREDUCE", problem);
   }
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
-    return world_->completeStep(rank_, step, losses, peak_, evaluating(), result) ||
-           fail("stopped: another rank failed");
+    std::string problem;
+    return world_->completeStep(rank_, step, losses, peak_, evaluating(), result, problem) ||
+           fail(problem.empty() ? "stopped: another rank failed" : "stopped at the step's end: " + problem);
   }
 
   bool exchange(std::vector<Transfer> &group) override {
@@ -380,12 +444,22 @@ public:
     return true;
   }
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    faults_.slowDown();
+    if (!hung_ && faults_.hangsAt(stepsRun_)) {
+      // The fault tests' stuck rank: a thread cannot be killed alone, so it
+      // makes no progress until the others give up on it.
+      hung_ = true;
+      while (!world_->failed)
+        std::this_thread::sleep_for(kWaitSlice);
+      return fail("stopped: another rank failed");
+    }
     const bool ok = CpuRankBase::forward(stage, mb, index, state);
     progressed();
     return ok;
   }
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                 const std::vector<int> &fresh) override {
+    faults_.slowDown();
     const bool ok = CpuRankBase::backward(stage, mb, index, part, state, fresh);
     progressed();
     return ok;
@@ -412,22 +486,29 @@ private:
   float *weight(int param) override { return world_->weightFor(tensorRank_, param); }
   float *slotGrad(int64_t stage, int slot) override { return world_->gradsOf(a_.memberOf(rank_))[stage][slot].data(); }
   bool tensorAllReduce(float *data, int64_t count, bool max) override {
-    return progressedAfter(world_->tensorAllReduce(rank_, data, count, max));
+    std::string problem;
+    return collectiveDone(world_->tensorAllReduce(rank_, data, count, max, problem), kTensorCollective, problem);
   }
   bool tensorGatherRows(const float *local, int64_t cols, float *all) override {
-    return progressedAfter(world_->tensorGatherRows(rank_, local, cols, all));
+    std::string problem;
+    return collectiveDone(world_->tensorGatherRows(rank_, local, cols, all, problem), kTensorCollective, problem);
   }
   bool tensorReduceScatterRows(const float *all, int64_t cols, float *local) override {
-    return progressedAfter(world_->tensorReduceScatterRows(rank_, all, cols, local));
+    std::string problem;
+    return collectiveDone(world_->tensorReduceScatterRows(rank_, all, cols, local, problem), kTensorCollective,
+                          problem);
   }
-  bool progressedAfter(bool ok) {
+  static constexpr const char *kTensorCollective = "a collective of its tensor-parallel group";
+  /// A collective ended: progress either way; a failure names what stopped
+  /// it (a rank found stuck) or, with no problem, that another rank failed.
+  bool collectiveDone(bool ok, const std::string &where, const std::string &problem) {
     progressed();
-    return ok;
+    return ok || fail("stopped in " + where + ": " + (problem.empty() ? "another rank failed" : problem));
   }
   bool gatherRows(const float *local, int64_t cols, float *all) override {
-    const bool ok = world_->gather(rank_, local, cols, all);
-    progressed();
-    return ok;
+    std::string problem;
+    return collectiveDone(world_->gather(rank_, local, cols, all, problem),
+                          "a row gather of its context-parallel group", problem);
   }
 
   void progressed() { world_->lastProgress[rank_] = Clock::now().time_since_epoch().count(); }
@@ -440,26 +521,12 @@ private:
     const int64_t peer = a_.globalRank(i.peer, replica_, contextRank_, tensorRank_);
     Channel &channel = world_->channels[{peer, rank_}];
     std::unique_lock<std::mutex> lock(channel.mutex);
-    const double timeout = world_->options.recvTimeoutSeconds;
-    const std::chrono::duration<double> limit(timeout);
     const auto start = Clock::now();
     world_->waitingOn[rank_] = peer;
     while (channel.queue.empty()) {
-      const auto now = Clock::now();
-      std::string problem;
-      if (world_->failed)
-        problem = "stopped while waiting for rank " + std::to_string(peer) + ": another rank failed";
-      if (problem.empty() && now - start > limit) {
-        const int64_t stuck = world_->stuckRank(peer, rank_);
-        const Clock::time_point last{Clock::duration(world_->lastProgress[stuck].load())};
-        if (now - last > limit) {
-          char text[32];
-          std::snprintf(text, sizeof text, "%g", timeout);
-          problem = "rank " + std::to_string(stuck) + " is stuck: it made no progress for " + text + " s" +
-                    (stuck == peer ? "" : ", and rank " + std::to_string(peer) + " waits on it") +
-                    " (--recv-timeout sets the limit)";
-        }
-      }
+      std::string problem = world_->failed
+                                ? "stopped while waiting for rank " + std::to_string(peer) + ": another rank failed"
+                                : world_->stuckProblem(rank_, peer, start);
       if (!problem.empty()) {
         world_->waitingOn[rank_] = -1;
         return fail(problem);
@@ -483,6 +550,9 @@ private:
   }
 
   std::shared_ptr<CpuWorld> world_;
+  const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
+  int64_t stepsRun_ = 0;
+  bool hung_ = false;
 };
 
 } // namespace

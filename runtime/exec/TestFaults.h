@@ -7,7 +7,10 @@
 // step its process runs (a CPU process: once that exchange completed, so
 // that its peers are in the step too): a rank lost or stuck mid-step. MHCC_TEST_SLOW_RANK =
 // "R:MS": rank R sleeps MS milliseconds before every instruction, a slow rank
-// that progresses. Unset, every hook is a comparison with -1.
+// that progresses. A rank that is a thread of the CPU backend's one process
+// honours only the hang (at its K-th step's first forward, until the run
+// fails: a thread cannot be killed alone) and the slowness. Unset, every
+// hook is a comparison with -1.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_EXEC_TESTFAULTS_H
@@ -38,6 +41,8 @@ public:
       while (true)
         std::this_thread::sleep_for(std::chrono::hours(1));
   }
+  /// Whether a thread rank hangs at its `stepsRun`-th step (it does so itself).
+  bool hangsAt(int64_t stepsRun) const { return stepsRun == hangAt_; }
   /// Before an instruction.
   void slowDown() const {
     if (slowMs_ > 0)
