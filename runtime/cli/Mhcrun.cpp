@@ -478,18 +478,18 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact has dp = " + std::to_string(artifact->dp) +
                 " data-parallel replicas, which run on the CPU backend for now (--backend cpu: threads, or one "
                 "process per rank with --processes, mpirun or srun); recompile with --dp 1 for GPUs");
-  if (artifact->cp > 1 && (backend != "cpu" || placement || f.processes > 0))
+  if (artifact->cp > 1 && backend != "cpu")
     return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
-                " context-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
-                "--processes, mpirun or srun); recompile with --cp 1 for GPUs or processes");
+                " context-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
+                "process per rank with --processes, mpirun or srun); recompile with --cp 1 for GPUs");
   if (artifact->distributedOptimizer && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
                 " replicas (--distributed-optimizer), which runs on the CPU backend's threads for now (--backend "
                 "cpu, without --processes, mpirun or srun); recompile without --distributed-optimizer for those");
-  if (artifact->tp > 1 && (backend != "cpu" || placement || f.processes > 0))
+  if (artifact->tp > 1 && backend != "cpu")
     return fail(rankPrefix + "the artifact has tp = " + std::to_string(artifact->tp) +
-                " tensor-parallel ranks, which run on the CPU backend's threads for now (--backend cpu, without "
-                "--processes, mpirun or srun); recompile with --tp 1 for GPUs or processes");
+                " tensor-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
+                "process per rank with --processes, mpirun or srun); recompile with --tp 1 for GPUs");
   if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
                              "the host clock sees only when work is issued); use --profile there for device time");
@@ -516,8 +516,11 @@ int runMhcrun(int argc, char **argv) {
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
   const int64_t world = artifact->worldSize();
-  const std::string mesh = "pp = " + std::to_string(artifact->pp) +
-                           (artifact->dp > 1 ? " x dp = " + std::to_string(artifact->dp) : std::string());
+  std::string mesh = "pp = " + std::to_string(artifact->pp);
+  for (auto [name, size] : {std::pair<const char *, int64_t>{"dp", artifact->dp}, {"cp", artifact->cp},
+                            {"tp", artifact->tp}})
+    if (size > 1)
+      mesh += std::string(" x ") + name + " = " + std::to_string(size);
   if (backend == "cpu" && placement && placement->size != world)
     return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
                 " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +

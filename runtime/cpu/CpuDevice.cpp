@@ -1,7 +1,6 @@
 //===- CpuDevice.cpp - the CPU reference backend's Device -------------------===//
 #include "runtime/cpu/CpuDevice.h"
 
-#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/CpuRankBase.h"
 #include "runtime/exec/TestFaults.h"
 
@@ -34,17 +33,6 @@ struct Channel {
   std::condition_variable ready;
   std::deque<Message> queue;
 };
-
-using SlotGrads = std::vector<std::vector<std::vector<float>>>; // [stage][slot]
-
-/// Slot gradients shaped as a tensor-parallel rank's blocks (TensorSplit.h).
-SlotGrads blockGrads(const Artifact &a) {
-  SlotGrads grads(a.stages.size());
-  for (size_t s = 0; s < a.stages.size(); ++s)
-    for (const ParamSlot &slot : a.stages[s].params)
-      grads[s].emplace_back(shardCount(a.params[slot.param], a.tp), 0.0f);
-  return grads;
-}
 
 /// What the CPU ranks share: every rank of the mesh (pp x dp x cp x tp, by global rank).
 struct CpuWorld {
@@ -176,13 +164,9 @@ struct CpuWorld {
   void cutBlocks() {
     if (a.tp == 1)
       return;
-    blocks.assign(a.tp, std::vector<std::vector<float>>(a.params.size()));
+    blocks.clear();
     for (int64_t t = 0; t < a.tp; ++t)
-      for (size_t p = 0; p < a.params.size(); ++p)
-        if (!a.params[p].tpSplit.empty()) {
-          blocks[t][p].resize(shardCount(a.params[p], a.tp));
-          gatherShard(a.params[p], a.tp, t, params.weight(int(p)), blocks[t][p].data());
-        }
+      blocks.push_back(tensorBlocks(a, t, [this](int p) { return params.weight(p); }));
   }
 
   /// The data-parallel all-reduce of pipeline rank r's stages, on the host:
@@ -200,26 +184,10 @@ struct CpuWorld {
         }
   }
 
-  /// Tensor parallelism: the whole gradients of every slot from the tensor
-  /// ranks' (after sumReplicas): each split weight's blocks put in place; a
-  /// replicated weight's gradient is tensor rank 0's (every rank computed
-  /// the same bits from the same rows), or under sequence parallelism the
-  /// sum over the ranks' rows in tensor-rank order.
+  /// Tensor parallelism: the whole gradients from the tensor ranks' (after sumReplicas).
   void assembleTensorParallel() {
-    for (size_t s = 0; s < params.slotGrads.size(); ++s)
-      for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
-        const ParamInfo &info = a.params[a.stages[s].params[k].param];
-        std::vector<float> &whole = params.slotGrads[s][k];
-        if (!info.tpSplit.empty()) {
-          for (int64_t t = 0; t < a.tp; ++t)
-            scatterShard(info, a.tp, t, gradsOf(t)[s][k].data(), whole.data());
-          continue;
-        }
-        whole = gradsOf(0)[s][k];
-        for (int64_t t = 1; a.sequenceParallel && t < a.tp; ++t)
-          for (size_t e = 0; e < whole.size(); ++e)
-            whole[e] = whole[e] + gradsOf(t)[s][k][e];
-      }
+    runtime::assembleTensorParallel(a, [this](int64_t t) -> const SlotGrads & { return gradsOf(t); },
+                                    params.slotGrads);
   }
 
   /// A collective of `group` (its ranks `members`; this rank's source at
@@ -347,25 +315,6 @@ struct CpuWorld {
                    [&] { sumReplicas(pipelineRank); }, problem);
   }
 
-  /// The last stage's losses by replica ([replica][mb][loss]): a replica's
-  /// context ranks each hold their rows' share of every loss, summed here in
-  /// context-rank order.
-  std::vector<std::vector<std::vector<double>>> replicaLosses() const {
-    std::vector<std::vector<std::vector<double>>> out(a.dp);
-    for (int64_t d = 0; d < a.dp; ++d)
-      for (int64_t c = 0; c < a.cp; ++c) {
-        const auto &part = losses[d * a.cp + c];
-        if (c == 0) {
-          out[d] = part;
-          continue;
-        }
-        for (size_t mb = 0; mb < part.size() && mb < out[d].size(); ++mb)
-          for (size_t k = 0; k < part[mb].size() && k < out[d][mb].size(); ++k)
-            out[d][mb][k] += part[mb][k];
-      }
-    return out;
-  }
-
   /// Every rank calls this once per step; the last one reduces the
   /// gradients and updates the weights for all. False when a rank failed.
   bool completeStep(int64_t rank, int64_t step, const std::vector<std::vector<double>> &rankLosses,
@@ -381,7 +330,7 @@ struct CpuWorld {
       // The replicas' gradients were summed by each rank's ALLREDUCE.
       if (a.tp > 1 && !evaluateOnly)
         assembleTensorParallel();
-      params.update(a, options, replicaLosses(), evaluateOnly, result);
+      params.update(a, options, sumContextLosses(a, losses), evaluateOnly, result);
       cutBlocks();
       result.peakBytes = peakBytes;
     }, problem);

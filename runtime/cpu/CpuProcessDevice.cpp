@@ -43,10 +43,14 @@ class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
       : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank),
-        // The optimizer runs on rank 0, which holds every stage's gradients
-        // (its own and the gathered ones); the others hold their own stages'.
-        params_(a, rank == 0,
-                [&a, rank](int64_t s) { return rank == 0 || a.rankOf(s) == a.pipelineRankOf(rank); }) {}
+        // The optimizer runs on rank 0: it alone holds the moments and the
+        // whole gradients of every stage, assembled from the ranks' blocks.
+        params_(a, rank == 0, [rank](int64_t) { return rank == 0; }),
+        grads_(blockGrads(a, [&a, rank](int64_t s) { return a.rankOf(s) == a.pipelineRankOf(rank); })) {
+    if (rank == 0)
+      gathered_.assign(a.tp, blockGrads(a));
+    cutBlocks();
+  }
 
   bool beginStep(const StepInputs &inputs) override {
     mesh_->setLocalWork(false); // from here a peer waiting on this rank sees its instructions
@@ -54,7 +58,7 @@ public:
     beginInputs(inputs);
     ++stepsRun_;
     exchanged_ = false;
-    for (auto &stage : params_.slotGrads)
+    for (auto &stage : grads_)
       for (std::vector<float> &g : stage)
         std::fill(g.begin(), g.end(), 0.0f);
     return true;
@@ -88,7 +92,7 @@ public:
         const Instr &i = *t.instr;
         Frame frame{Frame::Data, int32_t(i.payload), i.srcStage, i.dstStage, i.mb, {}};
         Packer{frame.bytes}.put(t.buffer.data, size_t(t.buffer.count));
-        if (!mesh_->send(a_.globalRank(i.peer, replica_), frame, error_))
+        if (!mesh_->send(a_.globalRank(i.peer, replica_, contextRank_, tensorRank_), frame, error_))
           return false;
       }
     for (Transfer &t : group)
@@ -101,26 +105,27 @@ public:
       faults_.atExchange(stepsRun_);
     return true;
   }
-  /// The replicas of this pipeline rank send their stages' gradients to
-  /// replica 0's rank, which adds them in replica order (the thread ranks'
-  /// sum, bit for bit). Only rank 0 runs the optimizer, gathering from
-  /// replica 0's ranks, so the others need not receive the sum back.
+  /// The members of this rank's reduce group (its pipeline and tensor rank,
+  /// every replica and context rank) send their stages' gradients to the
+  /// first, which adds them in member order (the thread ranks' sum, bit for
+  /// bit). Only rank 0 runs the optimizer, gathering from the first members,
+  /// so the others need not receive the sum back.
   bool allReduceGradients(const Instr &) override {
-    const int64_t first = a_.globalRank(pipelineRank_, 0);
-    if (replica_ != 0) {
+    const int64_t first = a_.globalRank(pipelineRank_, 0, 0, tensorRank_);
+    if (rank_ != first) {
       Frame frame{Frame::Reduce, 0, rank_, first, 0, {}};
       packStageGrads(Packer{frame.bytes});
       return mesh_->send(first, frame, error_);
     }
-    for (int64_t d = 1; d < a_.dp; ++d) {
+    for (int64_t member = 1; member < a_.dp * a_.cp; ++member) {
       Frame frame;
-      const int64_t from = a_.globalRank(pipelineRank_, d);
+      const int64_t from = a_.globalRank(pipelineRank_, member / a_.cp, member % a_.cp, tensorRank_);
       if (!mesh_->receive(from, frame, error_))
         return false;
       Unpacker in{frame.bytes};
       bool ok = frame.kind == Frame::Reduce;
       for (size_t s = pipelineRank_; ok && s < a_.stages.size(); s += a_.pp)
-        for (std::vector<float> &sum : params_.slotGrads[s]) {
+        for (std::vector<float> &sum : grads_[s]) {
           std::vector<float> g(sum.size());
           ok = ok && in.get(g.data(), g.size());
           for (size_t e = 0; ok && e < sum.size(); ++e)
@@ -145,6 +150,7 @@ public:
   }
   bool loadState(const ParameterState &state) override {
     params_.load(state, rank_ == 0);
+    cutBlocks();
     return true;
   }
   void abort() override {
@@ -155,14 +161,126 @@ public:
   }
 
 private:
-  float *weight(int param) override { return params_.weight(param); }
-  float *slotGrad(int64_t stage, int slot) override { return params_.slotGrads[stage][slot].data(); }
+  float *weight(int param) override {
+    return blocks_.empty() || blocks_[param].empty() ? params_.weight(param) : blocks_[param].data();
+  }
+  float *slotGrad(int64_t stage, int slot) override { return grads_[stage][slot].data(); }
+  /// Tensor parallelism: this rank's blocks of the split weights, cut after
+  /// every change of the weights.
+  void cutBlocks() {
+    if (a_.tp > 1)
+      blocks_ = tensorBlocks(a_, tensorRank_, [this](int p) { return params_.weight(p); });
+  }
 
-
+  // The tensor- and context-parallel collectives over the sockets: every
+  // member sends its part to every other (sends never block) and adds what
+  // it receives in member order, the thread ranks' order, so the two CPU
+  // devices give the same bits.
+  bool sendPart(int64_t peer, const float *data, int64_t count) {
+    Frame frame{Frame::Collective, int32_t(collectives_ & 0x7fffffff), rank_, peer, count, {}};
+    Packer{frame.bytes}.put(data, size_t(count));
+    return mesh_->send(peer, frame, error_);
+  }
+  bool receivePart(int64_t peer, int64_t count, std::vector<float> &out) {
+    Frame frame;
+    if (!mesh_->receive(peer, frame, error_))
+      return false;
+    if (frame.kind != Frame::Collective || frame.payload != int32_t(collectives_ & 0x7fffffff) ||
+        int64_t(frame.bytes.size()) != count * 4)
+      return fail("rank " + std::to_string(peer) + "'s part of collective #" + std::to_string(collectives_) +
+                  " is not this rank's (the ranks run different artifacts?)");
+    out.resize(size_t(count));
+    std::memcpy(out.data(), frame.bytes.data(), frame.bytes.size());
+    return true;
+  }
+  /// Every member's `count` floats (this rank's `mine`), in member order.
+  bool allParts(const std::vector<int64_t> &members, const float *mine, int64_t count,
+                std::vector<std::vector<float>> &parts) {
+    ++collectives_;
+    parts.assign(members.size(), {});
+    for (int64_t peer : members)
+      if (peer != rank_ && !sendPart(peer, mine, count))
+        return false;
+    for (size_t k = 0; k < members.size(); ++k)
+      if (members[k] == rank_)
+        parts[k].assign(mine, mine + count);
+      else if (!receivePart(members[k], count, parts[k]))
+        return false;
+    mesh_->progressed();
+    return true;
+  }
+  std::vector<int64_t> tensorMembers() const {
+    std::vector<int64_t> members;
+    for (int64_t t = 0; t < a_.tp; ++t)
+      members.push_back(a_.globalRank(pipelineRank_, replica_, contextRank_, t));
+    return members;
+  }
+  bool tensorAllReduce(float *data, int64_t count, bool max) override {
+    std::vector<std::vector<float>> parts;
+    if (!allParts(tensorMembers(), data, count, parts))
+      return false;
+    std::copy_n(parts[0].data(), count, data);
+    for (int64_t t = 1; t < a_.tp; ++t)
+      for (int64_t e = 0; e < count; ++e)
+        data[e] = max ? std::max(data[e], parts[t][e]) : data[e] + parts[t][e];
+    return true;
+  }
+  bool tensorGatherRows(const float *local, int64_t cols, float *all) override {
+    std::vector<std::vector<float>> parts;
+    if (!allParts(tensorMembers(), local, a_.rowsPerRank() * cols, parts))
+      return false;
+    for (int64_t t = 0; t < a_.tp; ++t) {
+      const std::vector<int64_t> rows = sequenceRows(a_, t);
+      for (size_t r = 0; r < rows.size(); ++r)
+        std::memcpy(all + rows[r] * cols, parts[t].data() + int64_t(r) * cols, cols * sizeof(float));
+    }
+    return true;
+  }
+  /// Each member is sent only the rows it keeps: member t's rows of `all`.
+  bool tensorReduceScatterRows(const float *all, int64_t cols, float *local) override {
+    ++collectives_;
+    const std::vector<int64_t> members = tensorMembers(), mine = sequenceRows(a_, tensorRank_);
+    for (int64_t t = 0; t < a_.tp; ++t) {
+      if (t == tensorRank_)
+        continue;
+      std::vector<float> rows;
+      for (int64_t row : sequenceRows(a_, t))
+        rows.insert(rows.end(), all + row * cols, all + (row + 1) * cols);
+      if (!sendPart(members[t], rows.data(), int64_t(rows.size())))
+        return false;
+    }
+    std::vector<float> part;
+    for (int64_t t = 0; t < a_.tp; ++t) {
+      if (t != tensorRank_ && !receivePart(members[t], int64_t(mine.size()) * cols, part))
+        return false;
+      for (size_t r = 0; r < mine.size(); ++r) {
+        const float *in = t == tensorRank_ ? all + mine[r] * cols : part.data() + int64_t(r) * cols;
+        float *out = local + int64_t(r) * cols;
+        for (int64_t e = 0; e < cols; ++e)
+          out[e] = t == 0 ? in[e] : out[e] + in[e];
+      }
+    }
+    mesh_->progressed();
+    return true;
+  }
+  bool gatherRows(const float *local, int64_t cols, float *all) override {
+    std::vector<int64_t> members;
+    for (int64_t c = 0; c < a_.cp; ++c)
+      members.push_back(a_.globalRank(pipelineRank_, replica_, c, tensorRank_));
+    std::vector<std::vector<float>> parts;
+    if (!allParts(members, local, int64_t(rowMap_.size()) * cols, parts))
+      return false;
+    for (int64_t c = 0; c < a_.cp; ++c) {
+      const std::vector<int64_t> rows = contextRows(a_, c);
+      for (size_t r = 0; r < rows.size(); ++r)
+        std::memcpy(all + rows[r] * cols, parts[c].data() + int64_t(r) * cols, cols * sizeof(float));
+    }
+    return true;
+  }
 
   bool receive(Transfer &t) {
     const Instr &i = *t.instr;
-    const int64_t peer = a_.globalRank(i.peer, replica_);
+    const int64_t peer = a_.globalRank(i.peer, replica_, contextRank_, tensorRank_);
     Frame frame;
     if (!mesh_->receive(peer, frame, error_))
       return false;
@@ -178,10 +296,10 @@ private:
     return true;
   }
 
-  /// This rank's stages' slot gradients, in stage and slot order.
+  /// This rank's stages' slot gradients (its blocks), in stage and slot order.
   void packStageGrads(Packer pack) const {
     for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
-      for (const std::vector<float> &g : params_.slotGrads[s])
+      for (const std::vector<float> &g : grads_[s])
         pack.put(g.data(), g.size());
   }
 
@@ -192,11 +310,16 @@ private:
   const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
-  HostParameters params_; // every weight on every rank; moments on rank 0
+  HostParameters params_; // every weight on every rank; moments and whole gradients on rank 0
+  SlotGrads grads_;       // this rank's stages' gradients: its tensor rank's blocks
+  std::vector<SlotGrads> gathered_; // rank 0: the first reduce members' blocks, by tensor rank
+  std::vector<std::vector<float>> blocks_; // tp > 1: this rank's blocks of the split weights
+  uint64_t collectives_ = 0; // tensor- and context-parallel collectives run, to match the parts
 };
 
-/// A rank's end of step for rank 0: peak, stop signal, losses, then (replica
-/// 0's ranks: the replicas' sum) its stages' slot gradients in stage and slot order.
+/// A rank's end of step for rank 0: peak, stop signal, losses, then (the
+/// first member of each reduce group: the group's sum) its stages' slot
+/// gradients, its tensor rank's blocks, in stage and slot order.
 bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out) {
   Frame gather{Frame::Gather, 0, rank_, 0, 0, {}};
   Packer pack{gather.bytes};
@@ -207,7 +330,7 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
     pack.put<int64_t>(int64_t(row.size()));
     pack.put(row.data(), row.size());
   }
-  if (replica_ == 0)
+  if (replica_ == 0 && contextRank_ == 0)
     packStageGrads(pack);
   Frame reply;
   if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, error_))
@@ -224,20 +347,25 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
   if (!ok || in.at != reply.bytes.size())
     return fail("rank 0's update after the step is malformed (the ranks run different artifacts?)");
   params_.working.refresh(params_.weights);
+  cutBlocks();
   if (hasMtp)
     out.mtpLoss = mtpLoss;
   return true;
 }
 
-/// Rank 0: gathers every rank's part (gradients from replica 0's ranks,
-/// which hold the replicas' sums), runs CpuWorld's completeStep on the same
-/// arrays, sends the weights and the numbers back.
+/// Rank 0: gathers every rank's part (gradients from the first members of
+/// the reduce groups, which hold their sums), assembles the tensor ranks'
+/// blocks and updates as CpuWorld's completeStep does, sends the weights and
+/// the numbers back.
 bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &myLosses,
                                        StepResult &out) {
+  // Every tensor rank computes the same losses; tensor rank 0's count.
   const int64_t lossRank = a_.rankOf(int64_t(a_.stages.size()) - 1);
-  std::vector<std::vector<std::vector<double>>> replicaLosses(a_.dp);
+  std::vector<std::vector<std::vector<double>>> memberLosses(a_.dp * a_.cp);
   if (lossRank == 0)
-    replicaLosses[0] = myLosses;
+    memberLosses[0] = myLosses;
+  for (size_t s = 0; s < a_.stages.size(); s += a_.pp)
+    gathered_[0][s] = grads_[s];
   std::vector<int64_t> peaks(a_.worldSize(), 0);
   peaks[0] = peak_;
   int stop = stopSignal();
@@ -253,20 +381,23 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
       int64_t cols = 0;
       ok = ok && in.get(cols) && cols >= 0 && (row.resize(size_t(cols)), in.get(row.data(), row.size()));
     }
-    if (a_.replicaOf(r) == 0)
+    if (a_.replicaOf(r) == 0 && a_.contextRankOf(r) == 0)
       for (size_t s = a_.pipelineRankOf(r); s < a_.stages.size(); s += a_.pp)
-        for (std::vector<float> &g : params_.slotGrads[s])
+        for (std::vector<float> &g : gathered_[a_.tensorRankOf(r)][s])
           ok = ok && in.get(g.data(), g.size());
     if (!ok || in.at != gather.bytes.size())
       return fail("rank " + std::to_string(r) + "'s gradients are malformed (the ranks run different artifacts?)");
-    if (a_.pipelineRankOf(r) == lossRank)
-      replicaLosses[a_.replicaOf(r)] = std::move(rankLosses);
+    if (a_.pipelineRankOf(r) == lossRank && a_.tensorRankOf(r) == 0)
+      memberLosses[a_.reduceMemberOf(r)] = std::move(rankLosses);
     stop = std::max<int>(stop, int(rankStop));
   }
   StepResult result;
   result.step = step;
   mesh_->setLocalWork(true); // the others wait on this update: it is progress
-  params_.update(a_, options_, replicaLosses, evaluating(), result);
+  if (!evaluating())
+    assembleTensorParallel(a_, [this](int64_t t) -> const SlotGrads & { return gathered_[t]; }, params_.slotGrads);
+  params_.update(a_, options_, sumContextLosses(a_, memberLosses), evaluating(), result);
+  cutBlocks();
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
   pack.put(result.lmLoss);
@@ -298,16 +429,13 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
 DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir) {
   return [=](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
-    if (artifact.cp > 1) {
-      error = "the artifact has cp = " + std::to_string(artifact.cp) +
-              " context-parallel ranks, which run as threads of one process for now: drop --processes (and "
-              "mpirun / srun) and use --backend cpu";
-      return devices;
-    }
     if (size != artifact.worldSize()) {
+      auto factor = [](const char *name, int64_t n) {
+        return n > 1 ? std::string(" x ") + name + " = " + std::to_string(n) : std::string();
+      };
       error = std::to_string(size) + " processes for an artifact of pp = " + std::to_string(artifact.pp) +
-              (artifact.dp > 1 ? " x dp = " + std::to_string(artifact.dp) : std::string()) +
-              ": start one process per rank";
+              factor("dp", artifact.dp) + factor("cp", artifact.cp) + factor("tp", artifact.tp) + " = " +
+              std::to_string(artifact.worldSize()) + " ranks: start one process per rank";
       return devices;
     }
     // Starting may take longer than a step's waits (the processes start

@@ -1,6 +1,7 @@
 //===- CpuRankBase.cpp - what both CPU devices share --------------------------===//
 #include "runtime/cpu/CpuRankBase.h"
 
+#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/Bf16.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/train/Parameters.h"
@@ -190,6 +191,63 @@ void CpuRankBase::copy(Buffer dst, const Buffer &src) {
 bool CpuRankBase::download(const Buffer &buffer, float *host) {
   std::memcpy(host, buffer.data, buffer.count * sizeof(float));
   return true;
+}
+
+SlotGrads blockGrads(const Artifact &a, const std::function<bool(int64_t stage)> &holds) {
+  SlotGrads grads(a.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (const ParamSlot &slot : a.stages[s].params)
+      if (!holds || holds(int64_t(s)))
+        grads[s].emplace_back(shardCount(a.params[slot.param], a.tp), 0.0f);
+  return grads;
+}
+
+std::vector<std::vector<float>> tensorBlocks(const Artifact &a, int64_t t,
+                                             const std::function<const float *(int param)> &weightOf) {
+  std::vector<std::vector<float>> blocks(a.params.size());
+  for (size_t p = 0; p < a.params.size(); ++p)
+    if (!a.params[p].tpSplit.empty()) {
+      blocks[p].resize(shardCount(a.params[p], a.tp));
+      gatherShard(a.params[p], a.tp, t, weightOf(int(p)), blocks[p].data());
+    }
+  return blocks;
+}
+
+void assembleTensorParallel(const Artifact &a, const std::function<const SlotGrads &(int64_t t)> &blocksOf,
+                            SlotGrads &whole) {
+  for (size_t s = 0; s < whole.size(); ++s)
+    for (size_t k = 0; k < whole[s].size(); ++k) {
+      const ParamInfo &info = a.params[a.stages[s].params[k].param];
+      std::vector<float> &sum = whole[s][k];
+      if (!info.tpSplit.empty()) {
+        for (int64_t t = 0; t < a.tp; ++t)
+          scatterShard(info, a.tp, t, blocksOf(t)[s][k].data(), sum.data());
+        continue;
+      }
+      sum = blocksOf(0)[s][k];
+      for (int64_t t = 1; a.sequenceParallel && t < a.tp; ++t) {
+        const std::vector<float> &part = blocksOf(t)[s][k];
+        for (size_t e = 0; e < sum.size(); ++e)
+          sum[e] = sum[e] + part[e];
+      }
+    }
+}
+
+std::vector<std::vector<std::vector<double>>>
+sumContextLosses(const Artifact &a, const std::vector<std::vector<std::vector<double>>> &memberLosses) {
+  std::vector<std::vector<std::vector<double>>> out(a.dp);
+  for (int64_t d = 0; d < a.dp; ++d)
+    for (int64_t c = 0; c < a.cp; ++c) {
+      const auto &part = memberLosses[d * a.cp + c];
+      if (c == 0) {
+        out[d] = part;
+        continue;
+      }
+      for (size_t mb = 0; mb < part.size() && mb < out[d].size(); ++mb)
+        for (size_t k = 0; k < part[mb].size() && k < out[d][mb].size(); ++k)
+          out[d][mb][k] += part[mb][k];
+    }
+  return out;
 }
 
 std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {

@@ -67,6 +67,31 @@ struct HostParameters {
   void wholeMoments(ParameterState &state) const;
 };
 
+using SlotGrads = std::vector<std::vector<std::vector<float>>>; // [stage][slot]
+
+/// Slot gradients shaped as a tensor-parallel rank's blocks (TensorSplit.h;
+/// whole parameters at tp = 1), zero-filled, for every stage (or those
+/// `holds`; the others empty).
+SlotGrads blockGrads(const Artifact &a, const std::function<bool(int64_t stage)> &holds = {});
+/// Tensor rank t's blocks of the split weights ([param]; empty for the
+/// replicated ones), cut from the weights kernels read (`weightOf`).
+std::vector<std::vector<float>> tensorBlocks(const Artifact &a, int64_t t,
+                                             const std::function<const float *(int param)> &weightOf);
+/// Tensor parallelism: the whole gradient of every slot of `whole`'s stages
+/// from the tensor ranks' (`blocksOf(t)`, after the data-parallel sum): each
+/// split weight's blocks put in place; a replicated weight's gradient is
+/// tensor rank 0's (every rank computed the same bits from the same rows),
+/// or under sequence parallelism the sum over the ranks' rows in
+/// tensor-rank order. Both CPU devices assemble here, so their bits agree.
+void assembleTensorParallel(const Artifact &a, const std::function<const SlotGrads &(int64_t t)> &blocksOf,
+                            SlotGrads &whole);
+/// The last stage's losses by replica ([replica][mb][loss]) from each
+/// (replica, context rank)'s, `memberLosses[replica x cp + context rank]`:
+/// a replica's context ranks hold their rows' share of every loss, summed
+/// in context-rank order.
+std::vector<std::vector<std::vector<double>>>
+sumContextLosses(const Artifact &a, const std::vector<std::vector<std::vector<double>>> &memberLosses);
+
 /// The microbatch rows context rank `contextRank` holds (Artifact::cp > 1):
 /// the load-balanced causal split's chunks contextRank and 2 cp - 1 -
 /// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in

@@ -40,12 +40,14 @@
 namespace mhcc::runtime {
 
 /// One message: a tag as the in-process channels have (kind, payload,
-/// source and destination stage, microbatch) and raw bytes. A Heartbeat
+/// source and destination stage, microbatch) and raw bytes. A Collective
+/// (a tensor- or context-parallel group's) carries the sender's count of
+/// collectives in payload, so both ends check they are in the same one. A Heartbeat
 /// carries the sender in src, its progress counter in dst, the microseconds
 /// since its last progress in mb and the rank it waits on (-1: none) in
 /// payload.
 struct Frame {
-  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3, Failure = 4, Heartbeat = 6, Reduce = 7 };
+  enum Kind : int32_t { Data = 1, Gather = 2, Reply = 3, Failure = 4, Heartbeat = 6, Reduce = 7, Collective = 8 };
   int32_t kind = Data, payload = 0;
   int64_t src = 0, dst = 0, mb = 0;
   std::vector<char> bytes;

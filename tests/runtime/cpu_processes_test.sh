@@ -3,13 +3,16 @@
 # 1. parity: `--processes N` (and mpirun -np N --backend cpu, where Open MPI
 #    is installed) gives the in-process run's numbers bit for bit (metrics
 #    JSON lines: losses, grad norm, zeros, learning rate, peak bytes) for
-#    tiny PP2, PP2/VPP2 and PP4, tiny_bf16 PP2 (bf16 storage in each rank)
-#    and tiny at dp 2 x pp 2 (four processes, the ALLREDUCE over sockets);
+#    tiny PP2, PP2/VPP2 and PP4, tiny_bf16 PP2 (bf16 storage in each rank),
+#    tiny at dp 2 x pp 2 (four processes, the ALLREDUCE over sockets), at
+#    tp 2 + SP x dp 2 x pp 2 and at tp 2 x cp 2 x pp 2 (eight processes: the
+#    tensor-parallel reductions, gathers and reduce-scatters and the context
+#    gathers over sockets), and bf16 at tp 2 + SP x pp 2;
 # 2. SIGTERM to the --processes parent: every rank stops after the same
 #    iteration, rank 0 saves it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
 #    exactly as an uninterrupted run.
-# Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4 BF16_PP2 DP2_PP2
+# Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4 BF16_PP2 DP2_PP2 [MESH ...]
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcrun="${root}/tools/mhcrun"
@@ -22,10 +25,10 @@ source "${root}/tests/runtime/fault_helpers.sh"
 # 1. Parity.
 for artifact in "$@"; do
   name=$(basename "${artifact}" .mhcc)
-  # One process per rank of the mesh: pp x dp.
-  pp=$("${python}" -c "import re,sys; t = sys.stdin.read(); d = re.search(r'dp = (\d+)', t)
-print(int(re.search(r'pp = (\d+)', t).group(1)) * (int(d.group(1)) if d else 1))" \
-       < <("${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 1))
+  # One process per rank of the mesh: pp x dp x cp x tp.
+  pp=$("${python}" -c "import re,sys, math; t = sys.stdin.read()
+print(math.prod(int(m.group(1)) if m else 1 for m in (re.search(k + r' = (\d+)', t) for k in ('pp', 'dp', 'cp', 'tp'))))" \
+       < <("${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 1 2>&1))
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 3 \
     --metrics "${work}/${name}.in.json" > /dev/null
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 3 \
