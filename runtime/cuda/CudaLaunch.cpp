@@ -129,7 +129,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     break;
   case Prim::GatedDeltaNet:
     error = gdnForward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, out, aux,
-                          scratch(gdnForwardScratch(T, C, f.heads, sizeof(A))).data, T, C, f.heads, f.seqLen, f.eps,
+                          scratch(gdnForwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C, f.heads, f.seqLen, f.eps,
                           documents(mb), stream);
     break;
   }

@@ -167,8 +167,8 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
                               DeviceDocuments docs, cudaStream_t s);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
-/// bf16 rounding points; GdnKernels.cu, GdnScan.cu): the recurrence runs sequentially,
-/// one thread block per (sequence, head), for head dims 16, 32, 64 and 128.
+/// bf16 rounding points; GdnKernels.cu, GdnScan.cu): the recurrence runs over
+/// chunks of 64 tokens in parallel (GdnScan.cu), for head dims 16, 32, 64 and 128.
 /// Forward scratch: gdnForwardScratch; backward: stash gdnBackwardStash
 /// (what B leaves for W), scratch gdnBackwardScratch (for B, W or both).
 /// Both return "" or a one-line error (an unsupported head dim, a launch).
@@ -183,7 +183,7 @@ struct GdnWeightGrads {
 };
 bool gdnHeadDimSupported(int64_t d);
 std::string gdnHeadDimError(int64_t d);
-int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t heads, int actBytes);
+int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t heads, int actBytes);
 int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 template <typename A>

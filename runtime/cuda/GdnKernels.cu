@@ -317,8 +317,12 @@ std::string gdnHeadDimError(int64_t d) {
 }
 bool gdnHeadDimSupported(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
-int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t H, int actBytes) {
-  return CarvedSize{}.add(rows * 2 * H, 4).add(rows * C, actBytes).floats();
+int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int actBytes) {
+  return CarvedSize{}
+      .add(rows * 2 * H, 4)
+      .add(rows * C, actBytes)
+      .add(gdnScanScratchFloats(false, rows, C, H, seq), 4) // the chunks' transitions and starting states
+      .floats();
 }
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t H, int actBytes) { return stashFloats(rows, C, H, actBytes); }
 int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int actBytes) {
@@ -332,7 +336,7 @@ int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int 
       .add(rows * 3 * C, 4)                                   // dA
       .add(rows * 2 * H, 4)                                   // dAb (fp32)
       .add(rows * H, 4)                                       // dLogAlpha
-      .add(gdnScanStateFloats(rows, C, H, seq), 4) // the scans' states
+      .add(gdnScanScratchFloats(true, rows, C, H, seq), 4) // the scans' states
       .add(partials, 4)
       .floats();
 }
@@ -346,6 +350,7 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   Carver carve{reinterpret_cast<char *>(scratch)};
   float *gates = carve.take<float>(rows * 2 * H);
   A *n = carve.take<A>(rows * C);
+  float *scanScratch = carve.take<float>(gdnScanScratchFloats(false, rows, C, H, seq));
   matmul<A, float>(g, x, w.wqkv, aux.p, rows, C, 3 * C, false);
   roundLikeStorage<A>(aux.p, rows * 3 * C, s);
   convForwardKernel<A>
@@ -353,8 +358,8 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, C, H);
   matmul<A, float>(g, x, w.wab, aux.ab, rows, C, 2 * H, false);
   gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
-  std::string error = gdnScans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, nullptr, rows, C, H,
-                               seq, docs.firstKeys, s);
+  std::string error = gdnScans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, scanScratch, rows, C,
+                               H, seq, docs.firstKeys, s);
   if (!error.empty())
     return error;
   matmul<A, float>(g, x, w.wgate, aux.g, rows, C, C, false);
@@ -378,7 +383,7 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
   float *dn = carve.take<float>(rows * C), *dO = carve.take<float>(rows * C);
   float *gates = carve.take<float>(rows * 2 * H), *dA = carve.take<float>(rows * 3 * C);
   float *dAb = carve.take<float>(rows * 2 * H), *dLogAlpha = carve.take<float>(rows * H);
-  float *states = carve.take<float>(gdnScanStateFloats(rows, C, H, seq));
+  float *states = carve.take<float>(gdnScanScratchFloats(true, rows, C, H, seq));
   float *partial = reinterpret_cast<float *>(carve.next);
   if (parts.inputs) {
     fill(dn, rows * C, 0.0f, s);

@@ -303,7 +303,7 @@ void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, i
                             std::to_string(width) + ", heads " + std::to_string(heads) + (packed ? ", packed" : "") +
                             ")";
   float *dx_ = upload(x), *ddy = upload(dy);
-  float *forwardScratch = upload(std::vector<float>(cuda::gdnForwardScratch(rows, width, heads, 4)));
+  float *forwardScratch = upload(std::vector<float>(cuda::gdnForwardScratch(rows, width, heads, seq, 4)));
   check("gated delta net" + shape, {std::vector<float>(rows * width), std::vector<float>(auxSize)},
         [&](auto &o) { cpuForward(o[0].data(), o[1].data()); },
         [&](auto &o) {
