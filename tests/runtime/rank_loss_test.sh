@@ -10,13 +10,16 @@
 # survivors, then every process, exited. Then a slow rank that progresses
 # (MHCC_TEST_SLOW_RANK, 100 ms before each instruction) under --recv-timeout
 # 1: waits on it last seconds, but it is never declared stuck.
-# Usage: rank_loss_test.sh PP4 DP2_PP2
+# Also tp 2 x pp 2 (four processes), where the lost rank's tensor-parallel
+# peer waits on it in a collective over the sockets.
+# Usage: rank_loss_test.sh PP4 DP2_PP2 TP2_PP2
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 mhcrun="${root}/tools/mhcrun"
 corpus="${root}/data/corpus.txt"
 pp4="${root}/$1"
 dp2="${root}/$2"
+tp2="${root}/$3"
 work="${TEST_TMPDIR}/loss"
 rm -rf "${work}" && mkdir -p "${work}"
 source "${root}/tests/runtime/fault_helpers.sh"
@@ -74,6 +77,9 @@ lose kill 1 "rank 1 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=1:3
 # Data parallelism (dp 2 x pp 2): rank 3, replica 1 of pipeline rank 1, dies;
 # rank 2 waits on it in the gradient ALLREDUCE, rank 1 as its pipeline peer.
 ARTIFACT="${dp2}" lose dp_kill 3 "dp 2 x pp 2: rank 3 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=3:3
+# Tensor parallelism (tp 2 x pp 2): rank 1, rank 0's tensor-parallel peer,
+# dies; rank 0 waits on it inside a tensor collective of its forward.
+ARTIFACT="${tp2}" lose tp_kill 1 "tp 2 x pp 2: rank 1 SIGKILLed mid-step" MHCC_TEST_KILL_RANK_AT=1:3
 # Stopped, a rank neither progresses nor heartbeats (nor reads its socket).
 lose stop 2 "rank 2 SIGSTOPped (--recv-timeout 3)" MHCC_TEST_STOP_RANK_AT=2:3 --recv-timeout 3
 
