@@ -14,6 +14,7 @@
 #include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
 #include "runtime/cli/TensorDump.h"
+#include "runtime/cli/TraceParts.h"
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/cpu/CpuProcessDevice.h"
 #include "runtime/cuda/CudaDevice.h"
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -289,6 +292,7 @@ struct Role {
   bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
   bool agreedStop = false;  // stops on the signal the step's collective agreed on
   std::string backend;      // "cpu" or "cuda": names a measured device profile
+  std::optional<int64_t> processRank; // one process a rank: this one's (its --trace is a part)
 };
 
 /// After iteration `result.step` of a run asked to stop: the final save (unless
@@ -426,7 +430,14 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     return fail(rankPrefix + error);
   if (!f.exportPath.empty() && role.writesFiles && !exportAll(trainer, f.exportPath, shard, error))
     return fail(rankPrefix + error);
-  if (!f.tracePath.empty()) {
+  if (!f.tracePath.empty() && role.processRank) {
+    // One process a rank: rank 0 merges every rank's part (TraceParts.h).
+    const double epochUs =
+        std::chrono::duration<double, std::micro>(trainer.traceEpoch().time_since_epoch()).count();
+    if (!writeTracePart(f.tracePath, *role.processRank, trace, epochUs, error) ||
+        (*role.processRank == 0 && !mergeTraceParts(f.tracePath, a.worldSize(), 120, error)))
+      return fail(rankPrefix + error);
+  } else if (!f.tracePath.empty()) {
     std::ofstream out(f.tracePath, std::ios::trunc);
     out << chromeTrace(trace, a.worldSize(), "measured by mhcrun");
     if (!out.flush())
@@ -490,9 +501,9 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact has tp = " + std::to_string(artifact->tp) +
                 " tensor-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
                 "process per rank with --processes, mpirun or srun); recompile with --tp 1 for GPUs");
-  if (!f.tracePath.empty() && (backend != "cpu" || placement || f.processes > 0))
-    return fail(rankPrefix + "--trace measures the CPU backend with every rank in this process for now (on GPUs "
-                             "the host clock sees only when work is issued); use --profile there for device time");
+  if (!f.tracePath.empty() && backend != "cpu")
+    return fail(rankPrefix + "--trace measures the CPU backend for now (on GPUs the host clock sees only when work "
+                             "is issued); use --profile there for device time");
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);
@@ -595,6 +606,8 @@ int runMhcrun(int argc, char **argv) {
   role.rankPrefix = rankPrefix;
   role.agreedStop = placement.has_value();
   role.backend = backend;
+  if (placement)
+    role.processRank = placement->rank;
   if (placement && backend == "cpu") {
     role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
   } else if (placement) {

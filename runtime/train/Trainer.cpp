@@ -25,6 +25,7 @@ std::unique_ptr<Trainer> Trainer::create(Artifact artifact, const TokenDataset &
   if (trainer->devices_.empty())
     return nullptr;
   const Clock::time_point epoch = Clock::now(); // of every rank's and step's trace
+  trainer->traceEpoch_ = epoch;
   for (auto &device : trainer->devices_) {
     trainer->executors_.push_back(std::make_unique<Executor>(trainer->artifact_, trainer->options_, *device));
     trainer->executors_.back()->setTraceEpoch(epoch);

@@ -19,6 +19,7 @@
 #include "runtime/train/Parameters.h"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -57,6 +58,8 @@ public:
   /// Parameter values in table order; in a multi-process run only this
   /// process's owned parameters are filled.
   const std::vector<std::vector<float>> &parameters();
+  /// The instant the measured trace's times count from (StepResult::trace).
+  std::chrono::steady_clock::time_point traceEpoch() const { return traceEpoch_; }
 
 private:
   Trainer(Artifact artifact, const TokenDataset &data, TrainOptions options);
@@ -81,6 +84,7 @@ private:
   std::vector<std::vector<float>> weights_;
   int64_t stepsDone_ = 0;
   bool broken_ = false;
+  std::chrono::steady_clock::time_point traceEpoch_;
 };
 
 } // namespace mhcc::runtime
