@@ -206,9 +206,6 @@ std::string tensorParallelProblem(const ModelGraph &graph, const PipelineOptions
     return notDivided("vocab", m.vocab) + " (the embedding and LM head split it)";
   if (pipeline.sequenceParallel && m.seqLen % tp)
     return notDivided("seq_len", m.seqLen) + " under --sequence-parallel";
-  for (const ModelNode &node : graph.nodes)
-    if (node.op == NodeOp::MhcSublayer && node.sublayer == SublayerKind::Gdn)
-      return "Gated DeltaNet layers (" + node.name + ") do not split over tensor-parallel ranks in this release";
   return "";
 }
 

@@ -162,17 +162,21 @@ private:
     const ModelInfo &m = artifact_.model;
     const int64_t T = tokens_, C = m.hidden, H = m.heads;
     const double dtBias = std::log(std::expm1(0.01));
+    // Under tensor parallelism a rank holds H / tp whole heads: their q, k, v
+    // columns, conv channels, gate logits, decays and gate columns, and the
+    // rows of W_o (row-parallel out, as attention); out_norm is per head
+    // and shared: every rank holds it, its gradient summed over the ranks.
     return emit(Prim::GatedDeltaNet, {normed},
-                {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true),
-                 slot(name + ".conv", 4, 3 * C, "normal", 0.29, true), // PyTorch's depthwise conv: U(-1/2, 1/2)
-                 slot(name + ".w_ab", C, 2 * H, "normal", 0.02, true),
-                 slot(name + ".a_log", 1, H, "zeros", 0, false),
-                 slot(name + ".dt_bias", 1, H, "constant", dtBias, false),
-                 slot(name + ".out_norm", 1, C / H, "ones", 0, false),
-                 slot(name + ".w_gate", C, C, "normal", 0.02, true),
-                 slot(name + ".w_o", C, C, "normal", outputScale(), true)},
-                {T, C}, T * (11 * C + 5 * H), "", attrs([&](ForwardInstr &a) {
-                  a.heads = H;
+                {slot(name + ".w_qkv", C, 3 * C, "normal", 0.02, true, "qkv"),
+                 slot(name + ".conv", 4, 3 * C, "normal", 0.29, true, "qkv"), // PyTorch's depthwise conv: U(-1/2, 1/2)
+                 slot(name + ".w_ab", C, 2 * H, "normal", 0.02, true, "ab"),
+                 slot(name + ".a_log", 1, H, "zeros", 0, false, "cols"),
+                 slot(name + ".dt_bias", 1, H, "constant", dtBias, false, "cols"),
+                 slot(name + ".out_norm", 1, C / H, "ones", 0, false, "partial"),
+                 slot(name + ".w_gate", C, C, "normal", 0.02, true, "cols"),
+                 slot(name + ".w_o", C, C, "normal", outputScale(), true, "rows")},
+                {T, C}, gemmTokens_ * (11 * C + 5 * H) / tp_, "", attrs([&](ForwardInstr &a) {
+                  a.heads = H / tp_;
                   a.eps = eps;
                 }));
   }

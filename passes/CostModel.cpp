@@ -97,6 +97,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   case UnitKind::GdnSublayer:
     // W_qkv, the conv, W_ab, A_log, dt_bias, the head norm, W_gate, W_o.
     u.params = mhcMappingParams(d) + c + 5 * c * c + 12 * c + 2 * c * d.heads + 2 * d.heads + c / d.heads;
+    u.splitParams = 5 * c * c + 12 * c + 2 * c * d.heads + 2 * d.heads; // all but the norms (tensor parallelism)
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + gdnFlops(d);
     u.outputWidth = n * c;
     // Input residual, u, normed u, then what the forward keeps (GdnKernels.h): 11 C + 5 heads.

@@ -150,6 +150,7 @@ static std::pair<int, int> tensorParallelReductions(UnitKind kind) {
   case UnitKind::Embedding:
     return {1, 0};
   case UnitKind::AttentionSublayer:
+  case UnitKind::GdnSublayer:
   case UnitKind::MlpSublayer:
     return {1, 1};
   case UnitKind::LmHead:

@@ -26,9 +26,14 @@ struct ShardRun {
 };
 
 /// Why `info` cannot be split over `tp` ranks (empty: it can). A "qkv"
-/// tensor has 3 blocks of columns, each split over tp.
+/// tensor has 3 blocks of columns, each split over tp; an "ab" tensor 2
+/// (Gated DeltaNet's beta and alpha logits, a column a head). A "partial"
+/// tensor is not split: every rank holds all of it, but its gradient is a
+/// partial sum over the rank's heads (Gated DeltaNet's per-head norm gain),
+/// added over the ranks in tensor-rank order.
+inline bool isPartial(const ParamInfo &info) { return info.tpSplit == "partial"; }
 inline std::string splitProblem(const ParamInfo &info, int64_t tp) {
-  if (tp == 1 || info.tpSplit.empty())
+  if (tp == 1 || info.tpSplit.empty() || isPartial(info))
     return "";
   if (info.tpSplit == "rows")
     return info.rows % tp ? std::to_string(info.rows) + " rows" : "";
@@ -36,24 +41,27 @@ inline std::string splitProblem(const ParamInfo &info, int64_t tp) {
     return info.cols % tp ? std::to_string(info.cols) + " columns" : "";
   if (info.tpSplit == "qkv")
     return info.cols % (3 * tp) ? std::to_string(info.cols / 3) + " columns of each of q, k and v" : "";
+  if (info.tpSplit == "ab")
+    return info.cols % (2 * tp) ? std::to_string(info.cols / 2) + " columns of each of beta and alpha" : "";
   return "unknown tensor-parallel split '" + info.tpSplit + "'";
 }
 
 /// Elements of tensor rank t's block (every rank's has the same size).
 inline int64_t shardCount(const ParamInfo &info, int64_t tp) {
-  return info.tpSplit.empty() ? info.count() : info.count() / tp;
+  return info.tpSplit.empty() || isPartial(info) ? info.count() : info.count() / tp;
 }
 
 /// Tensor rank t's block, in the block's row-major order.
 inline std::vector<ShardRun> shardRuns(const ParamInfo &info, int64_t tp, int64_t t) {
-  if (info.tpSplit.empty() || tp == 1)
+  if (info.tpSplit.empty() || isPartial(info) || tp == 1)
     return {{0, info.count()}};
   if (info.tpSplit == "rows") {
     const int64_t block = info.rows / tp * info.cols;
     return {{t * block, block}};
   }
   std::vector<ShardRun> runs;
-  const int64_t parts = info.tpSplit == "qkv" ? 3 : 1, width = info.cols / parts, share = width / tp;
+  const int64_t parts = info.tpSplit == "qkv" ? 3 : info.tpSplit == "ab" ? 2 : 1, width = info.cols / parts,
+                share = width / tp;
   for (int64_t r = 0; r < info.rows; ++r)
     for (int64_t p = 0; p < parts; ++p)
       runs.push_back({r * info.cols + p * width + t * share, share});

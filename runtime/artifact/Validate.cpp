@@ -325,12 +325,13 @@ private:
         return "bad head count";
       return expect(1, 2, {{T, C}}, {{C, 3 * C}, {C, C}}, {T, C}, G * 4 * D + G * f.heads);
     case Prim::GatedDeltaNet: {
-      if (f.heads < 1 || C % f.heads || !(f.eps > 0))
+      // f.heads: the rank's (H / tp); parameters are whole, aux the rank's.
+      if (f.heads < 1 || f.heads * tp != m.heads || D % f.heads || !(f.eps > 0))
         return "bad head count or norm eps";
-      const int64_t H = f.heads;
+      const int64_t H = m.heads;
       return expect(1, 8, {{T, C}},
                     {{C, 3 * C}, {4, 3 * C}, {C, 2 * H}, {1, H}, {1, H}, {1, C / H}, {C, C}, {C, C}}, {T, C},
-                    T * (11 * C + 5 * H));
+                    G * (11 * D + 5 * f.heads));
     }
     case Prim::SwiGlu:
       if (f.ffn < 1)

@@ -206,7 +206,7 @@ std::vector<std::vector<float>> tensorBlocks(const Artifact &a, int64_t t,
                                              const std::function<const float *(int param)> &weightOf) {
   std::vector<std::vector<float>> blocks(a.params.size());
   for (size_t p = 0; p < a.params.size(); ++p)
-    if (!a.params[p].tpSplit.empty()) {
+    if (!a.params[p].tpSplit.empty() && !isPartial(a.params[p])) {
       blocks[p].resize(shardCount(a.params[p], a.tp));
       gatherShard(a.params[p], a.tp, t, weightOf(int(p)), blocks[p].data());
     }
@@ -219,13 +219,13 @@ void assembleTensorParallel(const Artifact &a, const std::function<const SlotGra
     for (size_t k = 0; k < whole[s].size(); ++k) {
       const ParamInfo &info = a.params[a.stages[s].params[k].param];
       std::vector<float> &sum = whole[s][k];
-      if (!info.tpSplit.empty()) {
+      if (!info.tpSplit.empty() && !isPartial(info)) {
         for (int64_t t = 0; t < a.tp; ++t)
           scatterShard(info, a.tp, t, blocksOf(t)[s][k].data(), sum.data());
         continue;
       }
       sum = blocksOf(0)[s][k];
-      for (int64_t t = 1; a.sequenceParallel && t < a.tp; ++t) {
+      for (int64_t t = 1; (a.sequenceParallel || isPartial(info)) && t < a.tp; ++t) {
         const std::vector<float> &part = blocksOf(t)[s][k];
         for (size_t e = 0; e < sum.size(); ++e)
           sum[e] = sum[e] + part[e];

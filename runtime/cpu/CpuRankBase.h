@@ -81,8 +81,9 @@ std::vector<std::vector<float>> tensorBlocks(const Artifact &a, int64_t t,
 /// from the tensor ranks' (`blocksOf(t)`, after the data-parallel sum): each
 /// split weight's blocks put in place; a replicated weight's gradient is
 /// tensor rank 0's (every rank computed the same bits from the same rows),
-/// or under sequence parallelism the sum over the ranks' rows in
-/// tensor-rank order. Both CPU devices assemble here, so their bits agree.
+/// or under sequence parallelism (and for a "partial" one, whose gradient
+/// each rank sums over its heads) the sum over the ranks in tensor-rank
+/// order. Both CPU devices assemble here, so their bits agree.
 void assembleTensorParallel(const Artifact &a, const std::function<const SlotGrads &(int64_t t)> &blocksOf,
                             SlotGrads &whole);
 /// The last stage's losses by replica ([replica][mb][loss]) from each

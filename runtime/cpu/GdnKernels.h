@@ -12,9 +12,11 @@
 //   S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T  (S: d x d, zero at a sequence's
 //   and a packed document's start), o_t = S_t q_t / sqrt(d);
 //   y = (rmsnorm(o) * out_norm * silu(x W_gate)) W_o, the norm per head.
-// Here the recurrence runs token by token in a fixed order (the chunked
-// parallel form computes the same sums in another order: GPU work); the
-// backward recomputes the states. Documents (kernels::Documents'
+// Here the recurrence runs token by token in a fixed order (the GPU's
+// chunk-parallel scans compute the same sums in another order); the
+// backward recomputes the states. Under tensor parallelism a rank runs its
+// heads: `inner` = C / tp columns of q, k, v, the gate and the norm, H its
+// heads, x and y still C wide (y a partial sum over the ranks). Documents (kernels::Documents'
 // firstKeys): the conv reads no token before its document, the state
 // restarts at it.
 //
@@ -81,24 +83,26 @@ void gdnScan(const T *a, const T *ab, const T *alphaOf, int64_t t0, int64_t seq,
 template <typename T>
 void gdnForward(const T *x, const T *wqkv, const T *conv, const T *wab, const T *aLog, const T *dtBias,
                 const T *outNorm, const T *wgate, const T *wo, T *y, T *auxData, int64_t rows, int64_t C,
-                int64_t H, int64_t seq, double eps, Store<T> store = nullptr, Documents docs = {}) {
-  const int64_t d = C / H;
-  GdnAux<T> aux(auxData, rows, C, H);
-  matmul(x, wqkv, aux.p, rows, C, 3 * C);
-  stored(store, aux.p, rows * 3 * C);
+                int64_t H, int64_t seq, double eps, Store<T> store = nullptr, Documents docs = {},
+                int64_t inner = 0) {
+  const int64_t D = inner ? inner : C; // the heads' width: C / tp under tensor parallelism
+  const int64_t d = D / H;
+  GdnAux<T> aux(auxData, rows, D, H);
+  matmul(x, wqkv, aux.p, rows, C, 3 * D);
+  stored(store, aux.p, rows * 3 * D);
   for (int64_t t = 0; t < rows; ++t)
-    for (int64_t c = 0; c < 3 * C; ++c) {
+    for (int64_t c = 0; c < 3 * D; ++c) {
       T z = 0;
       for (int64_t j = 0; j < kGdnConvWidth; ++j)
         if (const int64_t r = gdnTapRow(t, j, seq, docs); r >= 0)
-          z += conv[j * 3 * C + c] * aux.p[r * 3 * C + c];
-      aux.z[t * 3 * C + c] = z;
-      aux.a[t * 3 * C + c] = z * sigmoid(z);
+          z += conv[j * 3 * D + c] * aux.p[r * 3 * D + c];
+      aux.z[t * 3 * D + c] = z;
+      aux.a[t * 3 * D + c] = z * sigmoid(z);
     }
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t part = 0; part < 2; ++part) // q and k, L2-normalized per head
       for (int64_t h = 0; h < H; ++h) {
-        T *v = aux.a + t * 3 * C + part * C + h * d, sq = 0;
+        T *v = aux.a + t * 3 * D + part * D + h * d, sq = 0;
         for (int64_t e = 0; e < d; ++e)
           sq += v[e] * v[e];
         const T inv = T(1) / std::sqrt(sq + T(kGdnL2Eps));
@@ -114,9 +118,9 @@ void gdnForward(const T *x, const T *wqkv, const T *conv, const T *wab, const T 
   const T scale = T(1) / std::sqrt(T(d));
   for (int64_t t0 = 0; t0 < rows; t0 += seq)
     for (int64_t h = 0; h < H; ++h)
-      gdnScan(aux.a, aux.ab, alpha.data(), t0, seq, C, H, h, docs, [&](int64_t t, bool, const T *S) {
-        const T *q = aux.a + t * 3 * C + h * d;
-        T *o = aux.o + t * C + h * d;
+      gdnScan(aux.a, aux.ab, alpha.data(), t0, seq, D, H, h, docs, [&](int64_t t, bool, const T *S) {
+        const T *q = aux.a + t * 3 * D + h * d;
+        T *o = aux.o + t * D + h * d;
         for (int64_t i = 0; i < d; ++i) {
           T dot = 0;
           for (int64_t j = 0; j < d; ++j)
@@ -124,24 +128,24 @@ void gdnForward(const T *x, const T *wqkv, const T *conv, const T *wab, const T 
           o[i] = dot * scale;
         }
       });
-  matmul(x, wgate, aux.g, rows, C, C);
-  stored(store, aux.g, rows * C);
-  std::vector<T> n(rows * C);
+  matmul(x, wgate, aux.g, rows, C, D);
+  stored(store, aux.g, rows * D);
+  std::vector<T> n(rows * D);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h) {
-      const T *o = aux.o + t * C + h * d;
+      const T *o = aux.o + t * D + h * d;
       T sq = 0;
       for (int64_t e = 0; e < d; ++e)
         sq += o[e] * o[e];
       const T r = T(1) / std::sqrt(sq / T(d) + T(eps));
       aux.rms[t * H + h] = r;
       for (int64_t e = 0; e < d; ++e) {
-        const T g = aux.g[t * C + h * d + e];
-        n[t * C + h * d + e] = o[e] * r * outNorm[e] * g * sigmoid(g);
+        const T g = aux.g[t * D + h * d + e];
+        n[t * D + h * d + e] = o[e] * r * outNorm[e] * g * sigmoid(g);
       }
     }
-  stored(store, n.data(), rows * C);
-  matmul(n.data(), wo, y, rows, C, C);
+  stored(store, n.data(), rows * D);
+  matmul(n.data(), wo, y, rows, D, C);
 }
 
 /// Weight gradients: dWqkv, dConv, dWab, dALog, dDtBias, dOutNorm, dWgate,
@@ -154,31 +158,33 @@ template <typename T> struct GdnGrads {
 template <typename T>
 void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T *aLog, const T *dtBias,
                  const T *outNorm, const T *wgate, const T *wo, const T *auxData, const T *dy, GdnGrads<T> grads,
-                 int64_t rows, int64_t C, int64_t H, int64_t seq, Store<T> store = nullptr, Documents docs = {}) {
-  const int64_t d = C / H;
-  GdnAux<T> aux(const_cast<T *>(auxData), rows, C, H);
+                 int64_t rows, int64_t C, int64_t H, int64_t seq, Store<T> store = nullptr, Documents docs = {},
+                 int64_t inner = 0) {
+  const int64_t D = inner ? inner : C;
+  const int64_t d = D / H;
+  GdnAux<T> aux(const_cast<T *>(auxData), rows, D, H);
   // The normed, gated output again (what W_o read), then its gradient.
-  std::vector<T> n(rows * C), dn(rows * C, T(0));
+  std::vector<T> n(rows * D), dn(rows * D, T(0));
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t e = 0; e < d; ++e) {
-        const int64_t c = t * C + h * d + e;
+        const int64_t c = t * D + h * d + e;
         const T g = aux.g[c];
         n[c] = aux.o[c] * aux.rms[t * H + h] * outNorm[e] * g * sigmoid(g);
       }
-  stored(store, n.data(), rows * C);
+  stored(store, n.data(), rows * D);
   if (grads.dWo)
-    matmulTransAAcc(n.data(), dy, grads.dWo, rows, C, C);
-  matmulTransBAcc(dy, wo, dn.data(), rows, C, C);
+    matmulTransAAcc(n.data(), dy, grads.dWo, rows, D, C);
+  matmulTransBAcc(dy, wo, dn.data(), rows, C, D);
   // Gated RMSNorm per head: n = (o r) * w * silu(g).
-  std::vector<T> dO(rows * C), dG(rows * C);
+  std::vector<T> dO(rows * D), dG(rows * D);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h) {
       const T r = aux.rms[t * H + h];
       T dot = 0; // sum of d(o r) * (o r) over the head
       std::vector<T> dHat(d);
       for (int64_t e = 0; e < d; ++e) {
-        const int64_t c = t * C + h * d + e;
+        const int64_t c = t * D + h * d + e;
         const T g = aux.g[c], sg = sigmoid(g), hat = aux.o[c] * r;
         dG[c] = dn[c] * hat * outNorm[e] * sg * (T(1) + g * (T(1) - sg));
         const T dm = dn[c] * g * sg;
@@ -188,27 +194,27 @@ void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T
         dot += dHat[e] * hat;
       }
       for (int64_t e = 0; e < d; ++e) {
-        const int64_t c = t * C + h * d + e;
+        const int64_t c = t * D + h * d + e;
         dO[c] = r * (dHat[e] - aux.o[c] * r * dot / T(d));
       }
     }
-  stored(store, dG.data(), rows * C);
+  stored(store, dG.data(), rows * D);
   if (grads.dWgate)
-    matmulTransAAcc(x, dG.data(), grads.dWgate, rows, C, C);
+    matmulTransAAcc(x, dG.data(), grads.dWgate, rows, C, D);
   if (grads.dx)
-    matmulTransBAcc(dG.data(), wgate, grads.dx, rows, C, C);
+    matmulTransBAcc(dG.data(), wgate, grads.dx, rows, D, C);
   // The recurrence, backwards from each sequence's end over the recomputed states.
   std::vector<T> alpha(rows * H);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h)
       alpha[t * H + h] = std::exp(-std::exp(aLog[h]) * softplus(aux.ab[t * 2 * H + H + h] + dtBias[h]));
   const T scale = T(1) / std::sqrt(T(d));
-  std::vector<T> dA(rows * 3 * C, T(0)), dAb(rows * 2 * H, T(0)), dLogAlpha(rows * H, T(0)), states(seq * d * d);
+  std::vector<T> dA(rows * 3 * D, T(0)), dAb(rows * 2 * H, T(0)), dLogAlpha(rows * H, T(0)), states(seq * d * d);
   std::vector<char> restarts(seq);
   std::vector<T> dS(d * d), dSt(d * d), e(d), u(d), de(d), du(d);
   for (int64_t t0 = 0; t0 < rows; t0 += seq) {
     for (int64_t h = 0; h < H; ++h) {
-      gdnScan(aux.a, aux.ab, alpha.data(), t0, seq, C, H, h, docs, [&](int64_t t, bool restart, const T *S) {
+      gdnScan(aux.a, aux.ab, alpha.data(), t0, seq, D, H, h, docs, [&](int64_t t, bool restart, const T *S) {
         std::copy(S, S + d * d, states.begin() + (t - t0) * d * d);
         restarts[t - t0] = restart;
       });
@@ -217,8 +223,8 @@ void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T
         const int64_t t = t0 + i;
         const T *S = states.data() + i * d * d;
         const T *prev = i > 0 && !restarts[i] ? states.data() + (i - 1) * d * d : nullptr; // null: zero
-        const T *q = aux.a + t * 3 * C + h * d, *k = q + C, *v = q + 2 * C, *gO = dO.data() + t * C + h * d;
-        T *dq = dA.data() + t * 3 * C + h * d, *dk = dq + C, *dv = dq + 2 * C;
+        const T *q = aux.a + t * 3 * D + h * d, *k = q + D, *v = q + 2 * D, *gO = dO.data() + t * D + h * d;
+        T *dq = dA.data() + t * 3 * D + h * d, *dk = dq + D, *dv = dq + 2 * D;
         const T a = alpha[t * H + h], beta = sigmoid(aux.ab[t * 2 * H + h]);
         // o = scale S q.
         for (int64_t r = 0; r < d; ++r)
@@ -283,39 +289,39 @@ void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T
   if (grads.dx)
     matmulTransBAcc(dAb.data(), wab, grads.dx, rows, 2 * H, C);
   // L2 norms of q and k, then silu: the gradient of z.
-  std::vector<T> dZ(rows * 3 * C);
+  std::vector<T> dZ(rows * 3 * D);
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t part = 0; part < 2; ++part)
       for (int64_t h = 0; h < H; ++h) {
-        const T *nv = aux.a + t * 3 * C + part * C + h * d;
-        T *g = dA.data() + t * 3 * C + part * C + h * d, dot = 0;
+        const T *nv = aux.a + t * 3 * D + part * D + h * d;
+        T *g = dA.data() + t * 3 * D + part * D + h * d, dot = 0;
         for (int64_t e2 = 0; e2 < d; ++e2)
           dot += nv[e2] * g[e2];
         const T inv = aux.inv[t * 2 * H + part * H + h];
         for (int64_t e2 = 0; e2 < d; ++e2)
           g[e2] = inv * (g[e2] - nv[e2] * dot);
       }
-    for (int64_t c = 0; c < 3 * C; ++c) {
-      const T z = aux.z[t * 3 * C + c], s = sigmoid(z);
-      dZ[t * 3 * C + c] = dA[t * 3 * C + c] * s * (T(1) + z * (T(1) - s));
+    for (int64_t c = 0; c < 3 * D; ++c) {
+      const T z = aux.z[t * 3 * D + c], s = sigmoid(z);
+      dZ[t * 3 * D + c] = dA[t * 3 * D + c] * s * (T(1) + z * (T(1) - s));
     }
   }
   // The causal conv: each tap's weight and the projection it read.
-  std::vector<T> dP(rows * 3 * C, T(0));
+  std::vector<T> dP(rows * 3 * D, T(0));
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < kGdnConvWidth; ++j)
       if (const int64_t r = gdnTapRow(t, j, seq, docs); r >= 0)
-        for (int64_t c = 0; c < 3 * C; ++c) {
-          const T g = dZ[t * 3 * C + c];
+        for (int64_t c = 0; c < 3 * D; ++c) {
+          const T g = dZ[t * 3 * D + c];
           if (grads.dConv)
-            grads.dConv[j * 3 * C + c] += g * aux.p[r * 3 * C + c];
-          dP[r * 3 * C + c] += g * conv[j * 3 * C + c];
+            grads.dConv[j * 3 * D + c] += g * aux.p[r * 3 * D + c];
+          dP[r * 3 * D + c] += g * conv[j * 3 * D + c];
         }
-  stored(store, dP.data(), rows * 3 * C);
+  stored(store, dP.data(), rows * 3 * D);
   if (grads.dWqkv)
-    matmulTransAAcc(x, dP.data(), grads.dWqkv, rows, C, 3 * C);
+    matmulTransAAcc(x, dP.data(), grads.dWqkv, rows, C, 3 * D);
   if (grads.dx)
-    matmulTransBAcc(dP.data(), wqkv, grads.dx, rows, 3 * C, C);
+    matmulTransBAcc(dP.data(), wqkv, grads.dx, rows, 3 * D, C);
 }
 
 } // namespace mhcc::runtime::kernels

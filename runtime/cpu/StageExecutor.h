@@ -74,9 +74,10 @@ private:
 };
 
 /// A token mixer's (attention's, Gated DeltaNet's) forward over all
-/// `rows` rows of x, its aux `mixerAuxPerRow` floats a row.
-inline int64_t mixerAuxPerRow(const ForwardInstr &f, int64_t C) {
-  return f.op == Prim::GatedDeltaNet ? kernels::gdnAuxPerRow(C, f.heads) : 4 * C + f.heads;
+/// `rows` rows of x, its aux `mixerAuxPerRow` floats a row (`inner`: the
+/// rank's heads' width, C / tp; f.heads are the rank's).
+inline int64_t mixerAuxPerRow(const ForwardInstr &f, int64_t inner) {
+  return f.op == Prim::GatedDeltaNet ? kernels::gdnAuxPerRow(inner, f.heads) : 4 * inner + f.heads;
 }
 template <typename T>
 void mixerForward(const StageContext<T> &c, const ForwardInstr &f, const T *x, T *y, T *aux, int64_t rows) {
@@ -85,7 +86,7 @@ void mixerForward(const StageContext<T> &c, const ForwardInstr &f, const T *x, T
   const int64_t C = c.model.hidden;
   if (f.op == Prim::GatedDeltaNet)
     k::gdnForward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), y, aux, rows, C, f.heads, f.seqLen, f.eps,
-                     c.store, c.documents);
+                     c.store, c.documents, C / c.tensor.size);
   else
     k::attentionForward<T>(x, w(0), w(1), y, aux, rows, C, f.heads, f.seqLen, c.store, c.documents,
                            C / c.tensor.size);
@@ -101,7 +102,7 @@ void mixerBackward(const StageContext<T> &c, const ForwardInstr &f, const T *x, 
   if (f.op == Prim::GatedDeltaNet)
     k::gdnBackward<T>(x, w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7), aux, dy,
                       k::GdnGrads<T>{dx, dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)}, rows, C, f.heads,
-                      f.seqLen, c.store, c.documents);
+                      f.seqLen, c.store, c.documents, C / c.tensor.size);
   else
     k::attentionBackward<T>(x, w(0), w(1), aux, dy, dx, dw(0), dw(1), rows, C, f.heads, f.seqLen, c.store,
                             c.documents, C / c.tensor.size);
@@ -119,7 +120,7 @@ template <typename T>
 bool contextParallelMixer(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
                           bool weightHalf) {
   const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
-  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * mixerAuxPerRow(f, C));
+  std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * mixerAuxPerRow(f, C / c.tensor.size));
   if (!c.gatherRows(x, C, xAll.data()))
     return false;
   mixerForward(c, f, xAll.data(), yAll.data(), auxAll.data(), all);

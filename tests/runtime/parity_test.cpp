@@ -82,15 +82,15 @@ TEST(Parity, PackedDocumentsAreBitIdenticalAcrossLayouts) {
   // Megatron's --reset-position-ids --reset-attention-mask over documents
   // shorter and longer than a sequence; the tiny fp32 and bf16 families
   // (MTP included), the context-parallel family, the hybrid Gated
-  // DeltaNet stack (its state restarts at each document) and the
-  // tensor-parallel families (with and without sequence parallelism), every
-  // layout against PP1.
+  // DeltaNet stack (its state restarts at each document), the
+  // tensor-parallel families (with and without sequence parallelism) and
+  // the hybrid stack at tp 2, every layout against PP1.
   std::string error;
   std::optional<TokenDataset> data = packedCorpus(gDataPath, error);
   ASSERT_TRUE(data) << error;
   TrainOptions packed;
   packed.resetPositionIds = packed.resetAttentionMask = true;
-  for (size_t f : {size_t(0), size_t(2), size_t(4), size_t(5), size_t(6), size_t(7), size_t(8)}) {
+  for (size_t f : {size_t(0), size_t(2), size_t(4), size_t(5), size_t(6), size_t(7), size_t(8), size_t(11)}) {
     ASSERT_LT(f, gFamilies.size());
     const std::vector<std::string> &family = gFamilies[f];
     TrainingRun reference = train(family[0], *data, 2, cpuDevices(), packed);

@@ -27,8 +27,11 @@
 // - A tensor-parallel run gives the same bits run to run, and the split is
 //   real: some gradient differs from tp 1's in its bits.
 //
+// - The hybrid stack's Gated DeltaNet layers split their heads as
+//   attention does (tp 2, and tp 2 x pp 2 with sequence parallelism).
+//
 // usage: tp_test DATA TP1.mhcc TP2.mhcc TP2_SP.mhcc TP4_SP.mhcc TP2_SP_DP2_PP2.mhcc BF16_TP1.mhcc
-//                BF16_TP2_SP_PP2.mhcc TP2_CP2.mhcc
+//                BF16_TP2_SP_PP2.mhcc TP2_CP2.mhcc HYBRID_TP1.mhcc HYBRID_TP2.mhcc HYBRID_TP2_SP_PP2.mhcc
 #include "runtime/artifact/TensorSplit.h"
 #include "tests/runtime/TrainingCompare.h"
 
@@ -67,7 +70,7 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   ASSERT_TRUE(text) << error;
   std::optional<TokenDataset> packed = packedCorpus(gDataPath, error);
   ASSERT_TRUE(packed) << error;
-  ASSERT_EQ(gArtifacts.size(), 8u);
+  ASSERT_EQ(gArtifacts.size(), 11u);
   for (const std::string &path : gArtifacts) {
     std::optional<Artifact> a = readArtifact(path, error);
     ASSERT_TRUE(a) << error;
@@ -96,10 +99,22 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   expectIdentical(sp2, train(gArtifacts[2], *text, kSteps), "tp 2, sequence parallel (rerun)");
 }
 
+TEST(TensorParallel, GatedDeltaNetHeadsSplitAsAttentionsDo) {
+  // The hybrid stack: each rank runs its Gated DeltaNet heads (their q, k,
+  // v columns, conv channels, gate logits and decays, gate columns; W_o
+  // row-parallel) as it does attention's.
+  std::string error;
+  std::optional<TokenDataset> text = TokenDataset::open(gDataPath, error);
+  ASSERT_TRUE(text) << error;
+  const TrainingRun tp1 = train(gArtifacts[8], *text, kSteps);
+  expectSameTraining(tp1, train(gArtifacts[9], *text, kSteps), "hybrid tp 2");
+  expectSameTraining(tp1, train(gArtifacts[10], *text, kSteps), "hybrid tp 2 x pp 2, sequence parallel");
+}
+
 TEST(TensorParallel, BlocksCoverEveryElementOnce) {
   // Each split's blocks, scattered back, rebuild the whole tensor, and the
   // q, k and v blocks of a rank hold the same heads of each.
-  for (const char *split : {"rows", "cols", "qkv"}) {
+  for (const char *split : {"rows", "cols", "qkv", "ab"}) {
     ParamInfo info{"w", 8, 24, "normal", 0.02, true, split};
     for (int64_t tp : {1, 2, 4}) {
       ASSERT_EQ(splitProblem(info, tp), "") << split << " tp " << tp;
@@ -127,8 +142,10 @@ TEST(TensorParallel, BlocksCoverEveryElementOnce) {
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc != 10) {
-    std::fprintf(stderr, "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2 TP2_CP2\n",
+  if (argc != 13) {
+    std::fprintf(stderr,
+                 "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2 TP2_CP2 HYBRID_TP1 "
+                 "HYBRID_TP2 HYBRID_TP2_SP_PP2\n",
                  argv[0]);
     return 2;
   }
