@@ -37,6 +37,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -485,22 +486,20 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  if (artifact->dp > 1 && backend != "cpu")
-    return fail(rankPrefix + "the artifact has dp = " + std::to_string(artifact->dp) +
-                " data-parallel replicas, which run on the CPU backend for now (--backend cpu: threads, or one "
-                "process per rank with --processes, mpirun or srun); recompile with --dp 1 for GPUs");
-  if (artifact->cp > 1 && backend != "cpu")
-    return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
-                " context-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
-                "process per rank with --processes, mpirun or srun); recompile with --cp 1 for GPUs");
+  // The mesh beyond pipeline ranks runs on the CPU backend for now (threads,
+  // or one process a rank).
+  for (auto [name, size, ranks] : {std::tuple<const char *, int64_t, const char *>{"dp", artifact->dp,
+                                                                                  "data-parallel replicas"},
+                                   {"cp", artifact->cp, "context-parallel ranks"},
+                                   {"tp", artifact->tp, "tensor-parallel ranks"}})
+    if (size > 1 && backend != "cpu")
+      return fail(rankPrefix + "the artifact has " + name + " = " + std::to_string(size) + " " + ranks +
+                  ", which run on the CPU backend for now (--backend cpu: threads, or one process per rank with "
+                  "--processes, mpirun or srun); recompile with --" + name + " 1 for GPUs");
   if (artifact->distributedOptimizer && (backend != "cpu" || placement || f.processes > 0))
     return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
                 " replicas (--distributed-optimizer), which runs on the CPU backend's threads for now (--backend "
                 "cpu, without --processes, mpirun or srun); recompile without --distributed-optimizer for those");
-  if (artifact->tp > 1 && backend != "cpu")
-    return fail(rankPrefix + "the artifact has tp = " + std::to_string(artifact->tp) +
-                " tensor-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
-                "process per rank with --processes, mpirun or srun); recompile with --tp 1 for GPUs");
   if (!f.tracePath.empty() && backend != "cpu")
     return fail(rankPrefix + "--trace measures the CPU backend for now (on GPUs the host clock sees only when work "
                              "is issued); use --profile there for device time");
