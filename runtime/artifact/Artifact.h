@@ -96,6 +96,14 @@ struct Artifact {
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
   int64_t worldSize() const { return pp * dp * cp * tp; }
+  /// "pp = 2 x dp = 2 x tp = 2": the mesh's factors above 1 (pp always).
+  std::string meshDescription() const {
+    std::string mesh = "pp = " + std::to_string(pp);
+    for (auto [name, size] : {std::pair<const char *, int64_t>{"dp", dp}, {"cp", cp}, {"tp", tp}})
+      if (size > 1)
+        mesh += std::string(" x ") + name + " = " + std::to_string(size);
+    return mesh;
+  }
   int64_t globalRank(int64_t pipelineRank, int64_t replica, int64_t contextRank = 0, int64_t tensorRank = 0) const {
     return ((pipelineRank * dp + replica) * cp + contextRank) * tp + tensorRank;
   }
@@ -103,6 +111,21 @@ struct Artifact {
   int64_t replicaOf(int64_t global) const { return global / (cp * tp) % dp; }
   int64_t contextRankOf(int64_t global) const { return global / tp % cp; }
   int64_t tensorRankOf(int64_t global) const { return global % tp; }
+  /// The global ranks of a rank's tensor-parallel group (its tensor ranks
+  /// 0 .. tp - 1) and of its context-parallel group (context ranks 0 .. cp -
+  /// 1), in the order their parts are added.
+  std::vector<int64_t> tensorGroupOf(int64_t global) const {
+    std::vector<int64_t> members;
+    for (int64_t t = 0; t < tp; ++t)
+      members.push_back(global - tensorRankOf(global) + t);
+    return members;
+  }
+  std::vector<int64_t> contextGroupOf(int64_t global) const {
+    std::vector<int64_t> members;
+    for (int64_t c = 0; c < cp; ++c)
+      members.push_back(globalRank(pipelineRankOf(global), replicaOf(global), c, tensorRankOf(global)));
+    return members;
+  }
   /// A global rank's index among the dp x cp x tp ranks of its pipeline rank.
   int64_t memberOf(int64_t global) const { return global % (dp * cp * tp); }
   /// The ranks one gradient ALLREDUCE sums over: a pipeline rank's replicas

@@ -526,11 +526,7 @@ int runMhcrun(int argc, char **argv) {
       return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
   }
   const int64_t world = artifact->worldSize();
-  std::string mesh = "pp = " + std::to_string(artifact->pp);
-  for (auto [name, size] : {std::pair<const char *, int64_t>{"dp", artifact->dp}, {"cp", artifact->cp},
-                            {"tp", artifact->tp}})
-    if (size > 1)
-      mesh += std::string(" x ") + name + " = " + std::to_string(size);
+  const std::string mesh = artifact->meshDescription();
   if (backend == "cpu" && placement && placement->size != world)
     return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
                 " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +

@@ -131,19 +131,6 @@ struct CpuWorld {
            " (--recv-timeout sets the limit)";
   }
 
-  /// The global ranks of a group, in the order its results are added.
-  std::vector<int64_t> tensorMembers(int64_t rank) const {
-    std::vector<int64_t> members;
-    for (int64_t t = 0; t < a.tp; ++t)
-      members.push_back(rank - a.tensorRankOf(rank) + t);
-    return members;
-  }
-  std::vector<int64_t> contextMembers(int64_t rank) const {
-    std::vector<int64_t> members;
-    for (int64_t c = 0; c < a.cp; ++c)
-      members.push_back(a.globalRank(a.pipelineRankOf(rank), a.replicaOf(rank), c, a.tensorRankOf(rank)));
-    return members;
-  }
   /// first .. first + count - 1: a pipeline rank's members, or the world.
   static std::vector<int64_t> rankRange(int64_t first, int64_t count) {
     std::vector<int64_t> members(count);
@@ -209,19 +196,17 @@ struct CpuWorld {
   /// A collective of global rank `rank`'s tensor-parallel group.
   template <typename Work>
   bool tensorCollective(int64_t rank, const float *mine, Work work, std::string &problem) {
-    return collective(rank, tensorGroups[rank / a.tp], tensorMembers(rank), a.tensorRankOf(rank), mine, work,
+    return collective(rank, tensorGroups[rank / a.tp], a.tensorGroupOf(rank), a.tensorRankOf(rank), mine, work,
                       problem);
   }
 
   /// The tensor-parallel collectives (TensorGroup): sums and maxima in
-  /// tensor-rank order, so every rank of the group gets the same bits.
+  /// tensor-rank order (combineParts, placeRows), so every rank of the group
+  /// gets the same bits, and the processes' device the threads' bits.
   bool tensorAllReduce(int64_t rank, float *data, int64_t count, bool max, std::string &problem) {
     std::vector<float> result(count);
     const bool ok = tensorCollective(rank, data, [&](const std::vector<const float *> &sources) {
-      std::copy_n(sources[0], count, result.data());
-      for (int64_t t = 1; t < a.tp; ++t)
-        for (int64_t e = 0; e < count; ++e)
-          result[e] = max ? std::max(result[e], sources[t][e]) : result[e] + sources[t][e];
+      combineParts(sources, count, max, result.data());
     }, problem);
     if (ok) // every rank has read every source: the result may overwrite this rank's
       std::copy_n(result.data(), count, data);
@@ -229,22 +214,17 @@ struct CpuWorld {
   }
   bool tensorGatherRows(int64_t rank, const float *local, int64_t cols, float *all, std::string &problem) {
     return tensorCollective(rank, local, [&](const std::vector<const float *> &sources) {
-      for (int64_t t = 0; t < a.tp; ++t) {
-        const std::vector<int64_t> rows = sequenceRows(a, t);
-        for (size_t r = 0; r < rows.size(); ++r)
-          std::memcpy(all + rows[r] * cols, sources[t] + int64_t(r) * cols, cols * sizeof(float));
-      }
+      placeRows(sources, [&](int64_t t) { return sequenceRows(a, t); }, cols, all);
     }, problem);
   }
   bool tensorReduceScatterRows(int64_t rank, const float *all, int64_t cols, float *local, std::string &problem) {
     const std::vector<int64_t> rows = sequenceRows(a, a.tensorRankOf(rank));
     return tensorCollective(rank, all, [&](const std::vector<const float *> &sources) {
+      std::vector<const float *> parts(sources.size());
       for (size_t r = 0; r < rows.size(); ++r) {
-        float *out = local + int64_t(r) * cols;
-        std::memcpy(out, sources[0] + rows[r] * cols, cols * sizeof(float));
-        for (int64_t t = 1; t < a.tp; ++t)
-          for (int64_t e = 0; e < cols; ++e)
-            out[e] = out[e] + sources[t][rows[r] * cols + e];
+        for (size_t t = 0; t < sources.size(); ++t)
+          parts[t] = sources[t] + rows[r] * cols;
+        combineParts(parts, cols, false, local + int64_t(r) * cols);
       }
     }, problem);
   }
@@ -294,13 +274,9 @@ struct CpuWorld {
   bool gather(int64_t rank, const float *local, int64_t cols, float *all, std::string &problem) {
     // One group per (pipeline rank, replica, tensor rank): its context ranks.
     GatherGroup &group = gatherGroups[rank / (a.cp * a.tp) * a.tp + a.tensorRankOf(rank)];
-    return collective(rank, group, contextMembers(rank), a.contextRankOf(rank), local,
+    return collective(rank, group, a.contextGroupOf(rank), a.contextRankOf(rank), local,
                       [&](const std::vector<const float *> &sources) {
-                        for (int64_t c = 0; c < a.cp; ++c) {
-                          const std::vector<int64_t> rows = contextRows(a, c);
-                          for (size_t r = 0; r < rows.size(); ++r)
-                            std::memcpy(all + rows[r] * cols, sources[c] + int64_t(r) * cols, cols * sizeof(float));
-                        }
+                        placeRows(sources, [&](int64_t c) { return contextRows(a, c); }, cols, all);
                       },
                       problem);
   }

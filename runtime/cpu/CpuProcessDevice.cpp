@@ -209,37 +209,30 @@ private:
     mesh_->progressed();
     return true;
   }
-  std::vector<int64_t> tensorMembers() const {
-    std::vector<int64_t> members;
-    for (int64_t t = 0; t < a_.tp; ++t)
-      members.push_back(a_.globalRank(pipelineRank_, replica_, contextRank_, t));
-    return members;
+  static std::vector<const float *> pointers(const std::vector<std::vector<float>> &parts) {
+    std::vector<const float *> out;
+    for (const std::vector<float> &p : parts)
+      out.push_back(p.data());
+    return out;
   }
   bool tensorAllReduce(float *data, int64_t count, bool max) override {
     std::vector<std::vector<float>> parts;
-    if (!allParts(tensorMembers(), data, count, parts))
+    if (!allParts(a_.tensorGroupOf(rank_), data, count, parts))
       return false;
-    std::copy_n(parts[0].data(), count, data);
-    for (int64_t t = 1; t < a_.tp; ++t)
-      for (int64_t e = 0; e < count; ++e)
-        data[e] = max ? std::max(data[e], parts[t][e]) : data[e] + parts[t][e];
+    combineParts(pointers(parts), count, max, data);
     return true;
   }
   bool tensorGatherRows(const float *local, int64_t cols, float *all) override {
     std::vector<std::vector<float>> parts;
-    if (!allParts(tensorMembers(), local, a_.rowsPerRank() * cols, parts))
+    if (!allParts(a_.tensorGroupOf(rank_), local, a_.rowsPerRank() * cols, parts))
       return false;
-    for (int64_t t = 0; t < a_.tp; ++t) {
-      const std::vector<int64_t> rows = sequenceRows(a_, t);
-      for (size_t r = 0; r < rows.size(); ++r)
-        std::memcpy(all + rows[r] * cols, parts[t].data() + int64_t(r) * cols, cols * sizeof(float));
-    }
+    placeRows(pointers(parts), [&](int64_t t) { return sequenceRows(a_, t); }, cols, all);
     return true;
   }
   /// Each member is sent only the rows it keeps: member t's rows of `all`.
   bool tensorReduceScatterRows(const float *all, int64_t cols, float *local) override {
     ++collectives_;
-    const std::vector<int64_t> members = tensorMembers(), mine = sequenceRows(a_, tensorRank_);
+    const std::vector<int64_t> members = a_.tensorGroupOf(rank_), mine = sequenceRows(a_, tensorRank_);
     for (int64_t t = 0; t < a_.tp; ++t) {
       if (t == tensorRank_)
         continue;
@@ -249,32 +242,24 @@ private:
       if (!sendPart(members[t], rows.data(), int64_t(rows.size())))
         return false;
     }
-    std::vector<float> part;
-    for (int64_t t = 0; t < a_.tp; ++t) {
-      if (t != tensorRank_ && !receivePart(members[t], int64_t(mine.size()) * cols, part))
+    std::vector<std::vector<float>> received(a_.tp);
+    for (int64_t t = 0; t < a_.tp; ++t)
+      if (t != tensorRank_ && !receivePart(members[t], int64_t(mine.size()) * cols, received[t]))
         return false;
-      for (size_t r = 0; r < mine.size(); ++r) {
-        const float *in = t == tensorRank_ ? all + mine[r] * cols : part.data() + int64_t(r) * cols;
-        float *out = local + int64_t(r) * cols;
-        for (int64_t e = 0; e < cols; ++e)
-          out[e] = t == 0 ? in[e] : out[e] + in[e];
-      }
+    std::vector<const float *> parts(a_.tp);
+    for (size_t r = 0; r < mine.size(); ++r) {
+      for (int64_t t = 0; t < a_.tp; ++t)
+        parts[t] = t == tensorRank_ ? all + mine[r] * cols : received[t].data() + int64_t(r) * cols;
+      combineParts(parts, cols, false, local + int64_t(r) * cols);
     }
     mesh_->progressed();
     return true;
   }
   bool gatherRows(const float *local, int64_t cols, float *all) override {
-    std::vector<int64_t> members;
-    for (int64_t c = 0; c < a_.cp; ++c)
-      members.push_back(a_.globalRank(pipelineRank_, replica_, c, tensorRank_));
     std::vector<std::vector<float>> parts;
-    if (!allParts(members, local, int64_t(rowMap_.size()) * cols, parts))
+    if (!allParts(a_.contextGroupOf(rank_), local, int64_t(rowMap_.size()) * cols, parts))
       return false;
-    for (int64_t c = 0; c < a_.cp; ++c) {
-      const std::vector<int64_t> rows = contextRows(a_, c);
-      for (size_t r = 0; r < rows.size(); ++r)
-        std::memcpy(all + rows[r] * cols, parts[c].data() + int64_t(r) * cols, cols * sizeof(float));
-    }
+    placeRows(pointers(parts), [&](int64_t c) { return contextRows(a_, c); }, cols, all);
     return true;
   }
 
@@ -430,11 +415,7 @@ DeviceFactory cpuProcessDevice(int64_t rank, int64_t size, std::string socketDir
   return [=](const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
     if (size != artifact.worldSize()) {
-      auto factor = [](const char *name, int64_t n) {
-        return n > 1 ? std::string(" x ") + name + " = " + std::to_string(n) : std::string();
-      };
-      error = std::to_string(size) + " processes for an artifact of pp = " + std::to_string(artifact.pp) +
-              factor("dp", artifact.dp) + factor("cp", artifact.cp) + factor("tp", artifact.tp) + " = " +
+      error = std::to_string(size) + " processes for an artifact of " + artifact.meshDescription() + " = " +
               std::to_string(artifact.worldSize()) + " ranks: start one process per rank";
       return devices;
     }

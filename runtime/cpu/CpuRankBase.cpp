@@ -250,6 +250,22 @@ sumContextLosses(const Artifact &a, const std::vector<std::vector<std::vector<do
   return out;
 }
 
+void combineParts(const std::vector<const float *> &parts, int64_t count, bool max, float *out) {
+  std::copy_n(parts[0], count, out);
+  for (size_t k = 1; k < parts.size(); ++k)
+    for (int64_t e = 0; e < count; ++e)
+      out[e] = max ? std::max(out[e], parts[k][e]) : out[e] + parts[k][e];
+}
+
+void placeRows(const std::vector<const float *> &parts, const std::function<std::vector<int64_t>(int64_t)> &rowsOf,
+               int64_t cols, float *all) {
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const std::vector<int64_t> rows = rowsOf(int64_t(k));
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::memcpy(all + rows[r] * cols, parts[k] + int64_t(r) * cols, cols * sizeof(float));
+  }
+}
+
 std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {
   std::vector<int64_t> rows;
   if (a.cp == 1)

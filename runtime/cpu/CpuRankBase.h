@@ -93,6 +93,16 @@ void assembleTensorParallel(const Artifact &a, const std::function<const SlotGra
 std::vector<std::vector<std::vector<double>>>
 sumContextLosses(const Artifact &a, const std::vector<std::vector<std::vector<double>>> &memberLosses);
 
+/// The arithmetic of the group collectives, shared by the two CPU devices
+/// (threads over host memory, processes over sockets) so that they give the
+/// same bits: `parts` are the members' in member order. combineParts: out =
+/// ((parts[0] + parts[1]) + ...), or the maxima, element by element (`out`
+/// is none of the parts).
+/// placeRows: member k's r-th row to row rowsOf(k)[r] of `all` (a gather).
+void combineParts(const std::vector<const float *> &parts, int64_t count, bool max, float *out);
+void placeRows(const std::vector<const float *> &parts, const std::function<std::vector<int64_t>(int64_t)> &rowsOf,
+               int64_t cols, float *all);
+
 /// The microbatch rows context rank `contextRank` holds (Artifact::cp > 1):
 /// the load-balanced causal split's chunks contextRank and 2 cp - 1 -
 /// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in
