@@ -54,6 +54,52 @@ template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, i
     addScaled(dots, rowsT + e * seq, x[e], last + 1);
 }
 
+/// One query row of one head: its scores against keys first..i of its
+/// sequence (kt: the head's keys transposed, [d, seq]; p: seq scratch), the
+/// softmax, and out = sum of p_j v_j (values: the head's value of the
+/// sequence's first row, rows `stride` apart). Returns the log-sum-exp.
+template <typename T>
+T attendRow(const T *q, const T *kt, const T *values, int64_t stride, int64_t seq, int64_t d, int64_t i, int64_t first,
+            T scale, T *p, T *out) {
+  causalDots(q, kt, seq, d, i, p);
+  T maxScore = -INFINITY;
+  for (int64_t j = first; j <= i; ++j) {
+    p[j] = p[j] * scale;
+    maxScore = std::max(maxScore, p[j]);
+  }
+  T sum = 0;
+  for (int64_t j = first; j <= i; ++j) {
+    p[j] = std::exp(p[j] - maxScore);
+    sum += p[j];
+  }
+  std::fill(out, out + d, T(0));
+  for (int64_t j = first; j <= i; ++j)
+    addScaled(out, values + j * stride, p[j] / sum, d);
+  return maxScore + std::log(sum);
+}
+
+/// One query row's backward against keys first..i (kt, vt: the head's keys
+/// and values transposed): p (probabilities) and ds (score gradients,
+/// scaled) over first..i, dq += sum of ds_j k_j (keys: the head's key of
+/// the sequence's first row, rows `stride` apart). Returns
+/// rowDot = sum of p_j dp_j. dp: seq scratch.
+template <typename T>
+T queryRowBackward(const T *q, const T *gO, const T *kt, const T *vt, const T *keys, int64_t stride, int64_t seq,
+                   int64_t d, int64_t i, int64_t first, T scale, T lse, T *p, T *dp, T *ds, T *dq) {
+  causalDots(q, kt, seq, d, i, p);
+  causalDots(gO, vt, seq, d, i, dp);
+  T rowDot = 0;
+  for (int64_t j = first; j <= i; ++j) {
+    p[j] = std::exp(p[j] * scale - lse);
+    rowDot += p[j] * dp[j];
+  }
+  for (int64_t j = first; j <= i; ++j) {
+    ds[j] = p[j] * (dp[j] - rowDot) * scale;
+    addScaled(dq, keys + j * stride, ds[j], d);
+  }
+  return rowDot;
+}
+
 /// Causal multi-head self-attention with rotary positions. x and y are
 /// [rows, C]; the heads span D = `inner` columns (0: C; less on a
 /// tensor-parallel rank, which holds heads / tp of them and partial sums of
@@ -82,28 +128,14 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
     std::vector<T> p(seq), kt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
-      transposeHead(qkv + b * seq * 3 * D + D + h * d, 3 * D, seq, d, kt.data());
+      const T *seqRows = qkv + b * seq * 3 * D;
+      transposeHead(seqRows + D + h * d, 3 * D, seq, d, kt.data());
       for (int64_t i = 0; i < seq; ++i) {
-        int64_t ti = b * seq + i, first = docs.firstKey(ti);
-        const T *q = qkv + ti * 3 * D + h * d;
-        causalDots(q, kt.data(), seq, d, i, p.data());
-        T maxScore = -INFINITY;
-        for (int64_t j = first; j <= i; ++j) {
-          p[j] = p[j] * scale;
-          maxScore = std::max(maxScore, p[j]);
-        }
-        T sum = 0;
-        for (int64_t j = first; j <= i; ++j) {
-          p[j] = std::exp(p[j] - maxScore);
-          sum += p[j];
-        }
-        lse[ti * heads + h] = maxScore + std::log(sum);
+        const int64_t ti = b * seq + i;
         T *out = o + ti * D + h * d;
-        std::fill(out, out + d, T(0));
-        for (int64_t j = first; j <= i; ++j) {
-          const T *v = qkv + (b * seq + j) * 3 * D + 2 * D + h * d;
-          addScaled(out, v, p[j] / sum, d);
-        }
+        lse[ti * heads + h] =
+            attendRow(qkv + ti * 3 * D + h * d, kt.data(), seqRows + 2 * D + h * d, 3 * D, seq, d, i,
+                      docs.firstKey(ti), scale, p.data(), out);
         stored(store, out, d);
       }
     }
@@ -136,22 +168,11 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       std::fill(dkt.begin(), dkt.end(), T(0));
       std::fill(dvt.begin(), dvt.end(), T(0));
       for (int64_t i = 0; i < seq; ++i) {
-        int64_t ti = b * seq + i, first = docs.firstKey(ti);
+        const int64_t ti = b * seq + i, first = docs.firstKey(ti);
         const T *q = qkv + ti * 3 * D + h * d;
         const T *gO = dO.data() + ti * D + h * d;
-        causalDots(q, kt.data(), seq, d, i, p.data());
-        causalDots(gO, vt.data(), seq, d, i, dp.data());
-        T rowDot = 0;
-        for (int64_t j = first; j <= i; ++j) {
-          p[j] = std::exp(p[j] * scale - lse[ti * heads + h]);
-          rowDot += p[j] * dp[j];
-        }
-        T *dq = dQkv.data() + ti * 3 * D + h * d;
-        for (int64_t j = first; j <= i; ++j) {
-          const T *k = qkv + (b * seq + j) * 3 * D + D + h * d;
-          ds[j] = p[j] * (dp[j] - rowDot) * scale;
-          addScaled(dq, k, ds[j], d);
-        }
+        queryRowBackward(q, gO, kt.data(), vt.data(), qkv + b * seq * 3 * D + D + h * d, 3 * D, seq, d, i, first,
+                         scale, lse[ti * heads + h], p.data(), dp.data(), ds.data(), dQkv.data() + ti * 3 * D + h * d);
         for (int64_t e = 0; e < d; ++e) {
           T *dkRow = dkt.data() + e * seq, *dvRow = dvt.data() + e * seq;
           const T qe = q[e], ge = gO[e];

@@ -10,6 +10,7 @@
 #define MHCC_RUNTIME_CPU_STAGEEXECUTOR_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/cpu/ContextParallelAttention.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/TensorParallel.h"
 
@@ -31,10 +32,10 @@ template <typename T> struct StageContext {
   /// (0: all of them), which row of the microbatch each is (Kernels.h,
   /// microbatchRow), and the gather of every context-parallel rank's rows
   /// into microbatch order (a collective: the group's ranks call it in the
-  /// same order; false when another rank failed). The token mixers
-  /// (attention, Gated DeltaNet) run on the gathered rows, as the whole
-  /// microbatch would, and keep this rank's; their weight gradients, then
-  /// whole, are added by context rank 0 alone.
+  /// same order; false when another rank failed). Attention exchanges its
+  /// rows' q, k, v (contextParallelAttention); Gated DeltaNet runs on the
+  /// gathered rows, as the whole microbatch would, and keeps this rank's;
+  /// its weight gradients, then whole, are added by context rank 0 alone.
   int64_t rows = 0;
   const int64_t *rowMap = nullptr;
   std::function<bool(const T *local, int64_t cols, T *all)> gatherRows;
@@ -108,17 +109,37 @@ void mixerBackward(const StageContext<T> &c, const ForwardInstr &f, const T *x, 
                             c.documents, C / c.tensor.size);
 }
 
-/// A token mixer over the context-parallel group's gathered rows
-/// (StageContext gatherRows), run on the whole microbatch. Without dy this
-/// keeps the forward's output rows of this rank in `out`; with dy it adds
-/// this rank's input gradient rows into `out` (null for a W half) and, for
-/// a W half (`weightHalf`), the weight gradients where the context asks for
-/// them. Every rank recomputes the whole microbatch's mixer, so each row
-/// gets the bits it gets without context parallelism. False when a gather
-/// failed.
+/// Attention under context parallelism: this rank's queries against the
+/// group's keys and values (ContextParallelAttention.h), its rows' aux kept
+/// from the forward for the backward. Arguments as contextParallelMixer's.
+template <typename T>
+bool contextParallelAttention(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
+                              bool weightHalf, T *aux) {
+  namespace k = kernels;
+  auto w = [&](size_t j) { return c.param(f.params[j]); };
+  auto dw = [&](size_t j) { return weightHalf ? c.paramGrad(f.params[j]) : nullptr; };
+  const int64_t C = c.model.hidden, all = c.model.tokens(), inner = C / c.tensor.size;
+  if (!dy)
+    return k::contextParallelAttentionForward<T>(x, w(0), w(1), out, aux, c.rows, c.rowMap, all, C, f.heads,
+                                                 f.seqLen, c.store, c.documents, inner, c.gatherRows);
+  return k::contextParallelAttentionBackward<T>(x, w(0), w(1), aux, dy, out, dw(0), dw(1), c.rows, c.rowMap, all, C,
+                                                f.heads, f.seqLen, c.store, c.documents, inner, c.gatherRows);
+}
+
+/// A token mixer under context parallelism. Without dy this keeps the
+/// forward's output rows of this rank in `out`; with dy it adds this rank's
+/// input gradient rows into `out` (null for a W half) and, for a W half
+/// (`weightHalf`), the weight gradients. Attention splits the work
+/// (contextParallelAttention). Gated DeltaNet's recurrence runs over the
+/// group's gathered rows (StageContext gatherRows) on the whole microbatch,
+/// on every rank, keeping this rank's rows: each row gets the bits it gets
+/// without context parallelism, and its weight gradients, then whole, are
+/// added by context rank 0 alone. False when a gather failed.
 template <typename T>
 bool contextParallelMixer(const StageContext<T> &c, const ForwardInstr &f, const T *x, const T *dy, T *out,
-                          bool weightHalf) {
+                          bool weightHalf, T *aux) {
+  if (f.op == Prim::Attention)
+    return contextParallelAttention(c, f, x, dy, out, weightHalf, aux);
   const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
   std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * mixerAuxPerRow(f, C / c.tensor.size));
   if (!c.gatherRows(x, C, xAll.data()))
@@ -183,7 +204,7 @@ double tensorParallelForwardInstr(const StageContext<T> &c, T *const *values, T 
   case Prim::GatedDeltaNet:
     ok = k::tensorParallelForward(g, x, out, all, C, [&](const T *in, T *partial) {
       if (c.rowMap)
-        contextParallelMixer<T>(c, f, in, nullptr, partial, false);
+        contextParallelMixer<T>(c, f, in, nullptr, partial, false, aux[i]);
       else
         mixerForward(c, f, in, partial, aux[i], all);
     });
@@ -252,7 +273,7 @@ double forwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, s
   case Prim::GatedDeltaNet:
     if (!c.rowMap)
       mixerForward(c, f, in(0), out, aux[i], T_);
-    else if (!contextParallelMixer<T>(c, f, in(0), nullptr, out, false))
+    else if (!contextParallelMixer<T>(c, f, in(0), nullptr, out, false, aux[i]))
       return std::nan("");
     break;
   case Prim::SwiGlu:
@@ -305,7 +326,7 @@ bool tensorParallelBackwardInstr(const StageContext<T> &c, T *const *values, T *
     return k::tensorParallelBackward(g, x, dOut, dx, all, C, wantWeight || c.rowMap,
                                      [&](const T *in, const T *dy, T *partial) {
                                        if (c.rowMap)
-                                         contextParallelMixer<T>(c, f, in, dy, partial, wantWeight);
+                                         contextParallelMixer<T>(c, f, in, dy, partial, wantWeight, aux[b.forward]);
                                        else
                                          mixerBackward(c, f, in, auxIn, dy, partial, wantWeight, all);
                                      });
@@ -389,7 +410,7 @@ bool backwardInstr(const StageContext<T> &c, T *const *values, T *const *aux, co
   case Prim::Attention:
   case Prim::GatedDeltaNet:
     if (c.rowMap)
-      return contextParallelMixer<T>(c, f, in(0), dOut, din(0), wantWeight);
+      return contextParallelMixer<T>(c, f, in(0), dOut, din(0), wantWeight, aux[b.forward]);
     mixerBackward(c, f, in(0), auxIn, dOut, din(0), wantWeight, T_);
     break;
   case Prim::SwiGlu:
