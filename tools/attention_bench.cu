@@ -12,6 +12,7 @@
 //    different garbage, must give the same bits (which also shows every
 //    output element is written);
 //  - the refusals: an unsupported head dim and a bad seq return an error;
+//  - the kernels on wgmma (the default) and on mma.sync, both checked;
 //  - speed: T = 8192 tokens (4 x 2048), d = 128 (16 heads) and d = 64
 //    (32 heads), medians of 20 timed runs after 3 warm-ups (CUDA events),
 //    causal FLOPs: fwd 4 * B * H * S^2 * d / 2, bwd 2.5 x fwd; with packed
@@ -299,9 +300,9 @@ struct Buffers {
   }
 };
 
-bool checkShape(const Shape &s) {
-  std::printf("check B=%lld S=%lld H=%lld d=%lld%s\n", (long long)s.batches, (long long)s.seq, (long long)s.heads,
-              (long long)s.d,
+bool checkShape(const Shape &s, const char *kernel) {
+  std::printf("check %s B=%lld S=%lld H=%lld d=%lld%s\n", kernel, (long long)s.batches, (long long)s.seq,
+              (long long)s.heads, (long long)s.d,
               s.meanDocument ? (" documents of 1.." + std::to_string(2 * s.meanDocument)).c_str() : "");
   Buffers b(s);
   b.run(s, 0, 0xff); // 0xffff: a bf16 NaN, so an unwritten element fails the comparison
@@ -342,7 +343,7 @@ bool checkRefusals() {
 
 
 /// Times fwd and bwd; returns their medians (ms).
-std::pair<float, float> bench(const Shape &s) {
+std::pair<float, float> bench(const Shape &s, const char *kernel = "") {
   Buffers b(s);
   const int64_t T = b.T, C = b.C;
   const float fwdMs = medianMs(
@@ -358,8 +359,8 @@ std::pair<float, float> bench(const Shape &s) {
   const float ms[2] = {fwdMs, bwdMs};
   const double flops[2] = {fwdFlops, bwdFlops};
   for (int i = 0; i < 2; ++i)
-    std::printf("attention %s d=%lld S=%lld H=%lld B=%lld%s: %.3f ms  %.1f TFLOP/s\n", names[i], (long long)s.d,
-                (long long)s.seq, (long long)s.heads, (long long)s.batches,
+    std::printf("attention %s%s d=%lld S=%lld H=%lld B=%lld%s: %.3f ms  %.1f TFLOP/s\n", names[i], kernel,
+                (long long)s.d, (long long)s.seq, (long long)s.heads, (long long)s.batches,
                 s.meanDocument ? (" documents of mean ~" + std::to_string(s.meanDocument)).c_str() : "", ms[i],
                 flops[i] / ms[i] / 1e9);
   return {fwdMs, bwdMs};
@@ -374,18 +375,31 @@ int main(int argc, char **argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("attention_bench: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  bool ok = checkRefusals();
+  const std::string layout = fa::wgmmaLayoutCheck();
+  std::printf("wgmma layouts: %s\n", layout.empty() ? "PASS" : layout.c_str());
+  bool ok = layout.empty() && checkRefusals();
   // seq 64 and 192 exercise a block tile (128 rows) only half inside the sequence.
   const Shape checks[] = {{1, 128, 2, 64},   {2, 256, 4, 128}, {3, 64, 2, 64},
                           {2, 192, 3, 128},  {1, 2048, 16, 128}, {1, 2048, 32, 64},
                           {2, 256, 4, 128, 20}, {3, 192, 2, 64, 7},  {1, 2048, 16, 128, 300},
                           {2, 1024, 8, 64, 90}, {1, 256, 2, 64, 1}};
+  // The kernels run on wgmma by default; the mma.sync kernels are checked on the same shapes.
   for (const Shape &s : checks)
-    if (!small || s.seq <= 256)
-      ok &= checkShape(s);
+    if (!small || s.seq <= 256) {
+      ok &= checkShape(s, "wgmma");
+      fa::setFlashAttentionKernels(fa::FlashKernels::kMmaSync);
+      ok &= checkShape(s, "mma.sync");
+      fa::setFlashAttentionKernels(fa::FlashKernels::kWgmma);
+    }
   if (!small) {
-    bench({4, 2048, 16, 128});
-    bench({4, 2048, 32, 64});
+    for (const Shape &s : {Shape{4, 2048, 16, 128}, Shape{4, 2048, 32, 64}}) {
+      fa::setFlashAttentionKernels(fa::FlashKernels::kMmaSync);
+      const auto mma = bench(s, " (mma.sync)");
+      fa::setFlashAttentionKernels(fa::FlashKernels::kWgmma);
+      const auto wgmma = bench(s, " (wgmma)");
+      std::printf("attention d=%lld S=2048: wgmma / mma.sync speed: fwd %.2fx, bwd %.2fx\n", (long long)s.d,
+                  mma.first / wgmma.first, mma.second / wgmma.second);
+    }
     for (int64_t d : {128, 64}) {
       const auto whole = bench({2, 4096, 2048 / d, d});
       const auto packed = bench({2, 4096, 2048 / d, d, 512});

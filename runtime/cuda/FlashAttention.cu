@@ -128,6 +128,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+FlashKernels kernelChoice = FlashKernels::kWgmma;
+
 template <int D> cudaError_t forward(const Params &p, cudaStream_t stream) {
   return launch(p.firstKeys ? forwardKernel<D, true> : forwardKernel<D, false>, p,
                 int64_t(p.numTiles) * p.batchHeads, forwardSmem<D>(), stream);
@@ -146,8 +148,13 @@ std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, fl
   p.firstKeys = firstKeys;
   p.oOut = o;
   p.lseOut = lse;
+  if (kernelChoice == FlashKernels::kWgmma)
+    return flashAttentionForwardWgmma(p, C / heads, stream);
   const cudaError_t e = C / heads == 64 ? forward<64>(p, stream) : forward<128>(p, stream);
   return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
 }
+
+void setFlashAttentionKernels(FlashKernels kernels) { kernelChoice = kernels; }
+FlashKernels flashKernels() { return kernelChoice; }
 
 } // namespace mhcc::runtime::cuda

@@ -45,6 +45,16 @@ std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16
                                    const float *lse, __nv_bfloat16 *dqkv, float *scratch, int64_t T, int64_t C,
                                    int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream);
 
+/// The kernels flashAttentionForward and flashAttentionBackward run: on wgmma (Hopper's warpgroup MMA, the
+/// default) or on mma.sync (FlashAttention-2's structure, the kernels before). For benchmarks and checks that
+/// compare them in one run; not thread-safe.
+enum class FlashKernels { kWgmma, kMmaSync };
+void setFlashAttentionKernels(FlashKernels kernels);
+
+/// Runs the two wgmma product forms the Hopper kernels use (K-major A B^T, register A times MN-major B) on exact
+/// small integers on the current GPU: "" when every element matches, else which form failed.
+std::string wgmmaLayoutCheck();
+
 } // namespace mhcc::runtime::cuda
 
 #endif // MHCC_RUNTIME_CUDA_FLASHATTENTION_H

@@ -245,6 +245,8 @@ template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t s
   const int64_t pairs = T * p.heads;
   rowDotKernel<D><<<unsigned((pairs + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p, pairs);
   cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && flashKernels() == FlashKernels::kWgmma)
+    return flashAttentionBackwardWgmma(p, D, stream);
   if (e == cudaSuccess)
     e = launch(p.firstKeys ? dkdvKernel<D, true> : dkdvKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
                dkdvSmem<D>(), stream);

@@ -329,4 +329,13 @@ cudaError_t launch(Kernel kernel, const Params &p, int64_t blocks, int smemBytes
 
 } // namespace mhcc::runtime::cuda::flash
 
+namespace mhcc::runtime::cuda {
+/// The kernels setFlashAttentionKernels chose (FlashAttention.cu).
+FlashKernels flashKernels();
+/// The forward on wgmma (FlashAttentionHopper.cu); d is 64 or 128.
+std::string flashAttentionForwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream);
+/// The dK/dV and dQ kernels on wgmma (FlashAttentionHopperBackward.cu), p.rowDot already written; d is 64 or 128.
+cudaError_t flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream);
+} // namespace mhcc::runtime::cuda
+
 #endif // MHCC_RUNTIME_CUDA_FLASHATTENTIONTILES_CUH

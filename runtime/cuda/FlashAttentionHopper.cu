@@ -1,0 +1,323 @@
+//===- FlashAttentionHopper.cu - flash attention forward on wgmma (sm_90a) -===//
+//
+// The forward of FlashAttention.h on Hopper's warpgroup MMA: a block of two
+// warpgroups owns 128 query rows (64 each) and streams 128-key tiles of K
+// and V through double-buffered shared memory (cp.async); per tile a
+// warpgroup computes S = Q K^T (wgmma, Q and K from shared memory), the
+// online softmax in registers (FlashAttentionTiles.cuh's arithmetic), and
+// O += P V with P straight from registers. Same contract and precision as
+// the mma.sync forward, packed documents included (a block starts at its
+// first query's document, the masks add the documents' starts); the bits
+// differ from it (128-key tiles rescale O half as often).
+//
+// Also here: wgmmaLayoutCheck, which runs the two product forms the kernel
+// uses on exact small integers, so a descriptor or layout slip shows as a
+// wrong product rather than as a wrong attention.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/FlashAttentionWgmma.cuh"
+
+#include <vector>
+
+namespace mhcc::runtime::cuda {
+namespace {
+
+using namespace flash;
+
+constexpr int kKeyTile = 128; // keys per streamed tile: one m64n128 score product per warpgroup
+
+template <int D> constexpr int hopperForwardSmem() { return (kBlockRows + 4 * kKeyTile) * D * 2 + 1024; }
+
+/// Online softmax of one warp's 16 rows over a 128-key score tile: s becomes the unnormalized probabilities,
+/// rowMax and rowSum move on, corr is the factor O must be rescaled by (applied by the caller once the product
+/// that is still adding the previous tile into O is done). The arithmetic of forwardTile in FlashAttention.cu.
+__device__ __forceinline__ void onlineSoftmax(float (&s)[kKeyTile / 8][4], float (&rowMax)[2], float (&rowSum)[2],
+                                              float (&corr)[2], float scaleLog2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = rowMax[r];
+#pragma unroll
+    for (int nb = 0; nb < kKeyTile / 8; ++nb)
+      mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float safe = mx == -INFINITY ? 0.f : mx;
+    const float base = safe * scaleLog2;
+    corr[r] = fastExp2((rowMax[r] - safe) * scaleLog2);
+    rowMax[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < kKeyTile / 8; ++nb)
+#pragma unroll
+      for (int x = 2 * r; x < 2 * r + 2; ++x) {
+        s[nb][x] = fastExp2(fmaf(s[nb][x], scaleLog2, -base));
+        sum += s[nb][x];
+      }
+    rowSum[r] = rowSum[r] * corr[r] + sum;
+  }
+}
+
+/// The probabilities as the A operand of O += P V: bf16 pairs, one 16-key k-step per row of `a`.
+__device__ __forceinline__ void probabilityFragments(const float (&s)[kKeyTile / 8][4],
+                                                     uint32_t (&a)[kKeyTile / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+    a[kk][0] = packBf16(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = packBf16(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = packBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = packBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void issueScores(float (&s)[kKeyTile / 8][4], uint32_t qTile, int groupRow, uint32_t kTile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wg::wgmmaSS<kKeyTile>(s, wg::kMajor<kBlockRows>(qTile, groupRow, kk * 16), wg::kMajor<kKeyTile>(kTile, 0, kk * 16),
+                          kk > 0);
+}
+
+template <int D>
+__device__ __forceinline__ void issueValues(float (&acc)[D / 8][4], const uint32_t (&a)[kKeyTile / 16][4],
+                                            uint32_t vTile) {
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 16; ++kk)
+    wg::wgmmaRS<D>(acc, a[kk], wg::mnMajor<kKeyTile>(vTile, kk * 16), 1);
+}
+
+/// One block: 128 query rows of one (sequence, head), key tiles 0 .. the diagonal (from the first query's
+/// document on). Software-pipelined within each warpgroup: while the tensor cores add tile j-1's P V into O, the
+/// warpgroup's next scores S_j are computed and their softmax runs; O is rescaled once that product is done. Loads
+/// run one tile ahead: at the top of iteration j (after one barrier) K_{j+1} and V_j go into the buffers that
+/// S_{j-1} and P_{j-2} V_{j-2} freed.
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperForwardKernel(Params p) {
+  extern __shared__ unsigned char smem[];
+  const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u; // the swizzle needs 1024-byte aligned tiles
+  constexpr uint32_t kQBytes = kBlockRows * D * 2, kKVBytes = kKeyTile * D * 2;
+  const uint32_t sK = sQ + kQBytes, sV = sK + 2 * kKVBytes; // [2] each
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int groupRow = 64 * (warp / 4); // the warpgroup's first row in the block
+  const BlockPos pos = blockPos(p, true);
+  const int m0 = pos.tile * kBlockRows, rows = min(kBlockRows, p.seq - m0);
+  const int nTiles = (m0 + rows + kKeyTile - 1) / kKeyTile;
+  const int64_t tok0 = int64_t(pos.b) * p.seq;
+  const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
+  const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
+  const int tile0 = kDocuments ? seqFirstKeys[m0] / kKeyTile : 0; // the first key tile any query sees
+  const auto keysIn = [&](int tile) { return min(kKeyTile, p.seq - tile * kKeyTile); };
+
+  wg::loadTile<D, kBlockRows, kThreads>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
+  wg::loadTile<D, kKeyTile, kThreads>(sK, gK + int64_t(tile0) * kKeyTile * p.ld, p.ld, keysIn(tile0), tid);
+  cpAsyncCommit();
+
+  // A half-filled last block's second warpgroup computes on zero rows (wgmma must not sit in divergent code)
+  // and stores nothing.
+  const int row0 = m0 + groupRow + 16 * (warp % 4); // the warp's first query
+  const WarpDocuments docs(seqFirstKeys, row0, g, row0 < p.seq);
+  float acc[D / 8][4] = {}, s[kKeyTile / 8][4] = {}, corr[2];
+  float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
+  uint32_t a[kKeyTile / 16][4];
+  // Key tile it sits in buffer (it - tile0) & 1. Waits for this thread's loads, makes everyone's visible to the
+  // tensor cores, then starts K_{it+1} and V_it.
+  const auto buffer = [&](int it) { return uint32_t((it - tile0) & 1) * kKVBytes; };
+  const auto nextLoads = [&](int it) {
+    cpAsyncWait<0>();
+    wg::fenceProxyAsync();
+    __syncthreads();
+    if (it + 1 < nTiles)
+      wg::loadTile<D, kKeyTile, kThreads>(sK + buffer(it + 1), gK + int64_t(it + 1) * kKeyTile * p.ld, p.ld,
+                                          keysIn(it + 1), tid);
+    if (it < nTiles)
+      wg::loadTile<D, kKeyTile, kThreads>(sV + buffer(it), gV + int64_t(it) * kKeyTile * p.ld, p.ld, keysIn(it),
+                                          tid);
+    cpAsyncCommit();
+  };
+  const auto maskedSoftmax = [&](int it) {
+    const int n0 = it * kKeyTile;
+    // Keys past some of the warp's queries (also those past seq), or before some of their documents.
+    if (n0 + kKeyTile - 1 > row0 || (kDocuments && n0 < docs.highest))
+      queryMask<kKeyTile>(s, row0 + g, n0 + 2 * t, docs.first);
+    onlineSoftmax(s, rowMax, rowSum, corr, p.scaleLog2);
+  };
+
+  nextLoads(tile0);
+  wg::fence();
+  issueScores<D>(s, sQ, groupRow, sK);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin<kKeyTile>(s);
+  maskedSoftmax(tile0); // O is still 0: nothing to rescale
+  probabilityFragments(s, a);
+#pragma unroll 1
+  for (int it = tile0 + 1; it < nTiles; ++it) {
+    nextLoads(it);
+    wg::fence();
+    issueScores<D>(s, sQ, groupRow, sK + buffer(it));
+    wg::commit();
+    issueValues<D>(acc, a, sV + buffer(it - 1));
+    wg::commit();
+    wg::wait<1>(); // the scores; P V still runs
+    wg::pin<kKeyTile>(s);
+    maskedSoftmax(it);
+    wg::wait<0>(); // P_{it-1} V_{it-1} is in O: rescale it, and its operand registers are free
+    wg::pin<D>(acc);
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db)
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        acc[db][x] *= corr[x >> 1];
+    probabilityFragments(s, a);
+  }
+  nextLoads(nTiles);
+  wg::fence();
+  issueValues<D>(acc, a, sV + buffer(nTiles - 1));
+  wg::commit();
+  wg::wait<0>();
+  wg::pin<D>(acc);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    float total = rowSum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    if (row >= p.seq)
+      continue;
+    const int64_t tok = tok0 + row;
+    bf16 *out = p.oOut + tok * p.C + pos.h * D + 2 * t;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db)
+      *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
+          __floats2bfloat162_rn(acc[db][2 * r] / total, acc[db][2 * r + 1] / total);
+    if (t == 0)
+      p.lseOut[tok * p.heads + pos.h] = rowMax[r] * p.scale + logf(total);
+  }
+}
+
+// ---- the layout check -----------------------------------------------------------------------
+
+constexpr int kCheckK = 128, kCheckN = 128;
+
+/// One warpgroup: ss = A B^T with A [64, 128] and B [128, 128] row-major (both read K-major), rs = A C with
+/// A from registers and C [128 (k), 128 (n)] read MN-major. Outputs [64, 128] fp32 row-major.
+__global__ void __launch_bounds__(128, 1)
+    layoutCheckKernel(const bf16 *a, const bf16 *b, const bf16 *c, float *ss, float *rs) {
+  extern __shared__ unsigned char smem[];
+  const uint32_t sA = (smemAddr(smem) + 1023u) & ~1023u, sB = sA + 64 * kCheckK * 2, sC = sB + kCheckN * kCheckK * 2;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  wg::loadTile<kCheckK, 64, 128>(sA, a, kCheckK, 64, tid);
+  wg::loadTile<kCheckK, kCheckN, 128>(sB, b, kCheckK, kCheckN, tid);
+  wg::loadTile<kCheckN, kCheckK, 128>(sC, c, kCheckN, kCheckK, tid);
+  cpAsyncCommit();
+  cpAsyncWait<0>();
+  wg::fenceProxyAsync();
+  __syncthreads();
+  float d[kCheckN / 8][4] = {}, e[kCheckN / 8][4] = {};
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kCheckK / 16; ++kk)
+    wg::wgmmaSS<kCheckN>(d, wg::kMajor<64>(sA, 0, kk * 16), wg::kMajor<kCheckN>(sB, 0, kk * 16), kk > 0);
+  wg::commit();
+  const auto at = [&](int row, int col) {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(a + row * kCheckK + col);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+  };
+  const int row = 16 * warp + g;
+  uint32_t frag[kCheckK / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kCheckK / 16; ++kk) {
+    frag[kk][0] = at(row, 16 * kk + 2 * t);
+    frag[kk][1] = at(row + 8, 16 * kk + 2 * t);
+    frag[kk][2] = at(row, 16 * kk + 8 + 2 * t);
+    frag[kk][3] = at(row + 8, 16 * kk + 8 + 2 * t);
+  }
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kCheckK / 16; ++kk)
+    wg::wgmmaRS<kCheckN>(e, frag[kk], wg::mnMajor<kCheckK>(sC, kk * 16), kk > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin<kCheckN>(d);
+  wg::pin<kCheckN>(e);
+#pragma unroll
+  for (int nb = 0; nb < kCheckN / 8; ++nb)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int r = row + 8 * (x / 2), col = 8 * nb + 2 * t + x % 2;
+      ss[r * kCheckN + col] = d[nb][x];
+      rs[r * kCheckN + col] = e[nb][x];
+    }
+}
+
+template <int D> cudaError_t hopperForward(const Params &p, cudaStream_t stream) {
+  return launch(p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>, p,
+                int64_t(p.numTiles) * p.batchHeads, hopperForwardSmem<D>(), stream);
+}
+
+} // namespace
+
+std::string flashAttentionForwardWgmma(const Params &p, int64_t d, cudaStream_t stream) {
+  const cudaError_t e = d == 64 ? hopperForward<64>(p, stream) : hopperForward<128>(p, stream);
+  return e == cudaSuccess ? "" : std::string("flashAttentionForward (wgmma): ") + cudaGetErrorString(e);
+}
+
+std::string wgmmaLayoutCheck() {
+  // Small integers: every product and sum is exact in bf16 inputs and fp32 sums, so any mismatch is a layout bug.
+  std::vector<bf16> a(64 * kCheckK), b(kCheckN * kCheckK), c(kCheckK * kCheckN);
+  std::vector<float> fa(a.size()), fb(b.size()), fc(c.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = __float2bfloat16(fa[i] = float(int((i * 7 + 3) % 9) - 4));
+  for (size_t i = 0; i < b.size(); ++i)
+    b[i] = __float2bfloat16(fb[i] = float(int((i * 5 + 1) % 7) - 3));
+  for (size_t i = 0; i < c.size(); ++i)
+    c[i] = __float2bfloat16(fc[i] = float(int((i * 11 + 2) % 5) - 2));
+  bf16 *dA = nullptr, *dB = nullptr, *dC = nullptr;
+  float *dSS = nullptr, *dRS = nullptr;
+  const size_t outBytes = 64 * kCheckN * 4;
+  std::string err;
+  auto check = [&](cudaError_t e, const char *what) {
+    if (e != cudaSuccess && err.empty())
+      err = std::string("wgmmaLayoutCheck: ") + what + ": " + cudaGetErrorString(e);
+  };
+  check(cudaMalloc(&dA, a.size() * 2), "cudaMalloc");
+  check(cudaMalloc(&dB, b.size() * 2), "cudaMalloc");
+  check(cudaMalloc(&dC, c.size() * 2), "cudaMalloc");
+  check(cudaMalloc(&dSS, outBytes), "cudaMalloc");
+  check(cudaMalloc(&dRS, outBytes), "cudaMalloc");
+  std::vector<float> ss(64 * kCheckN), rs(64 * kCheckN);
+  if (err.empty()) {
+    check(cudaMemcpy(dA, a.data(), a.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(dB, b.data(), b.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(dC, c.data(), c.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    const int smemBytes = (64 * kCheckK + 2 * kCheckN * kCheckK) * 2 + 1024;
+    check(cudaFuncSetAttribute(layoutCheckKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes),
+          "cudaFuncSetAttribute");
+    layoutCheckKernel<<<1, 128, smemBytes>>>(dA, dB, dC, dSS, dRS);
+    check(cudaGetLastError(), "launch");
+    check(cudaMemcpy(ss.data(), dSS, outBytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpy(rs.data(), dRS, outBytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  for (void *ptr : {(void *)dA, (void *)dB, (void *)dC, (void *)dSS, (void *)dRS})
+    cudaFree(ptr);
+  if (!err.empty())
+    return err;
+  int badSS = 0, badRS = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < kCheckN; ++j) {
+      float wantSS = 0.f, wantRS = 0.f;
+      for (int k = 0; k < kCheckK; ++k) {
+        wantSS += fa[i * kCheckK + k] * fb[j * kCheckK + k];
+        wantRS += fa[i * kCheckK + k] * fc[k * kCheckN + j];
+      }
+      badSS += ss[i * kCheckN + j] != wantSS;
+      badRS += rs[i * kCheckN + j] != wantRS;
+    }
+  if (badSS || badRS)
+    return "wgmmaLayoutCheck: " + std::to_string(badSS) + " of " + std::to_string(64 * kCheckN) +
+           " elements wrong in A B^T (K-major descriptors), " + std::to_string(badRS) +
+           " in A B (register A, MN-major B)";
+  return "";
+}
+
+} // namespace mhcc::runtime::cuda

@@ -1,0 +1,277 @@
+//===- FlashAttentionHopperBackward.cu - flash attention backward on wgmma -===//
+//
+// The dK/dV and dQ kernels of FlashAttentionBackward.cu on Hopper's
+// warpgroup MMA (FlashAttentionWgmma.cuh), same contract, same arithmetic,
+// deterministic the same way (no atomics; each output written once by one
+// block, summed in tile order). A block of two warpgroups owns 128 rows (64
+// each): keys in the dK/dV kernel, queries in the dQ kernel, and streams
+// 64-row tiles of the other side through double-buffered shared memory.
+// Per tile a warpgroup computes its two 64 x 64 score products from shared
+// memory, the probabilities and dS in registers, and adds the two 64 x d
+// products with P (or dS) straight from registers and the streamed tile read
+// MN-major. rowDotKernel (D = rowsum(dO * O)) stays in
+// FlashAttentionBackward.cu.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/FlashAttentionWgmma.cuh"
+
+namespace mhcc::runtime::cuda {
+namespace {
+
+using namespace flash;
+
+constexpr int kStream = 64; // rows of the streamed tiles
+
+// Shared memory: the block's two [128, D] tiles, two buffers of the two streamed [64, D] tiles, 1024 for alignment;
+// dK/dV also streams the queries' lse, D and document starts.
+template <int D> constexpr int hopperDqSmem() { return (2 * kBlockRows + 4 * kStream) * D * 2 + 1024; }
+template <int D> constexpr int hopperDkdvSmem() { return hopperDqSmem<D>() + 3 * 2 * kStream * 4; }
+
+/// A 64 x 64 C-fragment tile, rounded to bf16, as the A operand of the next product: one 16-wide k-step per row.
+__device__ __forceinline__ void operandFragments(const float (&c)[kStream / 8][4], uint32_t (&a)[kStream / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kStream / 16; ++kk) {
+    a[kk][0] = packBf16(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = packBf16(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = packBf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = packBf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+/// x (64 x kStream) = the warpgroup's 64 rows from row0 of tile a times the kStream rows of tile b, transposed.
+template <int D, int kRowsA>
+__device__ __forceinline__ void issueABt(float (&x)[kStream / 8][4], uint32_t a, int row0, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wg::wgmmaSS<kStream>(x, wg::kMajor<kRowsA>(a, row0, kk * 16), wg::kMajor<kStream>(b, 0, kk * 16), kk > 0);
+}
+
+/// acc (64 x D) += the operand fragments (64 x kStream) times the kStream x D tile b.
+template <int D>
+__device__ __forceinline__ void issueAB(float (&acc)[D / 8][4], const uint32_t (&a)[kStream / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kStream / 16; ++kk)
+    wg::wgmmaRS<D>(acc, a[kk], wg::mnMajor<kStream>(b, kk * 16), 1);
+}
+
+/// One block: dK and dV of 128 keys of one (sequence, head), query tiles from the first key to the sequence's end
+/// (or the first tile past the keys' documents).
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperDkdvKernel(Params p) {
+  extern __shared__ unsigned char smem[];
+  const uint32_t sK = (smemAddr(smem) + 1023u) & ~1023u;
+  constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
+  const uint32_t sV = sK + kOwnBytes, sQ = sV + kOwnBytes, sdO = sQ + 2 * kStreamBytes; // [2] streamed each
+  float *sLse = reinterpret_cast<float *>(smem + (sdO + 2 * kStreamBytes - smemAddr(smem))); // [2][kStream]
+  float *sDot = sLse + 2 * kStream;                                                       // [2][kStream]
+  int *sFirst = reinterpret_cast<int *>(sDot + 2 * kStream); // [2][kStream]: the queries' documents' starts
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int groupRow = 64 * (warp / 4);
+  const BlockPos pos = blockPos(p, false);
+  const int n0 = pos.tile * kBlockRows, keys = min(kBlockRows, p.seq - n0);
+  int nTiles = (p.seq - n0) / kStream;                // query tiles n0 .. seq - 1
+  const int64_t first = int64_t(pos.b) * p.seq + n0; // token of the first key and of the first query
+  const int32_t *queryFirstKeys = kDocuments ? p.firstKeys + first : nullptr;
+  if (kDocuments) {
+    // Query tiles whose first query's document starts after the block's last key see none of its keys, nor do
+    // later ones (firstKeys never decreases): end before the first of them.
+    int lo = 0, hi = nTiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (queryFirstKeys[mid * kStream] > n0 + keys - 1)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    nTiles = lo;
+  }
+  const bf16 *gQ = p.qkv + first * p.ld + pos.h * D, *gdO = p.dO + first * p.C + pos.h * D;
+  const auto loadQueries = [&](int it) {
+    const int buf = it & 1;
+    wg::loadTile<D, kStream, kThreads>(sQ + buf * kStreamBytes, gQ + int64_t(it) * kStream * p.ld, p.ld, kStream, tid);
+    wg::loadTile<D, kStream, kThreads>(sdO + buf * kStreamBytes, gdO + int64_t(it) * kStream * p.C, p.C, kStream,
+                                       tid);
+    if (tid < 2 * kStream) { // lse and D are [T, heads]: 4-byte copies
+      const int q = tid % kStream;
+      const int64_t i = (first + int64_t(it) * kStream + q) * p.heads + pos.h;
+      cpAsync4(smemAddr((tid < kStream ? sLse : sDot) + buf * kStream + q), tid < kStream ? p.lse + i : p.rowDot + i);
+    } else if (kDocuments && tid < 3 * kStream) {
+      const int q = tid - 2 * kStream;
+      cpAsync4(smemAddr(sFirst + buf * kStream + q), queryFirstKeys + it * kStream + q);
+    }
+  };
+  // cp.async groups: K and V with query tile 0, then query tile i is group i.
+  wg::loadTile<D, kBlockRows, kThreads>(sK, p.qkv + first * p.ld + p.C + pos.h * D, p.ld, keys, tid);
+  wg::loadTile<D, kBlockRows, kThreads>(sV, p.qkv + first * p.ld + 2 * p.C + pos.h * D, p.ld, keys, tid);
+  if (nTiles > 0)
+    loadQueries(0);
+  cpAsyncCommit();
+
+  // A half-filled last block's second warpgroup computes on zero keys (masked: every query is before them) and
+  // stores nothing; wgmma must not sit in divergent code.
+  const int key0 = n0 + groupRow + 16 * (warp % 4); // the warp's first key
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {}, st[kStream / 8][4], dpt[kStream / 8][4];
+  uint32_t a[kStream / 16][4], b[kStream / 16][4]; // P^T and dS^T as operands
+#pragma unroll 1
+  for (int it = 0; it < nTiles; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < nTiles)
+      loadQueries(it + 1);
+    cpAsyncCommit();
+    cpAsyncWait<1>(); // group it has landed
+    wg::fenceProxyAsync();
+    __syncthreads();
+    const uint32_t qTile = sQ + buf * kStreamBytes, doTile = sdO + buf * kStreamBytes;
+    wg::fence();
+    issueABt<D, kBlockRows>(st, sK, groupRow, qTile);  // S^T = K Q^T
+    issueABt<D, kBlockRows>(dpt, sV, groupRow, doTile); // dP^T = V dO^T
+    wg::commit();
+    wg::wait<0>();
+    wg::pin<kStream>(st);
+    wg::pin<kStream>(dpt);
+    const int q0 = n0 + it * kStream; // the tile's first query
+    const float *lse = sLse + buf * kStream, *rowDot = sDot + buf * kStream;
+    const int *firstOf = kDocuments ? sFirst + buf * kStream : nullptr;
+    // Some query before some key of the warp, or (documents) some query whose document starts after a key.
+    if (q0 < key0 + 15 || (kDocuments && firstOf[kStream - 1] > key0))
+      keyMask<kStream>(st, key0 + g, q0 + 2 * t, firstOf, t);
+#pragma unroll
+    for (int nb = 0; nb < kStream / 8; ++nb) {
+      const float2 l = *reinterpret_cast<const float2 *>(lse + nb * 8 + 2 * t); // columns 2t, 2t+1
+      const float2 d = *reinterpret_cast<const float2 *>(rowDot + nb * 8 + 2 * t);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float prob = fastExp2(fmaf(st[nb][x], p.scaleLog2, -((x & 1) ? l.y : l.x) * kLog2e)); // masked: 0
+        st[nb][x] = prob;
+        dpt[nb][x] = prob * (dpt[nb][x] - ((x & 1) ? d.y : d.x));
+      }
+    }
+    operandFragments(st, a);
+    operandFragments(dpt, b);
+    wg::fence();
+    issueAB<D>(dv, a, doTile); // dV += P^T dO
+    issueAB<D>(dk, b, qTile);  // dK += dS^T Q
+    wg::commit();
+    wg::wait<0>();
+    wg::pin<D>(dk);
+    wg::pin<D>(dv);
+    __syncthreads(); // everyone is done with `buf` before the next iteration refills it
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + g + 8 * r - n0;
+    if (key >= keys)
+      continue;
+    bf16 *outK = p.dqkv + (first + key) * p.ld + p.C + pos.h * D + 2 * t, *outV = outK + p.C;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      *reinterpret_cast<__nv_bfloat162 *>(outK + db * 8) =
+          __floats2bfloat162_rn(dk[db][2 * r] * p.scale, dk[db][2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162 *>(outV + db * 8) = __floats2bfloat162_rn(dv[db][2 * r], dv[db][2 * r + 1]);
+    }
+  }
+}
+
+/// One block: dQ of 128 query rows of one (sequence, head), key tiles 0 .. the diagonal (from the first query's
+/// document on).
+template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperDqKernel(Params p) {
+  extern __shared__ unsigned char smem[];
+  const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u;
+  constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
+  const uint32_t sdO = sQ + kOwnBytes, sK = sdO + kOwnBytes, sV = sK + 2 * kStreamBytes; // [2] streamed each
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int groupRow = 64 * (warp / 4);
+  const BlockPos pos = blockPos(p, true);
+  const int m0 = pos.tile * kBlockRows, rows = min(kBlockRows, p.seq - m0);
+  const int nTiles = (m0 + rows) / kStream;
+  const int64_t tok0 = int64_t(pos.b) * p.seq;
+  const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
+  const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
+  const int tile0 = kDocuments ? seqFirstKeys[m0] / kStream : 0; // the first key tile any query sees
+  const auto loadKeys = [&](int it) {
+    const uint32_t buf = uint32_t((it - tile0) & 1) * kStreamBytes;
+    const int64_t off = int64_t(it) * kStream * p.ld;
+    wg::loadTile<D, kStream, kThreads>(sK + buf, gK + off, p.ld, kStream, tid);
+    wg::loadTile<D, kStream, kThreads>(sV + buf, gV + off, p.ld, kStream, tid);
+  };
+  // cp.async groups: Q and dO with key tile tile0, then key tile i is group i - tile0.
+  wg::loadTile<D, kBlockRows, kThreads>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
+  wg::loadTile<D, kBlockRows, kThreads>(sdO, p.dO + (tok0 + m0) * p.C + pos.h * D, p.C, rows, tid);
+  loadKeys(tile0);
+  cpAsyncCommit();
+
+  // A half-filled last block's second warpgroup computes on zero rows and stores nothing.
+  const int row0 = m0 + groupRow + 16 * (warp % 4); // the warp's first query
+  const bool active = row0 < p.seq;
+  const WarpDocuments docs(seqFirstKeys, row0, g, active);
+  float lseLog2[2] = {0.f, 0.f}, rowDot[2] = {0.f, 0.f};
+  if (active)
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = (tok0 + row0 + g + 8 * r) * p.heads + pos.h;
+      lseLog2[r] = p.lse[i] * kLog2e;
+      rowDot[r] = p.rowDot[i];
+    }
+  float dq[D / 8][4] = {}, s[kStream / 8][4], dp[kStream / 8][4];
+  uint32_t a[kStream / 16][4];
+#pragma unroll 1
+  for (int it = tile0; it < nTiles; ++it) {
+    const uint32_t buf = uint32_t((it - tile0) & 1) * kStreamBytes;
+    if (it + 1 < nTiles)
+      loadKeys(it + 1);
+    cpAsyncCommit();
+    cpAsyncWait<1>(); // group it - tile0 has landed
+    wg::fenceProxyAsync();
+    __syncthreads();
+    wg::fence();
+    issueABt<D, kBlockRows>(s, sQ, groupRow, sK + buf);   // S = Q K^T
+    issueABt<D, kBlockRows>(dp, sdO, groupRow, sV + buf); // dP = dO V^T
+    wg::commit();
+    wg::wait<0>();
+    wg::pin<kStream>(s);
+    wg::pin<kStream>(dp);
+    const int n0 = it * kStream;
+    if (n0 + kStream - 1 > row0 || (kDocuments && n0 < docs.highest))
+      queryMask<kStream>(s, row0 + g, n0 + 2 * t, docs.first);
+#pragma unroll
+    for (int nb = 0; nb < kStream / 8; ++nb)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float prob = fastExp2(fmaf(s[nb][x], p.scaleLog2, -lseLog2[x >> 1])); // masked: 0
+        s[nb][x] = prob * (dp[nb][x] - rowDot[x >> 1]);
+      }
+    operandFragments(s, a);
+    wg::fence();
+    issueAB<D>(dq, a, sK + buf); // dQ += dS K
+    wg::commit();
+    wg::wait<0>();
+    wg::pin<D>(dq);
+    __syncthreads();
+  }
+  if (!active)
+    return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    bf16 *out = p.dqkv + (tok0 + row0 + g + 8 * r) * p.ld + pos.h * D + 2 * t;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db)
+      *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
+          __floats2bfloat162_rn(dq[db][2 * r] * p.scale, dq[db][2 * r + 1] * p.scale);
+  }
+}
+
+template <int D> cudaError_t hopperBackward(const Params &p, cudaStream_t stream) {
+  const int64_t blocks = int64_t(p.numTiles) * p.batchHeads;
+  cudaError_t e = launch(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>, p, blocks,
+                         hopperDkdvSmem<D>(), stream);
+  if (e == cudaSuccess)
+    e = launch(p.firstKeys ? hopperDqKernel<D, true> : hopperDqKernel<D, false>, p, blocks, hopperDqSmem<D>(),
+               stream);
+  return e;
+}
+
+} // namespace
+
+cudaError_t flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream) {
+  return d == 64 ? hopperBackward<64>(p, stream) : hopperBackward<128>(p, stream);
+}
+
+} // namespace mhcc::runtime::cuda
