@@ -101,7 +101,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << " ranks, rank = (pipeline rank x dp + replica) x cp + context rank); context rank i holds chunks i and "
          << 2 * schedule.cp - 1 << " - i of the sequence's " << 2 * schedule.cp
          << " (load-balanced causal split), so every boundary carries " << spec->tokens
-         << " tokens a microbatch; attention gathers the group's rows, and the ALLREDUCE spans dp x cp = "
+         << " tokens a microbatch; attention exchanges q, k, v within the group (each rank its own queries and keys), and "
+            "the ALLREDUCE spans dp x cp = "
          << schedule.dp * schedule.cp << " ranks\n";
     if (schedule.tp > 1)
       os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "

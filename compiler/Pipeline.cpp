@@ -65,7 +65,8 @@ void PipelineOptions::bindOptions(Binder &binder) {
                 cl::desc("Context-parallel ranks per sequence (world = pp x dp x cp ranks, context-parallel "
                          "fastest): each holds 2 of the sequence's 2 cp chunks (rank i: i and 2 cp - 1 - i, the "
                          "load-balanced causal split), so every boundary carries seq_len / cp tokens; attention "
-                         "gathers the group's rows, and the gradient ALLREDUCE spans dp x cp (CPU backend)"),
+                         "exchanges q, k, v within the group, and the gradient ALLREDUCE spans dp x cp (CPU "
+                         "backend)"),
                 cl::cat(pipelineCategory()));
   binder.option(tp, "tp",
                 cl::desc("Tensor-parallel ranks per layer (world = pp x dp x cp x tp ranks, tensor-parallel "
