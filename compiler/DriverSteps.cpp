@@ -67,8 +67,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
       os << ", per context-parallel rank " << type.getDimSize(0) / cp << " x " << type.getDimSize(1)
          << " (S/cp x n*C)";
     if (sequenceParallel)
-      os << ", per tensor-parallel rank " << type.getDimSize(0) / tp << " x " << type.getDimSize(1)
-         << " (S/tp x n*C)";
+      os << ", per tensor-parallel rank " << type.getDimSize(0) / cp / tp << " x " << type.getDimSize(1)
+         << (cp > 1 ? " (S/(cp tp) x n*C)" : " (S/tp x n*C)");
     os << "\n";
   }
   for (auto scheduleOp : module.getOps<pipe::ScheduleOp>()) {
@@ -205,8 +205,13 @@ std::string tensorParallelProblem(const ModelGraph &graph, const PipelineOptions
     return notDivided("ffn_hidden", m.ffnHidden);
   if (m.vocab % tp)
     return notDivided("vocab", m.vocab) + " (the embedding and LM head split it)";
-  if (pipeline.sequenceParallel && m.seqLen % tp)
+  if (pipeline.sequenceParallel && pipeline.cp == 1 && m.seqLen % tp)
     return notDivided("seq_len", m.seqLen) + " under --sequence-parallel";
+  if (pipeline.sequenceParallel && pipeline.cp > 1 && m.seqLen % (2 * pipeline.cp) == 0 &&
+      (m.seqLen / pipeline.cp) % tp)
+    return notDivided("seq_len / cp", m.seqLen / pipeline.cp) +
+           " under --sequence-parallel (each context-parallel rank's rows of a sequence split over the "
+           "tensor-parallel ranks)";
   return "";
 }
 

@@ -125,8 +125,6 @@ std::optional<OptionError> PipelineOptions::validate() const {
   if (distributedOptimizer && dp < 2)
     return OptionError{"distributed-optimizer", "shards the optimizer over the data-parallel replicas; it needs "
                                                 "--dp 2 or more"};
-  if (sequenceParallel && cp > 1)
-    return OptionError{"sequence-parallel", "does not compose with --cp in this release; drop one of them"};
   // Bounds checked where the flags enter, so no product below overflows and
   // no phase is asked for millions of lists (issue 14): far past any real
   // run, small enough that a compile stays quick.

@@ -43,9 +43,9 @@ public:
     if (a_.distributedOptimizer && a_.dp < 2)
       return "the distributed optimizer shards over the data-parallel replicas and needs dp > 1 (dp = " +
              std::to_string(a_.dp) + ")";
-    if (a_.sequenceParallel && (a_.tp < 2 || m.seqLen % a_.tp != 0))
-      return "sequence parallelism needs tp > 1 dividing seq_len " + std::to_string(m.seqLen) + " (tp = " +
-             std::to_string(a_.tp) + ")";
+    if (a_.sequenceParallel && (a_.tp < 2 || (m.seqLen / a_.cp) % a_.tp != 0))
+      return "sequence parallelism needs tp > 1 dividing seq_len / cp = " + std::to_string(m.seqLen / a_.cp) +
+             " (tp = " + std::to_string(a_.tp) + ")";
     if (a_.tp > 1 && (m.heads % a_.tp || m.ffnHidden % a_.tp || m.vocab % a_.tp))
       return "tp = " + std::to_string(a_.tp) + " does not divide the heads, the FFN width and the vocabulary";
     for (const ParamInfo &p : a_.params)

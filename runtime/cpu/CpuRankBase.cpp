@@ -280,7 +280,7 @@ std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {
 
 std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank) {
   std::vector<int64_t> rows;
-  const int64_t seq = a.model.seqLen, share = seq / a.tp;
+  const int64_t seq = a.model.seqLen / a.cp, share = seq / a.tp; // a context-parallel rank's rows a sequence
   for (int64_t b = 0; b < a.model.microBatch; ++b)
     for (int64_t i = 0; i < share; ++i)
       rows.push_back(b * seq + tensorRank * share + i);
@@ -304,7 +304,7 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
   if (!inputs_->firstKeys.empty())
     c.documents.firstKeys = inputs_->firstKeys[mb].data();
   if (!rowMap_.empty()) {
-    c.rows = int64_t(rowMap_.size());
+    c.rows = c.contextRows = int64_t(rowMap_.size());
     c.rowMap = rowMap_.data();
     c.gatherRows = [this](const float *local, int64_t cols, float *all) {
       return gatherRows(local, cols, all) || !(gatherFailed_ = true);

@@ -108,9 +108,11 @@ void placeRows(const std::vector<const float *> &parts, const std::function<std:
 /// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in
 /// that order; empty for cp = 1.
 std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank);
-/// The microbatch rows tensor rank `tensorRank` holds under sequence
-/// parallelism: of each sequence, its tensorRank-th share of seq_len / tp
-/// rows, in order (Megatron splits the sequence dimension).
+/// The rows tensor rank `tensorRank` holds under sequence parallelism: of
+/// each sequence, its tensorRank-th share of the sequence's rows, in order
+/// (Megatron splits the sequence dimension). The rows are the microbatch's,
+/// or with context parallelism the context-parallel rank's (indices into
+/// contextRows: its seq_len / cp rows a sequence, split into tp shares).
 std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank);
 
 class CpuRankBase : public Device {

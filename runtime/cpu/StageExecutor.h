@@ -36,7 +36,9 @@ template <typename T> struct StageContext {
   /// rows' q, k, v (contextParallelAttention); Gated DeltaNet runs on the
   /// gathered rows, as the whole microbatch would, and keeps this rank's;
   /// its weight gradients, then whole, are added by context rank 0 alone.
-  int64_t rows = 0;
+  /// Under sequence parallelism `rows` is the tensor rank's share of the
+  /// context-parallel rows (`contextRows`, rowMap's length).
+  int64_t rows = 0, contextRows = 0;
   const int64_t *rowMap = nullptr;
   std::function<bool(const T *local, int64_t cols, T *all)> gatherRows;
   bool addsMixerWeightGrads = true;
@@ -120,9 +122,10 @@ bool contextParallelAttention(const StageContext<T> &c, const ForwardInstr &f, c
   auto dw = [&](size_t j) { return weightHalf ? c.paramGrad(f.params[j]) : nullptr; };
   const int64_t C = c.model.hidden, all = c.model.tokens(), inner = C / c.tensor.size;
   if (!dy)
-    return k::contextParallelAttentionForward<T>(x, w(0), w(1), out, aux, c.rows, c.rowMap, all, C, f.heads,
+    return k::contextParallelAttentionForward<T>(x, w(0), w(1), out, aux, c.contextRows, c.rowMap, all, C, f.heads,
                                                  f.seqLen, c.store, c.documents, inner, c.gatherRows);
-  return k::contextParallelAttentionBackward<T>(x, w(0), w(1), aux, dy, out, dw(0), dw(1), c.rows, c.rowMap, all, C,
+  return k::contextParallelAttentionBackward<T>(x, w(0), w(1), aux, dy, out, dw(0), dw(1), c.contextRows, c.rowMap,
+                                                all, C,
                                                 f.heads, f.seqLen, c.store, c.documents, inner, c.gatherRows);
 }
 
@@ -140,7 +143,7 @@ bool contextParallelMixer(const StageContext<T> &c, const ForwardInstr &f, const
                           bool weightHalf, T *aux) {
   if (f.op == Prim::Attention)
     return contextParallelAttention(c, f, x, dy, out, weightHalf, aux);
-  const int64_t rows = c.rows, all = c.model.tokens(), C = c.model.hidden;
+  const int64_t rows = c.contextRows, all = c.model.tokens(), C = c.model.hidden;
   std::vector<T> xAll(all * C), yAll(all * C), auxAll(all * mixerAuxPerRow(f, C / c.tensor.size));
   if (!c.gatherRows(x, C, xAll.data()))
     return false;
@@ -176,9 +179,12 @@ inline bool holdsWeightBlocks(Prim op) {
          op == Prim::LmHead || op == Prim::CrossEntropy;
 }
 
-/// The rows the tensor-parallel GEMMs see: the microbatch's (gathered under
-/// sequence parallelism), or a context-parallel rank's share.
+/// The rows the tensor-parallel GEMMs see: a context-parallel rank's share
+/// of the microbatch, or the whole microbatch (either gathered over the
+/// tensor-parallel ranks under sequence parallelism).
 template <typename T> int64_t gemmRowsOf(const StageContext<T> &c) {
+  if (c.rowMap)
+    return c.contextRows;
   return c.tensor.sequenceParallel || c.rows == 0 ? c.model.tokens() : c.rows;
 }
 

@@ -5,9 +5,10 @@
 #    JSON lines: losses, grad norm, zeros, learning rate, peak bytes) for
 #    tiny PP2, PP2/VPP2 and PP4, tiny_bf16 PP2 (bf16 storage in each rank),
 #    tiny at dp 2 x pp 2 (four processes, the ALLREDUCE over sockets), at
-#    tp 2 + SP x dp 2 x pp 2 and at tp 2 x cp 2 x pp 2 (eight processes: the
-#    tensor-parallel reductions, gathers and reduce-scatters and the context
-#    gathers over sockets), and bf16 at tp 2 + SP x pp 2;
+#    tp 2 + SP x dp 2 x pp 2, at tp 2 x cp 2 x pp 2 and at tp 2 + SP x cp 2
+#    x pp 2 (eight processes: the tensor-parallel reductions, gathers and
+#    reduce-scatters and the context gathers over sockets), and bf16 at
+#    tp 2 + SP x pp 2;
 # 2. SIGTERM to the --processes parent: every rank stops after the same
 #    iteration, rank 0 saves it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)

@@ -83,14 +83,15 @@ TEST(Parity, PackedDocumentsAreBitIdenticalAcrossLayouts) {
   // shorter and longer than a sequence; the tiny fp32 and bf16 families
   // (MTP included), the context-parallel family, the hybrid Gated
   // DeltaNet stack (its state restarts at each document), the
-  // tensor-parallel families (with and without sequence parallelism) and
-  // the hybrid stack at tp 2, every layout against PP1.
+  // tensor-parallel families (with and without sequence parallelism), the
+  // hybrid stack at tp 2 and tp 2 + SP x cp 2, every layout against PP1.
   std::string error;
   std::optional<TokenDataset> data = packedCorpus(gDataPath, error);
   ASSERT_TRUE(data) << error;
   TrainOptions packed;
   packed.resetPositionIds = packed.resetAttentionMask = true;
-  for (size_t f : {size_t(0), size_t(2), size_t(4), size_t(5), size_t(6), size_t(7), size_t(8), size_t(11)}) {
+  for (size_t f :
+       {size_t(0), size_t(2), size_t(4), size_t(5), size_t(6), size_t(7), size_t(8), size_t(11), size_t(12)}) {
     ASSERT_LT(f, gFamilies.size());
     const std::vector<std::string> &family = gFamilies[f];
     TrainingRun reference = train(family[0], *data, 2, cpuDevices(), packed);

@@ -21,8 +21,10 @@
 //   gradients are summed per rank, then over the ranks. The same bounds hold.
 // - The same at tp 4, at dp 2 x pp 2 x tp 2 with sequence parallelism and
 //   MTP (8 ranks; the replicas split the microbatches), at tp 2 x cp 2
-//   (attention over the context group's gathered rows with this rank's
-//   heads), and on packed documents (--reset-position-ids
+//   (attention exchanging q, k, v within the context group, with this
+//   rank's heads), at tp 2 with sequence parallelism x cp 2 x pp 2 (each
+//   context-parallel rank's rows split again over its tensor-parallel
+//   ranks), and on packed documents (--reset-position-ids
 //   --reset-attention-mask).
 // - A tensor-parallel run gives the same bits run to run, and the split is
 //   real: some gradient differs from tp 1's in its bits.
@@ -32,6 +34,7 @@
 //
 // usage: tp_test DATA TP1.mhcc TP2.mhcc TP2_SP.mhcc TP4_SP.mhcc TP2_SP_DP2_PP2.mhcc BF16_TP1.mhcc
 //                BF16_TP2_SP_PP2.mhcc TP2_CP2.mhcc HYBRID_TP1.mhcc HYBRID_TP2.mhcc HYBRID_TP2_SP_PP2.mhcc
+//                TP2_SP_CP2_PP2.mhcc
 #include "runtime/artifact/TensorSplit.h"
 #include "tests/runtime/TrainingCompare.h"
 
@@ -70,7 +73,7 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   ASSERT_TRUE(text) << error;
   std::optional<TokenDataset> packed = packedCorpus(gDataPath, error);
   ASSERT_TRUE(packed) << error;
-  ASSERT_EQ(gArtifacts.size(), 11u);
+  ASSERT_EQ(gArtifacts.size(), 12u);
   for (const std::string &path : gArtifacts) {
     std::optional<Artifact> a = readArtifact(path, error);
     ASSERT_TRUE(a) << error;
@@ -87,6 +90,7 @@ TEST(TensorParallel, SplitLayersTrainAsOneRankDoes) {
   expectSameTraining(tp1, train(gArtifacts[3], *text, kSteps), "tp 4, sequence parallel");
   expectSameTraining(tp1, train(gArtifacts[4], *text, kSteps), "tp 2 x dp 2 x pp 2, sequence parallel");
   expectSameTraining(tp1, train(gArtifacts[7], *text, kSteps), "tp 2 x cp 2");
+  expectSameTraining(tp1, train(gArtifacts[11], *text, kSteps), "tp 2 x cp 2 x pp 2, sequence parallel");
   TrainOptions documents;
   documents.resetPositionIds = documents.resetAttentionMask = true;
   expectSameTraining(train(gArtifacts[0], *packed, kSteps, cpuDevices(), documents),
@@ -142,10 +146,10 @@ TEST(TensorParallel, BlocksCoverEveryElementOnce) {
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc != 13) {
+  if (argc != 14) {
     std::fprintf(stderr,
                  "usage: %s DATA TP1 TP2 TP2_SP TP4_SP TP2_SP_DP2_PP2 BF16_TP1 BF16_TP2_SP_PP2 TP2_CP2 HYBRID_TP1 "
-                 "HYBRID_TP2 HYBRID_TP2_SP_PP2\n",
+                 "HYBRID_TP2 HYBRID_TP2_SP_PP2 TP2_SP_CP2_PP2\n",
                  argv[0]);
     return 2;
   }
