@@ -54,6 +54,44 @@ template <typename T> void causalDots(const T *x, const T *rowsT, int64_t seq, i
     addScaled(dots, rowsT + e * seq, x[e], last + 1);
 }
 
+/// Rotates q and k of every head of `rows` rows of [rows, 3D] (inverse: their
+/// gradients back) to the position of each row (docs.position of its
+/// microbatch row, rowMap[t]; null: t).
+template <typename T>
+void rotateQueriesKeys(T *qkv, int64_t rows, int64_t D, int64_t heads, int64_t seq, Documents docs,
+                       const int64_t *rowMap, bool inverse) {
+  const int64_t d = D / heads;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t position = docs.position(rowMap ? rowMap[t] : t, seq);
+      rotate(qkv + t * 3 * D + h * d, position, d, inverse);
+      rotate(qkv + t * 3 * D + D + h * d, position, d, inverse);
+    }
+}
+
+/// The forward's start: qkv = x W_qkv, q and k rotated, rounded where kept.
+template <typename T>
+void projectQueriesKeysValues(const T *x, const T *wqkv, T *qkv, int64_t rows, int64_t C, int64_t D, int64_t heads,
+                              int64_t seq, Store<T> store, Documents docs, const int64_t *rowMap) {
+  matmul(x, wqkv, qkv, rows, C, 3 * D);
+  stored(store, qkv, rows * 3 * D);
+  rotateQueriesKeys(qkv, rows, D, heads, seq, docs, rowMap, false);
+  stored(store, qkv, rows * 3 * D);
+}
+
+/// The backward's end: dQkv's q and k rotated back, rounded, and dW_qkv and
+/// dx (each when not null) added.
+template <typename T>
+void projectionBackward(const T *x, const T *wqkv, T *dQkv, T *dWqkv, T *dx, int64_t rows, int64_t C, int64_t D,
+                        int64_t heads, int64_t seq, Store<T> store, Documents docs, const int64_t *rowMap) {
+  rotateQueriesKeys(dQkv, rows, D, heads, seq, docs, rowMap, true);
+  stored(store, dQkv, rows * 3 * D);
+  if (dWqkv)
+    matmulTransAAcc(x, dQkv, dWqkv, rows, C, 3 * D);
+  if (dx)
+    matmulTransBAcc(dQkv, wqkv, dx, rows, 3 * D, C);
+}
+
 /// One query row of one head: its scores against keys first..i of its
 /// sequence (kt: the head's keys transposed, [d, seq]; p: seq scratch), the
 /// softmax, and out = sum of p_j v_j (values: the head's value of the
@@ -114,14 +152,7 @@ void attentionForward(const T *x, const T *wqkv, const T *wo, T *y, T *aux, int6
                       int64_t inner = 0) {
   const int64_t D = inner ? inner : C, d = D / heads;
   T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
-  matmul(x, wqkv, qkv, rows, C, 3 * D);
-  stored(store, qkv, rows * 3 * D);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      rotate(qkv + t * 3 * D + h * d, docs.position(t, seq), d, false);
-      rotate(qkv + t * 3 * D + D + h * d, docs.position(t, seq), d, false);
-    }
-  stored(store, qkv, rows * 3 * D);
+  projectQueriesKeysValues(x, wqkv, qkv, rows, C, D, heads, seq, store, docs, nullptr);
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs are independent: split them over threads.
   parallelFor((rows / seq) * heads, seq * seq * d, [&](int64_t begin, int64_t end) {
@@ -191,16 +222,7 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
       }
     }
   });
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      rotate(dQkv.data() + t * 3 * D + h * d, docs.position(t, seq), d, true);
-      rotate(dQkv.data() + t * 3 * D + D + h * d, docs.position(t, seq), d, true);
-    }
-  stored(store, dQkv.data(), rows * 3 * D);
-  if (dWqkv)
-    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * D);
-  if (dx)
-    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * D, C);
+  projectionBackward(x, wqkv, dQkv.data(), dWqkv, dx, rows, C, D, heads, seq, store, docs, nullptr);
 }
 
 } // namespace mhcc::runtime::kernels

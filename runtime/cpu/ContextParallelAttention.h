@@ -51,14 +51,7 @@ bool contextParallelAttentionForward(const T *x, const T *wqkv, const T *wo, T *
                                      Store<T> store, Documents docs, int64_t inner, const GatherRows<T> &gather) {
   const int64_t D = inner ? inner : C, d = D / heads;
   T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
-  matmul(x, wqkv, qkv, rows, C, 3 * D);
-  stored(store, qkv, rows * 3 * D);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      rotate(qkv + t * 3 * D + h * d, docs.position(rowMap[t], seq), d, false);
-      rotate(qkv + t * 3 * D + D + h * d, docs.position(rowMap[t], seq), d, false);
-    }
-  stored(store, qkv, rows * 3 * D);
+  projectQueriesKeysValues(x, wqkv, qkv, rows, C, D, heads, seq, store, docs, rowMap);
   std::vector<T> qkvAll(all * 3 * D);
   if (!gather(qkv, 3 * D, qkvAll.data()))
     return false;
@@ -160,16 +153,7 @@ bool contextParallelAttentionBackward(const T *x, const T *wqkv, const T *wo, co
       }
     }
   });
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      rotate(dQkv.data() + t * 3 * D + h * d, docs.position(rowMap[t], seq), d, true);
-      rotate(dQkv.data() + t * 3 * D + D + h * d, docs.position(rowMap[t], seq), d, true);
-    }
-  stored(store, dQkv.data(), rows * 3 * D);
-  if (dWqkv)
-    matmulTransAAcc(x, dQkv.data(), dWqkv, rows, C, 3 * D);
-  if (dx)
-    matmulTransBAcc(dQkv.data(), wqkv, dx, rows, 3 * D, C);
+  projectionBackward(x, wqkv, dQkv.data(), dWqkv, dx, rows, C, D, heads, seq, store, docs, rowMap);
   return true;
 }
 
