@@ -165,17 +165,7 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   const int64_t first = int64_t(pos.b) * p.seq + n0; // token of the first key and the first query
   const int32_t *queryFirstKeys = kDocuments ? p.firstKeys + first : nullptr; // from the first query on
   if (queryFirstKeys) {
-    // Query tiles whose first query's document starts after the block's last key see none of its keys, nor do
-    // later ones (firstKeys never decreases): end before the first of them (a binary search, same on all threads).
-    int lo = 0, hi = nTiles;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (queryFirstKeys[mid * kTile] > n0 + keys - 1)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    nTiles = lo;
+    nTiles = tilesSeeingKeys(queryFirstKeys, nTiles, kTile, n0 + keys - 1);
   }
   const bf16 *gQ = p.qkv + first * p.ld + pos.h * D, *gdO = p.dO + first * p.C + pos.h * D;
   auto loadQueries = [&](int it, int buf) {

@@ -174,23 +174,7 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   wg::commit();
   wg::wait<0>();
   wg::pin<D>(acc);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + g + 8 * r;
-    float total = rowSum[r];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    if (row >= p.seq)
-      continue;
-    const int64_t tok = tok0 + row;
-    bf16 *out = p.oOut + tok * p.C + pos.h * D + 2 * t;
-#pragma unroll
-    for (int db = 0; db < D / 8; ++db)
-      *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
-          __floats2bfloat162_rn(acc[db][2 * r] / total, acc[db][2 * r + 1] / total);
-    if (t == 0)
-      p.lseOut[tok * p.heads + pos.h] = rowMax[r] * p.scale + logf(total);
-  }
+  storeForwardRows<D>(p, acc, rowMax, rowSum, tok0, row0, pos.h, g, t);
 }
 
 // ---- the layout check -----------------------------------------------------------------------

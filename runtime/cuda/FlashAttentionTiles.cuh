@@ -265,6 +265,47 @@ struct WarpDocuments {
   }
 };
 
+/// Of nTiles query tiles (tileRows rows each, queryFirstKeys from the first one's first query), how many see some
+/// key up to lastKey: a tile whose first query's document starts after lastKey sees none, nor does any later one
+/// (firstKeys never decreases), so the count is the first such tile (a binary search, the same on all threads).
+__device__ __forceinline__ int tilesSeeingKeys(const int32_t *queryFirstKeys, int nTiles, int tileRows, int lastKey) {
+  int lo = 0, hi = nTiles;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (queryFirstKeys[mid * tileRows] > lastKey)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+/// The forward's output for a warp's 16 query rows from row0 (lane rows g and g + 8): o = acc / the row's sum,
+/// rounded to bf16, and the log-sum-exp. The quad's partial sums are added in one order on all 4 lanes; rows at or
+/// past the sequence's end are not written.
+template <int D>
+__device__ __forceinline__ void storeForwardRows(const Params &p, const float (&acc)[D / 8][4], const float (&rowMax)[2],
+                                                 const float (&rowSum)[2], int64_t tok0, int row0, int h, int g,
+                                                 int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    float total = rowSum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    if (row >= p.seq)
+      continue;
+    const int64_t tok = tok0 + row;
+    bf16 *out = p.oOut + tok * p.C + h * D + 2 * t;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db)
+      *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
+          __floats2bfloat162_rn(acc[db][2 * r] / total, acc[db][2 * r + 1] / total);
+    if (t == 0)
+      p.lseOut[tok * p.heads + h] = rowMax[r] * p.scale + logf(total);
+  }
+}
+
 /// The block's tile index (heaviest first) and its (sequence, head).
 struct BlockPos {
   int tile, b, h;
