@@ -54,7 +54,9 @@
 #include <initializer_list>
 #include <string>
 
-// Included by FlashAttention.cu (forward) and FlashAttentionBackward.cu only.
+// Included by the flash attention sources only: FlashAttention.cu, FlashAttentionBackward.cu, and through
+// FlashAttentionWgmma.cuh the wgmma kernels (which share Params, the masks, blockPos, the output writer and
+// the launch checks).
 namespace mhcc::runtime::cuda::flash {
 
 using bf16 = __nv_bfloat16;
