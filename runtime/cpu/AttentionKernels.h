@@ -79,6 +79,19 @@ void projectQueriesKeysValues(const T *x, const T *wqkv, T *qkv, int64_t rows, i
   stored(store, qkv, rows * 3 * D);
 }
 
+/// The backward's start: dW_o (when not null) += o^T dy, and dO = dy W_o^T,
+/// rounded where kept.
+template <typename T>
+std::vector<T> outputProjectionBackward(const T *o, const T *dy, const T *wo, T *dWo, int64_t rows, int64_t C,
+                                        int64_t D, Store<T> store) {
+  if (dWo)
+    matmulTransAAcc(o, dy, dWo, rows, D, C);
+  std::vector<T> dO(rows * D, T(0));
+  matmulTransBAcc(dy, wo, dO.data(), rows, C, D);
+  stored(store, dO.data(), rows * D);
+  return dO;
+}
+
 /// The backward's end: dQkv's q and k rotated back, rounded, and dW_qkv and
 /// dx (each when not null) added.
 template <typename T>
@@ -180,11 +193,8 @@ void attentionBackward(const T *x, const T *wqkv, const T *wo, const T *aux, con
                        Store<T> store = nullptr, Documents docs = {}, int64_t inner = 0) {
   const int64_t D = inner ? inner : C, d = D / heads;
   const T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
-  if (dWo)
-    matmulTransAAcc(o, dy, dWo, rows, D, C);
-  std::vector<T> dO(rows * D, T(0)), dQkv(rows * 3 * D, T(0));
-  matmulTransBAcc(dy, wo, dO.data(), rows, C, D);
-  stored(store, dO.data(), rows * D);
+  const std::vector<T> dO = outputProjectionBackward(o, dy, wo, dWo, rows, C, D, store);
+  std::vector<T> dQkv(rows * 3 * D, T(0));
   const T scale = T(1) / std::sqrt(T(d));
   // (sequence, head) pairs touch disjoint slices of dQkv: split them over threads.
   parallelFor((rows / seq) * heads, 2 * seq * seq * d, [&](int64_t begin, int64_t end) {

@@ -2,8 +2,8 @@
 //
 // Causal attention under context parallelism (mhcc --cp) with a K/V
 // exchange: a rank projects and rotates q, k and v for its own rows only
-// (its two chunks of every sequence), all-gathers the group's rows of
-// them, and computes attention for its own queries against the gathered
+// (its two chunks of every sequence), all-gathers the group's rows of k and
+// v, and computes attention for its own queries against the gathered
 // keys; the backward gathers q, k, v, dO and then each query's
 // log-sum-exp and rowDot = sum_j p_j dp_j, and every rank computes dQ of
 // its own queries (against every key) and dK, dV of its own keys (over
@@ -52,8 +52,11 @@ bool contextParallelAttentionForward(const T *x, const T *wqkv, const T *wo, T *
   const int64_t D = inner ? inner : C, d = D / heads;
   T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
   projectQueriesKeysValues(x, wqkv, qkv, rows, C, D, heads, seq, store, docs, rowMap);
-  std::vector<T> qkvAll(all * 3 * D);
-  if (!gather(qkv, 3 * D, qkvAll.data()))
+  // The queries stay: only the rows' k and v ([rows, 2D]) are exchanged.
+  std::vector<T> kv(rows * 2 * D), kvAll(all * 2 * D);
+  for (int64_t t = 0; t < rows; ++t)
+    std::copy_n(qkv + t * 3 * D + D, 2 * D, kv.data() + t * 2 * D);
+  if (!gather(kv.data(), 2 * D, kvAll.data()))
     return false;
   const T scale = T(1) / std::sqrt(T(d));
   const auto bySequence = rowsBySequence(rowMap, rows, seq, all / seq);
@@ -61,11 +64,11 @@ bool contextParallelAttentionForward(const T *x, const T *wqkv, const T *wo, T *
     std::vector<T> p(seq), kt(d * seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
-      const T *seqRows = qkvAll.data() + b * seq * 3 * D;
-      transposeHead(seqRows + D + h * d, 3 * D, seq, d, kt.data());
+      const T *seqRows = kvAll.data() + b * seq * 2 * D;
+      transposeHead(seqRows + h * d, 2 * D, seq, d, kt.data());
       for (int64_t t : bySequence[b]) {
         T *out = o + t * D + h * d;
-        lse[t * heads + h] = attendRow(qkv + t * 3 * D + h * d, kt.data(), seqRows + 2 * D + h * d, 3 * D, seq, d,
+        lse[t * heads + h] = attendRow(qkv + t * 3 * D + h * d, kt.data(), seqRows + D + h * d, 2 * D, seq, d,
                                        rowMap[t] % seq, docs.firstKey(rowMap[t]), scale, p.data(), out);
         stored(store, out, d);
       }
@@ -84,11 +87,8 @@ bool contextParallelAttentionBackward(const T *x, const T *wqkv, const T *wo, co
                                       const GatherRows<T> &gather) {
   const int64_t D = inner ? inner : C, d = D / heads, sequences = all / seq;
   const T *qkv = aux, *o = aux + rows * 3 * D, *lse = o + rows * D;
-  if (dWo)
-    matmulTransAAcc(o, dy, dWo, rows, D, C);
-  std::vector<T> dO(rows * D, T(0)), dQkv(rows * 3 * D, T(0));
-  matmulTransBAcc(dy, wo, dO.data(), rows, C, D);
-  stored(store, dO.data(), rows * D);
+  const std::vector<T> dO = outputProjectionBackward(o, dy, wo, dWo, rows, C, D, store);
+  std::vector<T> dQkv(rows * 3 * D, T(0));
   std::vector<T> qkvAll(all * 3 * D), dOAll(all * D);
   if (!gather(qkv, 3 * D, qkvAll.data()) || !gather(dO.data(), D, dOAll.data()))
     return false;
