@@ -31,18 +31,30 @@ inline int64_t columnChunks(int64_t rows) { return (rows + kColumnChunkRows - 1)
 
 /// dst[c] += the chunks' partials of column c, in chunk order; with `dst2`,
 /// columns from `split` on go to dst2[c - split] (two gradients in one launch).
+/// The loads go out kBatch at a time (and dst's first), the adds stay in
+/// chunk order: a thread waits for memory once a batch, not once a chunk.
 __global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, int64_t cols, float *dst,
                                         int64_t split = INT64_MAX, float *dst2 = nullptr) {
+  constexpr int kBatch = 8;
   int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols)
     return;
+  float *target = c < split ? dst + c : dst2 + (c - split);
+  const float before = *target;
   float acc = 0;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+  int64_t chunk = 0;
+  for (; chunk + kBatch <= chunks; chunk += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      v[i] = partial[(chunk + i) * cols + c];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      acc += v[i];
+  }
+  for (; chunk < chunks; ++chunk)
     acc += partial[chunk * cols + c];
-  if (c < split)
-    dst[c] += acc;
-  else
-    dst2[c - split] += acc;
+  *target = before + acc;
 }
 
 /// dst[c] += sum over t of the summands `partials` produces (a model kernel

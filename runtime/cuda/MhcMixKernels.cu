@@ -55,11 +55,14 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coe
 /// The pre-mix backward in one pass over du and x, one warp per row t:
 /// dCoef[t, s] += <du[t], x[t, s]> (lane l adding its elements c = l + 32 k in
 /// order, then warpSum) and dx[t, s, c] += h[t, s] du[t, c] for each element.
-/// du and x are staged through shared memory (warpStream); the lane's own
-/// 16-byte vectors of the stage give the dx update, so du is read once.
+/// du, x and (up to n = 4) dx are staged through shared memory (warpStream),
+/// so the next stage's loads of all three are in flight while a stage is
+/// read; the lane's own 16-byte vectors of the stage give the dx update, so
+/// du is read once.
 extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *coef, const act_t *du, act_t *dx,
                                                  float *dCoef, int64_t rows, int64_t C) {
-  constexpr int A = kStreams + 1;
+  constexpr bool kStageDx = warpTiles<2 * kStreams + 1>() > 0;
+  constexpr int A = kStageDx ? 2 * kStreams + 1 : kStreams + 1; // du, x's streams, dx's streams
   constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
@@ -85,10 +88,12 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
     const act_t *src[A];
     act_t *buf[A];
     for (int a = 0; a < A; ++a) {
-      src[a] = a == 0 ? du + t * C : x + (t * kStreams + a - 1) * C;
+      src[a] = a == 0 ? du + t * C
+               : a <= kStreams ? x + (t * kStreams + a - 1) * C
+                               : dx + (t * kStreams + a - 1 - kStreams) * C;
       buf[a] = reinterpret_cast<act_t *>(staged[threadIdx.x / 32][a]);
     }
-    const bool vec = C % kVec == 0 && aligned16(x) && aligned16(du);
+    const bool vec = C % kVec == 0 && aligned16(x) && aligned16(du) && (!kStageDx || aligned16(dx));
     const bool vecOut = vec && aligned16(dx);
     warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t base, int n) {
       for (int j = 0; j < E / 32; ++j) {
@@ -104,7 +109,10 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
           unpackVec(*reinterpret_cast<const uint4 *>(buf[0] + o), g);
           for (int s = 0; s < kStreams; ++s) {
             act_t *d = dx + (t * kStreams + s) * C + base + o;
-            loadVec(d, v);
+            if (kStageDx)
+              unpackVec(*reinterpret_cast<const uint4 *>(buf[kStreams + 1 + s] + o), v);
+            else
+              loadVec(d, v);
             for (int e = 0; e < kVec; ++e)
               v[e] = v[e] + h[s] * g[e];
             storeVec(d, v);
