@@ -154,9 +154,14 @@ public:
     return true;
   }
   void abort() override {
-    // Pass on what this rank saw, unless it only repeats a peer's report.
-    if (!error_.empty() && error_.find(" reported: ") == std::string::npos)
-      mesh_->reportFailure(error_);
+    // Pass on what this rank saw; a peer's report goes on as its root cause,
+    // so that a rank which hears only of this one (its connection closing
+    // next) still learns which rank failed first.
+    if (!error_.empty()) {
+      const std::string relay = " reported: ";
+      const size_t at = error_.rfind(relay);
+      mesh_->reportFailure(at == std::string::npos ? error_ : error_.substr(at + relay.size()));
+    }
     mesh_->abort();
   }
 
