@@ -89,7 +89,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
       os << "data parallel: dp = " << schedule.dp << " replicas of each rank's list (world = pp x dp = "
          << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); replica d takes "
          << "microbatches d, d + " << schedule.dp << ", ... of the global batch of " << schedule.dp * schedule.microbatches
-         << "; each rank's ALLREDUCE sums its gradients over its replicas before OPTIM"
+         << "; each stage's ALLREDUCE sums its gradients over the replicas right after the stage's last backward, "
+            "while the rank goes on with its other stages' (a bucket per model chunk)"
          << (schedule.distributedOptimizer
                  ? "; distributed optimizer: the fp32 masters and Adam's moments sharded over the replicas, each "
                    "updating 1 / dp of every parameter"

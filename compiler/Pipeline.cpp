@@ -58,8 +58,8 @@ void PipelineOptions::bindOptions(Binder &binder) {
   binder.option(dp, "dp",
                 cl::desc("Data-parallel replicas of the pipeline (world = pp x dp ranks, data-parallel "
                          "fastest); each takes its share of every global batch of dp x --microbatches "
-                         "microbatches, and each rank's list ends its backward with an ALLREDUCE of its "
-                         "gradients over its replicas (CPU backend)"),
+                         "microbatches, and each stage's gradients are summed over the replicas by an ALLREDUCE "
+                         "right after the stage's last backward (CPU backend)"),
                 cl::cat(pipelineCategory()));
   binder.option(cp, "cp",
                 cl::desc("Context-parallel ranks per sequence (world = pp x dp x cp ranks, context-parallel "

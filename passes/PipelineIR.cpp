@@ -295,7 +295,7 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
         pipe::OptimizerOp::create(builder, loc);
         break;
       case pipeline::OpKind::AllReduce:
-        pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.width));
+        pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.stage), i64(instr.width));
         break;
       case pipeline::OpKind::Send:
       case pipeline::OpKind::Recv: {
@@ -370,6 +370,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
           .Case([&](pipe::OptimizerOp) { instr.kind = pipeline::OpKind::Optimizer; })
           .Case([&](pipe::AllReduceOp o) {
             instr.kind = pipeline::OpKind::AllReduce;
+            instr.stage = o.getStage();
             instr.tokens = 1;
             instr.width = o.getElements();
           })

@@ -245,13 +245,6 @@ std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t p, int6
   return std::nullopt;
 }
 
-int64_t rankGradientFloats(const ScheduleSpec &spec, int64_t rank) {
-  int64_t floats = 0;
-  for (size_t s = rank; s < spec.stages.size(); s += spec.pp)
-    floats += spec.stages[s].params;
-  return floats;
-}
-
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error) {
   const int64_t p = spec.pp, v = spec.vpp, m = spec.microbatches;
   const int64_t stages = p * v;
@@ -285,6 +278,17 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
     std::vector<Instr> &list = schedule.ranks[r];
     std::vector<Instr> pending; // comms between two compute steps: one group
     std::vector<Instr> pendingFrees;
+    // A stage's gradient ALLREDUCE, once its last backward (W under ZB-H1)
+    // ran: it follows that step's sends, so the replicas sum one model
+    // chunk while the rank goes on with the others' backwards (Megatron's
+    // bucketed, overlapped gradient reduction with a bucket per chunk).
+    std::vector<Instr> pendingReduces;
+    std::map<int64_t, int64_t> backwardsLeft;
+    if (spec.dp * spec.cp > 1)
+      for (int64_t s = r; s < stages; s += p)
+        if (spec.stages[s].params > 0) // an empty chunk has nothing to sum
+          backwardsLeft[s] = m;
+    const OpKind completing = spec.kind == ScheduleKind::ZeroBubbleH1 ? OpKind::BackwardWeight : OpKind::Backward;
     int64_t groupId = 0;
     auto flush = [&]() {
       if (!pending.empty()) {
@@ -300,6 +304,9 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
       for (Instr &free : pendingFrees)
         list.push_back(free);
       pendingFrees.clear();
+      for (Instr &reduce : pendingReduces)
+        list.push_back(reduce);
+      pendingReduces.clear();
     };
     auto message = [&](OpKind kind, Payload payload, int64_t src, int64_t dst, int64_t mb) {
       Instr instr;
@@ -359,15 +366,17 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
       compute.mb = steps[i].mb;
       list.push_back(compute);
       postSends(steps[i]);
+      auto left = backwardsLeft.find(compute.stage);
+      if (compute.kind == completing && left != backwardsLeft.end() && --left->second == 0) {
+        Instr reduce;
+        reduce.kind = OpKind::AllReduce;
+        reduce.stage = compute.stage;
+        reduce.tokens = 1;
+        reduce.width = spec.stages[compute.stage].params;
+        pendingReduces.push_back(reduce);
+      }
     }
     flush();
-    if (spec.dp * spec.cp > 1) {
-      Instr reduce;
-      reduce.kind = OpKind::AllReduce;
-      reduce.tokens = 1;
-      reduce.width = rankGradientFloats(spec, r);
-      list.push_back(reduce);
-    }
     Instr optim;
     optim.kind = OpKind::Optimizer;
     list.push_back(optim);

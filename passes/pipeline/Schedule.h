@@ -88,10 +88,6 @@ struct Schedule {
 std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t pp, int64_t vpp,
                                               int64_t microbatches, int64_t groupSize);
 
-/// The gradient floats rank `rank` holds, its stages' parameters: the width
-/// of its ALLREDUCE.
-int64_t rankGradientFloats(const ScheduleSpec &spec, int64_t rank);
-
 /// Builds the schedule, or returns nullopt with `error` for configurations
 /// the schedule cannot run (GPipe or ZB-H1 with v > 1, the m % g rule, ...).
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error);

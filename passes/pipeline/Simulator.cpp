@@ -115,7 +115,7 @@ private:
     std::map<std::pair<int64_t, int64_t>, double> sendDone;
     std::map<std::pair<int64_t, int64_t>, int64_t> inBytes;
     int64_t liveBytes = 0, inFlight = 0;
-    int64_t allReduces = 0;
+    std::set<int64_t> reduced; // stages whose gradient ALLREDUCE ran
   };
 
   void error(int64_t rank, int64_t index, std::string message) {
@@ -427,19 +427,23 @@ private:
     case OpKind::AllReduce: {
       if (schedule_.reduceGroup() < 2)
         return fail("an ALLREDUCE in a schedule without data or context parallelism (dp = cp = 1)");
-      if (instr.width != rankGradientFloats(spec_, r))
-        return fail("ALLREDUCE of " + std::to_string(instr.width) + " floats, but the rank holds " +
-                    std::to_string(rankGradientFloats(spec_, r)) + " gradient floats");
-      // The group sums every microbatch's gradient: nothing of this step's
-      // backward may run after it.
+      const int64_t s = instr.stage;
+      if (s < 0 || s >= stages_ || rankOf(s) != r)
+        return fail("ALLREDUCE of stage " + std::to_string(s) + ", which is not one of this rank's");
+      if (st.reduced.count(s))
+        return fail("a second ALLREDUCE of stage " + std::to_string(s));
+      if (instr.width != spec_.stages[s].params)
+        return fail("ALLREDUCE of " + std::to_string(instr.width) + " floats, but stage " + std::to_string(s) +
+                    " holds " + std::to_string(spec_.stages[s].params) + " gradient floats");
+      // The group sums every microbatch's gradient of the stage: none of its
+      // backwards may run after it.
       const bool split = schedule_.kind == ScheduleKind::ZeroBubbleH1;
-      for (int64_t s = r; s < stages_; s += p_)
-        for (int64_t mb = 0; mb < schedule_.microbatches; ++mb)
-          if (!st.bwd.count({s, mb}) || (split && !st.wgrad.count({s, mb})))
-            return fail("ALLREDUCE before the " + std::string(split ? "W" : "backward") + " of (s" +
-                        std::to_string(s) + ",mb" + std::to_string(mb) + "): the replicas would sum "
-                        "gradients that are not complete");
-      ++st.allReduces;
+      for (int64_t mb = 0; mb < schedule_.microbatches; ++mb)
+        if (!st.bwd.count({s, mb}) || (split && !st.wgrad.count({s, mb})))
+          return fail("ALLREDUCE before the " + std::string(split ? "W" : "backward") + " of (s" +
+                      std::to_string(s) + ",mb" + std::to_string(mb) + "): the replicas would sum "
+                      "gradients that are not complete");
+      st.reduced.insert(s);
       break;
     }
     case OpKind::Optimizer:
@@ -494,10 +498,12 @@ private:
         }
       if (list.empty() || list.back().kind != OpKind::Optimizer)
         error(r, static_cast<int64_t>(list.size()) - 1, "the list must end with OPTIM");
-      if (schedule_.reduceGroup() > 1 && st.allReduces != 1)
-        error(r, -1, "issues " + std::to_string(st.allReduces) + " gradient ALLREDUCEs; with dp x cp = " +
-                         std::to_string(schedule_.reduceGroup()) +
-                         " every rank sums its gradients over its group once, before OPTIM");
+      if (schedule_.reduceGroup() > 1)
+        for (int64_t s = r; s < stages_; s += p_)
+          if (spec_.stages[s].params > 0 && !st.reduced.count(s))
+            error(r, -1, "never reduces stage " + std::to_string(s) + "'s gradients; with dp x cp = " +
+                             std::to_string(schedule_.reduceGroup()) +
+                             " every stage's are summed over the group once, after its last backward, before OPTIM");
     }
   }
 

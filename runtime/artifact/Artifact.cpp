@@ -269,7 +269,7 @@ json toJson(const Instr &i) {
     j["payload"] = i.payload == Payload::Activation ? "act" : "grad";
   }
   if (i.kind == OpKind::AllReduce)
-    j["elements"] = i.width; // the rank's gradient floats
+    j["elements"] = i.width; // the stage's gradient floats
   return j;
 }
 

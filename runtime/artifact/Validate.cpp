@@ -99,15 +99,18 @@ public:
   /// What the executor assumes of one rank's list, beyond valid indices: every
   /// (stage, microbatch) of the rank's stages is computed exactly once (one
   /// FWD, then one BWD or one B followed by one W), a FREE follows the SEND of
-  /// the output it frees, and one OPTIM ends the list. An edited (and
+  /// the output it frees, with dp x cp > 1 every stage's gradient ALLREDUCE
+  /// comes once, after the stage's last backward, and one OPTIM ends the
+  /// list. An edited (and
   /// resealed) artifact that breaks this is refused here, not mid-step.
   std::string rankSemantics(int64_t rank) {
     struct Seen {
       int fwd = 0, bwd = 0, b = 0, w = 0, sent = 0, freed = 0;
     };
     std::map<std::pair<int64_t, int64_t>, Seen> seen;
+    std::map<int64_t, int> reduced; // ALLREDUCEs per stage
     const std::vector<Instr> &list = a_.ranks[rank];
-    int optimizers = 0, allReduces = 0;
+    int optimizers = 0;
     for (size_t k = 0; k < list.size(); ++k) {
       const Instr &i = list[k];
       const std::string at = "instruction " + std::to_string(k) + " (" + i.describe() + ")";
@@ -117,12 +120,19 @@ public:
         ++optimizers;
         continue;
       }
-      if (allReduces)
-        return at + " follows the gradient ALLREDUCE, which only OPTIM may follow";
       if (i.kind == OpKind::AllReduce) {
-        ++allReduces;
+        // The replicas sum the stage's gradients of every microbatch.
+        for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
+          const Seen &x = seen[{i.stage, mb}];
+          if (x.bwd + x.w == 0)
+            return at + " comes before the backward of microbatch " + std::to_string(mb);
+        }
+        if (reduced[i.stage]++)
+          return at + " reduces the stage a second time";
         continue;
       }
+      if (reduced.count(i.stage) && i.kind != OpKind::Recv && i.kind != OpKind::Send && i.kind != OpKind::Free)
+        return at + " computes stage " + std::to_string(i.stage) + " after its gradient ALLREDUCE";
       const bool sendsOutput = i.kind == OpKind::Send && i.payload == Payload::Activation;
       Seen &s = seen[{sendsOutput ? i.srcStage : i.stage, i.mb}];
       switch (i.kind) {
@@ -159,9 +169,11 @@ public:
     if (optimizers != 1)
       return "the list must end with one OPTIM, it has " + std::to_string(optimizers);
     const bool reduces = a_.reduceGroupSize() > 1;
-    if (allReduces != (reduces ? 1 : 0))
-      return "with dp = " + std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + " the list needs " +
-             (reduces ? "one" : "no") + " gradient ALLREDUCE before its OPTIM, it has " + std::to_string(allReduces);
+    for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
+      if (reduced[s] != (reduces && !a_.stages[s].params.empty() ? 1 : 0))
+        return "with dp = " + std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + " stage " +
+               std::to_string(s) + " needs " + (reduces && !a_.stages[s].params.empty() ? "one" : "no") +
+               " gradient ALLREDUCE before OPTIM, it has " + std::to_string(reduced[s]);
     for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
       for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
         const Seen &x = seen[{s, mb}];
@@ -355,8 +367,14 @@ private:
     const int64_t stages = a_.pp * a_.vpp;
     if (i.kind == OpKind::Optimizer)
       return "";
-    if (i.kind == OpKind::AllReduce)
-      return a_.reduceGroupSize() > 1 && i.width > 0 ? "" : "a gradient ALLREDUCE needs dp x cp > 1 and a size";
+    if (i.kind == OpKind::AllReduce) {
+      if (a_.reduceGroupSize() < 2 || i.width <= 0)
+        return "a gradient ALLREDUCE needs dp x cp > 1 and a size";
+      return i.stage >= 0 && i.stage < stages && a_.rankOf(i.stage) == rank
+                 ? ""
+                 : "a gradient ALLREDUCE of no stage of this rank (an artifact from before the per-stage "
+                   "ALLREDUCE? recompile it)";
+    }
     if (i.stage < 0 || i.stage >= stages || i.mb < 0 || i.mb >= a_.microbatches)
       return "stage or microbatch out of range";
     if (!i.isComm())

@@ -156,19 +156,18 @@ struct CpuWorld {
       blocks.push_back(tensorBlocks(a, t, [this](int p) { return params.weight(p); }));
   }
 
-  /// The data-parallel all-reduce of pipeline rank r's stages, on the host:
-  /// for each tensor rank, its first member's gradients become the sum over
-  /// the group, added in member order (((g0 + g1) + g2) ...), so the bits
-  /// depend on dp and cp alone, never on the pipeline layout.
-  void sumReplicas(int64_t r) {
+  /// The data-parallel all-reduce of stage s, on the host: for each tensor
+  /// rank, its first member's gradients become the sum over the group, added
+  /// in member order (((g0 + g1) + g2) ...), so the bits depend on dp and cp
+  /// alone, never on the pipeline layout or on when each stage is reduced.
+  void sumReplicas(size_t s) {
     for (int64_t t = 0; t < a.tp; ++t)
-      for (size_t s = r; s < params.slotGrads.size(); s += a.pp)
-        for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
-          std::vector<float> &sum = gradsOf(t)[s][k];
-          for (int64_t m = t + a.tp; m < a.dp * a.cp * a.tp; m += a.tp)
-            for (size_t e = 0; e < sum.size(); ++e)
-              sum[e] = sum[e] + gradsOf(m)[s][k][e];
-        }
+      for (size_t k = 0; k < params.slotGrads[s].size(); ++k) {
+        std::vector<float> &sum = gradsOf(t)[s][k];
+        for (int64_t m = t + a.tp; m < a.dp * a.cp * a.tp; m += a.tp)
+          for (size_t e = 0; e < sum.size(); ++e)
+            sum[e] = sum[e] + gradsOf(m)[s][k][e];
+      }
   }
 
   /// Tensor parallelism: the whole gradients from the tensor ranks' (after sumReplicas).
@@ -281,14 +280,14 @@ struct CpuWorld {
                       problem);
   }
 
-  /// ALLREDUCE of global rank `rank`: a barrier of its pipeline rank's
-  /// members (the reduce groups of every tensor rank at once); the last to
-  /// arrive sums. False when a rank failed meanwhile.
-  bool allReduce(int64_t rank, std::string &problem) {
+  /// ALLREDUCE of stage `stage` by global rank `rank`: a barrier of its
+  /// pipeline rank's members (the reduce groups of every tensor rank at
+  /// once); the last to arrive sums. False when a rank failed meanwhile.
+  bool allReduce(int64_t rank, int64_t stage, std::string &problem) {
     std::unique_lock<std::mutex> lock(mutex);
     const int64_t pipelineRank = a.pipelineRankOf(rank), members = a.dp * a.cp * a.tp;
     return barrier(rank, reduceGroups[pipelineRank], rankRange(pipelineRank * members, members), lock,
-                   [&] { sumReplicas(pipelineRank); }, problem);
+                   [&] { sumReplicas(size_t(stage)); }, problem);
   }
 
   /// Every rank calls this once per step; the last one reduces the
@@ -339,9 +338,9 @@ public:
     return true;
   }
   bool finishPipeline() override { return !world_->failed || fail("stopped: another rank failed"); }
-  bool allReduceGradients(const Instr &) override {
+  bool allReduceGradients(const Instr &instr) override {
     std::string problem;
-    return collectiveDone(world_->allReduce(rank_, problem), "the gradient ALLREDUCE", problem);
+    return collectiveDone(world_->allReduce(rank_, instr.stage, problem), "the gradient ALLREDUCE", problem);
   }
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
     std::string problem;

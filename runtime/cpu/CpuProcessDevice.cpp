@@ -110,11 +110,11 @@ public:
   /// first, which adds them in member order (the thread ranks' sum, bit for
   /// bit). Only rank 0 runs the optimizer, gathering from the first members,
   /// so the others need not receive the sum back.
-  bool allReduceGradients(const Instr &) override {
+  bool allReduceGradients(const Instr &instr) override {
     const int64_t first = a_.globalRank(pipelineRank_, 0, 0, tensorRank_);
     if (rank_ != first) {
       Frame frame{Frame::Reduce, 0, rank_, first, 0, {}};
-      packStageGrads(Packer{frame.bytes});
+      packStageGrads(Packer{frame.bytes}, instr.stage);
       return mesh_->send(first, frame, error_);
     }
     for (int64_t member = 1; member < a_.dp * a_.cp; ++member) {
@@ -124,13 +124,12 @@ public:
         return false;
       Unpacker in{frame.bytes};
       bool ok = frame.kind == Frame::Reduce;
-      for (size_t s = pipelineRank_; ok && s < a_.stages.size(); s += a_.pp)
-        for (std::vector<float> &sum : grads_[s]) {
-          std::vector<float> g(sum.size());
-          ok = ok && in.get(g.data(), g.size());
-          for (size_t e = 0; ok && e < sum.size(); ++e)
-            sum[e] = sum[e] + g[e];
-        }
+      for (std::vector<float> &sum : grads_[instr.stage]) {
+        std::vector<float> g(sum.size());
+        ok = ok && in.get(g.data(), g.size());
+        for (size_t e = 0; ok && e < sum.size(); ++e)
+          sum[e] = sum[e] + g[e];
+      }
       if (!ok || in.at != frame.bytes.size())
         return fail("rank " + std::to_string(from) + "'s gradients for the ALLREDUCE are malformed (the ranks run "
                     "different artifacts?)");
@@ -287,10 +286,12 @@ private:
   }
 
   /// This rank's stages' slot gradients (its blocks), in stage and slot order.
-  void packStageGrads(Packer pack) const {
+  /// The gradients of one of the rank's stages, or (-1) of all of them.
+  void packStageGrads(Packer pack, int64_t only = -1) const {
     for (size_t s = pipelineRank_; s < a_.stages.size(); s += a_.pp)
-      for (const std::vector<float> &g : grads_[s])
-        pack.put(g.data(), g.size());
+      if (only < 0 || int64_t(s) == only)
+        for (const std::vector<float> &g : grads_[s])
+          pack.put(g.data(), g.size());
   }
 
   bool reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &out);

@@ -106,10 +106,10 @@ public:
   /// Waits for every queue (with the receive deadline; a failed peer ends
   /// the wait at once) after the executor issued the whole list.
   virtual bool finishPipeline() = 0;
-  /// ALLREDUCE: this rank's gradients (its stages' slots) summed over its
-  /// data-parallel group, after its last backward; returns once the group's
-  /// sum is in place. False (error() may say why) where a backend has no
-  /// data parallelism.
+  /// ALLREDUCE: stage `instr.stage`'s gradients (its slots) summed over the
+  /// rank's data-parallel group, after the stage's last backward; returns
+  /// once the group's sum is in place. False (error() may say why) where a
+  /// backend has no data parallelism.
   virtual bool allReduceGradients(const Instr &) { return false; }
   /// Reduces the gradients, shares losses and statistics between ranks and
   /// updates the weights (Optimizer.h's math). `losses[mb][k]` holds this

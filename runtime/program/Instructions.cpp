@@ -40,7 +40,7 @@ std::string Instr::describe() const {
        << "->s" << dstStage << " mb" << mb << (kind == OpKind::Send ? " to r" : " from r")
        << peer << " [" << tokens << "x" << width << "]";
   } else if (kind == OpKind::AllReduce) {
-    os << " grads dp [" << width << "]";
+    os << " grads s" << stage << " dp [" << width << "]";
   } else if (kind != OpKind::Optimizer) {
     os << "(s" << stage << ",mb" << mb << ")";
   }

@@ -24,7 +24,7 @@ enum class OpKind {
   Recv,
   Free,           // pseudo-deallocation of out(stage, mb) once its send completed
   Optimizer,
-  AllReduce,      // the rank's gradients summed over its data-parallel group (width: their floats)
+  AllReduce,      // a stage's gradients summed over the rank's data-parallel group (width: their floats)
 };
 
 const char *opKindName(OpKind kind);
@@ -54,7 +54,7 @@ struct Instr {
     return kind == OpKind::Forward || kind == OpKind::Backward ||
            kind == OpKind::BackwardInput || kind == OpKind::BackwardWeight;
   }
-  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`, `ALLREDUCE grads dp [N]`.
+  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`, `ALLREDUCE grads s2 dp [N]`.
   std::string describe() const;
 };
 

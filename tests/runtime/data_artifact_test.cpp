@@ -441,6 +441,52 @@ TEST(Artifact, ValidationChecksWhatEachRankComputes) {
   EXPECT_EQ(problemAfter([](Artifact &) {}), "");
 }
 
+TEST(Artifact, ValidationChecksEachStagesGradientAllReduce) {
+  // dp 2 x pp 2 x vpp 2: rank 0 reduces stage 2, then stage 0, each after its
+  // last backward. Edits that keep every index valid but break that.
+  const char *path = std::getenv("DP2_VPP2_ARTIFACT");
+  ASSERT_NE(path, nullptr);
+  std::string error;
+  std::optional<Artifact> original = readArtifact(path, error);
+  ASSERT_TRUE(original) << error;
+  auto problemAfter = [&](const std::function<void(std::vector<Instr> &)> &edit) {
+    Artifact a = *original;
+    edit(a.ranks[0]);
+    return validateArtifact(a);
+  };
+  std::vector<Instr> &list = original->ranks[0];
+  ASSERT_EQ(std::count_if(list.begin(), list.end(), [](const Instr &i) { return i.kind == OpKind::AllReduce; }), 2);
+  EXPECT_EQ(firstOf(list, OpKind::AllReduce)->stage, 2) << "the later chunk is reduced first";
+  EXPECT_EQ(problemAfter([](std::vector<Instr> &) {}), "");
+  EXPECT_NE(problemAfter([](std::vector<Instr> &l) { l.erase(firstOf(l, OpKind::AllReduce)); })
+                .find("stage 2 needs one gradient ALLREDUCE before OPTIM, it has 0"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](std::vector<Instr> &l) {
+              Instr reduce = *firstOf(l, OpKind::AllReduce);
+              l.insert(firstOf(l, OpKind::Backward), reduce);
+            }).find("comes before the backward of microbatch 0"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](std::vector<Instr> &l) {
+              auto reduce = firstOf(l, OpKind::AllReduce);
+              l.insert(reduce, *reduce);
+            }).find("reduces the stage a second time"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](std::vector<Instr> &l) { firstOf(l, OpKind::AllReduce)->stage = 1; })
+                .find("no stage of this rank"),
+            std::string::npos);
+  EXPECT_NE(problemAfter([](std::vector<Instr> &l) {
+              // A backward of stage 2 moved behind its ALLREDUCE.
+              auto reduce = firstOf(l, OpKind::AllReduce);
+              auto last = std::find_if(std::make_reverse_iterator(reduce), l.rend(), [](const Instr &i) {
+                            return i.kind == OpKind::Backward && i.stage == 2;
+                          }).base() - 1;
+              Instr bwd = *last;
+              l.erase(last);
+              l.insert(firstOf(l, OpKind::AllReduce) + 1, bwd);
+            }).find("comes before the backward of microbatch"),
+            std::string::npos);
+}
+
 TEST(Artifact, InitializationDependsOnNameAndSeedOnly) {
   ParamInfo w{"layer0.attn.w_qkv", 8, 24, "normal", 0.02, true};
   std::vector<float> a = initialParameter(w, 1), b = initialParameter(w, 1), c = initialParameter(w, 2);

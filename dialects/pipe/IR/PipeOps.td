@@ -90,16 +90,18 @@ def Pipe_FreeOp : Pipe_ComputeOp<"free",
     "FREE: pseudo-deallocation of the output, once its send has completed">;
 
 def Pipe_AllReduceOp : Pipe_Op<"all_reduce", [HasParent<"RankOp">]> {
-  let summary = "ALLREDUCE: sum the rank's gradients over its data-parallel group";
+  let summary = "ALLREDUCE: sum one stage's gradients over the rank's data-parallel group";
   let description = [{
     A collective of every replica of this pipeline rank (they all run this
     list, so the group issues the same collectives in the same order, with
-    the same shape). `elements` is the number of gradient floats the rank's
-    stages hold; it comes after the rank's last backward and before OPTIM
-    (-pipe-verify-schedule checks both).
+    the same shapes). One per stage of the rank, a bucket per model chunk:
+    `elements` is the number of gradient floats stage `stage` holds; it
+    comes after that stage's last backward (W under ZB-H1), so that the
+    group sums one chunk while the rank runs the others' backwards, and
+    before OPTIM (-pipe-verify-schedule checks all three).
   }];
-  let arguments = (ins StrAttr:$group, Pipe_PositiveI64:$elements);
-  let assemblyFormat = "$group $elements `elements` attr-dict";
+  let arguments = (ins StrAttr:$group, Pipe_NonNegativeI64:$stage, Pipe_PositiveI64:$elements);
+  let assemblyFormat = "$group `stage` $stage $elements `elements` attr-dict";
   let hasVerifier = 1;
 }
 
