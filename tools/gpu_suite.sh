@@ -33,7 +33,10 @@
 # (record new goldens without comparing to the committed ones; the run is
 # still compared with its own rerun), GPU_SUITE_BASELINE=PATH (bundle: an
 # mhcrun built from an earlier commit, run beside every benchmark so the
-# ratio of the two comes from one run).
+# ratio of the two comes from one run), GPU_SUITE_BASELINE_MHCC=PATH
+# (bundle: that commit's mhcc, which compiles the benchmarks' artifacts for
+# the baseline too: the model kernels travel in the artifact, so a kernel
+# change needs both for its baseline).
 #
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
@@ -123,6 +126,14 @@ bundle)
   cp bazel-bin/tools/mhcrun bazel-bin/tools/libmhcc_mpi.so bazel-bin/tools/gemm_bench bazel-bin/tools/attention_bench \
      "$bundle/"
   [ -n "${GPU_SUITE_BASELINE:-}" ] && cp "$GPU_SUITE_BASELINE" "$bundle/mhcrun_baseline"
+  if [ -n "${GPU_SUITE_BASELINE_MHCC:-}" ]; then
+    mkdir -p "$bundle/baseline"
+    for name in $BENCH_DEFAULT hybrid_1b_m1_pp1; do
+      # shellcheck disable=SC2086
+      "$GPU_SUITE_BASELINE_MHCC" --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/baseline/$name.mhcc" ||
+        exit 1
+    done
+  fi
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
@@ -542,14 +553,14 @@ sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
   # bench_numbers MHCRUN NAME LOGPREFIX: 5 iterations, medians of the last 4,
   # into $numbers; fails when the run fails or the reserved memory grew.
   bench_numbers() {
-    local bin=$1 name=$2 log=$3
+    local bin=$1 name=$2 log=$3 dir=${4:-.}
     # shellcheck disable=SC2086
     local peak dtype
     peak=$(cat "$name.peak" 2>/dev/null || echo $PEAK_F32)
     dtype=$([ "$peak" = $PEAK_BF16 ] && echo bf16 || echo fp32)
     # GPU_SUITE_BENCH_DATA=corpus_docs with GPU_SUITE_MHCRUN_FLAGS='--reset-position-ids --reset-attention-mask':
     # packed documents (TFLOP/s and MFU then count full causal attention, more than is computed).
-    if ! timeout 400 "$bin" "$name.mhcc" --data "${GPU_SUITE_BENCH_DATA:-corpus.txt}" --steps 5 --no-progress --peak-tflops $peak \
+    if ! timeout 400 "$bin" "$dir/$name.mhcc" --data "${GPU_SUITE_BENCH_DATA:-corpus.txt}" --steps 5 --no-progress --peak-tflops $peak \
         ${GPU_SUITE_MHCRUN_FLAGS:-} --metrics "$log.jsonl" > "$log.log" 2>&1; then
       numbers=$(tail -1 "$log.log" | cut -c1-150); return 1
     fi
@@ -576,7 +587,7 @@ sys.exit(0 if steady else 1)")
       bench_numbers ./mhcrun "$name" "$logs/bench_$name" && r=PASS || r=FAIL
       if [ -x ./mhcrun_baseline ]; then
         ours=$numbers
-        bench_numbers ./mhcrun_baseline "$name" "$logs/baseline_$name"
+        bench_numbers ./mhcrun_baseline "$name" "$logs/baseline_$name" "$([ -f "baseline/$name.mhcc" ] && echo baseline || echo .)"
         numbers="$ours; baseline $(python3 -c "
 import json, statistics
 med = lambda p: statistics.median(json.loads(l)['tokens_per_second'] for l in list(open(p))[1:])
