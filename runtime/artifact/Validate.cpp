@@ -131,8 +131,6 @@ public:
           return at + " reduces the stage a second time";
         continue;
       }
-      if (reduced.count(i.stage) && i.kind != OpKind::Recv && i.kind != OpKind::Send && i.kind != OpKind::Free)
-        return at + " computes stage " + std::to_string(i.stage) + " after its gradient ALLREDUCE";
       const bool sendsOutput = i.kind == OpKind::Send && i.payload == Payload::Activation;
       Seen &s = seen[{sendsOutput ? i.srcStage : i.stage, i.mb}];
       switch (i.kind) {
@@ -169,11 +167,13 @@ public:
     if (optimizers != 1)
       return "the list must end with one OPTIM, it has " + std::to_string(optimizers);
     const bool reduces = a_.reduceGroupSize() > 1;
-    for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
-      if (reduced[s] != (reduces && !a_.stages[s].params.empty() ? 1 : 0))
+    for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp) {
+      const int wanted = reduces && !a_.stages[s].params.empty() ? 1 : 0; // an empty chunk has nothing to sum
+      if (reduced[s] != wanted)
         return "with dp = " + std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + " stage " +
-               std::to_string(s) + " needs " + (reduces && !a_.stages[s].params.empty() ? "one" : "no") +
-               " gradient ALLREDUCE before OPTIM, it has " + std::to_string(reduced[s]);
+               std::to_string(s) + " needs " + (wanted ? "one" : "no") + " gradient ALLREDUCE before OPTIM, it has " +
+               std::to_string(reduced[s]);
+    }
     for (int64_t s = rank; s < a_.pp * a_.vpp; s += a_.pp)
       for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
         const Seen &x = seen[{s, mb}];

@@ -400,13 +400,22 @@ std::vector<Instr>::iterator firstOf(std::vector<Instr> &list, OpKind kind) {
   return std::find_if(list.begin(), list.end(), [kind](const Instr &i) { return i.kind == kind; });
 }
 
+/// The compiled artifact the environment variable names (the test's data),
+/// or nullopt with `error` set.
+std::optional<Artifact> artifactFromEnv(const char *variable, std::string &error) {
+  const char *path = std::getenv(variable);
+  if (!path) {
+    error = std::string(variable) + " is not set";
+    return std::nullopt;
+  }
+  return readArtifact(path, error);
+}
+
 TEST(Artifact, ValidationChecksWhatEachRankComputes) {
   // Edits of a compiled PP2 artifact that keep every index valid (as a
   // resealed artifact would) but break what the executor assumes.
-  const char *path = std::getenv("PP2_ARTIFACT");
-  ASSERT_NE(path, nullptr);
   std::string error;
-  std::optional<Artifact> original = readArtifact(path, error);
+  std::optional<Artifact> original = artifactFromEnv("PP2_ARTIFACT", error);
   ASSERT_TRUE(original) << error;
   auto problemAfter = [&](const std::function<void(Artifact &)> &edit) {
     Artifact a = *original;
@@ -444,10 +453,8 @@ TEST(Artifact, ValidationChecksWhatEachRankComputes) {
 TEST(Artifact, ValidationChecksEachStagesGradientAllReduce) {
   // dp 2 x pp 2 x vpp 2: rank 0 reduces stage 2, then stage 0, each after its
   // last backward. Edits that keep every index valid but break that.
-  const char *path = std::getenv("DP2_VPP2_ARTIFACT");
-  ASSERT_NE(path, nullptr);
   std::string error;
-  std::optional<Artifact> original = readArtifact(path, error);
+  std::optional<Artifact> original = artifactFromEnv("DP2_VPP2_ARTIFACT", error);
   ASSERT_TRUE(original) << error;
   auto problemAfter = [&](const std::function<void(std::vector<Instr> &)> &edit) {
     Artifact a = *original;
