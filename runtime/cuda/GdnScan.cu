@@ -17,8 +17,10 @@
 // MHCC_GDN_LANES=1: one thread a row), 8 tokens' inputs staged in shared
 // memory at a time; rows are independent, so blocks take 16 rows each.
 // Deterministic by construction: every sum has one writer and a fixed
-// order, no atomics, and no result depends on the waves. (The WY form would
-// put the chunks' own products on tensor cores: later work.)
+// order, no atomics, and no result depends on the waves. Since session 15
+// the WY form (GdnWy.cu: products over each chunk, no token's state stored)
+// runs by default, 1.76x these scans on hybrid_1b; these stay as the
+// comparison path (MHCC_GDN_SCAN=affine), tested like it.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/GdnScan.h"
@@ -603,11 +605,20 @@ int scanLanes() {
   return lanes && std::string(lanes) == "1" ? 1 : 4;
 }
 
+/// Which form runs the scans: the WY products (GdnWy.cu), or with
+/// MHCC_GDN_SCAN=affine the chunks' affine maps here (for comparisons).
+bool affineScans() {
+  const char *form = std::getenv("MHCC_GDN_SCAN");
+  return form && std::string(form) == "affine";
+}
+
 } // namespace
 
 std::string gdnScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
                      float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
                      const int32_t *firstKeys, cudaStream_t s) {
+  if (!affineScans())
+    return gdnWyScans(backward, a, gates, dO, o, dA, dAb, dLogAlpha, scratch, rows, C, H, seq, firstKeys, s);
   const int64_t d = C / H;
   const ScanLaunch launch = scanLanes() == 1 ? scanFor<1>(d) : scanFor<4>(d);
   if (!launch)
@@ -617,6 +628,8 @@ std::string gdnScans(bool backward, const float *a, const float *gates, const fl
 }
 
 int64_t gdnScanScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq) {
+  if (!affineScans())
+    return gdnWyScratchFloats(backward, rows, C, H, seq);
   const ScanLayout L(rows, C, H, seq);
   return backward ? L.backwardFloats(rows) : L.forwardFloats();
 }

@@ -336,12 +336,13 @@ void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, i
              });
 }
 
-// The recurrence at head dims 16 (tiny's), 64 and 128 (1b's), with
-// checkpointed chunks of the backward's replay that do not divide the
-// sequence, and across packed documents.
+// The recurrence at head dims 16 (tiny's), 64 and 128 (1b's), with chunks
+// that do not divide the sequence, and across packed documents.
 TEST_F(CudaKernels, GatedDeltaNet) { checkGatedDeltaNet(2 * 45, 45, 64, 4, false); }
 TEST_F(CudaKernels, GatedDeltaNetPackedDocuments) { checkGatedDeltaNet(2 * 150, 150, 128, 2, true); }
 TEST_F(CudaKernels, GatedDeltaNetHeadDim128) { checkGatedDeltaNet(2 * 70, 70, 256, 2, true); }
+// Five chunks a sequence (the chains over chunks carry the state four times), documents across them.
+TEST_F(CudaKernels, GatedDeltaNetManyChunks) { checkGatedDeltaNet(2 * 300, 300, 128, 4, true); }
 
 // Longer rows than a block has threads, head width 128, two sequences.
 TEST_F(CudaKernels, AttentionLongSequencesWideHeads) { checkAttention(2 * 300, 300, 256, 2); }

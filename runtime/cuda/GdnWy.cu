@@ -1,0 +1,715 @@
+//===- GdnWy.cu - the Gated DeltaNet recurrence in its chunked WY form ----===//
+//
+// GdnScan.h's scans as matrix products over chunks of kChunk tokens, never
+// materializing a token's state (Yang et al., "Gated Delta Networks", the
+// chunkwise form). In a chunk with starting state S0 (rows: value dims,
+// columns: key dims), g_r the cumulative log decay of token r within its
+// document, Gam[r][i] = exp(g_r - g_i) (0 across a document start or for
+// i > r), gam_r = exp(g_r) on tokens whose document continues from S0 (0
+// after a start in the chunk) and rho_r = Gam[last][r]:
+//   A = strictly-lower(diag(beta) (K K^T . Gam)),  T = (I + A)^-1
+//   U~ = T diag(beta) V,  W = T diag(beta gam) K,  U = U~ - W S0^T
+//   O = scale (diag(gam) Q S0^T + (Q K^T . Gam) U)
+//   S1 = gam_last S0 + U^T diag(rho) K
+// (u_r = beta_r (v_r - alpha_r S_{r-1} k_r) are the chunk's pseudo-values.)
+// The forward: wyPrepareKernel (U~, W: every chunk at once), wyStatesKernel
+// (the chain over chunks, a block per 16 state rows: rows are independent),
+// wyOutputKernel (every chunk at once). The backward replays the first two,
+// then sends dS back over the chunks (wyDiagGradKernel, wyStateGradKernel:
+// dU = diag(rho) K dS1^T + scale P^T dO, dS0 = gam_last dS1 + scale dO^T
+// diag(gam) Q - dU^T W), and every chunk takes its own gradients from S0,
+// dS1 and dU (wyGradsKernel, wyWyGradsKernel: the products above walked back,
+// T's through dA = -T^T dT T^T). The decay's gradient is summed over log
+// gates and documents (dlog alpha_t = the sum of dg_r over r >= t in t's
+// document and chunk). Products run in fp32 on the CUDA cores, each output
+// a thread's fixed-order sum: deterministic, no atomics.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/GdnScan.h"
+#include "runtime/cuda/DeviceKernels.h"
+
+#include <cuda_runtime.h>
+
+namespace mhcc::runtime::cuda {
+namespace {
+
+constexpr int kChunk = 64;    // tokens a chunk: L
+constexpr int kThreads = 512; // every kernel's block (16 warps: the products wait on shared memory)
+constexpr int kRows = 16;     // state rows a block of the chains over chunks
+constexpr float kMinLogDecay = -80.0f; // exp(-80) is 0 beside fp32 sums; keeps g finite where alpha underflowed
+
+__host__ __device__ constexpr int rowsOf(int d) { return d < kRows ? d : kRows; }
+__host__ __device__ inline int64_t chunksOf(int64_t seq) { return (seq + kChunk - 1) / kChunk; }
+/// A shared-memory matrix of `cols` columns is stored with cols + 1 floats a row: row and column walks both
+/// spread over the banks.
+__host__ __device__ constexpr int padded(int cols) { return cols + 1; }
+template <int Cols> constexpr int matFloats(int rows) { return rows * padded(Cols); }
+
+/// The chunk's gates (GdnScan.h: alpha, then beta, per token and head), in shared memory; tokens past the
+/// sequence are padding (k = v = q = 0, beta 0, alpha 1): they change nothing.
+struct ChunkGates {
+  float g[kChunk], gam[kChunk], rho[kChunk], beta[kChunk];
+  int seg[kChunk];
+  bool reset[kChunk];
+  float gamEnd;
+  __device__ float decay(int r, int i) const { // Gam[r][i]
+    return r >= i && seg[r] == seg[i] ? expf(g[r] - g[i]) : 0.0f;
+  }
+};
+
+/// Where a block's chunk sits: blockIdx.x = sequence x chunks + chunk (or the chunk given).
+struct Chunk {
+  int64_t seqIdx, index, from, t0;
+  int n; // tokens in the chunk (<= kChunk)
+  __device__ Chunk(int64_t seq, int64_t seqIdx_, int64_t chunk)
+      : seqIdx(seqIdx_), index(chunk), from(chunk * kChunk), t0(seqIdx_ * seq),
+        n(int(seq - chunk * kChunk < kChunk ? seq - chunk * kChunk : kChunk)) {}
+  __device__ int64_t token(int r) const { return t0 + from + r; }
+};
+__device__ inline Chunk blockChunk(int64_t seq) {
+  const int64_t chunks = chunksOf(seq);
+  return Chunk(seq, int64_t(blockIdx.x) / chunks, int64_t(blockIdx.x) % chunks);
+}
+
+/// The gate table: per (sequence x chunk, head), kGateRows rows of kChunk floats (g, gam, rho, beta, the
+/// document index within the chunk, 1 where a document starts), written once by wyGatesKernel and read by every
+/// kernel after it: a prefix over the chunk is a serial chain that no kernel should wait on per chunk.
+enum GateRow { kRowG, kRowGam, kRowRho, kRowBeta, kRowSeg, kRowReset, kGateRows };
+__device__ inline float *gateSlot(float *table, int64_t blockChunk, int64_t H, int64_t h) {
+  return table + (blockChunk * H + h) * kGateRows * kChunk;
+}
+
+/// One warp a (chunk, head): the tokens' decays and betas read at once, the prefix by lane 0.
+__global__ void __launch_bounds__(32) wyGatesKernel(const float *gates, float *table, int64_t seq, int64_t H,
+                                                    const int32_t *firstKeys) {
+  __shared__ float logDecay[kChunk], g[kChunk], segOf[kChunk];
+  __shared__ bool reset[kChunk];
+  const Chunk c = blockChunk(seq);
+  const int64_t h = blockIdx.y;
+  float *out = gateSlot(table, blockIdx.x, H, h);
+  for (int r = threadIdx.x; r < kChunk; r += 32) {
+    const bool real = r < c.n;
+    reset[r] = real && c.from + r == firstKeyOf(firstKeys, c.t0 + c.from + r);
+    logDecay[r] = real ? fmaxf(logf(gates[c.token(r) * 2 * H + h]), kMinLogDecay) : 0.0f;
+    out[kRowBeta * kChunk + r] = real ? gates[c.token(r) * 2 * H + H + h] : 0.0f;
+    out[kRowReset * kChunk + r] = reset[r] ? 1.0f : 0.0f;
+  }
+  __syncwarp();
+  if (threadIdx.x == 0) {
+    float acc = 0.0f;
+    int seg = 0;
+    bool open = true;
+    for (int r = 0; r < kChunk; ++r) {
+      if (reset[r]) {
+        ++seg;
+        acc = 0.0f;
+        open = false;
+      } else {
+        acc += logDecay[r];
+      }
+      g[r] = acc;
+      segOf[r] = float(seg);
+      out[kRowGam * kChunk + r] = open ? expf(acc) : 0.0f;
+    }
+  }
+  __syncwarp();
+  for (int r = threadIdx.x; r < kChunk; r += 32) {
+    out[kRowG * kChunk + r] = g[r];
+    out[kRowSeg * kChunk + r] = segOf[r];
+    out[kRowRho * kChunk + r] = segOf[r] == segOf[kChunk - 1] ? expf(g[kChunk - 1] - g[r]) : 0.0f; // Gam[last][r]
+  }
+}
+
+/// The chunk's gate table into shared memory, visible to the block (the barrier first lets the last chunk's
+/// readers finish).
+__device__ void loadGates(ChunkGates &G, const float *table, int64_t blockChunk, int64_t H, int64_t h) {
+  __syncthreads();
+  const float *in = gateSlot(const_cast<float *>(table), blockChunk, H, h);
+  for (int e = threadIdx.x; e < kGateRows * kChunk; e += kThreads) {
+    const int r = e % kChunk;
+    const float v = in[e];
+    switch (e / kChunk) {
+    case kRowG: G.g[r] = v; break;
+    case kRowGam: G.gam[r] = v; break;
+    case kRowRho: G.rho[r] = v; break;
+    case kRowBeta: G.beta[r] = v; break;
+    case kRowSeg: G.seg[r] = int(v); break;
+    default: G.reset[r] = v != 0.0f; break;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    G.gamEnd = G.gam[kChunk - 1];
+  __syncthreads();
+}
+
+/// out(m, n, sum over k of a(m, k) b(k, n)) for an M x N product, the block's threads a TM x 4 tile each
+/// (TM 4, or fewer rows where that leaves threads idle): rows m0 .. m0 + TM - 1, columns n0, n0 + N/4, .. (a
+/// warp reads consecutive columns of b). k runs in order: every output's bits are fixed.
+template <int M, int N> constexpr int tileRows() {
+  return (M / 4) * (N / 4) >= kThreads ? 4 : (M / 2) * (N / 4) >= kThreads ? 2 : 1;
+}
+template <int M, int N, int K, class A, class B, class Out>
+__device__ __forceinline__ void blockProduct(const A &a, const B &b, const Out &out) {
+  constexpr int TM = tileRows<M, N>(), NT = N / 4, kTiles = (M / TM) * NT;
+  static_assert(M % TM == 0 && N % 4 == 0, "whole tiles");
+  for (int tile = threadIdx.x; tile < kTiles; tile += kThreads) {
+    const int m0 = tile / NT * TM, n0 = tile % NT;
+    float acc[TM][4] = {};
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      float av[TM], bv[4];
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+        av[i] = a(m0 + i, k);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        bv[j] = b(k, n0 + j * NT);
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        out(m0 + i, n0 + j * NT, acc[i][j]);
+  }
+}
+
+/// Eight threads to each of the chunk's rows (r = threadIdx.x / 8): the sum over j < len of f(r, j), j mod 8
+/// apart then pairwise; all eight lanes get the same bits.
+constexpr int kRowLanes = kThreads / kChunk;
+static_assert(kRowLanes == 8, "eight lanes a row");
+template <class F> __device__ inline float rowSum(int len, const F &f) {
+  const int r = threadIdx.x / kRowLanes;
+  float sum = 0.0f;
+  for (int j = threadIdx.x % kRowLanes; j < len; j += kRowLanes)
+    sum += f(r, j);
+#pragma unroll
+  for (int offset = 1; offset < kRowLanes; offset <<= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+__device__ inline bool rowLeader() { return threadIdx.x % kRowLanes == 0; }
+__device__ inline int myRow() { return threadIdx.x / kRowLanes; }
+
+/// Rows r < n of a [tokens, ld] global matrix's D columns, `Rows` rows (zero after n), for a padded shared
+/// matrix: the constructor issues a thread's float4 loads, store() writes them; a kernel starts every load it
+/// needs before it stores any (one trip to memory, not one a matrix).
+template <int D, int Rows = kChunk> struct RowLoad {
+  static_assert(D % 4 == 0, "float4 rows");
+  static constexpr int V = D / 4, kVecs = Rows * V, kPer = (kVecs + kThreads - 1) / kThreads;
+  float4 held[kPer];
+  __device__ RowLoad(const float *src, int64_t ld, int n) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int e = threadIdx.x + k * kThreads, r = e / V;
+      held[k] = e < kVecs && r < n ? *reinterpret_cast<const float4 *>(src + r * ld + (e % V) * 4)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  __device__ void store(float *dst) const {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int e = threadIdx.x + k * kThreads;
+      if (e < kVecs) {
+        float *d = dst + (e / V) * padded(D) + (e % V) * 4;
+        d[0] = held[k].x;
+        d[1] = held[k].y;
+        d[2] = held[k].z;
+        d[3] = held[k].w;
+      }
+    }
+  }
+};
+
+/// T = (I + A)^-1 for A strictly lower triangular (both padded L x L): row r of T is e_r - sum over m < r of
+/// A[r][m] T[m], rows in order, eight threads to an entry (m mod 8, added pairwise).
+__device__ void invertUnitLower(const float *A, float *T) {
+  constexpr int P = padded(kChunk);
+  for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads)
+    T[(e / kChunk) * P + e % kChunk] = e / kChunk == e % kChunk ? 1.0f : 0.0f;
+  __syncthreads();
+  const int i = myRow(), part = threadIdx.x % kRowLanes; // every column i < 64
+  for (int r = 1; r < kChunk; ++r) {
+    float sum = 0.0f;
+    if (i < r)
+      for (int m = i + part; m < r; m += kRowLanes)
+        sum = fmaf(A[r * P + m], T[m * P + i], sum);
+#pragma unroll
+    for (int offset = 1; offset < kRowLanes; offset <<= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (part == 0 && i < r)
+      T[r * P + i] = -sum;
+    __syncthreads();
+  }
+}
+
+/// The scratch: U (U~ until the chain makes it U), W (dW in the backward), dU, by [token, C] as the inputs;
+/// the state at every chunk's start (checkpoints) and, backward, the state gradient at its end (carries),
+/// D x D row-major by (sequence, head, chunk); the gate table; the decay's gradient terms of the first
+/// gradient kernel.
+struct WyLayout {
+  int64_t rows, C, H, D, seqs, chunks;
+  WyLayout(int64_t rows_, int64_t C_, int64_t H_, int64_t seq)
+      : rows(rows_), C(C_), H(H_), D(C_ / H_), seqs(rows_ / seq), chunks(chunksOf(seq)) {}
+  int64_t stateFloats() const { return seqs * H * chunks * D * D; }
+  int64_t tableFloats() const { return seqs * chunks * H * kGateRows * kChunk; }
+  int64_t forwardFloats() const { return 2 * rows * C + stateFloats() + tableFloats(); }
+  int64_t backwardFloats() const { return forwardFloats() + rows * C + stateFloats() + seqs * chunks * H * kChunk; }
+  float *u(float *base) const { return base; }
+  float *w(float *base) const { return base + rows * C; }
+  float *checkpoints(float *base) const { return base + 2 * rows * C; }
+  float *gateTable(float *base) const { return checkpoints(base) + stateFloats(); }
+  float *du(float *base) const { return gateTable(base) + tableFloats(); }
+  float *carries(float *base) const { return du(base) + rows * C; }
+  float *decayTerms(float *base) const { return carries(base) + stateFloats(); }
+};
+__device__ inline int64_t stateSlot(int64_t seqIdx, int64_t h, int64_t chunk, int64_t H, int64_t chunks, int D) {
+  return ((seqIdx * H + h) * chunks + chunk) * D * D;
+}
+
+template <int D> constexpr int prepareSmem() { return (2 * matFloats<D>(kChunk) + 2 * matFloats<kChunk>(kChunk)) * 4; }
+
+/// U~ = T diag(beta) V and W = T diag(beta gam) K, every chunk at once.
+template <int D>
+__global__ void __launch_bounds__(kThreads) wyPrepareKernel(const float *a, const float *table, float *U, float *W,
+                                                           int64_t seq, int64_t C, int64_t H) {
+  extern __shared__ float smem[];
+  __shared__ ChunkGates G;
+  constexpr int PD = padded(D), PL = padded(kChunk);
+  float *K = smem, *V = K + matFloats<D>(kChunk), *A = V + matFloats<D>(kChunk), *T = A + matFloats<kChunk>(kChunk);
+  const Chunk c = blockChunk(seq);
+  const int64_t h = blockIdx.y;
+  {
+    const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), v(a + c.token(0) * 3 * C + 2 * C + h * D, 3 * C, c.n);
+    k.store(K);
+    v.store(V);
+  }
+  loadGates(G, table, blockIdx.x, H, h);
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return K[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
+                                  [&](int r, int i, float v) {
+                                    A[r * PL + i] = i < r ? G.beta[r] * G.decay(r, i) * v : 0.0f;
+                                  });
+  __syncthreads();
+  invertUnitLower(A, T);
+  float *u = U + c.token(0) * C + h * D, *w = W + c.token(0) * C + h * D;
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return T[r * PL + m]; },
+                                  [&](int m, int j) { return G.beta[m] * V[m * PD + j]; },
+                                  [&](int r, int j, float v) {
+                                    if (r < c.n)
+                                      u[r * C + j] = v;
+                                  });
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return T[r * PL + m]; },
+                                  [&](int m, int j) { return G.beta[m] * G.gam[m] * K[m * PD + j]; },
+                                  [&](int r, int j, float v) {
+                                    if (r < c.n)
+                                      w[r * C + j] = v;
+                                  });
+}
+
+template <int D> constexpr int chainSmem() {
+  return (3 * matFloats<D>(kChunk) + matFloats<D>(rowsOf(D)) + 2 * matFloats<rowsOf(D)>(kChunk)) * 4;
+}
+
+/// The chain over a (sequence, head)'s chunks for the block's R state rows (blockIdx.z), S in shared memory.
+/// Forward (kGrad false): checkpoint S, U = U~ - W S^T (in place), S = gam_last S + U^T diag(rho) K. Backward,
+/// last chunk first, X = dS at the chunk's end: carry X, dU = diag(rho) K X^T + dU (the output's term, in
+/// place), X = gam_last X + scale dO^T diag(gam) Q - dU^T W.
+template <int D, bool kGrad>
+__global__ void __launch_bounds__(kThreads)
+    wyChainKernel(const float *a, const float *table, const float *dO, float *U, const float *W, float *states,
+                  int64_t seq, int64_t C, int64_t H, float scale) {
+  constexpr int R = rowsOf(D), PD = padded(D), PR = padded(R);
+  extern __shared__ float smem[];
+  __shared__ ChunkGates G;
+  float *K = smem, *Wt = K + matFloats<D>(kChunk), *Q = Wt + matFloats<D>(kChunk), *X = Q + matFloats<D>(kChunk);
+  float *Uc = X + matFloats<D>(R), *Oc = Uc + matFloats<R>(kChunk); // [token][row] columns of U (dU) and dO
+  const int64_t h = blockIdx.y, chunks = chunksOf(seq), row0 = int64_t(blockIdx.z) * R;
+  for (int e = threadIdx.x; e < R * D; e += kThreads)
+    X[(e / D) * PD + e % D] = 0.0f;
+  for (int64_t step = 0; step < chunks; ++step) {
+    const Chunk c(seq, blockIdx.x, kGrad ? chunks - 1 - step : step);
+    loadGates(G, table, c.seqIdx * chunks + c.index, H, h); // also: the last chunk's products are done
+    float *u = U + c.token(0) * C + h * D + row0;
+    {
+      const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), w(W + c.token(0) * C + h * D, C, c.n),
+          q(a + c.token(0) * 3 * C + h * D, 3 * C, kGrad ? c.n : 0);
+      const RowLoad<R> uc(u, C, c.n), oc(dO + c.token(0) * C + h * D + row0, C, kGrad ? c.n : 0);
+      k.store(K);
+      w.store(Wt);
+      uc.store(Uc);
+      if (kGrad) {
+        q.store(Q);
+        oc.store(Oc);
+      }
+    }
+    float *slot = states + stateSlot(c.seqIdx, h, c.index, H, chunks, D) + row0 * D;
+    for (int e = threadIdx.x; e < R * D; e += kThreads)
+      slot[e] = X[(e / D) * PD + e % D];
+    __syncthreads();
+    if (kGrad)
+      blockProduct<kChunk, R, D>([&](int r, int j) { return K[r * PD + j]; }, [&](int j, int i) { return X[i * PD + j]; },
+                                 [&](int r, int i, float v) { Uc[r * PR + i] = G.rho[r] * v + Uc[r * PR + i]; });
+    else
+      blockProduct<kChunk, R, D>([&](int r, int j) { return Wt[r * PD + j]; }, [&](int j, int i) { return X[i * PD + j]; },
+                                 [&](int r, int i, float v) { Uc[r * PR + i] = Uc[r * PR + i] - v; });
+    __syncthreads();
+    for (int e = threadIdx.x; e < kChunk * R; e += kThreads)
+      if (e / R < c.n)
+        u[(e / R) * C + e % R] = Uc[(e / R) * PR + e % R];
+    if (kGrad)
+      blockProduct<R, D, 2 * kChunk>(
+          [&](int i, int k) {
+            return k < kChunk ? scale * Oc[k * PR + i] * G.gam[k] : -Uc[(k - kChunk) * PR + i];
+          },
+          [&](int k, int j) { return k < kChunk ? Q[k * PD + j] : Wt[(k - kChunk) * PD + j]; },
+          [&](int i, int j, float v) { X[i * PD + j] = G.gamEnd * X[i * PD + j] + v; });
+    else
+      blockProduct<R, D, kChunk>([&](int i, int r) { return Uc[r * PR + i] * G.rho[r]; },
+                                 [&](int r, int j) { return K[r * PD + j]; },
+                                 [&](int i, int j, float v) { X[i * PD + j] = G.gamEnd * X[i * PD + j] + v; });
+  }
+}
+
+template <int D> constexpr int outputSmem() {
+  return (3 * matFloats<D>(kChunk) + matFloats<D>(D) + matFloats<kChunk>(kChunk)) * 4;
+}
+
+/// O = scale (diag(gam) Q S0^T + P U) with P = Q K^T . Gam, every chunk at once. Backward (kGrad): the output
+/// gradient's own term of dU instead, scale P^T dO, before the chain adds the state's.
+template <int D, bool kGrad>
+__global__ void __launch_bounds__(kThreads)
+    wyOutputKernel(const float *a, const float *table, const float *U, const float *checkpoints, const float *dO,
+                   float *out, int64_t seq, int64_t C, int64_t H, float scale) {
+  extern __shared__ float smem[];
+  __shared__ ChunkGates G;
+  constexpr int PD = padded(D), PL = padded(kChunk);
+  float *Q = smem, *K = Q + matFloats<D>(kChunk), *Uo = K + matFloats<D>(kChunk), *S = Uo + matFloats<D>(kChunk);
+  float *P = S + matFloats<D>(D);
+  const Chunk c = blockChunk(seq);
+  const int64_t h = blockIdx.y;
+  {
+    // Uo: U (forward) or dO (backward).
+    const RowLoad<D> q(a + c.token(0) * 3 * C + h * D, 3 * C, c.n), k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n),
+        u((kGrad ? dO : U) + c.token(0) * C + h * D, C, c.n);
+    const RowLoad<D, D> s0(kGrad ? nullptr : checkpoints + stateSlot(c.seqIdx, h, c.index, H, chunksOf(seq), D), D,
+                           kGrad ? 0 : D);
+    q.store(Q);
+    k.store(K);
+    u.store(Uo);
+    if (!kGrad)
+      s0.store(S);
+  }
+  loadGates(G, table, blockIdx.x, H, h);
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return Q[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
+                                  [&](int r, int i, float v) { P[r * PL + i] = G.decay(r, i) * v; });
+  __syncthreads();
+  float *o = out + c.token(0) * C + h * D;
+  if (kGrad) {
+    blockProduct<kChunk, D, kChunk>([&](int r, int m) { return P[m * PL + r]; }, [&](int m, int i) { return Uo[m * PD + i]; },
+                                    [&](int r, int i, float v) {
+                                      if (r < c.n)
+                                        o[r * C + i] = scale * v;
+                                    });
+    return;
+  }
+  // Both products give a thread the same outputs: the first's value waits in the output, read back by the
+  // thread that wrote it.
+  blockProduct<kChunk, D, D>([&](int r, int j) { return Q[r * PD + j]; }, [&](int j, int i) { return S[i * PD + j]; },
+                             [&](int r, int i, float v) {
+                               if (r < c.n)
+                                 o[r * C + i] = G.gam[r] * v;
+                             });
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return P[r * PL + m]; }, [&](int m, int i) { return Uo[m * PD + i]; },
+                                  [&](int r, int i, float v) {
+                                    if (r < c.n)
+                                      o[r * C + i] = scale * (o[r * C + i] + v);
+                                  });
+}
+
+
+/// Per-token terms of a chunk's gradient kernels, and a block's partial sums.
+struct TokenTerms {
+  float rowSum[kChunk], colSum[kChunk], dgam[kChunk], drho[kChunk], dbeta[kChunk];
+  float partial[kThreads];
+};
+
+/// Row r's and column r's sums of f(row, col) for every r (rowSum's lanes).
+template <class F> __device__ inline void rowAndColumnSums(TokenTerms &t, const F &f) {
+  const float row = rowSum(kChunk, f), col = rowSum(kChunk, [&](int r, int i) { return f(i, r); });
+  if (rowLeader()) {
+    t.rowSum[myRow()] = row;
+    t.colSum[myRow()] = col;
+  }
+}
+
+/// The sum of every thread's `part`, in thread order (a warp's lanes 16 apart, then pairwise).
+__device__ inline float blockSum(TokenTerms &t, float part) {
+  t.partial[threadIdx.x] = part;
+  __syncthreads();
+  float sum = 0.0f;
+  if (threadIdx.x < 32) {
+    for (int e = threadIdx.x; e < kThreads; e += 32)
+      sum += t.partial[e];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  return sum; // in warp 0
+}
+
+template <int D> constexpr int gradsSmem() { return (5 * matFloats<D>(kChunk) + 2 * matFloats<kChunk>(kChunk)) * 4; }
+
+/// A chunk's gradients through the output and the state (S0 and dS1 read from memory):
+///   dQ = scale diag(gam) dO S0 + dQK K,  dK = diag(rho) U dS1 + dQK^T Q,  dW = -dU S0
+/// with dP = scale dO U^T and dQK = dP . Gam; the decay's terms (through Gam, gam, rho, gam_last) into
+/// `decayTerms` for wyWyGradsKernel, which adds the WY part to dK.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    wyGradsKernel(const float *a, const float *table, const float *dO, const float *U, const float *dU,
+                  const float *checkpoints, const float *carries, float *dW, float *dA, float *decayTerms, int64_t seq,
+                  int64_t C, int64_t H, float scale) {
+  extern __shared__ float smem[];
+  __shared__ ChunkGates G;
+  __shared__ TokenTerms t;
+  constexpr int PD = padded(D), PL = padded(kChunk);
+  float *Q = smem, *K = Q + matFloats<D>(kChunk), *Us = K + matFloats<D>(kChunk), *O = Us + matFloats<D>(kChunk);
+  float *X = O + matFloats<D>(kChunk), *QK = X + matFloats<D>(kChunk), *dP = QK + matFloats<kChunk>(kChunk);
+  const Chunk c = blockChunk(seq);
+  const int64_t h = blockIdx.y, slot = stateSlot(c.seqIdx, h, c.index, H, chunksOf(seq), D);
+  const float *S0 = checkpoints + slot, *dS1 = carries + slot;
+  {
+    const RowLoad<D> q(a + c.token(0) * 3 * C + h * D, 3 * C, c.n), k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n),
+        u(U + c.token(0) * C + h * D, C, c.n), o(dO + c.token(0) * C + h * D, C, c.n);
+    q.store(Q);
+    k.store(K);
+    u.store(Us);
+    o.store(O);
+  }
+  loadGates(G, table, blockIdx.x, H, h);
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return Q[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
+                                  [&](int r, int i, float v) { QK[r * PL + i] = v; });
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return O[r * PD + k]; },
+                                  [&](int k, int i) { return Us[i * PD + k]; },
+                                  [&](int r, int i, float v) { dP[r * PL + i] = scale * v; });
+  __syncthreads();
+  rowAndColumnSums(t, [&](int r, int i) { return dP[r * PL + i] * QK[r * PL + i] * G.decay(r, i); });
+  __syncthreads();
+  for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) // dP becomes dQK
+    dP[(e / kChunk) * PL + e % kChunk] *= G.decay(e / kChunk, e % kChunk);
+  __syncthreads();
+  float *dq = dA + c.token(0) * 3 * C + h * D, *dk = dq + C;
+  // X = dO S0: dQ's state term, and gam's term scale Q[r] . X[r] (= scale dO[r] . (S0 Q[r])).
+  blockProduct<kChunk, D, D>([&](int r, int i) { return O[r * PD + i]; }, [&](int i, int j) { return S0[i * D + j]; },
+                             [&](int r, int j, float v) { X[r * PD + j] = v; });
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return dP[r * PL + m]; }, [&](int m, int j) { return K[m * PD + j]; },
+                                  [&](int r, int j, float v) {
+                                    if (r < c.n)
+                                      dq[r * 3 * C + j] = scale * G.gam[r] * X[r * PD + j] + v;
+                                  });
+  __syncthreads();
+  const float gamTerm = rowSum(D, [&](int r, int j) { return Q[r * PD + j] * X[r * PD + j]; });
+  if (rowLeader())
+    t.dgam[myRow()] = scale * gamTerm;
+  // O (dO) is done with: U dS1 in its place; rho's term K[r] . (U dS1)[r].
+  blockProduct<kChunk, D, D>([&](int r, int i) { return Us[r * PD + i]; }, [&](int i, int j) { return dS1[i * D + j]; },
+                             [&](int r, int j, float v) { O[r * PD + j] = v; });
+  __syncthreads();
+  const float rhoTerm = rowSum(D, [&](int r, int j) { return O[r * PD + j] * K[r * PD + j]; });
+  if (rowLeader())
+    t.drho[myRow()] = rhoTerm;
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return dP[m * PL + r]; }, [&](int m, int j) { return Q[m * PD + j]; },
+                                  [&](int r, int j, float v) {
+                                    if (r < c.n)
+                                      dk[r * 3 * C + j] = G.rho[r] * O[r * PD + j] + v;
+                                  });
+  const float *du = dU + c.token(0) * C + h * D;
+  float *dw = dW + c.token(0) * C + h * D;
+  blockProduct<kChunk, D, D>([&](int r, int i) { return r < c.n ? du[r * C + i] : 0.0f; },
+                             [&](int i, int j) { return S0[i * D + j]; },
+                             [&](int r, int j, float v) {
+                               if (r < c.n)
+                                 dw[r * C + j] = -v;
+                             });
+  // gam_last's term: the sum of S0 . dS1.
+  float part = 0.0f;
+  for (int e = threadIdx.x; e < D * D; e += kThreads)
+    part += S0[e] * dS1[e];
+  const float dGamEnd = blockSum(t, part); // its barrier also publishes dgam and drho
+  if (threadIdx.x == 0) {
+    float rhoTerms = 0.0f;
+    for (int i = 0; i < kChunk; ++i)
+      rhoTerms += t.drho[i] * G.rho[i];
+    t.partial[0] = dGamEnd * G.gamEnd + rhoTerms;
+  }
+  __syncthreads();
+  if (threadIdx.x < kChunk) {
+    const int r = threadIdx.x;
+    const float dg = t.rowSum[r] - t.colSum[r] + t.dgam[r] * G.gam[r] - t.drho[r] * G.rho[r];
+    decayTerms[(int64_t(blockIdx.x) * H + h) * kChunk + r] = r == kChunk - 1 ? dg + t.partial[0] : dg;
+  }
+}
+
+template <int D> constexpr int wyGradsSmem() { return (3 * matFloats<D>(kChunk) + 4 * matFloats<kChunk>(kChunk)) * 4; }
+
+/// A chunk's gradients through U~ = T diag(beta) V and W = T diag(beta gam) K (dU, dW from memory):
+///   dT = dU (beta V)^T + dW (beta gam K)^T,  dA = strictly-lower(-T^T dT T^T)
+///   dV = diag(beta) T^T dU,  dK += diag(beta gam) T^T dW + (dKK + dKK^T) K,  dKK = dA . beta Gam
+/// then beta's gradient (into its logit's) and the decay's: dg_r summed from the token on over its document
+/// in the chunk (log alpha of a document's first token is unused: 0).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    wyWyGradsKernel(const float *a, const float *table, const float *dU, const float *dW, const float *decayTerms,
+                    float *dA, float *dAb, float *dLogAlpha, int64_t seq, int64_t C, int64_t H) {
+  extern __shared__ float smem[];
+  __shared__ ChunkGates G;
+  __shared__ TokenTerms t;
+  constexpr int PD = padded(D), PL = padded(kChunk);
+  float *K = smem, *V = K + matFloats<D>(kChunk), *X = V + matFloats<D>(kChunk);
+  float *KK = X + matFloats<D>(kChunk), *T = KK + matFloats<kChunk>(kChunk), *M = T + matFloats<kChunk>(kChunk);
+  float *N = M + matFloats<kChunk>(kChunk);
+  const Chunk c = blockChunk(seq);
+  const int64_t h = blockIdx.y;
+  {
+    const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), v(a + c.token(0) * 3 * C + 2 * C + h * D, 3 * C, c.n);
+    k.store(K);
+    v.store(V);
+  }
+  loadGates(G, table, blockIdx.x, H, h);
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return K[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
+                                  [&](int r, int i, float v) {
+                                    KK[r * PL + i] = v;
+                                    M[r * PL + i] = i < r ? G.beta[r] * G.decay(r, i) * v : 0.0f;
+                                  });
+  __syncthreads();
+  invertUnitLower(M, T);
+  const float *du = dU + c.token(0) * C + h * D, *dw = dW + c.token(0) * C + h * D;
+  const auto dURow = [&](int r, int j) { return r < c.n ? du[r * C + j] : 0.0f; };
+  const auto dWRow = [&](int r, int j) { return r < c.n ? dw[r * C + j] : 0.0f; };
+  blockProduct<kChunk, kChunk, 2 * D>(
+      [&](int r, int k) { return k < D ? dURow(r, k) : dWRow(r, k - D); },
+      [&](int k, int i) { return k < D ? G.beta[i] * V[i * PD + k] : G.beta[i] * G.gam[i] * K[i * PD + k - D]; },
+      [&](int r, int i, float v) { N[r * PL + i] = v; }); // dT
+  __syncthreads();
+  blockProduct<kChunk, kChunk, kChunk>([&](int r, int m) { return N[r * PL + m]; },
+                                       [&](int m, int i) { return T[i * PL + m]; },
+                                       [&](int r, int i, float v) { M[r * PL + i] = v; }); // dT T^T
+  __syncthreads();
+  blockProduct<kChunk, kChunk, kChunk>([&](int r, int m) { return T[m * PL + r]; },
+                                       [&](int m, int i) { return M[m * PL + i]; },
+                                       [&](int r, int i, float v) { N[r * PL + i] = i < r ? -v : 0.0f; }); // dA
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return T[m * PL + r]; }, dURow,
+                                  [&](int r, int j, float v) { X[r * PD + j] = v; }); // T^T dU
+  __syncthreads();
+  float *dk = dA + c.token(0) * 3 * C + C + h * D, *dv = dk + C;
+  const float vTerm = rowSum(D, [&](int r, int j) { return V[r * PD + j] * X[r * PD + j]; });
+  if (rowLeader())
+    t.dbeta[myRow()] = vTerm;
+  for (int e = threadIdx.x; e < kChunk * D; e += kThreads)
+    if (e / D < c.n)
+      dv[(e / D) * 3 * C + e % D] = G.beta[e / D] * X[(e / D) * PD + e % D];
+  __syncthreads();
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return T[m * PL + r]; }, dWRow,
+                                  [&](int r, int j, float v) { X[r * PD + j] = v; }); // T^T dW
+  __syncthreads();
+  const float kTerm = rowSum(D, [&](int r, int j) { return K[r * PD + j] * X[r * PD + j]; });
+  const float aTerm = rowSum(kChunk, [&](int r, int i) { return i < r ? N[r * PL + i] * G.decay(r, i) * KK[r * PL + i] : 0.0f; });
+  if (rowLeader()) {
+    const int r = myRow();
+    t.dbeta[r] = t.dbeta[r] + G.gam[r] * kTerm + aTerm;
+    t.dgam[r] = G.beta[r] * kTerm;
+  }
+  rowAndColumnSums(t, [&](int r, int i) { return N[r * PL + i] * G.beta[r] * KK[r * PL + i] * G.decay(r, i); });
+  for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) { // dKK + dKK^T, dKK = dA . beta Gam
+    const int r = e / kChunk, i = e % kChunk;
+    M[r * PL + i] = i < r ? N[r * PL + i] * G.beta[r] * G.decay(r, i) : r < i ? N[i * PL + r] * G.beta[i] * G.decay(i, r)
+                                                                               : 0.0f;
+  }
+  __syncthreads();
+  blockProduct<kChunk, D, kChunk>([&](int r, int m) { return M[r * PL + m]; }, [&](int m, int j) { return K[m * PD + j]; },
+                                  [&](int r, int j, float v) {
+                                    if (r < c.n)
+                                      dk[r * 3 * C + j] = dk[r * 3 * C + j] + G.beta[r] * G.gam[r] * X[r * PD + j] + v;
+                                  });
+  if (threadIdx.x == 0) {
+    const float *terms = decayTerms + (int64_t(blockIdx.x) * H + h) * kChunk;
+    float acc = 0.0f;
+    for (int r = kChunk - 1; r >= 0; --r) {
+      if (r == kChunk - 1 || G.seg[r] != G.seg[r + 1])
+        acc = 0.0f;
+      acc += terms[r] + t.rowSum[r] - t.colSum[r] + t.dgam[r] * G.gam[r];
+      if (r < c.n) {
+        const float beta = G.beta[r];
+        dLogAlpha[c.token(r) * H + h] = G.reset[r] ? 0.0f : acc;
+        dAb[c.token(r) * 2 * H + h] = t.dbeta[r] * beta * (1.0f - beta);
+      }
+    }
+  }
+}
+
+template <class Kernel> void allowSmem(Kernel kernel, int bytes) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <int D>
+void launchWy(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA, float *dAb,
+              float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
+              const int32_t *firstKeys, cudaStream_t s) {
+  const WyLayout L(rows, C, H, seq);
+  const float scale = 1.0f / sqrtf(float(D));
+  const dim3 everyChunk(unsigned(L.seqs * L.chunks), unsigned(H)), chains(unsigned(L.seqs), unsigned(H), D / rowsOf(D));
+  float *U = L.u(scratch), *W = L.w(scratch), *checkpoints = L.checkpoints(scratch);
+  allowSmem(wyPrepareKernel<D>, prepareSmem<D>());
+  allowSmem(wyChainKernel<D, false>, chainSmem<D>());
+  allowSmem(wyChainKernel<D, true>, chainSmem<D>());
+  allowSmem(wyOutputKernel<D, false>, outputSmem<D>());
+  allowSmem(wyOutputKernel<D, true>, outputSmem<D>());
+  allowSmem(wyGradsKernel<D>, gradsSmem<D>());
+  allowSmem(wyWyGradsKernel<D>, wyGradsSmem<D>());
+  float *table = L.gateTable(scratch);
+  wyGatesKernel<<<everyChunk, 32, 0, s>>>(gates, table, seq, H, firstKeys);
+  wyPrepareKernel<D><<<everyChunk, kThreads, prepareSmem<D>(), s>>>(a, table, U, W, seq, C, H);
+  wyChainKernel<D, false><<<chains, kThreads, chainSmem<D>(), s>>>(a, table, nullptr, U, W, checkpoints, seq, C, H,
+                                                                    scale);
+  if (!backward) {
+    wyOutputKernel<D, false><<<everyChunk, kThreads, outputSmem<D>(), s>>>(a, table, U, checkpoints, nullptr, o, seq,
+                                                                          C, H, scale);
+    return;
+  }
+  float *dU = L.du(scratch), *carries = L.carries(scratch), *decayTerms = L.decayTerms(scratch);
+  wyOutputKernel<D, true><<<everyChunk, kThreads, outputSmem<D>(), s>>>(a, table, nullptr, nullptr, dO, dU, seq, C,
+                                                                       H, scale);
+  wyChainKernel<D, true><<<chains, kThreads, chainSmem<D>(), s>>>(a, table, dO, dU, W, carries, seq, C, H, scale);
+  wyGradsKernel<D><<<everyChunk, kThreads, gradsSmem<D>(), s>>>(a, table, dO, U, dU, checkpoints, carries, W, dA,
+                                                                decayTerms, seq, C, H, scale);
+  wyWyGradsKernel<D><<<everyChunk, kThreads, wyGradsSmem<D>(), s>>>(a, table, dU, W, decayTerms, dA, dAb, dLogAlpha,
+                                                                    seq, C, H);
+}
+
+} // namespace
+
+std::string gdnWyScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
+                       float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
+                       const int32_t *firstKeys, cudaStream_t s) {
+  const int64_t d = C / H;
+  const auto launch = d == 16   ? launchWy<16>
+                      : d == 32 ? launchWy<32>
+                      : d == 64 ? launchWy<64>
+                      : d == 128 ? launchWy<128>
+                                 : nullptr;
+  if (!launch)
+    return gdnHeadDimError(d);
+  launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, scratch, rows, C, H, seq, firstKeys, s);
+  return lastError("gated_delta_net scan (WY form)");
+}
+
+int64_t gdnWyScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq) {
+  const WyLayout L(rows, C, H, seq);
+  return backward ? L.backwardFloats() : L.forwardFloats();
+}
+
+} // namespace mhcc::runtime::cuda
