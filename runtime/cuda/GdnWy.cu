@@ -21,8 +21,9 @@
 // dS1 and dU (wyGradsKernel, wyWyGradsKernel: the products above walked back,
 // T's through dA = -T^T dT T^T). The decay's gradient is summed over log
 // gates and documents (dlog alpha_t = the sum of dg_r over r >= t in t's
-// document and chunk). Products run in fp32 on the CUDA cores, each output
-// a thread's fixed-order sum: deterministic, no atomics.
+// document and chunk). Products run in fp32 on the CUDA cores (4 x 4
+// register tiles; lanes split k where tiles are few, added pairwise), every
+// output's sum in a fixed order: deterministic, no atomics.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/GdnScan.h"
@@ -120,62 +121,92 @@ __global__ void __launch_bounds__(32) wyGatesKernel(const float *gates, float *t
   }
 }
 
-/// The chunk's gate table into shared memory, visible to the block (the barrier first lets the last chunk's
-/// readers finish).
-__device__ void loadGates(ChunkGates &G, const float *table, int64_t blockChunk, int64_t H, int64_t h) {
-  __syncthreads();
-  const float *in = gateSlot(const_cast<float *>(table), blockChunk, H, h);
-  for (int e = threadIdx.x; e < kGateRows * kChunk; e += kThreads) {
-    const int r = e % kChunk;
-    const float v = in[e];
+/// A thread's value of a chunk's gate table (fetched into a register, published to shared memory later, so
+/// the chain over chunks can fetch the next chunk's while it computes).
+struct GateFetch {
+  static_assert(kGateRows * kChunk <= kThreads, "a value a thread");
+  float v = 0.0f;
+  __device__ GateFetch(const float *table, int64_t blockChunk, int64_t H, int64_t h) {
+    if (threadIdx.x < kGateRows * kChunk)
+      v = gateSlot(const_cast<float *>(table), blockChunk, H, h)[threadIdx.x];
+  }
+  __device__ void publish(ChunkGates &G) const {
+    const int e = threadIdx.x, r = e % kChunk;
+    if (e >= kGateRows * kChunk)
+      return;
     switch (e / kChunk) {
     case kRowG: G.g[r] = v; break;
-    case kRowGam: G.gam[r] = v; break;
+    case kRowGam:
+      G.gam[r] = v;
+      if (r == kChunk - 1)
+        G.gamEnd = v;
+      break;
     case kRowRho: G.rho[r] = v; break;
     case kRowBeta: G.beta[r] = v; break;
     case kRowSeg: G.seg[r] = int(v); break;
     default: G.reset[r] = v != 0.0f; break;
     }
   }
+};
+
+/// The chunk's gate table into shared memory, visible to the block (the barrier first lets the last chunk's
+/// readers finish).
+__device__ void loadGates(ChunkGates &G, const float *table, int64_t blockChunk, int64_t H, int64_t h) {
+  const GateFetch fetch(table, blockChunk, H, h);
   __syncthreads();
-  if (threadIdx.x == 0)
-    G.gamEnd = G.gam[kChunk - 1];
+  fetch.publish(G);
   __syncthreads();
 }
 
-/// out(m, n, sum over k of a(m, k) b(k, n)) for an M x N product, the block's threads a TM x 4 tile each
-/// (TM 4, or fewer rows where that leaves threads idle): rows m0 .. m0 + TM - 1, columns n0, n0 + N/4, .. (a
-/// warp reads consecutive columns of b). k runs in order: every output's bits are fixed.
-template <int M, int N> constexpr int tileRows() {
-  return (M / 4) * (N / 4) >= kThreads ? 4 : (M / 2) * (N / 4) >= kThreads ? 2 : 1;
+/// out(m, n, sum over k of a(m, k) b(k, n)) for an M x N product. A thread holds a 4 x 4 tile (rows m0 ..
+/// m0 + 3, columns n0, n0 + N/4, ..: a warp reads consecutive columns of b); where the tiles are fewer than
+/// the threads, `kSlices` adjacent lanes share a tile, each summing every kSlices-th k, and their sums are
+/// added pairwise across the lanes (a butterfly: every lane ends with the same bits). Every output's order
+/// of summation is fixed.
+template <int M, int N, int K> constexpr int productSlices() {
+  int slices = 1;
+  while (slices < 32 && (M / 4) * (N / 4) * slices * 2 <= kThreads && K % (slices * 2) == 0 && K / (slices * 2) >= 4)
+    slices *= 2;
+  return slices;
 }
 template <int M, int N, int K, class A, class B, class Out>
 __device__ __forceinline__ void blockProduct(const A &a, const B &b, const Out &out) {
-  constexpr int TM = tileRows<M, N>(), NT = N / 4, kTiles = (M / TM) * NT;
-  static_assert(M % TM == 0 && N % 4 == 0, "whole tiles");
-  for (int tile = threadIdx.x; tile < kTiles; tile += kThreads) {
-    const int m0 = tile / NT * TM, n0 = tile % NT;
-    float acc[TM][4] = {};
+  static_assert(M % 4 == 0 && N % 4 == 0, "4 x 4 tiles");
+  constexpr int NT = N / 4, kTiles = (M / 4) * NT, kSlices = productSlices<M, N, K>();
+  static_assert((kTiles * kSlices) % 32 == 0 && (kTiles * kSlices <= kThreads || kSlices == 1),
+                "whole warps, one pass (the butterfly needs every lane)");
+  const int slice = threadIdx.x % kSlices;
+  for (int tile = threadIdx.x / kSlices; tile < kTiles; tile += kThreads / kSlices) {
+    const int m0 = tile / NT * 4, n0 = tile % NT;
+    float acc[4][4] = {};
 #pragma unroll 4
-    for (int k = 0; k < K; ++k) {
-      float av[TM], bv[4];
+    for (int k = slice; k < K; k += kSlices) {
+      float av[4], bv[4];
 #pragma unroll
-      for (int i = 0; i < TM; ++i)
+      for (int i = 0; i < 4; ++i)
         av[i] = a(m0 + i, k);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         bv[j] = b(k, n0 + j * NT);
 #pragma unroll
-      for (int i = 0; i < TM; ++i)
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int offset = 1; offset < kSlices; offset <<= 1)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], offset);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        out(m0 + i, n0 + j * NT, acc[i][j]);
+        if ((i * 4 + j) % kSlices == slice)
+          out(m0 + i, n0 + j * NT, acc[i][j]);
   }
 }
 
@@ -203,7 +234,8 @@ template <int D, int Rows = kChunk> struct RowLoad {
   static_assert(D % 4 == 0, "float4 rows");
   static constexpr int V = D / 4, kVecs = Rows * V, kPer = (kVecs + kThreads - 1) / kThreads;
   float4 held[kPer];
-  __device__ RowLoad(const float *src, int64_t ld, int n) {
+  __device__ RowLoad(const float *src, int64_t ld64, int n) {
+    const int ld = int(ld64); // a chunk's rows span less than 2^31 floats
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int e = threadIdx.x + k * kThreads, r = e / V;
@@ -319,6 +351,30 @@ template <int D> constexpr int chainSmem() {
 /// Forward (kGrad false): checkpoint S, U = U~ - W S^T (in place), S = gam_last S + U^T diag(rho) K. Backward,
 /// last chunk first, X = dS at the chunk's end: carry X, dU = diag(rho) K X^T + dU (the output's term, in
 /// place), X = gam_last X + scale dO^T diag(gam) Q - dU^T W.
+/// What the chain reads of a chunk: K, W (and backward Q), its R columns of U (dU) and dO, its gates, fetched
+/// into registers one chunk ahead.
+template <int D, bool kGrad> struct ChainFetch {
+  static constexpr int R = rowsOf(D);
+  RowLoad<D> k, w, q;
+  RowLoad<R> u, o;
+  GateFetch gates;
+  __device__ ChainFetch(const Chunk &c, const float *a, const float *table, const float *dO, const float *U,
+                        const float *W, int64_t C, int64_t H, int64_t h, int64_t row0, int64_t chunks)
+      : k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), w(W + c.token(0) * C + h * D, C, c.n),
+        q(a + c.token(0) * 3 * C + h * D, 3 * C, kGrad ? c.n : 0), u(U + c.token(0) * C + h * D + row0, C, c.n),
+        o(dO + c.token(0) * C + h * D + row0, C, kGrad ? c.n : 0), gates(table, c.seqIdx * chunks + c.index, H, h) {}
+  __device__ void publish(float *K, float *Wt, float *Q, float *Uc, float *Oc, ChunkGates &G) const {
+    k.store(K);
+    w.store(Wt);
+    u.store(Uc);
+    if (kGrad) {
+      q.store(Q);
+      o.store(Oc);
+    }
+    gates.publish(G);
+  }
+};
+
 template <int D, bool kGrad>
 __global__ void __launch_bounds__(kThreads)
     wyChainKernel(const float *a, const float *table, const float *dO, float *U, const float *W, float *states,
@@ -329,28 +385,20 @@ __global__ void __launch_bounds__(kThreads)
   float *K = smem, *Wt = K + matFloats<D>(kChunk), *Q = Wt + matFloats<D>(kChunk), *X = Q + matFloats<D>(kChunk);
   float *Uc = X + matFloats<D>(R), *Oc = Uc + matFloats<R>(kChunk); // [token][row] columns of U (dU) and dO
   const int64_t h = blockIdx.y, chunks = chunksOf(seq), row0 = int64_t(blockIdx.z) * R;
+  const auto chunkAt = [&](int64_t step) { return Chunk(seq, blockIdx.x, kGrad ? chunks - 1 - step : step); };
   for (int e = threadIdx.x; e < R * D; e += kThreads)
     X[(e / D) * PD + e % D] = 0.0f;
+  ChainFetch<D, kGrad> next(chunkAt(0), a, table, dO, U, W, C, H, h, row0, chunks);
   for (int64_t step = 0; step < chunks; ++step) {
-    const Chunk c(seq, blockIdx.x, kGrad ? chunks - 1 - step : step);
-    loadGates(G, table, c.seqIdx * chunks + c.index, H, h); // also: the last chunk's products are done
-    float *u = U + c.token(0) * C + h * D + row0;
-    {
-      const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), w(W + c.token(0) * C + h * D, C, c.n),
-          q(a + c.token(0) * 3 * C + h * D, 3 * C, kGrad ? c.n : 0);
-      const RowLoad<R> uc(u, C, c.n), oc(dO + c.token(0) * C + h * D + row0, C, kGrad ? c.n : 0);
-      k.store(K);
-      w.store(Wt);
-      uc.store(Uc);
-      if (kGrad) {
-        q.store(Q);
-        oc.store(Oc);
-      }
-    }
+    const Chunk c = chunkAt(step);
+    __syncthreads(); // the last chunk's products are done with shared memory
+    next.publish(K, Wt, Q, Uc, Oc, G);
     float *slot = states + stateSlot(c.seqIdx, h, c.index, H, chunks, D) + row0 * D;
     for (int e = threadIdx.x; e < R * D; e += kThreads)
       slot[e] = X[(e / D) * PD + e % D];
     __syncthreads();
+    if (step + 1 < chunks) // in flight while this chunk computes
+      next = ChainFetch<D, kGrad>(chunkAt(step + 1), a, table, dO, U, W, C, H, h, row0, chunks);
     if (kGrad)
       blockProduct<kChunk, R, D>([&](int r, int j) { return K[r * PD + j]; }, [&](int j, int i) { return X[i * PD + j]; },
                                  [&](int r, int i, float v) { Uc[r * PR + i] = G.rho[r] * v + Uc[r * PR + i]; });
@@ -358,6 +406,7 @@ __global__ void __launch_bounds__(kThreads)
       blockProduct<kChunk, R, D>([&](int r, int j) { return Wt[r * PD + j]; }, [&](int j, int i) { return X[i * PD + j]; },
                                  [&](int r, int i, float v) { Uc[r * PR + i] = Uc[r * PR + i] - v; });
     __syncthreads();
+    float *u = U + c.token(0) * C + h * D + row0;
     for (int e = threadIdx.x; e < kChunk * R; e += kThreads)
       if (e / R < c.n)
         u[(e / R) * C + e % R] = Uc[(e / R) * PR + e % R];
@@ -417,13 +466,13 @@ __global__ void __launch_bounds__(kThreads)
                                     });
     return;
   }
-  // Both products give a thread the same outputs: the first's value waits in the output, read back by the
-  // thread that wrote it.
+  // The state's term waits in the output (the two products may give an output to different lanes: a barrier).
   blockProduct<kChunk, D, D>([&](int r, int j) { return Q[r * PD + j]; }, [&](int j, int i) { return S[i * PD + j]; },
                              [&](int r, int i, float v) {
                                if (r < c.n)
                                  o[r * C + i] = G.gam[r] * v;
                              });
+  __syncthreads();
   blockProduct<kChunk, D, kChunk>([&](int r, int m) { return P[r * PL + m]; }, [&](int m, int i) { return Uo[m * PD + i]; },
                                   [&](int r, int i, float v) {
                                     if (r < c.n)
@@ -506,6 +555,7 @@ __global__ void __launch_bounds__(kThreads)
   // X = dO S0: dQ's state term, and gam's term scale Q[r] . X[r] (= scale dO[r] . (S0 Q[r])).
   blockProduct<kChunk, D, D>([&](int r, int i) { return O[r * PD + i]; }, [&](int i, int j) { return S0[i * D + j]; },
                              [&](int r, int j, float v) { X[r * PD + j] = v; });
+  __syncthreads(); // the next product may give X[r][j] to another lane
   blockProduct<kChunk, D, kChunk>([&](int r, int m) { return dP[r * PL + m]; }, [&](int m, int j) { return K[m * PD + j]; },
                                   [&](int r, int j, float v) {
                                     if (r < c.n)
@@ -529,7 +579,8 @@ __global__ void __launch_bounds__(kThreads)
                                   });
   const float *du = dU + c.token(0) * C + h * D;
   float *dw = dW + c.token(0) * C + h * D;
-  blockProduct<kChunk, D, D>([&](int r, int i) { return r < c.n ? du[r * C + i] : 0.0f; },
+  const int ldc = int(C);
+  blockProduct<kChunk, D, D>([&](int r, int i) { return r < c.n ? du[r * ldc + i] : 0.0f; },
                              [&](int i, int j) { return S0[i * D + j]; },
                              [&](int r, int j, float v) {
                                if (r < c.n)
@@ -588,8 +639,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   invertUnitLower(M, T);
   const float *du = dU + c.token(0) * C + h * D, *dw = dW + c.token(0) * C + h * D;
-  const auto dURow = [&](int r, int j) { return r < c.n ? du[r * C + j] : 0.0f; };
-  const auto dWRow = [&](int r, int j) { return r < c.n ? dw[r * C + j] : 0.0f; };
+  const int ldc = int(C);
+  const auto dURow = [&](int r, int j) { return r < c.n ? du[r * ldc + j] : 0.0f; };
+  const auto dWRow = [&](int r, int j) { return r < c.n ? dw[r * ldc + j] : 0.0f; };
   blockProduct<kChunk, kChunk, 2 * D>(
       [&](int r, int k) { return k < D ? dURow(r, k) : dWRow(r, k - D); },
       [&](int k, int i) { return k < D ? G.beta[i] * V[i * PD + k] : G.beta[i] * G.gam[i] * K[i * PD + k - D]; },
