@@ -19,7 +19,7 @@
 // Deterministic by construction: every sum has one writer and a fixed
 // order, no atomics, and no result depends on the waves. Since session 15
 // the WY form (GdnWy.cu: products over each chunk, no token's state stored)
-// runs by default, 1.82x these scans on hybrid_1b; these stay as the
+// runs by default, 1.86x these scans on hybrid_1b; these stay as the
 // comparison path (MHCC_GDN_SCAN=affine), tested like it.
 //
 //===----------------------------------------------------------------------===//
