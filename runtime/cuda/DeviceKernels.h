@@ -167,8 +167,8 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
                               DeviceDocuments docs, cudaStream_t s);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
-/// bf16 rounding points; GdnKernels.cu, GdnScan.cu): the recurrence runs over
-/// chunks of 64 tokens in parallel (GdnScan.cu), for head dims 16, 32, 64 and 128.
+/// bf16 rounding points; GdnKernels.cu, GdnWy.cu): the recurrence runs in the
+/// chunked WY form over chunks of 64 tokens (GdnWy.cu), for head dims 16, 32, 64 and 128.
 /// Forward scratch: gdnForwardScratch; backward: stash gdnBackwardStash
 /// (what B leaves for W), scratch gdnBackwardScratch (for B, W or both).
 /// Both return "" or a one-line error (an unsupported head dim, a launch).

@@ -3,7 +3,7 @@
 // The GPU twin of runtime/cpu/GdnKernels.h (its math, its aux layout, its
 // rounding points in bf16), declared in DeviceKernels.h. The projections go
 // through Gemms; the conv, the norms and the gates are one thread or one
-// warp per element or head row; the state recurrence is GdnScan.cu's. No
+// warp per element or head row; the state recurrence is GdnWy.cu's. No
 // atomics: every sum has one writer and a fixed order.
 //
 //===----------------------------------------------------------------------===//
@@ -321,7 +321,7 @@ int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int a
   return CarvedSize{}
       .add(rows * 2 * H, 4)
       .add(rows * C, actBytes)
-      .add(gdnScanScratchFloats(false, rows, C, H, seq), 4) // the chunks' transitions and starting states
+      .add(gdnScanScratchFloats(false, rows, C, H, seq), 4) // the chunks' pseudo-values and starting states
       .floats();
 }
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t H, int actBytes) { return stashFloats(rows, C, H, actBytes); }
@@ -336,7 +336,7 @@ int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int 
       .add(rows * 3 * C, 4)                                   // dA
       .add(rows * 2 * H, 4)                                   // dAb (fp32)
       .add(rows * H, 4)                                       // dLogAlpha
-      .add(gdnScanScratchFloats(true, rows, C, H, seq), 4) // the scans' states
+      .add(gdnScanScratchFloats(true, rows, C, H, seq), 4) // the scans' states and gradients
       .add(partials, 4)
       .floats();
 }

@@ -2,9 +2,8 @@
 //
 // The scans GdnKernels.cu runs between its projections: the state
 // recurrence of runtime/cpu/GdnKernels.h's gdnScan, forward and backward, in
-// the chunked WY form (GdnWy.cu) or over the chunks' affine maps
-// (GdnScan.cu, MHCC_GDN_SCAN=affine). Included only by the CUDA sources
-// behind DeviceKernels.h (nvcc).
+// the chunked WY form (GdnWy.cu). Included only by the CUDA sources behind
+// DeviceKernels.h (nvcc).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CUDA_GDNSCAN_H
@@ -32,14 +31,6 @@ int64_t gdnScanScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, 
 std::string gdnScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
                      float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
                      const int32_t *firstKeys, cudaStream_t s);
-
-/// The same scans in the chunked WY form (GdnWy.cu: products over chunks,
-/// no token's state stored), and their scratch; gdnScans runs them unless
-/// MHCC_GDN_SCAN=affine (gdnScanForm).
-std::string gdnWyScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
-                       float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
-                       const int32_t *firstKeys, cudaStream_t s);
-int64_t gdnWyScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq);
 
 } // namespace mhcc::runtime::cuda
 

@@ -78,6 +78,28 @@ __global__ void __launch_bounds__(32) wyGatesKernel(const float *gates, float *t
   }
 }
 
+/// The block's chunk's K and V into shared memory, its gates, A = strictly-lower(diag(beta) (K K^T . Gam))
+/// and T = (I + A)^-1 (A's upper triangle is clobbered), and K K^T where `KK` is given.
+template <int D>
+__device__ void chunkSystem(const float *a, const float *table, const Chunk &c, int64_t C, int64_t H, int64_t h,
+                            ChunkGates &G, float *K, float *V, float *A, float *T, float *KK) {
+  constexpr int PD = padded(D), PL = padded(kChunk);
+  {
+    const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), v(a + c.token(0) * 3 * C + 2 * C + h * D, 3 * C, c.n);
+    k.store(K);
+    v.store(V);
+  }
+  loadGates(G, table, blockIdx.x, H, h);
+  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return K[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
+                                  [&](int r, int i, float v) {
+                                    if (KK)
+                                      KK[r * PL + i] = v;
+                                    A[r * PL + i] = i < r ? G.beta[r] * G.decay(r, i) * v : 0.0f;
+                                  });
+  __syncthreads();
+  invertUnitLower(A, T);
+}
+
 template <int D> constexpr int prepareSmem() { return (2 * matFloats<D>(kChunk) + 2 * matFloats<kChunk>(kChunk)) * 4; }
 
 /// U~ = T diag(beta) V and W = T diag(beta gam) K, every chunk at once.
@@ -90,18 +112,7 @@ __global__ void __launch_bounds__(kThreads) wyPrepareKernel(const float *a, cons
   float *K = smem, *V = K + matFloats<D>(kChunk), *A = V + matFloats<D>(kChunk), *T = A + matFloats<kChunk>(kChunk);
   const Chunk c = blockChunk(seq);
   const int64_t h = blockIdx.y;
-  {
-    const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), v(a + c.token(0) * 3 * C + 2 * C + h * D, 3 * C, c.n);
-    k.store(K);
-    v.store(V);
-  }
-  loadGates(G, table, blockIdx.x, H, h);
-  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return K[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
-                                  [&](int r, int i, float v) {
-                                    A[r * PL + i] = i < r ? G.beta[r] * G.decay(r, i) * v : 0.0f;
-                                  });
-  __syncthreads();
-  invertUnitLower(A, T);
+  chunkSystem<D>(a, table, c, C, H, h, G, K, V, A, T, nullptr);
   float *u = U + c.token(0) * C + h * D, *w = W + c.token(0) * C + h * D;
   blockProduct<kChunk, D, kChunk>([&](int r, int m) { return T[r * PL + m]; },
                                   [&](int m, int j) { return G.beta[m] * V[m * PD + j]; },
@@ -399,19 +410,7 @@ __global__ void __launch_bounds__(kThreads)
   float *N = M + matFloats<kChunk>(kChunk);
   const Chunk c = blockChunk(seq);
   const int64_t h = blockIdx.y;
-  {
-    const RowLoad<D> k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), v(a + c.token(0) * 3 * C + 2 * C + h * D, 3 * C, c.n);
-    k.store(K);
-    v.store(V);
-  }
-  loadGates(G, table, blockIdx.x, H, h);
-  blockProduct<kChunk, kChunk, D>([&](int r, int k) { return K[r * PD + k]; }, [&](int k, int i) { return K[i * PD + k]; },
-                                  [&](int r, int i, float v) {
-                                    KK[r * PL + i] = v;
-                                    M[r * PL + i] = i < r ? G.beta[r] * G.decay(r, i) * v : 0.0f;
-                                  });
-  __syncthreads();
-  invertUnitLower(M, T);
+  chunkSystem<D>(a, table, c, C, H, h, G, K, V, M, T, KK);
   const float *du = dU + c.token(0) * C + h * D, *dw = dW + c.token(0) * C + h * D;
   const int ldc = int(C);
   const auto dURow = [&](int r, int j) { return r < c.n ? du[r * ldc + j] : 0.0f; };
@@ -518,9 +517,9 @@ void launchWy(bool backward, const float *a, const float *gates, const float *dO
 
 } // namespace
 
-std::string gdnWyScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
-                       float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
-                       const int32_t *firstKeys, cudaStream_t s) {
+std::string gdnScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
+                     float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
+                     const int32_t *firstKeys, cudaStream_t s) {
   const int64_t d = C / H;
   const auto launch = d == 16   ? launchWy<16>
                       : d == 32 ? launchWy<32>
@@ -533,7 +532,7 @@ std::string gdnWyScans(bool backward, const float *a, const float *gates, const 
   return lastError("gated_delta_net scan (WY form)");
 }
 
-int64_t gdnWyScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq) {
+int64_t gdnScanScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq) {
   const WyLayout L(rows, C, H, seq);
   return backward ? L.backwardFloats() : L.forwardFloats();
 }
