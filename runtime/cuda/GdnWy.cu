@@ -147,7 +147,8 @@ template <int D, bool kGrad> struct ChainFetch {
                         const float *W, int64_t C, int64_t H, int64_t h, int64_t row0, int64_t chunks)
       : k(a + c.token(0) * 3 * C + C + h * D, 3 * C, c.n), w(W + c.token(0) * C + h * D, C, c.n),
         q(a + c.token(0) * 3 * C + h * D, 3 * C, kGrad ? c.n : 0), u(U + c.token(0) * C + h * D + row0, C, c.n),
-        o(dO + c.token(0) * C + h * D + row0, C, kGrad ? c.n : 0), gates(table, c.seqIdx * chunks + c.index, H, h) {}
+        o(kGrad ? dO + c.token(0) * C + h * D + row0 : nullptr, C, kGrad ? c.n : 0), // no dO forward
+        gates(table, c.seqIdx * chunks + c.index, H, h) {}
   __device__ void publish(float *K, float *Wt, float *Q, float *Uc, float *Oc, ChunkGates &G) const {
     k.store(K);
     w.store(Wt);
