@@ -21,7 +21,8 @@
 // dS1 and dU (wyGradsKernel, wyWyGradsKernel: the products above walked back,
 // T's through dA = -T^T dT T^T). The decay's gradient is summed over log
 // gates and documents (dlog alpha_t = the sum of dg_r over r >= t in t's
-// document and chunk). Products run in fp32 on the CUDA cores (4 x 4
+// document and chunk; tools/reference/gdn_wy.py checks this algebra in
+// float64). Products run in fp32 on the CUDA cores (4 x 4
 // register tiles; lanes split k where tiles are few, added pairwise), every
 // output's sum in a fixed order: deterministic, no atomics.
 //
