@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(32) wyGatesKernel(const float *gates, float *t
   __shared__ bool reset[kChunk];
   const Chunk c = blockChunk(seq);
   const int64_t h = blockIdx.y;
-  float *out = gateSlot(table, blockIdx.x, H, h);
+  float *out = table + gateSlot(blockIdx.x, H, h);
   for (int r = threadIdx.x; r < kChunk; r += 32) {
     const bool real = r < c.n;
     reset[r] = real && c.from + r == firstKeyOf(firstKeys, c.t0 + c.from + r);
@@ -133,10 +133,6 @@ template <int D> constexpr int chainSmem() {
   return (3 * matFloats<D>(kChunk) + matFloats<D>(rowsOf(D)) + 2 * matFloats<rowsOf(D)>(kChunk)) * 4;
 }
 
-/// The chain over a (sequence, head)'s chunks for the block's R state rows (blockIdx.z), S in shared memory.
-/// Forward (kGrad false): checkpoint S, U = U~ - W S^T (in place), S = gam_last S + U^T diag(rho) K. Backward,
-/// last chunk first, X = dS at the chunk's end: carry X, dU = diag(rho) K X^T + dU (the output's term, in
-/// place), X = gam_last X + scale dO^T diag(gam) Q - dU^T W.
 /// What the chain reads of a chunk: K, W (and backward Q), its R columns of U (dU) and dO, its gates, fetched
 /// into registers one chunk ahead.
 template <int D, bool kGrad> struct ChainFetch {
@@ -162,6 +158,10 @@ template <int D, bool kGrad> struct ChainFetch {
   }
 };
 
+/// The chain over a (sequence, head)'s chunks for the block's R state rows (blockIdx.z), S in shared memory.
+/// Forward (kGrad false): checkpoint S, U = U~ - W S^T (in place), S = gam_last S + U^T diag(rho) K. Backward,
+/// last chunk first, X = dS at the chunk's end: carry X, dU = diag(rho) K X^T + dU (the output's term, in
+/// place), X = gam_last X + scale dO^T diag(gam) Q - dU^T W.
 template <int D, bool kGrad>
 __global__ void __launch_bounds__(kThreads)
     wyChainKernel(const float *a, const float *table, const float *dO, float *U, const float *W, float *states,
@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(kThreads)
 struct TokenTerms {
   float rowSum[kChunk], colSum[kChunk], dgam[kChunk], drho[kChunk], dbeta[kChunk];
   float partial[kThreads];
+  float endTerm; // the decay's terms at the chunk's last token (gam_last and every rho)
 };
 
 /// Row r's and column r's sums of f(row, col) for every r (rowSum's lanes).
@@ -382,13 +383,13 @@ __global__ void __launch_bounds__(kThreads)
     float rhoTerms = 0.0f;
     for (int i = 0; i < kChunk; ++i)
       rhoTerms += t.drho[i] * G.rho[i];
-    t.partial[0] = dGamEnd * G.gamEnd + rhoTerms;
+    t.endTerm = dGamEnd * G.gamEnd + rhoTerms;
   }
   __syncthreads();
   if (threadIdx.x < kChunk) {
     const int r = threadIdx.x;
     const float dg = t.rowSum[r] - t.colSum[r] + t.dgam[r] * G.gam[r] - t.drho[r] * G.rho[r];
-    decayTerms[(int64_t(blockIdx.x) * H + h) * kChunk + r] = r == kChunk - 1 ? dg + t.partial[0] : dg;
+    decayTerms[(int64_t(blockIdx.x) * H + h) * kChunk + r] = r == kChunk - 1 ? dg + t.endTerm : dg;
   }
 }
 

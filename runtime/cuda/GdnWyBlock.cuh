@@ -17,7 +17,6 @@
 
 namespace mhcc::runtime::cuda::wy {
 
-
 constexpr int kChunk = 64;    // tokens a chunk: L
 constexpr int kThreads = 512; // every kernel's block (16 warps: the products wait on shared memory)
 constexpr int kRows = 16;     // state rows a block of the chains over chunks
@@ -60,8 +59,8 @@ __device__ inline Chunk blockChunk(int64_t seq) {
 /// document index within the chunk, 1 where a document starts), written once by wyGatesKernel and read by every
 /// kernel after it: a prefix over the chunk is a serial chain that no kernel should wait on per chunk.
 enum GateRow { kRowG, kRowGam, kRowRho, kRowBeta, kRowSeg, kRowReset, kGateRows };
-__device__ inline float *gateSlot(float *table, int64_t blockChunk, int64_t H, int64_t h) {
-  return table + (blockChunk * H + h) * kGateRows * kChunk;
+__device__ inline int64_t gateSlot(int64_t blockChunk, int64_t H, int64_t h) {
+  return (blockChunk * H + h) * kGateRows * kChunk;
 }
 
 /// A thread's value of a chunk's gate table (fetched into a register, published to shared memory later, so
@@ -71,7 +70,7 @@ struct GateFetch {
   float v = 0.0f;
   __device__ GateFetch(const float *table, int64_t blockChunk, int64_t H, int64_t h) {
     if (threadIdx.x < kGateRows * kChunk)
-      v = gateSlot(const_cast<float *>(table), blockChunk, H, h)[threadIdx.x];
+      v = table[gateSlot(blockChunk, H, h) + threadIdx.x];
   }
   __device__ void publish(ChunkGates &G) const {
     const int e = threadIdx.x, r = e % kChunk;

@@ -80,10 +80,10 @@ class Chunked:
         rho = Gam[L - 1].copy() if self.broken != "rho" else np.ones(L)
         return g, seg, reset, gam, b, Gam, rho
 
-    def system(self, K, b, gam, Gam):
+    def inverse(self, K, b, Gam):
+        """T = (I + A)^-1, A = strictly-lower(diag(beta) (K K^T . Gam))."""
         A = np.tril(b[:, None] * Gam * (K @ K.T), -1)
-        T = block_inverse(A, self.L // 4) if self.broken != "inverse" else np.eye(self.L) - A
-        return A, T
+        return block_inverse(A, self.L // 4) if self.broken != "inverse" else np.eye(self.L) - A
 
     def pad(self, x, n):
         y = np.zeros((self.L,) + x.shape[1:])
@@ -99,7 +99,7 @@ class Chunked:
         U, W = np.zeros((Tn, D)), np.zeros((Tn, D))
         for (c0, n), (g, seg, reset, gam, b, Gam, rho) in zip(chunks, gates):  # U~, W
             K, V = pad(k[c0:c0 + n], n), pad(v[c0:c0 + n], n)
-            _, T = self.system(K, b, gam, Gam)
+            T = self.inverse(K, b, Gam)
             U[c0:c0 + n] = (T @ (b[:, None] * V))[:n]
             W[c0:c0 + n] = (T @ ((b * gam)[:, None] * K))[:n]
         S0 = np.zeros((len(chunks), D, D))
@@ -147,7 +147,7 @@ class Chunked:
             terms = F.sum(1) - F.sum(0) + dgam * gam - drho * rho
             terms[L - 1] += np.sum(S0[c] * dS1[c]) * gam[L - 1] + np.sum(drho * rho)
             # Through U~ and W (wyWyGradsKernel).
-            _, T = self.system(K, b, gam, Gam)
+            T = self.inverse(K, b, Gam)
             KK = K @ K.T
             dT = dUc @ (b[:, None] * V).T + dW @ ((b * gam)[:, None] * K).T
             dA = np.tril(-T.T @ (dT @ T.T), -1)
@@ -191,15 +191,15 @@ def check(tokens, D, L, rows, starts_at, broken, rng):
         return np.sum(token_by_token(a["q"], a["k"], a["v"], a["alpha"], a["beta"], starts, scale) * dO)
 
     eps = 1e-6
-    for name, x, grad, chain in (("dq", q, dq, 1), ("dk", k, dk, 1), ("dv", v, dv, 1), ("dbeta", beta, dbeta, 1),
-                                 ("dlog_alpha", alpha, dla, alpha)):
+    # (gradient, input it is of, value, d input / d variable: alpha for log alpha)
+    for name, arg, x, grad, chain in (("dq", "q", q, dq, 1), ("dk", "k", k, dk, 1), ("dv", "v", v, dv, 1),
+                                      ("dbeta", "beta", beta, dbeta, 1), ("dlog_alpha", "alpha", alpha, dla, alpha)):
         num = np.zeros_like(x)
         for idx in np.ndindex(x.shape):
             up, down = x.copy(), x.copy()
             up[idx] += eps
             down[idx] -= eps
-            num[idx] = (loss(**{name[1:] if name != "dlog_alpha" else "alpha": up}) -
-                        loss(**{name[1:] if name != "dlog_alpha" else "alpha": down})) / (2 * eps)
+            num[idx] = (loss(**{arg: up}) - loss(**{arg: down})) / (2 * eps)
         errors[name] = np.abs(num * chain - grad).max()
     return errors
 
