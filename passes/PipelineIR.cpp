@@ -3,6 +3,7 @@
 
 #include "dialects/mhc/IR/MhcOps.h"
 #include "passes/ModelUnits.h"
+#include "runtime/program/Collectives.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -138,27 +139,56 @@ FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
   return layout;
 }
 
-/// Tensor parallelism's reductions over the group in one unit's forward and
-/// backward, each of T x C activations (Megatron's g and f): the
-/// row-parallel output (the embedding's too) forward, the column-parallel
-/// input gradient backward. Under sequence parallelism an all-gather and a
-/// reduce-scatter replace each all-reduce: the same bytes on a ring. The LM
-/// head's input gradient is one backward; the loss's statistics are a few
-/// floats a token (not counted).
-static std::pair<int, int> tensorParallelReductions(UnitKind kind) {
+/// The primitives of a unit that issue tensor- or context-parallel
+/// collectives (runtime/program/Collectives.h), in forward order, as the
+/// compiler lowers the unit (compiler/Lowering.cpp); the others issue none.
+static std::vector<runtime::CollectiveStep> collectiveStepsOf(UnitKind kind) {
+  using runtime::Prim;
   switch (kind) {
   case UnitKind::Embedding:
-    return {1, 0};
+    return {{Prim::Embed, false}};
   case UnitKind::AttentionSublayer:
+    return {{Prim::Attention}};
   case UnitKind::GdnSublayer:
+    return {{Prim::GatedDeltaNet}};
   case UnitKind::MlpSublayer:
-    return {1, 1};
+    return {{Prim::SwiGlu}};
   case UnitKind::LmHead:
-    return {0, 1};
-  case UnitKind::Mtp: // its embedding, attention and MLP forward; attention, MLP and head backward
-    return {3, 3};
+    return {{Prim::LmHead}};
+  case UnitKind::Loss:
+    return {{Prim::CrossEntropy}};
+  case UnitKind::Mtp: // its embedding, one attention and MLP sublayer, the shared head and its loss
+    return {{Prim::Embed, false}, {Prim::Attention}, {Prim::SwiGlu}, {Prim::LmHead}, {Prim::CrossEntropy}};
   default:
-    return {0, 0};
+    return {};
+  }
+}
+
+/// Each stage's collectives per compute step (FWD in forward order, the
+/// backwards in reverse), and their time on the rank's ring over the link,
+/// added to the step's: a rank waits in its group's collectives.
+static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::vector<runtime::CollectiveStep>> &steps,
+                           const runtime::CollectiveMesh &mesh) {
+  auto time = [&](const std::vector<pipeline::Instr> &list) {
+    double total = 0;
+    for (const pipeline::Instr &c : list) {
+      const int64_t group = c.axis == runtime::MeshAxis::Tensor ? mesh.tp : mesh.cp;
+      const runtime::CollectiveTraffic traffic = runtime::ringTraffic(c, group, spec.elementBytes);
+      if (spec.linkBytesPerTime > 0)
+        total += traffic.bytes / spec.linkBytesPerTime + double(traffic.latencies) * spec.linkLatency;
+    }
+    return total;
+  };
+  for (size_t s = 0; s < spec.stages.size(); ++s) {
+    pipeline::StageSpec &stage = spec.stages[s];
+    std::vector<runtime::CollectiveStep> backward(steps[s].rbegin(), steps[s].rend());
+    stage.forwardCollectives = runtime::collectivesOf(steps[s], pipeline::OpKind::Forward, mesh);
+    stage.backwardCollectives = runtime::collectivesOf(backward, pipeline::OpKind::Backward, mesh);
+    stage.inputCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardInput, mesh);
+    stage.weightCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardWeight, mesh);
+    stage.forwardTime += time(stage.forwardCollectives);
+    stage.backwardTime += time(stage.backwardCollectives);
+    stage.weightGradTime += time(stage.weightCollectives);
   }
 }
 
@@ -190,6 +220,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.sharedCores = profile.sharedCores;
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});
+  std::vector<std::vector<runtime::CollectiveStep>> collectiveSteps(stages);
   for (Operation &op : func.getBody().front()) {
     if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
       int64_t src = boundary.getSrcStage();
@@ -212,26 +243,21 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
     // Tensor parallelism is assumed to split the work and the activations
-    // evenly, and its reductions are ring all-reduces over the link
-    // (2 (tp - 1) / tp of the bytes each way, 2 (tp - 1) latencies); a rank
-    // holds 1 / tp of the GEMM weights and all of the rest.
+    // evenly (its collectives are priced by addCollectives); a rank holds
+    // 1 / tp of the GEMM weights and all of the rest.
     const double flops = cost.forwardFlopsPerToken * computedTokens;
-    const auto [forwardReductions, backwardReductions] = tensorParallelReductions(*kind);
-    const double reduction =
-        tp == 1 || profile.linkGBps <= 0
-            ? 0.0
-            : 2.0 * (tp - 1) / tp * double(computedTokens * dims->hidden * spec.elementBytes) /
-                      spec.linkBytesPerTime +
-                  2.0 * (tp - 1) * spec.linkLatency;
-    const double backward =
-        profile.backwardMs(*kind, 2 * flops, computedTokens) / tp + backwardReductions * reduction;
-    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp + forwardReductions * reduction;
+    const double backward = profile.backwardMs(*kind, 2 * flops, computedTokens) / tp;
+    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
+    for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))
+      collectiveSteps[stageAttr.getInt()].push_back(step);
     stage.savedBytes += cost.savedBytesPerToken * computedTokens / tp;
     stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
   }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
+  addCollectives(spec, collectiveSteps,
+                 {tp, cp, sequenceParallel, dims->tokens(), dims->hidden, dims->heads});
   for (int64_t s = 0; s + 1 < stages; ++s)
     if (spec.stages[s].outputWidth == 0)
       return func.emitError() << "no pipe.boundary from stage " << s << " to " << s + 1
@@ -296,6 +322,11 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
         break;
       case pipeline::OpKind::AllReduce:
         pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.stage), i64(instr.width));
+        break;
+      case pipeline::OpKind::Collective:
+        pipe::CollectiveOp::create(builder, loc, builder.getStringAttr(runtime::meshAxisName(instr.axis)),
+                                   builder.getStringAttr(runtime::collectiveOpName(instr.collective)), stage, mb,
+                                   TypeAttr::get(RankedTensorType::get({instr.tokens, instr.width}, elementType)));
         break;
       case pipeline::OpKind::Send:
       case pipeline::OpKind::Recv: {
@@ -373,6 +404,18 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
             instr.stage = o.getStage();
             instr.tokens = 1;
             instr.width = o.getElements();
+          })
+          .Case([&](pipe::CollectiveOp o) {
+            // The op's verifier admits only known names.
+            instr.kind = pipeline::OpKind::Collective;
+            instr.axis = runtime::parseMeshAxis(o.getAxis().str()).value_or(runtime::MeshAxis::Tensor);
+            instr.collective =
+                runtime::parseCollectiveOp(o.getCollective().str()).value_or(runtime::CollectiveOp::AllReduce);
+            instr.stage = o.getStage();
+            instr.mb = o.getMb();
+            auto type = cast<RankedTensorType>(o.getTensorType());
+            instr.tokens = type.getDimSize(0);
+            instr.width = type.getDimSize(1);
           })
           .Case([&](pipe::SendOp o) { comm(pipeline::OpKind::Send, o); })
           .Case([&](pipe::RecvOp o) { comm(pipeline::OpKind::Recv, o); });

@@ -42,11 +42,11 @@ done
 declare -A SOURCES=(
   [model_graph]="compiler/ModelGraph.cpp"
   [layout]="passes/pipeline/Layout.cpp"
-  [artifact]="runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [artifact]="runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Collectives.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [safetensors]="runtime/io/Safetensors.cpp"
   [dataset]="runtime/data/Dataset.cpp"
-  [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
-  [checkpoint_tensors]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [checkpoint]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Collectives.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
+  [checkpoint_tensors]="runtime/io/Checkpoint.cpp runtime/io/Safetensors.cpp runtime/artifact/Artifact.cpp runtime/artifact/Validate.cpp runtime/program/Collectives.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp"
   [mhcrun_flags]="runtime/cli/RunFlags.cpp runtime/cli/FlagChecks.cpp"
   [prep]="tools/prep/Prep.cpp tools/prep/IndexedWriter.cpp runtime/cli/FlagChecks.cpp runtime/data/Dataset.cpp"
 )
@@ -60,7 +60,7 @@ MLIR_CORE="compiler/ModelGraph.cpp compiler/Importer.cpp compiler/Pipeline.cpp
   passes/PipePartition.cpp passes/PipeSchedule.cpp passes/PipeVerifySchedule.cpp passes/PipelineIR.cpp
   passes/TestMisorderP2P.cpp passes/pipeline/AutoPartition.cpp passes/pipeline/Layout.cpp
   passes/pipeline/Schedule.cpp passes/pipeline/Simulator.cpp
-  runtime/program/Instructions.cpp runtime/program/Program.cpp runtime/program/Trace.cpp"
+  runtime/program/Collectives.cpp runtime/program/Instructions.cpp runtime/program/Program.cpp runtime/program/Trace.cpp"
 SOURCES[importer]="$MLIR_CORE"
 SOURCES[pipe_ir]="$MLIR_CORE"
 SOURCES[mhcc_flags]="$MLIR_CORE compiler/DriverSteps.cpp compiler/AutoSchedule.cpp runtime/cli/FlagChecks.cpp"

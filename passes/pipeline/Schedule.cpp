@@ -219,6 +219,65 @@ void alignReceivesToSenders(Schedule &schedule) {
 
 } // namespace
 
+const std::vector<Instr> &StageSpec::collectivesOf(OpKind step) const {
+  switch (step) {
+  case OpKind::Forward: return forwardCollectives;
+  case OpKind::BackwardInput: return inputCollectives;
+  case OpKind::BackwardWeight: return weightCollectives;
+  default: return backwardCollectives;
+  }
+}
+
+std::vector<ScheduleError> checkStepCollectives(const Schedule &schedule, const ScheduleSpec &spec) {
+  std::vector<ScheduleError> errors;
+  const int64_t stages = static_cast<int64_t>(spec.stages.size());
+  for (int64_t r = 0; r < static_cast<int64_t>(schedule.ranks.size()); ++r) {
+    const std::vector<Instr> &list = schedule.ranks[r];
+    auto error = [&](size_t index, const std::string &message) {
+      errors.push_back({r, static_cast<int64_t>(index), list[index].describe() + ": " + message});
+    };
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Instr &step = list[i];
+      if (step.kind == OpKind::Collective) {
+        error(i, "follows no compute step (a step's collectives are listed right after it)");
+        continue;
+      }
+      if (!step.isCompute() || step.stage < 0 || step.stage >= stages)
+        continue;
+      const std::vector<Instr> &expected = spec.stages[step.stage].collectivesOf(step.kind);
+      auto wanted = [&](size_t k) {
+        Instr c = expected[k];
+        c.stage = step.stage;
+        c.mb = step.mb;
+        return c;
+      };
+      size_t k = 0;
+      bool reported = false; // a step's first difference only: the rest of its list is shifted by it
+      for (; i + 1 < list.size() && list[i + 1].kind == OpKind::Collective; ++k) {
+        const Instr &c = list[++i];
+        const bool same = k < expected.size() && c.axis == expected[k].axis &&
+                          c.collective == expected[k].collective && c.tokens == expected[k].tokens &&
+                          c.width == expected[k].width && c.stage == step.stage && c.mb == step.mb;
+        if (same || reported)
+          continue;
+        reported = true;
+        if (k >= expected.size())
+          error(i, step.describe() + " issues " + std::to_string(expected.size()) + " collectives, this is #" +
+                       std::to_string(k + 1));
+        else
+          error(i, "collective #" + std::to_string(k + 1) + " of " + step.describe() + " is " +
+                       wanted(k).describe() + " (the group's ranks would wait in different collectives)");
+      }
+      if (!reported && k < expected.size())
+        errors.push_back({r, static_cast<int64_t>(i),
+                          step.describe() + " lists " + std::to_string(k) + " of the " +
+                              std::to_string(expected.size()) + " collectives its stage issues; next: " +
+                              wanted(k).describe()});
+    }
+  }
+  return errors;
+}
+
 std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t p, int64_t v, int64_t m,
                                               int64_t groupSize) {
   if (p < 1 || v < 1 || m < 1)
@@ -365,6 +424,11 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
       compute.stage = steps[i].stage;
       compute.mb = steps[i].mb;
       list.push_back(compute);
+      for (Instr c : spec.stages[compute.stage].collectivesOf(compute.kind)) {
+        c.stage = compute.stage;
+        c.mb = compute.mb;
+        list.push_back(c);
+      }
       postSends(steps[i]);
       auto left = backwardsLeft.find(compute.stage);
       if (compute.kind == completing && left != backwardsLeft.end() && --left->second == 0) {

@@ -1,10 +1,18 @@
 //===- Schedule.h - static per-rank pipeline schedules -------------*- C++ -*-===//
 //
 // Builds each rank's instruction list (FWD, BWD or its B/W halves, SEND,
-// RECV, FREE, OPTIM) for GPipe, 1F1B, interleaved 1F1B and ZB-H1, and
+// RECV, FREE, ALLREDUCE, OPTIM, and after each compute step the tp / cp
+// COLLECTIVEs it issues) for GPipe, 1F1B, interleaved 1F1B and ZB-H1, and
 // simulates all ranks together to verify a list set (no deadlock, matching
-// message order at both ends of every peer pair, shapes, no use after FREE)
-// and to predict its timeline, bubble and peak activation memory.
+// message order at both ends of every peer pair, shapes, no use after FREE,
+// each step's collectives) and to predict its timeline, bubble and peak
+// activation memory.
+//
+// Collective semantics: every rank of a tensor- or context-parallel group
+// runs its pipeline rank's list, so the group issues the same collectives
+// in the same order; the verifier checks that each compute step lists
+// exactly the collectives its stage issues, in order and shape, so that
+// no member can wait in a collective the others never call.
 //
 // Message semantics are NCCL's: messages from rank a to rank b are matched to
 // b's receives from a in issue order; consecutive SEND/RECV instructions form
@@ -45,6 +53,11 @@ struct StageSpec {
   int64_t params = 0;         // parameters the stage updates (the optimizer's work)
   /// Width per token of the stage's output boundary (0 for the last stage).
   int64_t outputWidth = 0;
+  /// The tensor- and context-parallel collectives each compute step of the
+  /// stage issues (runtime/program/Collectives.h; their time is in the
+  /// step's): the schedule lists them right after the step.
+  std::vector<Instr> forwardCollectives, backwardCollectives, inputCollectives, weightCollectives;
+  const std::vector<Instr> &collectivesOf(OpKind step) const;
 };
 
 struct ScheduleSpec {
@@ -116,6 +129,12 @@ struct SimulationResult {
   /// closed forms' "bubble" ((p-1)/m for 1F1B), unbounded above.
   double bubbleOverhead = 0;
 };
+
+/// The errors of each rank's COLLECTIVE instructions: every compute step
+/// must be followed by exactly its stage's collectives
+/// (StageSpec::collectivesOf), in order and shape, and a COLLECTIVE
+/// anywhere else follows no step. simulateSchedule reports these first.
+std::vector<ScheduleError> checkStepCollectives(const Schedule &schedule, const ScheduleSpec &spec);
 
 /// Simulates every rank's list together; see the file comment for the rules.
 /// With spec.sharedCores, more ranks than cores computing at once each run

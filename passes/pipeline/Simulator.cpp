@@ -57,6 +57,7 @@ public:
     for (int64_t r = 0; r < p_; ++r)
       complete_[r].assign(schedule_.ranks[r].size(), -1.0);
     result_ = &result;
+    result.errors = checkStepCollectives(schedule_, spec_);
 
     bool progress = true;
     while (progress && result.errors.empty()) {
@@ -598,6 +599,8 @@ std::string predictedTrace(const Schedule &schedule, const SimulationResult &res
   for (int64_t r = 0; r < schedule.pp; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const runtime::Instr &instr = schedule.ranks[r][i];
+      if (instr.kind == OpKind::Collective)
+        continue; // issued inside the step before it, whose slice holds its time (as mhcrun --trace measures)
       const TimedInstr &t = result.timeline[r][i];
       // The simulator's times are milliseconds; trace events count microseconds.
       slices.push_back({r, instr.describe(), runtime::traceCategory(instr.kind), t.start * 1e3,

@@ -270,6 +270,12 @@ json toJson(const Instr &i) {
   }
   if (i.kind == OpKind::AllReduce)
     j["elements"] = i.width; // the stage's gradient floats
+  if (i.kind == OpKind::Collective) {
+    j["axis"] = meshAxisName(i.axis);
+    j["collective"] = collectiveOpName(i.collective);
+    j["tokens"] = i.tokens;
+    j["width"] = i.width;
+  }
   return j;
 }
 
@@ -291,6 +297,16 @@ Instr instrFromJson(const json &j) {
   if (i.kind == OpKind::AllReduce) {
     i.tokens = 1;
     i.width = strictValue<decltype(i.width)>(j.at("elements"), "elements");
+  }
+  if (i.kind == OpKind::Collective) {
+    std::optional<MeshAxis> axis = parseMeshAxis(j.at("axis").get<std::string>());
+    std::optional<CollectiveOp> op = parseCollectiveOp(j.at("collective").get<std::string>());
+    if (!axis || !op)
+      throw std::runtime_error("unknown collective " + j.at("axis").dump() + " " + j.at("collective").dump());
+    i.axis = *axis;
+    i.collective = *op;
+    i.tokens = strictValue<decltype(i.tokens)>(j.at("tokens"), "tokens");
+    i.width = strictValue<decltype(i.width)>(j.at("width"), "width");
   }
   return i;
 }

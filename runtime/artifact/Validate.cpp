@@ -1,6 +1,7 @@
 //===- Validate.cpp - everything the executor indexes, checked up front ------===//
 #include "runtime/artifact/Artifact.h"
 #include "runtime/artifact/TensorSplit.h"
+#include "runtime/program/Collectives.h"
 
 #include <cmath>
 
@@ -93,6 +94,9 @@ public:
     for (size_t r = 0; r < a_.ranks.size(); ++r)
       if (std::string problem = rankSemantics(int64_t(r)); !problem.empty())
         return "rank " + std::to_string(r) + ": " + problem;
+    for (size_t r = 0; r < a_.ranks.size(); ++r)
+      if (std::string problem = collectivesMatch(int64_t(r)); !problem.empty())
+        return "rank " + std::to_string(r) + ": " + problem;
     return messagesMatch();
   }
 
@@ -161,6 +165,7 @@ public:
       case OpKind::Recv:
       case OpKind::Optimizer:
       case OpKind::AllReduce:
+      case OpKind::Collective:
         break;
       }
     }
@@ -182,6 +187,54 @@ public:
                  " is not computed exactly once (" + std::to_string(x.fwd) + " FWD, " + std::to_string(x.bwd) +
                  " BWD, " + std::to_string(x.b) + " B, " + std::to_string(x.w) + " W)";
       }
+    return "";
+  }
+
+  /// The tp / cp collectives a compute step of stage `s` issues, from its
+  /// stage program (runtime/program/Collectives.h): FWD over the forward
+  /// list, the backwards over the backward list, W over the primitives
+  /// with weights only (as the executor runs them).
+  std::vector<Instr> stepCollectives(int64_t s, OpKind kind) const {
+    const StageProgram &p = a_.stages[s];
+    std::vector<CollectiveStep> prims;
+    if (kind == OpKind::Forward)
+      for (const ForwardInstr &f : p.forward)
+        prims.push_back({f.op, true});
+    else
+      for (const BackwardInstr &b : p.backward)
+        if (kind != OpKind::BackwardWeight || !p.forward[b.forward].params.empty())
+          prims.push_back({p.forward[b.forward].op, !b.gradInputs.empty()});
+    const CollectiveMesh mesh{a_.tp, a_.cp, a_.sequenceParallel, a_.model.tokens(), a_.model.hidden, a_.model.heads};
+    return collectivesOf(prims, kind, mesh);
+  }
+
+  /// Each compute step is followed by exactly the collectives its stage
+  /// program issues (what the CPU device checks again while its kernels
+  /// run): an edited artifact whose group members would wait in different
+  /// collectives is refused here.
+  std::string collectivesMatch(int64_t rank) const {
+    const std::vector<Instr> &list = a_.ranks[rank];
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Instr &step = list[k];
+      if (step.kind == OpKind::Collective)
+        return "instruction " + std::to_string(k) + " (" + step.describe() + ") follows no compute step";
+      if (!step.isCompute())
+        continue;
+      const std::vector<Instr> expected = stepCollectives(step.stage, step.kind);
+      size_t n = 0;
+      for (; k + 1 < list.size() && list[k + 1].kind == OpKind::Collective; ++n) {
+        const Instr &c = list[++k];
+        if (n >= expected.size() || c.axis != expected[n].axis || c.collective != expected[n].collective ||
+            c.tokens != expected[n].tokens || c.width != expected[n].width || c.stage != step.stage ||
+            c.mb != step.mb)
+          return "instruction " + std::to_string(k) + " (" + c.describe() + ") is not collective #" +
+                 std::to_string(n + 1) + " of " + step.describe() + ", which issues " +
+                 std::to_string(expected.size());
+      }
+      if (n != expected.size())
+        return step.describe() + " lists " + std::to_string(n) + " of the " + std::to_string(expected.size()) +
+               " tp / cp collectives its stage issues (an artifact from before they were listed? recompile it)";
+    }
     return "";
   }
 
@@ -377,6 +430,9 @@ private:
     }
     if (i.stage < 0 || i.stage >= stages || i.mb < 0 || i.mb >= a_.microbatches)
       return "stage or microbatch out of range";
+    if (i.kind == OpKind::Collective && (i.axis == MeshAxis::Tensor ? a_.tp : a_.cp) < 2)
+      return std::string("a collective of the ") + meshAxisName(i.axis) + " group in an artifact with " +
+             meshAxisName(i.axis) + " = 1";
     if (!i.isComm())
       return a_.rankOf(i.stage) == rank ? "" : "runs a stage of another rank";
     if (i.peer < 0 || i.peer >= a_.pp || i.peer == rank)

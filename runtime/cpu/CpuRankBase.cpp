@@ -307,7 +307,9 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
     c.rows = c.contextRows = int64_t(rowMap_.size());
     c.rowMap = rowMap_.data();
     c.gatherRows = [this](const float *local, int64_t cols, float *all) {
-      return gatherRows(local, cols, all) || !(gatherFailed_ = true);
+      return (issue(MeshAxis::Context, CollectiveOp::AllGather, int64_t(rowMap_.size()), cols) &&
+              gatherRows(local, cols, all)) ||
+             !(gatherFailed_ = true);
     };
     c.addsMixerWeightGrads = contextRank_ == 0;
   }
@@ -319,13 +321,16 @@ StageContext<float> CpuRankBase::contextFor(int64_t s, int64_t mb) {
       c.rows = a_.rowsPerRank(); // the row-local primitives' share; the GEMMs gather every row
     auto failed = [this](bool ok) { return ok || !(gatherFailed_ = true); };
     c.tensor.allReduce = [this, failed](float *data, int64_t count, bool max) {
-      return failed(tensorAllReduce(data, count, max));
+      return failed(issue(MeshAxis::Tensor, max ? CollectiveOp::AllReduceMax : CollectiveOp::AllReduce, count, 1) &&
+                    tensorAllReduce(data, count, max));
     };
     c.tensor.gatherRows = [this, failed](const float *local, int64_t cols, float *all) {
-      return failed(tensorGatherRows(local, cols, all));
+      return failed(issue(MeshAxis::Tensor, CollectiveOp::AllGather, a_.rowsPerRank(), cols) &&
+                    tensorGatherRows(local, cols, all));
     };
     c.tensor.reduceScatterRows = [this, failed](const float *all, int64_t cols, float *local) {
-      return failed(tensorReduceScatterRows(all, cols, local));
+      return failed(issue(MeshAxis::Tensor, CollectiveOp::ReduceScatter, a_.rowsPerRank() * a_.tp, cols) &&
+                    tensorReduceScatterRows(all, cols, local));
     };
   }
   c.param = [this, &p](int slot) { return weight(p.params[slot].param); };
@@ -358,6 +363,36 @@ bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart
     for (int id : b.gradInputs)
       storeAs(c.program, id, state);
   return true;
+}
+
+bool CpuRankBase::expectCollectives(const Instr *first, size_t count) {
+  planned_ = first;
+  plannedCount_ = count;
+  issued_ = 0;
+  return true;
+}
+
+bool CpuRankBase::issue(MeshAxis axis, CollectiveOp op, int64_t rows, int64_t cols) {
+  const Instr *next = issued_ < plannedCount_ ? planned_ + issued_ : nullptr;
+  const bool allReduce = op == CollectiveOp::AllReduce || op == CollectiveOp::AllReduceMax;
+  if (next && next->axis == axis && next->collective == op && rows * cols == next->tokens * next->width &&
+      (allReduce || (rows == next->tokens && cols == next->width))) {
+    ++issued_;
+    return true;
+  }
+  std::string issued = std::string(meshAxisName(axis)) + " " + collectiveOpName(op) + " [" + std::to_string(rows) +
+                       "x" + std::to_string(cols) + "]";
+  return fail("its kernels issued collective #" + std::to_string(issued_ + 1) + " as " + issued +
+              ", where the schedule lists " + (next ? next->describe() : std::string("no more")) +
+              " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)");
+}
+
+bool CpuRankBase::collectivesIssued() {
+  if (issued_ == plannedCount_)
+    return true;
+  return fail("its kernels issued " + std::to_string(issued_) + " of the " + std::to_string(plannedCount_) +
+              " collectives the schedule lists; the next was " + planned_[issued_].describe() +
+              " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)");
 }
 
 void CpuRankBase::takeProfile(std::map<std::string, double> &profileMs) {

@@ -135,6 +135,8 @@ public:
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                 const std::vector<int> &fresh) override;
   void waitFor(Transfer &) override {} // a receive completes inside exchange
+  bool expectCollectives(const Instr *first, size_t count) override;
+  bool collectivesIssued() override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
 
 protected:
@@ -169,6 +171,14 @@ protected:
 private:
   StageContext<float> contextFor(int64_t stage, int64_t mb);
 
+  /// A collective the kernels are about to issue, against the next one the
+  /// schedule lists (expectCollectives); an all-reduce compares elements
+  /// (rows x cols), the others rows and cols. False (and error_) on a
+  /// difference.
+  bool issue(MeshAxis axis, CollectiveOp op, int64_t rows, int64_t cols);
+
+  const Instr *planned_ = nullptr; // the current compute step's COLLECTIVEs
+  size_t plannedCount_ = 0, issued_ = 0;
   const StepInputs *inputs_ = nullptr;
   bool gatherFailed_ = false; // a context- or tensor-parallel collective failed: the rank stops
   std::map<std::string, double> profile_;

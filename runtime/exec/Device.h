@@ -153,6 +153,18 @@ public:
   virtual bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                         const std::vector<int> &fresh) = 0;
 
+  /// The tensor- and context-parallel collectives the next compute
+  /// instruction issues from inside its kernels: the COLLECTIVE
+  /// instructions listed after it (`count` of them from `first`, valid
+  /// until collectivesIssued). The device checks each collective its
+  /// kernels issue against the next of these, and fails (naming both) on a
+  /// difference rather than let the group wait in different collectives.
+  /// A backend without tensor or context parallelism accepts none.
+  virtual bool expectCollectives(const Instr *first, size_t count) { return count == 0; }
+  /// After that compute instruction: false (error() says why) unless its
+  /// kernels issued every collective expected.
+  virtual bool collectivesIssued() { return true; }
+
   // ---- communication ----------------------------------------------------------
   /// Posts one group of SEND / RECV instructions together (NCCL's group
   /// semantics: none blocks the others). Sends follow the compute queued so

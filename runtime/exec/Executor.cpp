@@ -247,6 +247,26 @@ bool Executor::freeOutput(const Instr &i) {
   return true;
 }
 
+bool Executor::computeStep(const std::vector<Instr> &list, size_t &index) {
+  const Instr &i = list[index];
+  // The tp / cp collectives it issues are listed right after it.
+  size_t end = index + 1;
+  while (end < list.size() && list[end].kind == OpKind::Collective)
+    ++end;
+  if (!device_.expectCollectives(list.data() + index + 1, end - index - 1))
+    return fail(device_.error().empty() ? "this backend runs no tensor- or context-parallel collectives"
+                                        : device_.error());
+  index = end - 1;
+  bool ok = false;
+  switch (i.kind) {
+  case OpKind::Forward: ok = forward(i.stage, i.mb); break;
+  case OpKind::Backward: ok = backward(i.stage, i.mb, BackwardPart::Both); break;
+  case OpKind::BackwardInput: ok = backward(i.stage, i.mb, BackwardPart::Input); break;
+  default: ok = backward(i.stage, i.mb, BackwardPart::Weight); break;
+  }
+  return ok && (device_.collectivesIssued() || fail(device_.error()));
+}
+
 bool Executor::runPipeline() {
   states_.clear();
   activationsIn_.clear();
@@ -267,28 +287,29 @@ bool Executor::runPipeline() {
     const Clock::time_point started = options_.trace ? Clock::now() : Clock::time_point();
     device_.beginInstruction(i.describe());
     bool ok = true;
-    switch (i.kind) {
-    case OpKind::Forward: ok = forward(i.stage, i.mb); break;
-    case OpKind::Backward: ok = backward(i.stage, i.mb, BackwardPart::Both); break;
-    case OpKind::BackwardInput: ok = backward(i.stage, i.mb, BackwardPart::Input); break;
-    case OpKind::BackwardWeight: ok = backward(i.stage, i.mb, BackwardPart::Weight); break;
-    case OpKind::Send:
-    case OpKind::Recv: {
-      // One group's instructions are consecutive and posted together.
-      std::vector<const Instr *> group;
-      size_t end = index;
-      while (end < list.size() && list[end].isComm() && list[end].group == i.group)
-        group.push_back(&list[end++]);
-      ok = communicate(group);
-      index = end - 1;
-      break;
-    }
-    case OpKind::Free: ok = freeOutput(i); break;
-    case OpKind::AllReduce:
-      ok = device_.allReduceGradients(i) ||
-           fail(device_.error().empty() ? "this backend runs no data-parallel ALLREDUCE" : device_.error());
-      break;
-    case OpKind::Optimizer: break; // the trainer runs it once the list is done
+    if (i.isCompute()) {
+      ok = computeStep(list, index);
+    } else {
+      switch (i.kind) {
+      case OpKind::Send:
+      case OpKind::Recv: {
+        // One group's instructions are consecutive and posted together.
+        std::vector<const Instr *> group;
+        size_t end = index;
+        while (end < list.size() && list[end].isComm() && list[end].group == i.group)
+          group.push_back(&list[end++]);
+        ok = communicate(group);
+        index = end - 1;
+        break;
+      }
+      case OpKind::Free: ok = freeOutput(i); break;
+      case OpKind::AllReduce:
+        ok = device_.allReduceGradients(i) ||
+             fail(device_.error().empty() ? "this backend runs no data-parallel ALLREDUCE" : device_.error());
+        break;
+      case OpKind::Collective: ok = fail("a tp / cp COLLECTIVE that follows no compute instruction"); break;
+      default: break; // the trainer runs OPTIM once the list is done
+      }
     }
     device_.endInstruction();
     if (!ok)
@@ -297,7 +318,8 @@ bool Executor::runPipeline() {
       // A communication group's instructions share the group's interval.
       const double start = sinceEpoch(started), end = sinceEpoch(Clock::now());
       for (size_t k = first; k <= index; ++k)
-        trace_.push_back({globalRank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
+        if (list[k].kind != OpKind::Collective) // inside the compute step's slice
+          trace_.push_back({globalRank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
     }
   }
   where_ = "end of step";

@@ -41,6 +41,10 @@ public:
 private:
   using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
+  /// The compute instruction at `index` and the COLLECTIVEs listed after
+  /// it (which the device checks its kernels against); `index` ends on
+  /// the last of them.
+  bool computeStep(const std::vector<Instr> &list, size_t &index);
   bool forward(int64_t stage, int64_t mb);
   bool backward(int64_t stage, int64_t mb, BackwardPart part);
   bool takeOutputGradient(int64_t stage, int64_t mb, StageState &state);

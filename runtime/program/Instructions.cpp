@@ -14,9 +14,42 @@ constexpr struct {
     {OpKind::BackwardInput, "B"},    {OpKind::BackwardWeight, "W"},
     {OpKind::Send, "SEND"},          {OpKind::Recv, "RECV"},
     {OpKind::Free, "FREE"},          {OpKind::Optimizer, "OPTIM"},
-    {OpKind::AllReduce, "ALLREDUCE"},
+    {OpKind::AllReduce, "ALLREDUCE"}, {OpKind::Collective, "COLLECTIVE"},
+};
+constexpr struct {
+  CollectiveOp op;
+  const char *name;
+} kCollectives[] = {
+    {CollectiveOp::AllGather, "all_gather"},
+    {CollectiveOp::ReduceScatter, "reduce_scatter"},
+    {CollectiveOp::AllReduce, "all_reduce"},
+    {CollectiveOp::AllReduceMax, "all_reduce_max"},
 };
 } // namespace
+
+const char *collectiveOpName(CollectiveOp op) {
+  for (const auto &entry : kCollectives)
+    if (entry.op == op)
+      return entry.name;
+  return "?";
+}
+
+std::optional<CollectiveOp> parseCollectiveOp(const std::string &name) {
+  for (const auto &entry : kCollectives)
+    if (name == entry.name)
+      return entry.op;
+  return std::nullopt;
+}
+
+const char *meshAxisName(MeshAxis axis) { return axis == MeshAxis::Tensor ? "tp" : "cp"; }
+
+std::optional<MeshAxis> parseMeshAxis(const std::string &name) {
+  if (name == "tp")
+    return MeshAxis::Tensor;
+  if (name == "cp")
+    return MeshAxis::Context;
+  return std::nullopt;
+}
 
 const char *opKindName(OpKind kind) {
   for (const auto &entry : kKinds)
@@ -41,6 +74,10 @@ std::string Instr::describe() const {
        << peer << " [" << tokens << "x" << width << "]";
   } else if (kind == OpKind::AllReduce) {
     os << " grads s" << stage << " dp [" << width << "]";
+  } else if (kind == OpKind::Collective) {
+    os.str("");
+    os << meshAxisName(axis) << " " << collectiveOpName(collective) << " in (s" << stage << ",mb" << mb << ") ["
+       << tokens << "x" << width << "]";
   } else if (kind != OpKind::Optimizer) {
     os << "(s" << stage << ",mb" << mb << ")";
   }

@@ -35,6 +35,7 @@ const char *traceCategory(OpKind kind) {
   case OpKind::Send:
   case OpKind::Recv:
   case OpKind::AllReduce:
+  case OpKind::Collective:
     return "comm";
   case OpKind::Free:
     return "free";

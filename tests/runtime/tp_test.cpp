@@ -42,7 +42,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <set>
 
 namespace mhcc::runtime {
 namespace {
@@ -113,6 +115,80 @@ TEST(TensorParallel, GatedDeltaNetHeadsSplitAsAttentionsDo) {
   const TrainingRun tp1 = train(gArtifacts[8], *text, kSteps);
   expectSameTraining(tp1, train(gArtifacts[9], *text, kSteps), "hybrid tp 2");
   expectSameTraining(tp1, train(gArtifacts[10], *text, kSteps), "hybrid tp 2 x pp 2, sequence parallel");
+}
+
+/// The position of the first instruction of `kind` in `list`.
+size_t firstOf(const std::vector<Instr> &list, OpKind kind) {
+  return size_t(std::find_if(list.begin(), list.end(), [kind](const Instr &i) { return i.kind == kind; }) -
+                list.begin());
+}
+
+TEST(TensorParallel, EachCollectiveIsListedAndChecked) {
+  // tp 2 with sequence parallelism x cp 2 x pp 2: each compute step lists
+  // the tp and cp collectives it issues right after it. An artifact whose
+  // lists differ from its stage programs is refused when read; one that
+  // reaches the device anyway (built in memory) stops at the first
+  // collective its kernels issue otherwise, naming both.
+  std::string error;
+  std::optional<TokenDataset> text = TokenDataset::open(gDataPath, error);
+  ASSERT_TRUE(text) << error;
+  std::optional<Artifact> original = readArtifact(gArtifacts[11], error);
+  ASSERT_TRUE(original) << error;
+  const std::vector<Instr> &list = original->ranks[0];
+  const size_t fwd = firstOf(list, OpKind::Forward);
+  ASSERT_LT(fwd + 1, list.size());
+  ASSERT_EQ(list[fwd + 1].kind, OpKind::Collective);
+  std::set<std::pair<MeshAxis, CollectiveOp>> kinds;
+  for (const Instr &i : list)
+    if (i.kind == OpKind::Collective)
+      kinds.insert({i.axis, i.collective});
+  EXPECT_TRUE(kinds.count({MeshAxis::Tensor, CollectiveOp::AllGather}) &&
+              kinds.count({MeshAxis::Tensor, CollectiveOp::ReduceScatter}) &&
+              kinds.count({MeshAxis::Context, CollectiveOp::AllGather}))
+      << "sequence-parallel gathers and scatters and context-parallel gathers";
+
+  auto edited = [&](const std::function<void(std::vector<Instr> &)> &edit) {
+    Artifact a = *original;
+    edit(a.ranks[0]);
+    return a;
+  };
+  auto widen = [&](std::vector<Instr> &l) { l[fwd + 1].width += 1; };
+  auto drop = [&](std::vector<Instr> &l) { l.erase(l.begin() + long(fwd) + 1); };
+  auto duplicate = [&](std::vector<Instr> &l) { l.insert(l.begin() + long(fwd) + 1, l[fwd + 1]); };
+  auto stray = [&](std::vector<Instr> &l) { l.insert(l.end() - 1, l[fwd + 1]); }; // before OPTIM
+  size_t last = fwd + 1;
+  while (list[last + 1].kind == OpKind::Collective)
+    ++last;
+  auto appendOne = [&](std::vector<Instr> &l) { l.insert(l.begin() + long(last) + 1, l[last]); };
+  EXPECT_EQ(validateArtifact(*original), "");
+  EXPECT_NE(validateArtifact(edited(widen)).find("is not collective #1 of FWD(s0,mb0)"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(drop)).find("is not collective #1 of FWD(s0,mb0)"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(duplicate)).find("is not collective #2 of FWD(s0,mb0)"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(stray)).find("follows no compute step"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(appendOne)).find("which issues"), std::string::npos);
+
+  auto stepError = [&](Artifact a) {
+    std::unique_ptr<Trainer> trainer = Trainer::create(std::move(a), *text, TrainOptions(), cpuDevices(), error);
+    EXPECT_TRUE(trainer) << error;
+    if (!trainer)
+      return std::string();
+    std::string stepError;
+    EXPECT_FALSE(trainer->step(stepError)) << "a schedule the kernels do not follow trained";
+    return stepError;
+  };
+  const std::string first = std::string(meshAxisName(list[fwd + 1].axis)) + " " +
+                            collectiveOpName(list[fwd + 1].collective);
+  const std::string wider = stepError(edited(widen));
+  EXPECT_NE(wider.find("its kernels issued collective #1 as " + first), std::string::npos) << wider;
+  EXPECT_NE(wider.find("where the schedule lists " + first + " in (s0,mb0)"), std::string::npos) << wider;
+  const std::string twice = stepError(edited(duplicate));
+  EXPECT_NE(twice.find("its kernels issued collective #2"), std::string::npos) << twice;
+  const std::string more = stepError(edited(appendOne));
+  const std::string listed = std::to_string(last - fwd);
+  EXPECT_NE(more.find("its kernels issued " + listed + " of the " + std::to_string(last - fwd + 1) +
+                      " collectives the schedule lists"),
+            std::string::npos)
+      << more;
 }
 
 TEST(TensorParallel, BlocksCoverEveryElementOnce) {

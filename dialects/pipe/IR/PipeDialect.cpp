@@ -2,6 +2,7 @@
 #include "dialects/pipe/IR/PipeDialect.h"
 
 #include "dialects/pipe/IR/PipeOps.h"
+#include "runtime/program/Instructions.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -89,6 +90,24 @@ LogicalResult AllReduceOp::verify() {
   if (schedule && schedule.getDp().value_or(1) * schedule.getCp().value_or(1) < 2)
     return emitOpError() << "needs a schedule with dp x cp > 1 (the schedule has dp = "
                          << schedule.getDp().value_or(1) << ", cp = " << schedule.getCp().value_or(1) << ")";
+  return success();
+}
+
+LogicalResult CollectiveOp::verify() {
+  const bool tensor = getAxis() == "tp";
+  if (!tensor && getAxis() != "cp")
+    return emitOpError() << "runs in the tensor-parallel group \"tp\" or the context-parallel group \"cp\", got \""
+                         << getAxis() << "\"";
+  if (!mhcc::runtime::parseCollectiveOp(getCollective().str()))
+    return emitOpError() << "is all_gather, reduce_scatter, all_reduce or all_reduce_max, got \""
+                         << getCollective() << "\"";
+  auto type = cast<RankedTensorType>(getTensorType());
+  if (type.getRank() != 2 || type.getDimSize(0) < 1 || type.getDimSize(1) < 1)
+    return emitOpError() << "carries a [rows, cols] tensor, got " << type;
+  auto schedule = (*this)->getParentOfType<ScheduleOp>();
+  const int64_t group = !schedule ? 2 : tensor ? schedule.getTp().value_or(1) : schedule.getCp().value_or(1);
+  if (group < 2)
+    return emitOpError() << "needs a schedule with " << getAxis() << " > 1";
   return success();
 }
 

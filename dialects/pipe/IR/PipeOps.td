@@ -105,6 +105,28 @@ def Pipe_AllReduceOp : Pipe_Op<"all_reduce", [HasParent<"RankOp">]> {
   let hasVerifier = 1;
 }
 
+def Pipe_CollectiveOp : Pipe_Op<"collective", [HasParent<"RankOp">]> {
+  let summary = "COLLECTIVE: one tensor- or context-parallel collective of the compute op before it";
+  let description = [{
+    A collective of the rank's tensor-parallel group (`axis` "tp") or
+    context-parallel group ("cp"): `collective` is all_gather,
+    reduce_scatter, all_reduce or all_reduce_max, and `tensor_type` what
+    this rank puts in (its rows for an all-gather, the whole tensor
+    otherwise). The compute op it follows (of `stage` and `mb`) issues it
+    from inside its kernels: its collectives come right after it, in the
+    order the kernels issue them (runtime/program/Collectives.h). Every
+    rank of the group runs this list; -pipe-verify-schedule checks that
+    each compute op lists exactly its stage's collectives, so that no
+    member waits in a collective the others never call.
+  }];
+  let arguments = (ins StrAttr:$axis, StrAttr:$collective, Pipe_NonNegativeI64:$stage,
+                       Pipe_NonNegativeI64:$mb, TypeAttrOf<AnyRankedTensor>:$tensor_type);
+  let assemblyFormat = [{
+    $axis $collective `stage` $stage `mb` $mb `:` $tensor_type attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
 def Pipe_OptimizerOp : Pipe_Op<"optimizer", [HasParent<"RankOp">]> {
   let summary = "OPTIM: apply the accumulated gradients of this rank's stages";
   let assemblyFormat = "attr-dict";

@@ -1,0 +1,61 @@
+//===- Collectives.h - the tp / cp collectives of one compute step --*- C++ -*-===//
+//
+// Which collectives a stage's FWD, BWD, B or W issues, in order and with
+// their shapes, under tensor parallelism (with or without sequence
+// parallelism) and context parallelism. The compiler lists them in every
+// rank's schedule after their compute instruction (-pipe-verify-schedule
+// checks the lists), the runtime checks an artifact's lists against its
+// stage programs before a step, and the CPU device checks each collective
+// its kernels issue against the list while they run. The rules follow the
+// CPU kernels (runtime/cpu/StageExecutor.h, TensorParallel.h,
+// ContextParallelAttention.h): a change there that issues another
+// collective fails the tensor- and context-parallel tests at once.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_PROGRAM_COLLECTIVES_H
+#define MHCC_RUNTIME_PROGRAM_COLLECTIVES_H
+
+#include "runtime/program/Instructions.h"
+#include "runtime/program/Program.h"
+
+#include <vector>
+
+namespace mhcc::runtime {
+
+/// The mesh and the model sizes the collectives' shapes depend on.
+struct CollectiveMesh {
+  int64_t tp = 1, cp = 1;
+  bool sequenceParallel = false;
+  int64_t tokens = 0; // a microbatch's rows, T
+  int64_t hidden = 0, heads = 0;
+  bool active() const { return tp > 1 || cp > 1; }
+};
+
+/// One primitive of a stage program, as far as its collectives go: its
+/// kind, and whether its backward produces an input gradient (the
+/// embedding's has none).
+struct CollectiveStep {
+  Prim op = Prim::Identity;
+  bool inputGradient = true;
+};
+
+/// The collectives compute instruction `kind` (FWD, BWD, B or W) issues
+/// over `prims`, which are in the order that instruction runs them (the
+/// forward list for FWD, the backward list for the others; W skips the
+/// primitives without weights before calling this). OpKind::Collective
+/// instructions with stage and mb unset.
+std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKind kind, const CollectiveMesh &mesh);
+
+/// What collective `c` costs one rank as a ring over `groupSize` ranks, for
+/// the simulator: the bytes it sends (an all-gather or a reduce-scatter
+/// (g - 1) / g of the whole tensor, an all-reduce twice that) at
+/// `elementBytes` a value, and the link latencies it waits (g - 1 a pass).
+struct CollectiveTraffic {
+  double bytes = 0;
+  int64_t latencies = 0;
+};
+CollectiveTraffic ringTraffic(const Instr &c, int64_t groupSize, int64_t elementBytes);
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_PROGRAM_COLLECTIVES_H
