@@ -302,6 +302,8 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const int64_t T = a_.model.tokens(), C = a_.model.hidden;
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
+  if (f.op == Prim::GatedDeltaNet) // and the scans' chunk states, which the backward would otherwise rebuild
+    return gdnAuxFloats(T, C, f.heads, f.seqLen);
   const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
   switch (f.op) {
   case Prim::Attention:

@@ -169,6 +169,8 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
 /// bf16 rounding points; GdnKernels.cu, GdnWy.cu): the recurrence runs in the
 /// chunked WY form over chunks of 64 tokens (GdnWy.cu), for head dims 16, 32, 64 and 128.
+/// The aux holds the CPU's layout (gdnAuxPerRow floats a row) and then
+/// what the forward's scans keep for the backward: gdnAuxFloats in all.
 /// Forward scratch: gdnForwardScratch; backward: stash gdnBackwardStash
 /// (what B leaves for W), scratch gdnBackwardScratch (for B, W or both).
 /// Both return "" or a one-line error (an unsupported head dim, a launch).
@@ -183,6 +185,7 @@ struct GdnWeightGrads {
 };
 bool gdnHeadDimSupported(int64_t d);
 std::string gdnHeadDimError(int64_t d);
+int64_t gdnAuxFloats(int64_t rows, int64_t C, int64_t heads, int64_t seq);
 int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t heads, int actBytes);
 int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);

@@ -152,12 +152,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
     if (key >= keys)
       continue;
     bf16 *outK = p.dqkv + (first + key) * p.ld + p.C + pos.h * D + 2 * t, *outV = outK + p.C;
-#pragma unroll
-    for (int db = 0; db < D / 8; ++db) {
-      *reinterpret_cast<__nv_bfloat162 *>(outK + db * 8) =
-          __floats2bfloat162_rn(dk[db][2 * r] * p.scale, dk[db][2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162 *>(outV + db * 8) = __floats2bfloat162_rn(dv[db][2 * r], dv[db][2 * r + 1]);
-    }
+    storeAccumulatorRow<D>(outK, dk, r, p.scale);
+    storeAccumulatorRow<D>(outV, dv, r, 1.0f); // x * 1 is x, exactly
   }
 }
 
@@ -193,13 +189,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = m0 + groupRow + 16 * (warp % 4); // the warp's first query
   const bool active = row0 < p.seq;
   const WarpDocuments docs(seqFirstKeys, row0, g, active);
-  float lseLog2[2] = {0.f, 0.f}, rowDot[2] = {0.f, 0.f};
-  if (active)
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = (tok0 + row0 + g + 8 * r) * p.heads + pos.h;
-      lseLog2[r] = p.lse[i] * kLog2e;
-      rowDot[r] = p.rowDot[i];
-    }
+  const RowStats stats(p, tok0 + row0 + g, pos.h, active);
+  const float(&lseLog2)[2] = stats.lseLog2, (&rowDot)[2] = stats.rowDot;
   float dq[D / 8][4] = {}, s[kStream / 8][4], dp[kStream / 8][4];
   uint32_t a[kStream / 16][4];
 #pragma unroll 1
@@ -239,13 +230,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   if (!active)
     return;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    bf16 *out = p.dqkv + (tok0 + row0 + g + 8 * r) * p.ld + pos.h * D + 2 * t;
-#pragma unroll
-    for (int db = 0; db < D / 8; ++db)
-      *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
-          __floats2bfloat162_rn(dq[db][2 * r] * p.scale, dq[db][2 * r + 1] * p.scale);
-  }
+  for (int r = 0; r < 2; ++r)
+    storeAccumulatorRow<D>(p.dqkv + (tok0 + row0 + g + 8 * r) * p.ld + pos.h * D + 2 * t, dq, r, p.scale);
 }
 
 template <int D> cudaError_t hopperBackward(const Params &p, cudaStream_t stream) {

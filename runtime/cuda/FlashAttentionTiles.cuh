@@ -252,6 +252,32 @@ __device__ __forceinline__ void keyMask(float (&s)[N / 8][4], int row, int col0,
     }
 }
 
+/// A lane's two rows of the backward's per-query statistics (row r: g + 8 r of
+/// the warp's 16 from token `row`): the log-sum-exp in log2 units and
+/// rowDot = dO . O; zeros for an inactive warp.
+struct RowStats {
+  float lseLog2[2] = {0.f, 0.f}, rowDot[2] = {0.f, 0.f};
+  __device__ RowStats(const Params &p, int64_t row, int h, bool active) {
+    if (active)
+      for (int r = 0; r < 2; ++r) {
+        const int64_t i = (row + 8 * r) * p.heads + h;
+        lseLog2[r] = p.lse[i] * kLog2e;
+        rowDot[r] = p.rowDot[i];
+      }
+  }
+};
+
+/// Row r (g + 8 r) of a lane's m16 accumulator tiles, times `scale`, as bf16
+/// at `out` (columns 2 t, 2 t + 1 of each 8-column block; `out` at the row's
+/// column 2 t).
+template <int D>
+__device__ __forceinline__ void storeAccumulatorRow(bf16 *out, const float (&acc)[D / 8][4], int r, float scale) {
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db)
+    *reinterpret_cast<__nv_bfloat162 *>(out + db * 8) =
+        __floats2bfloat162_rn(acc[db][2 * r] * scale, acc[db][2 * r + 1] * scale);
+}
+
 /// Where a warp's 16 query rows from row0 find their keys (packed documents): the lane's rows' document starts,
 /// and the smallest and largest of the warp (firstKeys never decreases along a sequence). All 0 without documents.
 struct WarpDocuments {

@@ -276,12 +276,14 @@ struct CarvedSize {
   int64_t floats() const { return bytes / 4; }
 };
 
-/// The aux pieces (GdnAux on the CPU).
+/// The aux pieces: GdnAux's on the CPU, then (256-byte aligned) what the
+/// forward's scans keep for the backward (gdnScanKeptFloats).
 struct Aux {
-  float *p, *z, *a, *inv, *ab, *o, *rms, *g;
+  float *p, *z, *a, *inv, *ab, *o, *rms, *g, *scans;
   Aux(float *aux, int64_t rows, int64_t C, int64_t H)
       : p(aux), z(p + rows * 3 * C), a(z + rows * 3 * C), inv(a + rows * 3 * C), ab(inv + rows * 2 * H),
-        o(ab + rows * 2 * H), rms(o + rows * C), g(rms + rows * H) {}
+        o(ab + rows * 2 * H), rms(o + rows * C), g(rms + rows * H), scans(aux + scansOffset(rows, C, H)) {}
+  static int64_t scansOffset(int64_t rows, int64_t C, int64_t H) { return (rows * (11 * C + 5 * H) + 63) / 64 * 64; }
 };
 
 /// What B leaves for W (A-typed pieces are GEMM operands).
@@ -317,12 +319,11 @@ std::string gdnHeadDimError(int64_t d) {
 }
 bool gdnHeadDimSupported(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
+int64_t gdnAuxFloats(int64_t rows, int64_t C, int64_t H, int64_t seq) {
+  return Aux::scansOffset(rows, C, H) + gdnScanKeptFloats(rows, C, H, seq);
+}
 int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int actBytes) {
-  return CarvedSize{}
-      .add(rows * 2 * H, 4)
-      .add(rows * C, actBytes)
-      .add(gdnScanScratchFloats(false, rows, C, H, seq), 4) // the chunks' pseudo-values and starting states
-      .floats();
+  return CarvedSize{}.add(rows * 2 * H, 4).add(rows * C, actBytes).floats();
 }
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t H, int actBytes) { return stashFloats(rows, C, H, actBytes); }
 int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int actBytes) {
@@ -332,11 +333,10 @@ int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int 
       .add(rows * C, actBytes)                                // n
       .add(rows * C, 4)                                       // dn
       .add(rows * C, 4)                                       // dO
-      .add(rows * 2 * H, 4)                                   // gates
       .add(rows * 3 * C, 4)                                   // dA
       .add(rows * 2 * H, 4)                                   // dAb (fp32)
       .add(rows * H, 4)                                       // dLogAlpha
-      .add(gdnScanScratchFloats(true, rows, C, H, seq), 4) // the scans' states and gradients
+      .add(gdnScanScratchFloats(rows, C, H, seq), 4)       // the scans' state gradients
       .add(partials, 4)
       .floats();
 }
@@ -350,7 +350,6 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   Carver carve{reinterpret_cast<char *>(scratch)};
   float *gates = carve.take<float>(rows * 2 * H);
   A *n = carve.take<A>(rows * C);
-  float *scanScratch = carve.take<float>(gdnScanScratchFloats(false, rows, C, H, seq));
   matmul<A, float>(g, x, w.wqkv, aux.p, rows, C, 3 * C, false);
   roundLikeStorage<A>(aux.p, rows * 3 * C, s);
   convForwardKernel<A>
@@ -358,8 +357,8 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, C, H);
   matmul<A, float>(g, x, w.wab, aux.ab, rows, C, 2 * H, false);
   gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
-  std::string error = gdnScans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, scanScratch, rows, C,
-                               H, seq, docs.firstKeys, s);
+  std::string error = gdnScans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, aux.scans, nullptr,
+                               rows, C, H, seq, docs.firstKeys, s);
   if (!error.empty())
     return error;
   matmul<A, float>(g, x, w.wgate, aux.g, rows, C, C, false);
@@ -381,9 +380,9 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
   Carver carve{reinterpret_cast<char *>(scratch)};
   A *n = carve.take<A>(rows * C);
   float *dn = carve.take<float>(rows * C), *dO = carve.take<float>(rows * C);
-  float *gates = carve.take<float>(rows * 2 * H), *dA = carve.take<float>(rows * 3 * C);
+  float *dA = carve.take<float>(rows * 3 * C);
   float *dAb = carve.take<float>(rows * 2 * H), *dLogAlpha = carve.take<float>(rows * H);
-  float *states = carve.take<float>(gdnScanScratchFloats(true, rows, C, H, seq));
+  float *states = carve.take<float>(gdnScanScratchFloats(rows, C, H, seq));
   float *partial = reinterpret_cast<float *>(carve.next);
   if (parts.inputs) {
     fill(dn, rows * C, 0.0f, s);
@@ -391,9 +390,8 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
     gatedNormBackwardKernel<A><<<warpBlocks(rows * H), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, dn, kept.dG,
                                                                          kept.outNormTerms, dO, rows, C, H);
     matmulTransBAcc<A, A>(g, kept.dG, w.wgate, dx, rows, C, C);
-    gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
-    std::string error =
-        gdnScans(true, aux.a, gates, dO, nullptr, dA, dAb, dLogAlpha, states, rows, C, H, seq, docs.firstKeys, s);
+    std::string error = gdnScans(true, aux.a, nullptr, dO, nullptr, dA, dAb, dLogAlpha, aux.scans, states, rows, C,
+                                 H, seq, docs.firstKeys, s);
     if (!error.empty())
       return error;
     decayBackwardKernel<A>

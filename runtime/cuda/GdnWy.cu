@@ -485,12 +485,12 @@ template <class Kernel> void allowSmem(Kernel kernel, int bytes) {
 
 template <int D>
 void launchWy(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA, float *dAb,
-              float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
+              float *dLogAlpha, float *kept, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
               const int32_t *firstKeys, cudaStream_t s) {
   const WyLayout L(rows, C, H, seq);
   const float scale = 1.0f / sqrtf(float(D));
   const dim3 everyChunk(unsigned(L.seqs * L.chunks), unsigned(H)), chains(unsigned(L.seqs), unsigned(H), D / rowsOf(D));
-  float *U = L.u(scratch), *W = L.w(scratch), *checkpoints = L.checkpoints(scratch);
+  float *U = L.u(kept), *W = L.w(kept), *checkpoints = L.checkpoints(kept), *table = L.gateTable(kept);
   allowSmem(wyPrepareKernel<D>, prepareSmem<D>());
   allowSmem(wyChainKernel<D, false>, chainSmem<D>());
   allowSmem(wyChainKernel<D, true>, chainSmem<D>());
@@ -498,31 +498,33 @@ void launchWy(bool backward, const float *a, const float *gates, const float *dO
   allowSmem(wyOutputKernel<D, true>, outputSmem<D>());
   allowSmem(wyGradsKernel<D>, gradsSmem<D>());
   allowSmem(wyWyGradsKernel<D>, wyGradsSmem<D>());
-  float *table = L.gateTable(scratch);
-  wyGatesKernel<<<everyChunk, 32, 0, s>>>(gates, table, seq, H, firstKeys);
-  wyPrepareKernel<D><<<everyChunk, kThreads, prepareSmem<D>(), s>>>(a, table, U, W, seq, C, H);
-  wyChainKernel<D, false><<<chains, kThreads, chainSmem<D>(), s>>>(a, table, nullptr, U, W, checkpoints, seq, C, H,
-                                                                    scale);
   if (!backward) {
+    // U, W, the chunks' starting states and the gate table stay in `kept`
+    // for the backward, which would otherwise build them again (~0.8 ms a
+    // layer at 1b's sizes).
+    wyGatesKernel<<<everyChunk, 32, 0, s>>>(gates, table, seq, H, firstKeys);
+    wyPrepareKernel<D><<<everyChunk, kThreads, prepareSmem<D>(), s>>>(a, table, U, W, seq, C, H);
+    wyChainKernel<D, false><<<chains, kThreads, chainSmem<D>(), s>>>(a, table, nullptr, U, W, checkpoints, seq, C,
+                                                                      H, scale);
     wyOutputKernel<D, false><<<everyChunk, kThreads, outputSmem<D>(), s>>>(a, table, U, checkpoints, nullptr, o, seq,
                                                                           C, H, scale);
     return;
   }
-  float *dU = L.du(scratch), *carries = L.carries(scratch), *decayTerms = L.decayTerms(scratch);
+  float *dU = L.du(scratch), *dW = L.dw(scratch), *carries = L.carries(scratch), *decayTerms = L.decayTerms(scratch);
   wyOutputKernel<D, true><<<everyChunk, kThreads, outputSmem<D>(), s>>>(a, table, nullptr, nullptr, dO, dU, seq, C,
                                                                        H, scale);
   wyChainKernel<D, true><<<chains, kThreads, chainSmem<D>(), s>>>(a, table, dO, dU, W, carries, seq, C, H, scale);
-  wyGradsKernel<D><<<everyChunk, kThreads, gradsSmem<D>(), s>>>(a, table, dO, U, dU, checkpoints, carries, W, dA,
+  wyGradsKernel<D><<<everyChunk, kThreads, gradsSmem<D>(), s>>>(a, table, dO, U, dU, checkpoints, carries, dW, dA,
                                                                 decayTerms, seq, C, H, scale);
-  wyWyGradsKernel<D><<<everyChunk, kThreads, wyGradsSmem<D>(), s>>>(a, table, dU, W, decayTerms, dA, dAb, dLogAlpha,
+  wyWyGradsKernel<D><<<everyChunk, kThreads, wyGradsSmem<D>(), s>>>(a, table, dU, dW, decayTerms, dA, dAb, dLogAlpha,
                                                                     seq, C, H);
 }
 
 } // namespace
 
 std::string gdnScans(bool backward, const float *a, const float *gates, const float *dO, float *o, float *dA,
-                     float *dAb, float *dLogAlpha, float *scratch, int64_t rows, int64_t C, int64_t H, int64_t seq,
-                     const int32_t *firstKeys, cudaStream_t s) {
+                     float *dAb, float *dLogAlpha, float *kept, float *scratch, int64_t rows, int64_t C, int64_t H,
+                     int64_t seq, const int32_t *firstKeys, cudaStream_t s) {
   const int64_t d = C / H;
   const auto launch = d == 16   ? launchWy<16>
                       : d == 32 ? launchWy<32>
@@ -531,13 +533,16 @@ std::string gdnScans(bool backward, const float *a, const float *gates, const fl
                                  : nullptr;
   if (!launch)
     return gdnHeadDimError(d);
-  launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, scratch, rows, C, H, seq, firstKeys, s);
+  launch(backward, a, gates, dO, o, dA, dAb, dLogAlpha, kept, scratch, rows, C, H, seq, firstKeys, s);
   return lastError("gated_delta_net scan (WY form)");
 }
 
-int64_t gdnScanScratchFloats(bool backward, int64_t rows, int64_t C, int64_t H, int64_t seq) {
-  const WyLayout L(rows, C, H, seq);
-  return backward ? L.backwardFloats() : L.forwardFloats();
+int64_t gdnScanKeptFloats(int64_t rows, int64_t C, int64_t H, int64_t seq) {
+  return WyLayout(rows, C, H, seq).keptFloats();
+}
+
+int64_t gdnScanScratchFloats(int64_t rows, int64_t C, int64_t H, int64_t seq) {
+  return WyLayout(rows, C, H, seq).scratchFloats();
 }
 
 } // namespace mhcc::runtime::cuda

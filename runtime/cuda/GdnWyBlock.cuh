@@ -259,15 +259,20 @@ struct WyLayout {
       : rows(rows_), C(C_), H(H_), D(C_ / H_), seqs(rows_ / seq), chunks(chunksOf(seq)) {}
   int64_t stateFloats() const { return seqs * H * chunks * D * D; }
   int64_t tableFloats() const { return seqs * chunks * H * kGateRows * kChunk; }
-  int64_t forwardFloats() const { return 2 * rows * C + stateFloats() + tableFloats(); }
-  int64_t backwardFloats() const { return forwardFloats() + rows * C + stateFloats() + seqs * chunks * H * kChunk; }
-  float *u(float *base) const { return base; }
-  float *w(float *base) const { return base + rows * C; }
-  float *checkpoints(float *base) const { return base + 2 * rows * C; }
-  float *gateTable(float *base) const { return checkpoints(base) + stateFloats(); }
-  float *du(float *base) const { return gateTable(base) + tableFloats(); }
-  float *carries(float *base) const { return du(base) + rows * C; }
-  float *decayTerms(float *base) const { return carries(base) + stateFloats(); }
+  /// What the forward keeps for the backward (in the GDN aux): U, W, each
+  /// chunk's starting state, the gate table.
+  int64_t keptFloats() const { return 2 * rows * C + stateFloats() + tableFloats(); }
+  float *u(float *kept) const { return kept; }
+  float *w(float *kept) const { return kept + rows * C; }
+  float *checkpoints(float *kept) const { return kept + 2 * rows * C; }
+  float *gateTable(float *kept) const { return checkpoints(kept) + stateFloats(); }
+  /// The backward's own scratch (it leaves `kept` as it found it): dU, dW,
+  /// the carried state gradients, the decay terms.
+  int64_t scratchFloats() const { return 2 * rows * C + stateFloats() + seqs * chunks * H * kChunk; }
+  float *du(float *scratch) const { return scratch; }
+  float *dw(float *scratch) const { return du(scratch) + rows * C; }
+  float *carries(float *scratch) const { return dw(scratch) + rows * C; }
+  float *decayTerms(float *scratch) const { return carries(scratch) + stateFloats(); }
 };
 __device__ inline int64_t stateSlot(int64_t seqIdx, int64_t h, int64_t chunk, int64_t H, int64_t chunks, int D) {
   return ((seqIdx * H + h) * chunks + chunk) * D * D;

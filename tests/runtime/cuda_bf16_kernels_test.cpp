@@ -309,7 +309,7 @@ TEST_F(CudaBf16Kernels, GatedDeltaNetAgainstTheCpuBf16Path) {
   for (const auto &v : w)
     dW.push_back(uploadBf16(v));
   const cuda::GdnWeights<bf16> gw{dW[0], dW[1], dW[2], dW[3], dW[4], dW[5], dW[6], dW[7]};
-  float *gpuAux = allocate<float>(aux.size());
+  float *gpuAux = allocate<float>(cuda::gdnAuxFloats(rows, width, heads, seq));
   float *forwardScratch = allocate<float>(cuda::gdnForwardScratch(rows, width, heads, seq, 2));
   float *stash = allocate<float>(cuda::gdnBackwardStash(rows, width, heads, 2));
   float *backwardScratch = allocate<float>(cuda::gdnBackwardScratch(rows, width, heads, seq, 2));

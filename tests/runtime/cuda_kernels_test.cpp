@@ -304,14 +304,19 @@ void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, i
                             ")";
   float *dx_ = upload(x), *ddy = upload(dy);
   float *forwardScratch = upload(std::vector<float>(cuda::gdnForwardScratch(rows, width, heads, seq, 4)));
+  // The GPU's aux goes on with what its scans keep for the backward.
+  float *daux = upload(std::vector<float>(cuda::gdnAuxFloats(rows, width, heads, seq)));
   check("gated delta net" + shape, {std::vector<float>(rows * width), std::vector<float>(auxSize)},
         [&](auto &o) { cpuForward(o[0].data(), o[1].data()); },
         [&](auto &o) {
-          ASSERT_EQ(cuda::gdnForward<float>(*gemms_, dx_, gw, o[0], o[1], forwardScratch, rows, width, heads, seq,
+          ASSERT_EQ(cuda::gdnForward<float>(*gemms_, dx_, gw, o[0], daux, forwardScratch, rows, width, heads, seq,
                                             1e-5, deviceDocs, nullptr),
                     "");
+          cudaMemcpy(o[1], daux, auxSize * sizeof(float), cudaMemcpyDeviceToDevice);
         });
-  float *daux = upload(aux);
+  // The backward reads the CPU's aux, and the scans' part the GPU forward
+  // kept from its own (the same within the forward's tolerance).
+  cudaMemcpy(daux, aux.data(), auxSize * sizeof(float), cudaMemcpyHostToDevice);
   float *stash = upload(std::vector<float>(cuda::gdnBackwardStash(rows, width, heads, 4)));
   float *scratch = upload(std::vector<float>(cuda::gdnBackwardScratch(rows, width, heads, seq, 4)));
   std::vector<std::vector<float>> grads = {random(rows * width)};
