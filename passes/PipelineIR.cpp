@@ -187,7 +187,11 @@ static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::
     stage.inputCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardInput, mesh);
     stage.weightCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardWeight, mesh);
     stage.forwardTime += time(stage.forwardCollectives);
-    stage.backwardTime += time(stage.backwardCollectives);
+    // Under ZB-H1 the simulator times B as the backward less W, and the
+    // two halves issue their own collectives (W gathers again what it reads).
+    const bool split = spec.kind == pipeline::ScheduleKind::ZeroBubbleH1;
+    stage.backwardTime += split ? time(stage.inputCollectives) + time(stage.weightCollectives)
+                                : time(stage.backwardCollectives);
     stage.weightGradTime += time(stage.weightCollectives);
   }
 }
