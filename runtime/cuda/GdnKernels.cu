@@ -36,11 +36,9 @@ __device__ inline float warpSum(float v) {
   return v;
 }
 
-/// The row conv tap j of row t reads, or -1 before its document (gdnTapRow).
-__device__ inline int64_t tapRow(int64_t t, int64_t j, int64_t seq, const int32_t *firstKeys) {
-  const int64_t back = kGdnConvWidth - 1 - j, i = t % seq;
-  return i - back >= firstKeyOf(firstKeys, t) ? t - back : -1;
-}
+// The conv's tap rule (the CPU's gdnTapRow): tap j of row t, at place i in
+// its sequence, reads row t - back (back = 3 - j) when i - back is still in
+// t's document (i - back >= firstKeyOf(t)), and nothing before it.
 
 /// bf16 models round what the CPU rounds (its `stored` points): a product
 /// kept in fp32 aux is rounded in place.
@@ -50,20 +48,37 @@ __global__ void roundToBf16Kernel(float *p, int64_t count) {
     p[i] = __bfloat162float(__float2bfloat16_rn(p[i]));
 }
 
-/// z = causal depthwise conv of p, a = silu(z); one thread per element.
+/// The grid of the conv kernels: a thread per column, rows t = blockIdx.y,
+/// blockIdx.y + gridDim.y, ... (about 16 a thread, so that its four conv
+/// weights are loaded once for them); each finds its row's place in the
+/// sequence with one 32-bit modulo, not the 64-bit divisions per element
+/// and tap that made these kernels compute-bound (ncu: 10% of the copy
+/// bandwidth; docs/gpu_results.md session 16).
+inline dim3 columnRowGrid(int64_t width, int64_t rows) {
+  constexpr int64_t kRowGroups = 256;
+  return dim3(unsigned((width + kThreads - 1) / kThreads), unsigned(rows < kRowGroups ? rows : kRowGroups));
+}
+__device__ inline int64_t positionIn(int64_t t, int64_t seq) { return int64_t(uint32_t(t) % uint32_t(seq)); }
+
+/// z = causal depthwise conv of p, a = silu(z). Grid: columnRowGrid.
 template <typename A>
 __global__ void convForwardKernel(const float *p, const A *conv, float *z, float *a, int64_t rows, int64_t width,
                                   int64_t seq, const int32_t *firstKeys) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * width)
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= width)
     return;
-  const int64_t t = e / width, c = e % width;
-  float acc = 0;
-  for (int64_t j = 0; j < kGdnConvWidth; ++j)
-    if (const int64_t r = tapRow(t, j, seq, firstKeys); r >= 0)
-      acc += widen(conv[j * width + c]) * p[r * width + c];
-  z[e] = acc;
-  a[e] = acc * sigmoidf(acc);
+  float w[kGdnConvWidth];
+  for (int j = 0; j < kGdnConvWidth; ++j)
+    w[j] = widen(conv[j * width + c]);
+  for (int64_t t = blockIdx.y; t < rows; t += gridDim.y) {
+    const int64_t i = positionIn(t, seq), first = firstKeyOf(firstKeys, t);
+    float acc = 0;
+    for (int j = 0; j < kGdnConvWidth; ++j) // the tap rule above
+      if (const int back = kGdnConvWidth - 1 - j; i - back >= first)
+        acc += w[j] * p[(t - back) * width + c];
+    z[t * width + c] = acc;
+    a[t * width + c] = acc * sigmoidf(acc);
+  }
 }
 
 /// q and k L2-normalized per head in place; one warp per (row, part, head).
@@ -198,21 +213,28 @@ __global__ void activationBackwardKernel(const float *aux_a, const float *z, con
   }
 }
 
-/// dP[r, c] = sum over the rows t whose conv taps read row r (t ascending).
+/// dP[r, c] = sum over the rows t whose conv taps read row r (t ascending):
+/// t = r + back in r's sequence, whose tap 3 - back reads r when r lies in
+/// t's document. Grid: columnRowGrid.
 template <typename A>
 __global__ void convBackwardKernel(const float *dZ, const A *conv, A *dP, int64_t rows, int64_t width, int64_t seq,
                                    const int32_t *firstKeys) {
-  int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= rows * width)
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= width)
     return;
-  const int64_t r = e / width, c = e % width;
-  float acc = 0;
-  for (int64_t back = 0; back < kGdnConvWidth; ++back) {
-    const int64_t t = r + back, j = kGdnConvWidth - 1 - back;
-    if (t < rows && t / seq == r / seq && tapRow(t, j, seq, firstKeys) == r)
-      acc += dZ[t * width + c] * widen(conv[j * width + c]);
+  float w[kGdnConvWidth];
+  for (int j = 0; j < kGdnConvWidth; ++j)
+    w[j] = widen(conv[j * width + c]);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t i = positionIn(r, seq);
+    float acc = 0;
+    for (int back = 0; back < kGdnConvWidth; ++back) {
+      const int64_t t = r + back;
+      if (t < rows && i + back < seq && i >= firstKeyOf(firstKeys, t))
+        acc += dZ[t * width + c] * w[kGdnConvWidth - 1 - back];
+    }
+    dP[r * width + c] = narrow<A>(acc);
   }
-  dP[e] = narrow<A>(acc);
 }
 
 /// Partial sums of dConv[j, c] = sum over t of dZ[t, c] p[tap(t, j), c]
@@ -222,12 +244,13 @@ __global__ void convWeightPartialsKernel(const float *dZ, const float *p, int64_
   const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
   if (col >= kGdnConvWidth * width)
     return;
-  const int64_t j = col / width, c = col % width,
+  const int64_t j = col / width, c = col % width, back = kGdnConvWidth - 1 - j,
                 end = (chunk + 1) * kColumnChunkRows < rows ? (chunk + 1) * kColumnChunkRows : rows;
   float acc = 0;
-  for (int64_t t = chunk * kColumnChunkRows; t < end; ++t)
-    if (const int64_t r = tapRow(t, j, seq, firstKeys); r >= 0)
-      acc += dZ[t * width + c] * p[r * width + c];
+  int64_t i = positionIn(chunk * kColumnChunkRows, seq); // t's place in its sequence, stepped with t
+  for (int64_t t = chunk * kColumnChunkRows; t < end; ++t, i = i + 1 == seq ? 0 : i + 1)
+    if (i - back >= firstKeyOf(firstKeys, t)) // the tap rule
+      acc += dZ[t * width + c] * p[(t - back) * width + c];
   partial[chunk * kGdnConvWidth * width + col] = acc;
 }
 
@@ -352,8 +375,8 @@ std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float
   A *n = carve.take<A>(rows * C);
   matmul<A, float>(g, x, w.wqkv, aux.p, rows, C, 3 * C, false);
   roundLikeStorage<A>(aux.p, rows * 3 * C, s);
-  convForwardKernel<A>
-      <<<blocks(rows * 3 * C), kThreads, 0, s>>>(aux.p, w.conv, aux.z, aux.a, rows, 3 * C, seq, docs.firstKeys);
+  convForwardKernel<A><<<columnRowGrid(3 * C, rows), kThreads, 0, s>>>(aux.p, w.conv, aux.z, aux.a, rows, 3 * C, seq,
+                                                                       docs.firstKeys);
   l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, C, H);
   matmul<A, float>(g, x, w.wab, aux.ab, rows, C, 2 * H, false);
   gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
@@ -403,8 +426,8 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
     matmulTransBAcc<A, A>(g, kept.dAb, w.wab, dx, rows, 2 * H, C);
     activationBackwardKernel<<<warpBlocks(rows * 3 * H), kThreads, 0, s>>>(aux.a, aux.z, aux.inv, dA, kept.dZ, rows, C,
                                                                            H);
-    convBackwardKernel<A>
-        <<<blocks(rows * 3 * C), kThreads, 0, s>>>(kept.dZ, w.conv, kept.dP, rows, 3 * C, seq, docs.firstKeys);
+    convBackwardKernel<A><<<columnRowGrid(3 * C, rows), kThreads, 0, s>>>(kept.dZ, w.conv, kept.dP, rows, 3 * C, seq,
+                                                                           docs.firstKeys);
     matmulTransBAcc<A, A>(g, kept.dP, w.wqkv, dx, rows, 3 * C, C);
   }
   if (parts.weights) {
