@@ -100,8 +100,10 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.splitParams = 5 * c * c + 12 * c + 2 * c * d.heads + 2 * d.heads; // all but the norms (tensor parallelism)
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + gdnFlops(d);
     u.outputWidth = n * c;
-    // Input residual, u, normed u, then what the forward keeps (GdnKernels.h): 11 C + 5 heads.
-    u.savedBytesPerToken = bytes * (n * c + 2 * c) + 4 * (11 * c + 5 * d.heads);
+    // Input residual, u, normed u, then what the forward keeps (GdnKernels.h): 11 C + 5 heads,
+    // and on the GPU its scans' U, W and chunk states for the backward, (2 + D / 64) C (GdnWy.cu).
+    u.savedBytesPerToken =
+        bytes * (n * c + 2 * c) + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
     break;
   case UnitKind::MlpSublayer:
     u.params = mhcMappingParams(d) + c + 3 * c * f;

@@ -156,9 +156,9 @@ static std::vector<runtime::CollectiveStep> collectiveStepsOf(UnitKind kind) {
   case UnitKind::LmHead:
     return {{Prim::LmHead}};
   case UnitKind::Loss:
-    return {{Prim::CrossEntropy}};
+    return {{Prim::CrossEntropy, true, false}};
   case UnitKind::Mtp: // its embedding, one attention and MLP sublayer, the shared head and its loss
-    return {{Prim::Embed, false}, {Prim::Attention}, {Prim::SwiGlu}, {Prim::LmHead}, {Prim::CrossEntropy}};
+    return {{Prim::Embed, false}, {Prim::Attention}, {Prim::SwiGlu}, {Prim::LmHead}, {Prim::CrossEntropy, true, false}};
   default:
     return {};
   }

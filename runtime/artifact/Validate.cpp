@@ -192,18 +192,16 @@ public:
 
   /// The tp / cp collectives a compute step of stage `s` issues, from its
   /// stage program (runtime/program/Collectives.h): FWD over the forward
-  /// list, the backwards over the backward list, W over the primitives
-  /// with weights only (as the executor runs them).
+  /// list, the backwards over the backward list.
   std::vector<Instr> stepCollectives(int64_t s, OpKind kind) const {
     const StageProgram &p = a_.stages[s];
     std::vector<CollectiveStep> prims;
     if (kind == OpKind::Forward)
       for (const ForwardInstr &f : p.forward)
-        prims.push_back({f.op, true});
+        prims.push_back({f.op, true, !f.params.empty()});
     else
       for (const BackwardInstr &b : p.backward)
-        if (kind != OpKind::BackwardWeight || !p.forward[b.forward].params.empty())
-          prims.push_back({p.forward[b.forward].op, !b.gradInputs.empty()});
+        prims.push_back({p.forward[b.forward].op, !b.gradInputs.empty(), !p.forward[b.forward].params.empty()});
     const CollectiveMesh mesh{a_.tp, a_.cp, a_.sequenceParallel, a_.model.tokens(), a_.model.hidden, a_.model.heads};
     return collectivesOf(prims, kind, mesh);
   }
@@ -233,7 +231,8 @@ public:
       }
       if (n != expected.size())
         return step.describe() + " lists " + std::to_string(n) + " of the " + std::to_string(expected.size()) +
-               " tp / cp collectives its stage issues (an artifact from before they were listed? recompile it)";
+               " tp / cp collectives its stage issues" +
+               (n == 0 ? " (an artifact from before they were listed? recompile it)" : "");
     }
     return "";
   }

@@ -144,6 +144,8 @@ std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKin
   StepList list{out};
   const Sizes sizes(mesh);
   for (const CollectiveStep &p : prims) {
+    if (kind == OpKind::BackwardWeight && !p.weights)
+      continue; // the executor's W skips it
     if (kind == OpKind::Forward)
       forwardCollectives(list, p, mesh, sizes);
     else

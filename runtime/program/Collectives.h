@@ -32,18 +32,18 @@ struct CollectiveMesh {
 };
 
 /// One primitive of a stage program, as far as its collectives go: its
-/// kind, and whether its backward produces an input gradient (the
-/// embedding's has none).
+/// kind, whether its backward produces an input gradient (the embedding's
+/// has none), and whether it has weights (W runs only those that do).
 struct CollectiveStep {
   Prim op = Prim::Identity;
   bool inputGradient = true;
+  bool weights = true;
 };
 
 /// The collectives compute instruction `kind` (FWD, BWD, B or W) issues
 /// over `prims`, which are in the order that instruction runs them (the
-/// forward list for FWD, the backward list for the others; W skips the
-/// primitives without weights before calling this). OpKind::Collective
-/// instructions with stage and mb unset.
+/// forward list for FWD, the backward list for the others).
+/// OpKind::Collective instructions with stage and mb unset.
 std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKind kind, const CollectiveMesh &mesh);
 
 /// What collective `c` costs one rank as a ring over `groupSize` ranks, for
