@@ -1,5 +1,6 @@
 //===- Schedule.cpp - static per-rank pipeline schedules --------------------===//
 #include "passes/pipeline/Schedule.h"
+#include "runtime/program/Collectives.h"
 
 #include "passes/CostModel.h"
 
@@ -232,53 +233,14 @@ std::vector<ScheduleError> checkStepCollectives(const Schedule &schedule, const 
   std::vector<ScheduleError> errors;
   const int64_t stages = static_cast<int64_t>(spec.stages.size());
   for (int64_t r = 0; r < static_cast<int64_t>(schedule.ranks.size()); ++r) {
-    const std::vector<Instr> &list = schedule.ranks[r];
-    auto error = [&](size_t index, const std::string &message) {
-      errors.push_back({r, static_cast<int64_t>(index), list[index].describe() + ": " + message});
-    };
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Instr &step = list[i];
-      if (step.kind == OpKind::Collective) {
-        error(i, "follows no compute step (a step's collectives are listed right after it)");
-        continue;
-      }
-      if (!step.isCompute())
-        continue;
-      if (step.stage < 0 || step.stage >= stages) { // the simulation names the stage; its collectives go with it
-        while (i + 1 < list.size() && list[i + 1].kind == OpKind::Collective)
-          ++i;
-        continue;
-      }
-      const std::vector<Instr> &expected = spec.stages[step.stage].collectivesOf(step.kind);
-      auto wanted = [&](size_t k) {
-        Instr c = expected[k];
-        c.stage = step.stage;
-        c.mb = step.mb;
-        return c;
-      };
-      size_t k = 0;
-      bool reported = false; // a step's first difference only: the rest of its list is shifted by it
-      for (; i + 1 < list.size() && list[i + 1].kind == OpKind::Collective; ++k) {
-        const Instr &c = list[++i];
-        const bool same = k < expected.size() && c.axis == expected[k].axis &&
-                          c.collective == expected[k].collective && c.tokens == expected[k].tokens &&
-                          c.width == expected[k].width && c.stage == step.stage && c.mb == step.mb;
-        if (same || reported)
-          continue;
-        reported = true;
-        if (k >= expected.size())
-          error(i, step.describe() + " issues " + std::to_string(expected.size()) + " collectives, this is #" +
-                       std::to_string(k + 1));
-        else
-          error(i, "collective #" + std::to_string(k + 1) + " of " + step.describe() + " is " +
-                       wanted(k).describe() + " (the group's ranks would wait in different collectives)");
-      }
-      if (!reported && k < expected.size())
-        errors.push_back({r, static_cast<int64_t>(i),
-                          step.describe() + " lists " + std::to_string(k) + " of the " +
-                              std::to_string(expected.size()) + " collectives its stage issues; next: " +
-                              wanted(k).describe()});
-    }
+    // A step of a stage out of range is the simulation's to name.
+    for (const runtime::ListedCollectiveError &e :
+         runtime::checkListedCollectives(schedule.ranks[r], [&](const Instr &step) -> std::optional<std::vector<Instr>> {
+           if (step.stage < 0 || step.stage >= stages)
+             return std::nullopt;
+           return spec.stages[step.stage].collectivesOf(step.kind);
+         }))
+      errors.push_back({r, static_cast<int64_t>(e.index), e.message});
   }
   return errors;
 }

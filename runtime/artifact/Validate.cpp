@@ -209,32 +209,11 @@ public:
   /// Each compute step is followed by exactly the collectives its stage
   /// program issues (what the CPU device checks again while its kernels
   /// run): an edited artifact whose group members would wait in different
-  /// collectives is refused here.
+  /// collectives is refused here. Stages are in range (checked before).
   std::string collectivesMatch(int64_t rank) const {
-    const std::vector<Instr> &list = a_.ranks[rank];
-    for (size_t k = 0; k < list.size(); ++k) {
-      const Instr &step = list[k];
-      if (step.kind == OpKind::Collective)
-        return "instruction " + std::to_string(k) + " (" + step.describe() + ") follows no compute step";
-      if (!step.isCompute())
-        continue;
-      const std::vector<Instr> expected = stepCollectives(step.stage, step.kind);
-      size_t n = 0;
-      for (; k + 1 < list.size() && list[k + 1].kind == OpKind::Collective; ++n) {
-        const Instr &c = list[++k];
-        if (n >= expected.size() || c.axis != expected[n].axis || c.collective != expected[n].collective ||
-            c.tokens != expected[n].tokens || c.width != expected[n].width || c.stage != step.stage ||
-            c.mb != step.mb)
-          return "instruction " + std::to_string(k) + " (" + c.describe() + ") is not collective #" +
-                 std::to_string(n + 1) + " of " + step.describe() + ", which issues " +
-                 std::to_string(expected.size());
-      }
-      if (n != expected.size())
-        return step.describe() + " lists " + std::to_string(n) + " of the " + std::to_string(expected.size()) +
-               " tp / cp collectives its stage issues" +
-               (n == 0 ? " (an artifact from before they were listed? recompile it)" : "");
-    }
-    return "";
+    const std::vector<ListedCollectiveError> errors = checkListedCollectives(
+        a_.ranks[rank], [&](const Instr &step) { return std::optional(stepCollectives(step.stage, step.kind)); });
+    return errors.empty() ? "" : "instruction " + std::to_string(errors[0].index) + " (" + errors[0].message + ")";
   }
 
   /// Every directed pair's receives expect exactly the messages its sends

@@ -154,6 +154,54 @@ std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKin
   return out;
 }
 
+std::vector<ListedCollectiveError>
+checkListedCollectives(const std::vector<Instr> &list,
+                       const std::function<std::optional<std::vector<Instr>>(const Instr &step)> &issuedBy) {
+  std::vector<ListedCollectiveError> errors;
+  auto error = [&](size_t index, const std::string &message) {
+    errors.push_back({index, list[index].describe() + ": " + message});
+  };
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Instr &step = list[i];
+    if (step.kind == OpKind::Collective) {
+      error(i, "follows no compute step (a step's collectives are listed right after it)");
+      continue;
+    }
+    if (!step.isCompute())
+      continue;
+    const std::optional<std::vector<Instr>> expected = issuedBy(step);
+    auto wanted = [&](size_t k) {
+      Instr c = (*expected)[k];
+      c.stage = step.stage;
+      c.mb = step.mb;
+      return c;
+    };
+    size_t k = 0;
+    bool reported = !expected;
+    for (; i + 1 < list.size() && list[i + 1].kind == OpKind::Collective; ++k) {
+      const Instr &c = list[++i];
+      if (reported)
+        continue;
+      if (k >= expected->size()) {
+        error(i, step.describe() + " issues " + std::to_string(expected->size()) + " collectives, this is #" +
+                     std::to_string(k + 1));
+        reported = true;
+      } else if (const Instr w = wanted(k); c.axis != w.axis || c.collective != w.collective ||
+                                            c.tokens != w.tokens || c.width != w.width || c.stage != w.stage ||
+                                            c.mb != w.mb) {
+        error(i, "collective #" + std::to_string(k + 1) + " of " + step.describe() + " is " + w.describe() +
+                     " (the group's ranks would wait in different collectives)");
+        reported = true;
+      }
+    }
+    if (!reported && k < expected->size())
+      errors.push_back({i, step.describe() + " lists " + std::to_string(k) + " of the " +
+                               std::to_string(expected->size()) + " collectives its stage issues; next: " +
+                               wanted(k).describe()});
+  }
+  return errors;
+}
+
 CollectiveTraffic ringTraffic(const Instr &c, int64_t groupSize, int64_t elementBytes) {
   if (groupSize < 2)
     return {};

@@ -18,6 +18,9 @@
 #include "runtime/program/Instructions.h"
 #include "runtime/program/Program.h"
 
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace mhcc::runtime {
@@ -45,6 +48,23 @@ struct CollectiveStep {
 /// forward list for FWD, the backward list for the others).
 /// OpKind::Collective instructions with stage and mb unset.
 std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKind kind, const CollectiveMesh &mesh);
+
+/// One difference between a rank's list and the collectives its compute
+/// steps issue: the instruction it is found at, and what is wrong there.
+struct ListedCollectiveError {
+  size_t index = 0;
+  std::string message;
+};
+/// The verifier's and the artifact check's one rule: every compute step of
+/// `list` is followed by exactly the collectives `issuedBy(step)` returns
+/// (stage and mb unset), in order and shape, and no COLLECTIVE follows
+/// anything else. At most one error a step (its first difference: the rest
+/// of its list is shifted by it). `issuedBy` returns nullopt for a step it
+/// cannot judge (a stage out of range, which the caller reports): that
+/// step's collectives go with it.
+std::vector<ListedCollectiveError>
+checkListedCollectives(const std::vector<Instr> &list,
+                       const std::function<std::optional<std::vector<Instr>>(const Instr &step)> &issuedBy);
 
 /// What collective `c` costs one rank as a ring over `groupSize` ranks, for
 /// the simulator: the bytes it sends (an all-gather or a reduce-scatter

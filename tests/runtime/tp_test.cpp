@@ -161,11 +161,14 @@ TEST(TensorParallel, EachCollectiveIsListedAndChecked) {
     ++last;
   auto appendOne = [&](std::vector<Instr> &l) { l.insert(l.begin() + long(last) + 1, l[last]); };
   EXPECT_EQ(validateArtifact(*original), "");
-  EXPECT_NE(validateArtifact(edited(widen)).find("is not collective #1 of FWD(s0,mb0)"), std::string::npos);
-  EXPECT_NE(validateArtifact(edited(drop)).find("is not collective #1 of FWD(s0,mb0)"), std::string::npos);
-  EXPECT_NE(validateArtifact(edited(duplicate)).find("is not collective #2 of FWD(s0,mb0)"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(widen)).find("collective #1 of FWD(s0,mb0) is"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(drop)).find("collective #1 of FWD(s0,mb0) is"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(duplicate)).find("collective #2 of FWD(s0,mb0) is"), std::string::npos);
   EXPECT_NE(validateArtifact(edited(stray)).find("follows no compute step"), std::string::npos);
-  EXPECT_NE(validateArtifact(edited(appendOne)).find("which issues"), std::string::npos);
+  EXPECT_NE(validateArtifact(edited(appendOne))
+                .find("FWD(s0,mb0) issues " + std::to_string(last - fwd) + " collectives, this is #" +
+                      std::to_string(last - fwd + 1)),
+            std::string::npos);
 
   auto stepError = [&](Artifact a) {
     std::unique_ptr<Trainer> trainer = Trainer::create(std::move(a), *text, TrainOptions(), cpuDevices(), error);
