@@ -1,8 +1,9 @@
 //===- FlashAttentionHopper.cu - flash attention forward on wgmma (sm_90a) -===//
 //
 // The forward of FlashAttention.h on Hopper's warpgroup MMA: a block of two
-// warpgroups owns 128 query rows (64 each) and streams 128-key tiles of K
-// and V through double-buffered shared memory (cp.async); per tile a
+// computing warpgroups owns 128 query rows (64 each) and a third streams
+// 128-key tiles of K and V through double-buffered shared memory (TMA, with
+// mbarriers, FlashAttention-3's warp specialization); per tile a
 // warpgroup computes S = Q K^T (wgmma, Q and K from shared memory), the
 // online softmax in registers (FlashAttentionTiles.cuh's arithmetic), and
 // O += P V with P straight from registers. Same contract and precision as
@@ -17,6 +18,9 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/FlashAttentionWgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <vector>
 
 namespace mhcc::runtime::cuda {
@@ -25,8 +29,6 @@ namespace {
 using namespace flash;
 
 constexpr int kKeyTile = 128; // keys per streamed tile: one m64n128 score product per warpgroup
-
-template <int D> constexpr int hopperForwardSmem() { return (kBlockRows + 4 * kKeyTile) * D * 2 + 1024; }
 
 /// Online softmax of one warp's 16 rows over a 128-key score tile: s becomes the unnormalized probabilities,
 /// rowMax and rowSum move on, corr is the factor O must be rescaled by (applied by the caller once the product
@@ -85,53 +87,116 @@ __device__ __forceinline__ void issueValues(float (&acc)[D / 8][4], const uint32
     wg::wgmmaRS<D>(acc, a[kk], wg::mnMajor<kKeyTile>(vTile, kk * 16), 1);
 }
 
+// ---- TMA and mbarriers --------------------------------------------------------------------
+
+/// The loads go through the tensor memory accelerator: one thread names a [128 rows, 64 columns] box of the qkv
+/// matrix and the TMA unit writes it into shared memory with the 128-byte swizzle the wgmma descriptors read (the
+/// layout of FlashAttentionWgmma.cuh), then completes a transaction count on an mbarrier. Consumers wait on that
+/// barrier's phase; they release a buffer by arriving on its "empty" barrier once their products read it.
+namespace tma {
+__device__ __forceinline__ void init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void expectBytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/// Returns once the barrier's phase `parity` has completed.
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+/// The [128, 64] box at (column col, row row) of the map's matrix into the 16 KB at dst; rows past the matrix
+/// read as zeros.
+__device__ __forceinline__ void loadBox(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+               "[%4];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(bar)
+               : "memory");
+}
+/// A [rows, D] tile: D / 64 boxes.
+template <int D, int kRows>
+__device__ __forceinline__ void loadTile(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
+  expectBytes(bar, kRows * D * 2);
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+    loadBox(dst + uint32_t(c * kRows * 128), map, col + 64 * c, row, bar);
+}
+} // namespace tma
+
+constexpr int kForwardThreads = 384; // warpgroups 0 and 1 compute (64 query rows each), 2 loads
+template <int D> constexpr int hopperForwardSmem() { return (kBlockRows + 4 * kKeyTile) * D * 2 + 1024 + 128; }
+
 /// One block: 128 query rows of one (sequence, head), key tiles 0 .. the diagonal (from the first query's
-/// document on). Software-pipelined within each warpgroup: while the tensor cores add tile j-1's P V into O, the
-/// warpgroup's next scores S_j are computed and their softmax runs; O is rescaled once that product is done. Loads
-/// run one tile ahead: at the top of iteration j (after one barrier) K_{j+1} and V_j go into the buffers that
-/// S_{j-1} and P_{j-2} V_{j-2} freed.
-template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperForwardKernel(Params p) {
+/// document on). Warp-specialized as FlashAttention-3: one thread of the third warpgroup issues every load (Q, then
+/// K_j and V_j into double buffers, each as soon as the products that read the buffer's previous tile are done), so
+/// the two computing warpgroups never wait on each other, only on their data. Each is software-pipelined: while
+/// the tensor cores add tile j-1's P V into O, the next scores S_j are computed and their softmax runs; O is
+/// rescaled once that product is done. Rows past the sequence are loaded from the next one (or as zeros) and
+/// masked or not stored, as before.
+template <int D, bool kDocuments>
+__global__ void __launch_bounds__(kForwardThreads, 1)
+    hopperForwardKernel(const __grid_constant__ CUtensorMap qkvMap, Params p) {
   extern __shared__ unsigned char smem[];
   const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u; // the swizzle needs 1024-byte aligned tiles
   constexpr uint32_t kQBytes = kBlockRows * D * 2, kKVBytes = kKeyTile * D * 2;
   const uint32_t sK = sQ + kQBytes, sV = sK + 2 * kKVBytes; // [2] each
+  // mbarriers: Q full, then K full, V full, K empty, V empty for buffers 0 and 1.
+  const uint32_t qFull = sV + 2 * kKVBytes, kFull = qFull + 8, vFull = kFull + 16, kEmpty = vFull + 16,
+                 vEmpty = kEmpty + 16;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int groupRow = 64 * (warp / 4); // the warpgroup's first row in the block
   const BlockPos pos = blockPos(p, true);
   const int m0 = pos.tile * kBlockRows, rows = min(kBlockRows, p.seq - m0);
   const int nTiles = (m0 + rows + kKeyTile - 1) / kKeyTile;
   const int64_t tok0 = int64_t(pos.b) * p.seq;
-  const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
   const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
   const int tile0 = kDocuments ? seqFirstKeys[m0] / kKeyTile : 0; // the first key tile any query sees
-  const auto keysIn = [&](int tile) { return min(kKeyTile, p.seq - tile * kKeyTile); };
+  // Key tile it sits in buffer (it - tile0) & 1, its ((it - tile0) / 2)-th use of that buffer.
+  const auto buffer = [&](int it) { return uint32_t((it - tile0) & 1); };
+  const auto use = [&](int it) { return uint32_t((it - tile0) >> 1); };
+  if (tid == 0) {
+    tma::init(qFull, 1);
+    for (int b = 0; b < 2; ++b) {
+      tma::init(kFull + 8 * b, 1);
+      tma::init(vFull + 8 * b, 1);
+      tma::init(kEmpty + 8 * b, 256);
+      tma::init(vEmpty + 8 * b, 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
-  wg::loadTile<D, kBlockRows, kThreads>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
-  wg::loadTile<D, kKeyTile, kThreads>(sK, gK + int64_t(tile0) * kKeyTile * p.ld, p.ld, keysIn(tile0), tid);
-  cpAsyncCommit();
+  if (warp >= 8) { // the loading warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 256) {
+      const int row = int(tok0), qCol = pos.h * D, kCol = int(p.C) + pos.h * D, vCol = 2 * int(p.C) + pos.h * D;
+      tma::loadTile<D, kBlockRows>(sQ, qkvMap, qCol, row + m0, qFull);
+      for (int it = tile0; it < nTiles; ++it) {
+        const uint32_t b = buffer(it), u = use(it);
+        if (u > 0)
+          tma::wait(kEmpty + 8 * b, (u - 1) & 1); // S_{it-2} has read K_{it-2}
+        tma::loadTile<D, kKeyTile>(sK + b * kKVBytes, qkvMap, kCol, row + it * kKeyTile, kFull + 8 * b);
+        if (u > 0)
+          tma::wait(vEmpty + 8 * b, (u - 1) & 1); // P_{it-2} V_{it-2} is done
+        tma::loadTile<D, kKeyTile>(sV + b * kKVBytes, qkvMap, vCol, row + it * kKeyTile, vFull + 8 * b);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
 
-  // A half-filled last block's second warpgroup computes on zero rows (wgmma must not sit in divergent code)
-  // and stores nothing.
+  const int groupRow = 64 * (warp / 4); // the warpgroup's first row in the block
+  // A half-filled last block's second warpgroup computes on rows of the next sequence (or zeros) and stores nothing.
   const int row0 = m0 + groupRow + 16 * (warp % 4); // the warp's first query
   const WarpDocuments docs(seqFirstKeys, row0, g, row0 < p.seq);
   float acc[D / 8][4] = {}, s[kKeyTile / 8][4] = {}, corr[2];
   float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
   uint32_t a[kKeyTile / 16][4];
-  // Key tile it sits in buffer (it - tile0) & 1. Waits for this thread's loads, makes everyone's visible to the
-  // tensor cores, then starts K_{it+1} and V_it.
-  const auto buffer = [&](int it) { return uint32_t((it - tile0) & 1) * kKVBytes; };
-  const auto nextLoads = [&](int it) {
-    cpAsyncWait<0>();
-    wg::fenceProxyAsync();
-    __syncthreads();
-    if (it + 1 < nTiles)
-      wg::loadTile<D, kKeyTile, kThreads>(sK + buffer(it + 1), gK + int64_t(it + 1) * kKeyTile * p.ld, p.ld,
-                                          keysIn(it + 1), tid);
-    if (it < nTiles)
-      wg::loadTile<D, kKeyTile, kThreads>(sV + buffer(it), gV + int64_t(it) * kKeyTile * p.ld, p.ld, keysIn(it),
-                                          tid);
-    cpAsyncCommit();
-  };
   const auto maskedSoftmax = [&](int it) {
     const int n0 = it * kKeyTile;
     // Keys past some of the warp's queries (also those past seq), or before some of their documents.
@@ -139,28 +204,36 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
       queryMask<kKeyTile>(s, row0 + g, n0 + 2 * t, docs.first);
     onlineSoftmax(s, rowMax, rowSum, corr, p.scaleLog2);
   };
+  const auto scores = [&](int it) {
+    tma::wait(kFull + 8 * buffer(it), use(it) & 1);
+    wg::fence();
+    issueScores<D>(s, sQ, groupRow, sK + buffer(it) * kKVBytes);
+    wg::commit();
+  };
+  const auto values = [&](int it) {
+    tma::wait(vFull + 8 * buffer(it), use(it) & 1);
+    issueValues<D>(acc, a, sV + buffer(it) * kKVBytes);
+    wg::commit();
+  };
 
-  nextLoads(tile0);
-  wg::fence();
-  issueScores<D>(s, sQ, groupRow, sK);
-  wg::commit();
+  tma::wait(qFull, 0);
+  scores(tile0);
   wg::wait<0>();
   wg::pin<kKeyTile>(s);
+  tma::arrive(kEmpty + 8 * buffer(tile0));
   maskedSoftmax(tile0); // O is still 0: nothing to rescale
   probabilityFragments(s, a);
 #pragma unroll 1
   for (int it = tile0 + 1; it < nTiles; ++it) {
-    nextLoads(it);
-    wg::fence();
-    issueScores<D>(s, sQ, groupRow, sK + buffer(it));
-    wg::commit();
-    issueValues<D>(acc, a, sV + buffer(it - 1));
-    wg::commit();
+    scores(it);
+    values(it - 1);
     wg::wait<1>(); // the scores; P V still runs
     wg::pin<kKeyTile>(s);
+    tma::arrive(kEmpty + 8 * buffer(it));
     maskedSoftmax(it);
     wg::wait<0>(); // P_{it-1} V_{it-1} is in O: rescale it, and its operand registers are free
     wg::pin<D>(acc);
+    tma::arrive(vEmpty + 8 * buffer(it - 1));
 #pragma unroll
     for (int db = 0; db < D / 8; ++db)
 #pragma unroll
@@ -168,10 +241,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
         acc[db][x] *= corr[x >> 1];
     probabilityFragments(s, a);
   }
-  nextLoads(nTiles);
   wg::fence();
-  issueValues<D>(acc, a, sV + buffer(nTiles - 1));
-  wg::commit();
+  values(nTiles - 1);
   wg::wait<0>();
   wg::pin<D>(acc);
   storeForwardRows<D>(p, acc, rowMax, rowSum, tok0, row0, pos.h, g, t);
@@ -234,16 +305,56 @@ __global__ void __launch_bounds__(128, 1)
     }
 }
 
-template <int D> cudaError_t hopperForward(const Params &p, cudaStream_t stream) {
-  return launch(p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>, p,
-                int64_t(p.numTiles) * p.batchHeads, hopperForwardSmem<D>(), stream);
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+/// The driver's cuTensorMapEncodeTiled, resolved once through the runtime (no link against libcuda).
+EncodeTiled encodeTiled() {
+  static EncodeTiled fn = [] {
+    void *address = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &address, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      address = nullptr;
+    return reinterpret_cast<EncodeTiled>(address);
+  }();
+  return fn;
+}
+
+/// qkv [T, 3C] bf16 as a TMA tensor map of [128, 64] boxes with the 128-byte swizzle.
+std::string qkvTensorMap(const Params &p, CUtensorMap &map) {
+  EncodeTiled encode = encodeTiled();
+  if (!encode)
+    return "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later is needed)";
+  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
+  const cuuint64_t dims[2] = {cuuint64_t(p.ld), cuuint64_t(T)};
+  const cuuint64_t strides[1] = {cuuint64_t(p.ld) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(kBlockRows)}, elementStrides[2] = {1, 1};
+  static_assert(kBlockRows == kKeyTile, "one box shape serves the query and key tiles");
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16 *>(p.qkv), dims, strides, box,
+                            elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? "" : "cuTensorMapEncodeTiled failed on qkv (CUresult " + std::to_string(int(r)) + ")";
+}
+
+template <int D> std::string hopperForward(const Params &p, cudaStream_t stream) {
+  CUtensorMap map;
+  if (std::string problem = qkvTensorMap(p, map); !problem.empty())
+    return problem;
+  auto kernel = p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopperForwardSmem<D>());
+  if (e == cudaSuccess) {
+    kernel<<<unsigned(int64_t(p.numTiles) * p.batchHeads), kForwardThreads, hopperForwardSmem<D>(), stream>>>(map, p);
+    e = cudaGetLastError();
+  }
+  return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
 
 } // namespace
 
 std::string flashAttentionForwardWgmma(const Params &p, int64_t d, cudaStream_t stream) {
-  const cudaError_t e = d == 64 ? hopperForward<64>(p, stream) : hopperForward<128>(p, stream);
-  return e == cudaSuccess ? "" : std::string("flashAttentionForward (wgmma): ") + cudaGetErrorString(e);
+  const std::string problem = d == 64 ? hopperForward<64>(p, stream) : hopperForward<128>(p, stream);
+  return problem.empty() ? "" : "flashAttentionForward (wgmma): " + problem;
 }
 
 std::string wgmmaLayoutCheck() {
