@@ -217,7 +217,7 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t stream) {
+template <int D> std::string backward(const Params &p, int64_t T, cudaStream_t stream) {
   const int64_t pairs = T * p.heads;
   rowDotKernel<D><<<unsigned((pairs + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p, pairs);
   cudaError_t e = cudaGetLastError();
@@ -229,7 +229,7 @@ template <int D> cudaError_t backward(const Params &p, int64_t T, cudaStream_t s
   if (e == cudaSuccess)
     e = launch(p.firstKeys ? dqKernel<D, true> : dqKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
                dqSmem<D>(), stream);
-  return e;
+  return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
 
 } // namespace
@@ -255,8 +255,8 @@ std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16
   p.rowDot = scratch;
   p.rowDotOut = scratch;
   p.dqkv = dqkv;
-  const cudaError_t e = C / heads == 64 ? backward<64>(p, T, stream) : backward<128>(p, T, stream);
-  return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
+  const std::string problem = C / heads == 64 ? backward<64>(p, T, stream) : backward<128>(p, T, stream);
+  return problem.empty() ? "" : std::string(what) + ": " + problem;
 }
 
 } // namespace mhcc::runtime::cuda

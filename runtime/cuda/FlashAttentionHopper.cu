@@ -18,7 +18,6 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/FlashAttentionWgmma.cuh"
 
-#include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <vector>
@@ -87,49 +86,8 @@ __device__ __forceinline__ void issueValues(float (&acc)[D / 8][4], const uint32
     wg::wgmmaRS<D>(acc, a[kk], wg::mnMajor<kKeyTile>(vTile, kk * 16), 1);
 }
 
-// ---- TMA and mbarriers --------------------------------------------------------------------
+constexpr int kForwardThreads = tma::kSpecializedThreads;
 
-/// The loads go through the tensor memory accelerator: one thread names a [128 rows, 64 columns] box of the qkv
-/// matrix and the TMA unit writes it into shared memory with the 128-byte swizzle the wgmma descriptors read (the
-/// layout of FlashAttentionWgmma.cuh), then completes a transaction count on an mbarrier. Consumers wait on that
-/// barrier's phase; they release a buffer by arriving on its "empty" barrier once their products read it.
-namespace tma {
-__device__ __forceinline__ void init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void expectBytes(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/// Returns once the barrier's phase `parity` has completed.
-__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nWAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra WAIT;\n}\n" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
-/// The [128, 64] box at (column col, row row) of the map's matrix into the 16 KB at dst; rows past the matrix
-/// read as zeros.
-__device__ __forceinline__ void loadBox(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-               "[%4];\n" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(bar)
-               : "memory");
-}
-/// A [rows, D] tile: D / 64 boxes.
-template <int D, int kRows>
-__device__ __forceinline__ void loadTile(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
-  expectBytes(bar, kRows * D * 2);
-#pragma unroll
-  for (int c = 0; c < D / 64; ++c)
-    loadBox(dst + uint32_t(c * kRows * 128), map, col + 64 * c, row, bar);
-}
-} // namespace tma
-
-constexpr int kForwardThreads = 384; // warpgroups 0 and 1 compute (64 query rows each), 2 loads
 template <int D> constexpr int hopperForwardSmem() { return (kBlockRows + 4 * kKeyTile) * D * 2 + 1024 + 128; }
 
 /// One block: 128 query rows of one (sequence, head), key tiles 0 .. the diagonal (from the first query's
@@ -167,28 +125,31 @@ __global__ void __launch_bounds__(kForwardThreads, 1)
       tma::init(kEmpty + 8 * b, 256);
       tma::init(vEmpty + 8 * b, 256);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    tma::fenceInit();
   }
   __syncthreads();
 
   if (warp >= 8) { // the loading warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    tma::keepRegisters<tma::kLoaderRegisters>();
     if (tid == 256) {
       const int row = int(tok0), qCol = pos.h * D, kCol = int(p.C) + pos.h * D, vCol = 2 * int(p.C) + pos.h * D;
-      tma::loadTile<D, kBlockRows>(sQ, qkvMap, qCol, row + m0, qFull);
+      tma::expectBytes(qFull, kQBytes);
+      tma::loadTile<D, kBlockRows, kBlockRows>(sQ, qkvMap, qCol, row + m0, qFull);
       for (int it = tile0; it < nTiles; ++it) {
         const uint32_t b = buffer(it), u = use(it);
         if (u > 0)
           tma::wait(kEmpty + 8 * b, (u - 1) & 1); // S_{it-2} has read K_{it-2}
-        tma::loadTile<D, kKeyTile>(sK + b * kKVBytes, qkvMap, kCol, row + it * kKeyTile, kFull + 8 * b);
+        tma::expectBytes(kFull + 8 * b, kKVBytes);
+        tma::loadTile<D, kKeyTile, kKeyTile>(sK + b * kKVBytes, qkvMap, kCol, row + it * kKeyTile, kFull + 8 * b);
         if (u > 0)
           tma::wait(vEmpty + 8 * b, (u - 1) & 1); // P_{it-2} V_{it-2} is done
-        tma::loadTile<D, kKeyTile>(sV + b * kKVBytes, qkvMap, vCol, row + it * kKeyTile, vFull + 8 * b);
+        tma::expectBytes(vFull + 8 * b, kKVBytes);
+        tma::loadTile<D, kKeyTile, kKeyTile>(sV + b * kKVBytes, qkvMap, vCol, row + it * kKeyTile, vFull + 8 * b);
       }
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  tma::takeRegisters<tma::kComputeRegisters>();
 
   const int groupRow = 64 * (warp / 4); // the warpgroup's first row in the block
   // A half-filled last block's second warpgroup computes on rows of the next sequence (or zeros) and stores nothing.
@@ -321,25 +282,10 @@ EncodeTiled encodeTiled() {
   return fn;
 }
 
-/// qkv [T, 3C] bf16 as a TMA tensor map of [128, 64] boxes with the 128-byte swizzle.
-std::string qkvTensorMap(const Params &p, CUtensorMap &map) {
-  EncodeTiled encode = encodeTiled();
-  if (!encode)
-    return "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later is needed)";
-  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
-  const cuuint64_t dims[2] = {cuuint64_t(p.ld), cuuint64_t(T)};
-  const cuuint64_t strides[1] = {cuuint64_t(p.ld) * 2};
-  const cuuint32_t box[2] = {64, cuuint32_t(kBlockRows)}, elementStrides[2] = {1, 1};
-  static_assert(kBlockRows == kKeyTile, "one box shape serves the query and key tiles");
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16 *>(p.qkv), dims, strides, box,
-                            elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? "" : "cuTensorMapEncodeTiled failed on qkv (CUresult " + std::to_string(int(r)) + ")";
-}
-
 template <int D> std::string hopperForward(const Params &p, cudaStream_t stream) {
   CUtensorMap map;
-  if (std::string problem = qkvTensorMap(p, map); !problem.empty())
+  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
+  if (std::string problem = tma::tensorMap(map, p.qkv, p.ld, T, kBlockRows); !problem.empty())
     return problem;
   auto kernel = p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopperForwardSmem<D>());
@@ -351,6 +297,19 @@ template <int D> std::string hopperForward(const Params &p, cudaStream_t stream)
 }
 
 } // namespace
+
+std::string flash::tma::tensorMap(CUtensorMap &map, const bf16 *base, int64_t cols, int64_t rows, int boxRows) {
+  EncodeTiled encode = encodeTiled();
+  if (!encode)
+    return "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later is needed)";
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(boxRows)}, elementStrides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16 *>(base), dims, strides, box,
+                            elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? "" : "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
+}
 
 std::string flashAttentionForwardWgmma(const Params &p, int64_t d, cudaStream_t stream) {
   const std::string problem = d == 64 ? hopperForward<64>(p, stream) : hopperForward<128>(p, stream);

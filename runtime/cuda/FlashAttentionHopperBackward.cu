@@ -4,8 +4,9 @@
 // warpgroup MMA (FlashAttentionWgmma.cuh), same contract, same arithmetic,
 // deterministic the same way (no atomics; each output written once by one
 // block, summed in tile order). A block of two warpgroups owns 128 rows (64
-// each): keys in the dK/dV kernel, queries in the dQ kernel, and streams
-// 64-row tiles of the other side through double-buffered shared memory.
+// each): keys in the dK/dV kernel, queries in the dQ kernel, and a third
+// warpgroup streams 64-row tiles of the other side through three shared-memory
+// buffers (TMA and mbarriers, as the forward in FlashAttentionHopper.cu).
 // Per tile a warpgroup computes its two 64 x 64 score products from shared
 // memory, the probabilities and dS in registers, and adds the two 64 x d
 // products with P (or dS) straight from registers and the streamed tile read
@@ -21,11 +22,17 @@ namespace {
 using namespace flash;
 
 constexpr int kStream = 64; // rows of the streamed tiles
+// Buffers of the streamed tiles: 3 measured 2-3% faster than 2 at d = 128 and d = 64, 4 within 1% of 3
+// (docs/gpu_results.md, session 17 call 4).
+constexpr int kStages = 3;
+constexpr int kBarrierBytes = 8 + 16 * kStages;     // StreamBarriers' mbarriers
 
 // Shared memory: the block's two [128, D] tiles, two buffers of the two streamed [64, D] tiles, 1024 for alignment;
 // dK/dV also streams the queries' lse, D and document starts.
-template <int D> constexpr int hopperDqSmem() { return (2 * kBlockRows + 4 * kStream) * D * 2 + 1024; }
-template <int D> constexpr int hopperDkdvSmem() { return hopperDqSmem<D>() + 3 * 2 * kStream * 4; }
+template <int D> constexpr int hopperDqSmem() {
+  return (2 * kBlockRows + 2 * kStages * kStream) * D * 2 + 1024 + kBarrierBytes;
+}
+template <int D> constexpr int hopperDkdvSmem() { return hopperDqSmem<D>() + 3 * kStages * kStream * 4; }
 
 /// A 64 x 64 C-fragment tile, rounded to bf16, as the A operand of the next product: one 16-wide k-step per row.
 __device__ __forceinline__ void operandFragments(const float (&c)[kStream / 8][4], uint32_t (&a)[kStream / 16][4]) {
@@ -54,18 +61,42 @@ __device__ __forceinline__ void issueAB(float (&acc)[D / 8][4], const uint32_t (
     wg::wgmmaRS<D>(acc, a[kk], wg::mnMajor<kStream>(b, kk * 16), 1);
 }
 
+/// Barriers of a warp-specialized backward block (addresses, computed so no array lands in local memory): its own
+/// two tiles, then full and empty for each streamed buffer.
+struct StreamBarriers {
+  uint32_t own;
+  __device__ uint32_t full(int b) const { return own + 8 + 16 * b; }
+  __device__ uint32_t empty(int b) const { return own + 16 + 16 * b; }
+  __device__ StreamBarriers(uint32_t at, int fullArrivals) : own(at) {
+    if (threadIdx.x == 0) {
+      tma::init(own, 1);
+      for (int b = 0; b < kStages; ++b) {
+        tma::init(full(b), fullArrivals);
+        tma::init(empty(b), 256); // every thread of the computing warpgroups
+      }
+      tma::fenceInit();
+    }
+    __syncthreads();
+  }
+};
+
 /// One block: dK and dV of 128 keys of one (sequence, head), query tiles from the first key to the sequence's end
-/// (or the first tile past the keys' documents).
-template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperDkdvKernel(Params p) {
+/// (or the first tile past the keys' documents). Warp-specialized as the forward: the third warpgroup's first warp
+/// loads K and V, then each query tile (Q and dO by TMA, the queries' lse, D and document starts by its lanes) as
+/// soon as the products that read the buffer's previous tile are done.
+template <int D, bool kDocuments>
+__global__ void __launch_bounds__(tma::kSpecializedThreads, 1)
+    hopperDkdvKernel(const __grid_constant__ CUtensorMap qkvMap, const __grid_constant__ CUtensorMap dOMap, Params p) {
   extern __shared__ unsigned char smem[];
   const uint32_t sK = (smemAddr(smem) + 1023u) & ~1023u;
   constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
-  const uint32_t sV = sK + kOwnBytes, sQ = sV + kOwnBytes, sdO = sQ + 2 * kStreamBytes; // [2] streamed each
-  float *sLse = reinterpret_cast<float *>(smem + (sdO + 2 * kStreamBytes - smemAddr(smem))); // [2][kStream]
-  float *sDot = sLse + 2 * kStream;                                                       // [2][kStream]
-  int *sFirst = reinterpret_cast<int *>(sDot + 2 * kStream); // [2][kStream]: the queries' documents' starts
+  const uint32_t sV = sK + kOwnBytes, sQ = sV + kOwnBytes, sdO = sQ + kStages * kStreamBytes; // [kStages] each
+  float *sLse = reinterpret_cast<float *>(smem + (sdO + kStages * kStreamBytes - smemAddr(smem))); // [kStages][kStream]
+  float *sDot = sLse + kStages * kStream;                                                       // [kStages][kStream]
+  int *sFirst = reinterpret_cast<int *>(sDot + kStages * kStream); // [kStages][kStream]: the queries' documents' starts
+  // A query tile's barrier: the TMA bytes (one arrival) and the loading warp's 32 lanes after their stores.
+  const StreamBarriers bars(smemAddr(sFirst + kStages * kStream), 33);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int groupRow = 64 * (warp / 4);
   const BlockPos pos = blockPos(p, false);
   const int n0 = pos.tile * kBlockRows, keys = min(kBlockRows, p.seq - n0);
   int nTiles = (p.seq - n0) / kStream;                // query tiles n0 .. seq - 1
@@ -74,42 +105,50 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   if (kDocuments) {
     nTiles = tilesSeeingKeys(queryFirstKeys, nTiles, kStream, n0 + keys - 1);
   }
-  const bf16 *gQ = p.qkv + first * p.ld + pos.h * D, *gdO = p.dO + first * p.C + pos.h * D;
-  const auto loadQueries = [&](int it) {
-    const int buf = it & 1;
-    wg::loadTile<D, kStream, kThreads>(sQ + buf * kStreamBytes, gQ + int64_t(it) * kStream * p.ld, p.ld, kStream, tid);
-    wg::loadTile<D, kStream, kThreads>(sdO + buf * kStreamBytes, gdO + int64_t(it) * kStream * p.C, p.C, kStream,
-                                       tid);
-    if (tid < 2 * kStream) { // lse and D are [T, heads]: 4-byte copies
-      const int q = tid % kStream;
-      const int64_t i = (first + int64_t(it) * kStream + q) * p.heads + pos.h;
-      cpAsync4(smemAddr((tid < kStream ? sLse : sDot) + buf * kStream + q), tid < kStream ? p.lse + i : p.rowDot + i);
-    } else if (kDocuments && tid < 3 * kStream) {
-      const int q = tid - 2 * kStream;
-      cpAsync4(smemAddr(sFirst + buf * kStream + q), queryFirstKeys + it * kStream + q);
-    }
-  };
-  // cp.async groups: K and V with query tile 0, then query tile i is group i.
-  wg::loadTile<D, kBlockRows, kThreads>(sK, p.qkv + first * p.ld + p.C + pos.h * D, p.ld, keys, tid);
-  wg::loadTile<D, kBlockRows, kThreads>(sV, p.qkv + first * p.ld + 2 * p.C + pos.h * D, p.ld, keys, tid);
-  if (nTiles > 0)
-    loadQueries(0);
-  cpAsyncCommit();
 
-  // A half-filled last block's second warpgroup computes on zero keys (masked: every query is before them) and
-  // stores nothing; wgmma must not sit in divergent code.
+  if (warp >= 8) { // the loading warpgroup
+    tma::keepRegisters<tma::kLoaderRegisters>();
+    if (warp != 8)
+      return;
+    const int row = int(first), col = pos.h * D;
+    if (lane == 0) {
+      tma::expectBytes(bars.own, 2 * kOwnBytes);
+      tma::loadTile<D, kBlockRows, kStream>(sK, qkvMap, int(p.C) + col, row, bars.own);
+      tma::loadTile<D, kBlockRows, kStream>(sV, qkvMap, 2 * int(p.C) + col, row, bars.own);
+    }
+    for (int it = 0; it < nTiles; ++it) {
+      const int b = it % kStages, u = it / kStages;
+      if (u > 0)
+        tma::wait(bars.empty(b), (u - 1) & 1);
+      if (lane == 0) { // the tiles first: the lanes' loads below take a round trip
+        tma::expectBytes(bars.full(b), 2 * kStreamBytes);
+        tma::loadTile<D, kStream, kStream>(sQ + b * kStreamBytes, qkvMap, col, row + it * kStream, bars.full(b));
+        tma::loadTile<D, kStream, kStream>(sdO + b * kStreamBytes, dOMap, col, row + it * kStream, bars.full(b));
+      }
+      for (int q = lane; q < kStream; q += 32) { // lse and D are [T, heads]: one float per query
+        const int64_t i = (first + int64_t(it) * kStream + q) * p.heads + pos.h;
+        sLse[b * kStream + q] = p.lse[i];
+        sDot[b * kStream + q] = p.rowDot[i];
+        if (kDocuments)
+          sFirst[b * kStream + q] = queryFirstKeys[it * kStream + q];
+      }
+      tma::arrive(bars.full(b)); // after this lane's stores
+    }
+    return;
+  }
+  tma::takeRegisters<tma::kComputeRegisters>();
+
+  // A half-filled last block's second warpgroup computes on the next sequence's keys (or zeros; masked: every
+  // query is before them) and stores nothing; wgmma must not sit in divergent code.
+  const int groupRow = 64 * (warp / 4);
   const int key0 = n0 + groupRow + 16 * (warp % 4); // the warp's first key
   float dk[D / 8][4] = {}, dv[D / 8][4] = {}, st[kStream / 8][4], dpt[kStream / 8][4];
   uint32_t a[kStream / 16][4], b[kStream / 16][4]; // P^T and dS^T as operands
+  tma::wait(bars.own, 0);
 #pragma unroll 1
   for (int it = 0; it < nTiles; ++it) {
-    const int buf = it & 1;
-    if (it + 1 < nTiles)
-      loadQueries(it + 1);
-    cpAsyncCommit();
-    cpAsyncWait<1>(); // group it has landed
-    wg::fenceProxyAsync();
-    __syncthreads();
+    const int buf = it % kStages;
+    tma::wait(bars.full(buf), (it / kStages) & 1);
     const uint32_t qTile = sQ + buf * kStreamBytes, doTile = sdO + buf * kStreamBytes;
     wg::fence();
     issueABt<D, kBlockRows>(st, sK, groupRow, qTile);  // S^T = K Q^T
@@ -144,7 +183,7 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
     wg::wait<0>();
     wg::pin<D>(dk);
     wg::pin<D>(dv);
-    __syncthreads(); // everyone is done with `buf` before the next iteration refills it
+    tma::arrive(bars.empty(buf)); // this thread is done with `buf`
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -158,34 +197,47 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
 }
 
 /// One block: dQ of 128 query rows of one (sequence, head), key tiles 0 .. the diagonal (from the first query's
-/// document on).
-template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) hopperDqKernel(Params p) {
+/// document on). Warp-specialized: one thread of the third warpgroup loads Q and dO, then each K and V tile.
+template <int D, bool kDocuments>
+__global__ void __launch_bounds__(tma::kSpecializedThreads, 1)
+    hopperDqKernel(const __grid_constant__ CUtensorMap qkvMap, const __grid_constant__ CUtensorMap dOMap, Params p) {
   extern __shared__ unsigned char smem[];
   const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u;
   constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
-  const uint32_t sdO = sQ + kOwnBytes, sK = sdO + kOwnBytes, sV = sK + 2 * kStreamBytes; // [2] streamed each
+  const uint32_t sdO = sQ + kOwnBytes, sK = sdO + kOwnBytes, sV = sK + kStages * kStreamBytes; // [kStages] each
+  const StreamBarriers bars(sV + kStages * kStreamBytes, 1);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int groupRow = 64 * (warp / 4);
   const BlockPos pos = blockPos(p, true);
   const int m0 = pos.tile * kBlockRows, rows = min(kBlockRows, p.seq - m0);
   const int nTiles = (m0 + rows) / kStream;
   const int64_t tok0 = int64_t(pos.b) * p.seq;
-  const bf16 *gK = p.qkv + tok0 * p.ld + p.C + pos.h * D, *gV = gK + p.C;
   const int32_t *seqFirstKeys = kDocuments ? p.firstKeys + tok0 : nullptr;
   const int tile0 = kDocuments ? seqFirstKeys[m0] / kStream : 0; // the first key tile any query sees
-  const auto loadKeys = [&](int it) {
-    const uint32_t buf = uint32_t((it - tile0) & 1) * kStreamBytes;
-    const int64_t off = int64_t(it) * kStream * p.ld;
-    wg::loadTile<D, kStream, kThreads>(sK + buf, gK + off, p.ld, kStream, tid);
-    wg::loadTile<D, kStream, kThreads>(sV + buf, gV + off, p.ld, kStream, tid);
-  };
-  // cp.async groups: Q and dO with key tile tile0, then key tile i is group i - tile0.
-  wg::loadTile<D, kBlockRows, kThreads>(sQ, p.qkv + (tok0 + m0) * p.ld + pos.h * D, p.ld, rows, tid);
-  wg::loadTile<D, kBlockRows, kThreads>(sdO, p.dO + (tok0 + m0) * p.C + pos.h * D, p.C, rows, tid);
-  loadKeys(tile0);
-  cpAsyncCommit();
 
-  // A half-filled last block's second warpgroup computes on zero rows and stores nothing.
+  if (warp >= 8) { // the loading warpgroup
+    tma::keepRegisters<tma::kLoaderRegisters>();
+    if (tid != 256)
+      return;
+    const int row = int(tok0), col = pos.h * D;
+    tma::expectBytes(bars.own, 2 * kOwnBytes);
+    tma::loadTile<D, kBlockRows, kStream>(sQ, qkvMap, col, row + m0, bars.own);
+    tma::loadTile<D, kBlockRows, kStream>(sdO, dOMap, col, row + m0, bars.own);
+    for (int it = tile0; it < nTiles; ++it) {
+      const int b = (it - tile0) % kStages, u = (it - tile0) / kStages;
+      if (u > 0)
+        tma::wait(bars.empty(b), (u - 1) & 1);
+      tma::expectBytes(bars.full(b), 2 * kStreamBytes);
+      tma::loadTile<D, kStream, kStream>(sK + b * kStreamBytes, qkvMap, int(p.C) + col, row + it * kStream,
+                                         bars.full(b));
+      tma::loadTile<D, kStream, kStream>(sV + b * kStreamBytes, qkvMap, 2 * int(p.C) + col, row + it * kStream,
+                                         bars.full(b));
+    }
+    return;
+  }
+  tma::takeRegisters<tma::kComputeRegisters>();
+
+  // A half-filled last block's second warpgroup computes on the next sequence's rows (or zeros) and stores nothing.
+  const int groupRow = 64 * (warp / 4);
   const int row0 = m0 + groupRow + 16 * (warp % 4); // the warp's first query
   const bool active = row0 < p.seq;
   const WarpDocuments docs(seqFirstKeys, row0, g, active);
@@ -193,15 +245,12 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   const float(&lseLog2)[2] = stats.lseLog2, (&rowDot)[2] = stats.rowDot;
   float dq[D / 8][4] = {}, s[kStream / 8][4], dp[kStream / 8][4];
   uint32_t a[kStream / 16][4];
+  tma::wait(bars.own, 0);
 #pragma unroll 1
   for (int it = tile0; it < nTiles; ++it) {
-    const uint32_t buf = uint32_t((it - tile0) & 1) * kStreamBytes;
-    if (it + 1 < nTiles)
-      loadKeys(it + 1);
-    cpAsyncCommit();
-    cpAsyncWait<1>(); // group it - tile0 has landed
-    wg::fenceProxyAsync();
-    __syncthreads();
+    const int b = (it - tile0) % kStages;
+    const uint32_t buf = uint32_t(b) * kStreamBytes;
+    tma::wait(bars.full(b), ((it - tile0) / kStages) & 1);
     wg::fence();
     issueABt<D, kBlockRows>(s, sQ, groupRow, sK + buf);   // S = Q K^T
     issueABt<D, kBlockRows>(dp, sdO, groupRow, sV + buf); // dP = dO V^T
@@ -225,7 +274,7 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
     wg::commit();
     wg::wait<0>();
     wg::pin<D>(dq);
-    __syncthreads();
+    tma::arrive(bars.empty(b));
   }
   if (!active)
     return;
@@ -234,19 +283,36 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
     storeAccumulatorRow<D>(p.dqkv + (tok0 + row0 + g + 8 * r) * p.ld + pos.h * D + 2 * t, dq, r, p.scale);
 }
 
-template <int D> cudaError_t hopperBackward(const Params &p, cudaStream_t stream) {
-  const int64_t blocks = int64_t(p.numTiles) * p.batchHeads;
-  cudaError_t e = launch(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>, p, blocks,
-                         hopperDkdvSmem<D>(), stream);
+template <typename Kernel>
+cudaError_t launchSpecialized(Kernel kernel, const CUtensorMap &qkvMap, const CUtensorMap &dOMap, const Params &p,
+                              int smemBytes, cudaStream_t stream) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes);
+  if (e != cudaSuccess)
+    return e;
+  const unsigned blocks = unsigned(int64_t(p.numTiles) * p.batchHeads);
+  kernel<<<blocks, tma::kSpecializedThreads, smemBytes, stream>>>(qkvMap, dOMap, p);
+  return cudaGetLastError();
+}
+
+template <int D> std::string hopperBackward(const Params &p, cudaStream_t stream) {
+  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
+  CUtensorMap qkvMap, dOMap;
+  std::string problem = tma::tensorMap(qkvMap, p.qkv, p.ld, T, kStream);
+  if (problem.empty())
+    problem = tma::tensorMap(dOMap, p.dO, p.C, T, kStream);
+  if (!problem.empty())
+    return problem;
+  cudaError_t e = launchSpecialized(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>, qkvMap,
+                                    dOMap, p, hopperDkdvSmem<D>(), stream);
   if (e == cudaSuccess)
-    e = launch(p.firstKeys ? hopperDqKernel<D, true> : hopperDqKernel<D, false>, p, blocks, hopperDqSmem<D>(),
-               stream);
-  return e;
+    e = launchSpecialized(p.firstKeys ? hopperDqKernel<D, true> : hopperDqKernel<D, false>, qkvMap, dOMap, p,
+                          hopperDqSmem<D>(), stream);
+  return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
 
 } // namespace
 
-cudaError_t flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream) {
+std::string flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream) {
   return d == 64 ? hopperBackward<64>(p, stream) : hopperBackward<128>(p, stream);
 }
 

@@ -404,7 +404,8 @@ FlashKernels flashKernels();
 /// The forward on wgmma (FlashAttentionHopper.cu); d is 64 or 128.
 std::string flashAttentionForwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream);
 /// The dK/dV and dQ kernels on wgmma (FlashAttentionHopperBackward.cu), p.rowDot already written; d is 64 or 128.
-cudaError_t flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream);
+/// "" or the error.
+std::string flashAttentionBackwardWgmma(const flash::Params &p, int64_t d, cudaStream_t stream);
 } // namespace mhcc::runtime::cuda
 
 #endif // MHCC_RUNTIME_CUDA_FLASHATTENTIONTILES_CUH

@@ -27,6 +27,8 @@
 
 #include "runtime/cuda/FlashAttentionTiles.cuh"
 
+#include <cuda.h> // CUtensorMap
+
 namespace mhcc::runtime::cuda::flash::wg {
 
 /// Byte offset of element (row, col) in a swizzled [kRows, D] tile.
@@ -148,5 +150,65 @@ template <> __device__ __forceinline__ void wgmmaRS<128>(float (&d)[128 / 8][4],
 }
 
 } // namespace mhcc::runtime::cuda::flash::wg
+
+/// Loads through the tensor memory accelerator: one thread names a [kBoxRows, 64 columns] box of a bf16 matrix
+/// and the TMA unit writes it into shared memory with the 128-byte swizzle the wgmma descriptors read (the tile
+/// layout above), completing a transaction count on an mbarrier. Consumers wait on that barrier's phase and
+/// release a buffer by arriving on its "empty" barrier once their products have read it.
+namespace mhcc::runtime::cuda::flash::tma {
+
+/// `rows` x `cols` row-major bf16 at `base` (16-byte aligned, cols a multiple of 8) as a tensor map of
+/// [boxRows, 64] boxes with the 128-byte swizzle; rows past the matrix read as zeros. "" or the error.
+std::string tensorMap(CUtensorMap &map, const bf16 *base, int64_t cols, int64_t rows, int boxRows);
+
+__device__ __forceinline__ void init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// Makes the initialized barriers visible to the async proxy (the TMA unit); then a block barrier.
+__device__ __forceinline__ void fenceInit() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+/// One arrival that also expects `bytes` more of transactions in this phase.
+__device__ __forceinline__ void expectBytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/// Returns once the barrier's phase `parity` has completed.
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+/// The box at (column col, row row) of the map's matrix into shared memory at dst.
+__device__ __forceinline__ void loadBox(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+               "[%4];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(bar)
+               : "memory");
+}
+/// A [kRows, D] tile at (col, row) in kBoxRows-row boxes (the map's), kRows * D * 2 bytes on `bar`.
+template <int D, int kRows, int kBoxRows>
+__device__ __forceinline__ void loadTile(uint32_t dst, const CUtensorMap &map, int col, int row, uint32_t bar) {
+  static_assert(kRows % kBoxRows == 0 && kBoxRows % 8 == 0, "whole boxes of whole swizzle periods");
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int r = 0; r < kRows / kBoxRows; ++r)
+      loadBox(dst + uint32_t(c * kRows * 128 + r * kBoxRows * 128), map, col + 64 * c, row + r * kBoxRows, bar);
+}
+/// Warp-specialized blocks: warpgroups 0 and 1 compute, warpgroup 2 loads; setmaxnreg moves registers from the
+/// loading warpgroup to the computing ones (40 + 2 x 232 per lane of the 64K-register file).
+constexpr int kSpecializedThreads = 384, kLoaderRegisters = 40, kComputeRegisters = 232;
+/// Registers a warpgroup keeps: the loading one gives most away to the two computing ones.
+template <int N> __device__ __forceinline__ void keepRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void takeRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+
+} // namespace mhcc::runtime::cuda::flash::tma
 
 #endif // MHCC_RUNTIME_CUDA_FLASHATTENTIONWGMMA_CUH
