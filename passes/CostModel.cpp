@@ -17,6 +17,7 @@ const char *unitKindName(UnitKind kind) {
   case UnitKind::LmHead: return "lm_head";
   case UnitKind::Loss: return "loss";
   case UnitKind::Mtp: return "mtp";
+  case UnitKind::MhcMixing: return "mhc";
   }
   return "?";
 }
@@ -93,6 +94,8 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = n * c;
     // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
     u.savedBytesPerToken = bytes * (n * c + 6 * c + d.heads);
+    u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.mixings = 1;
     break;
   case UnitKind::GdnSublayer:
     // W_qkv, the conv, W_ab, A_log, dt_bias, the head norm, W_gate, W_o.
@@ -104,6 +107,8 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     // and on the GPU its scans' U, W and chunk states for the backward, (2 + D / 64) C (GdnWy.cu).
     u.savedBytesPerToken =
         bytes * (n * c + 2 * c) + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
+    u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.mixings = 1;
     break;
   case UnitKind::MlpSublayer:
     u.params = mhcMappingParams(d) + c + 3 * c * f;
@@ -112,6 +117,8 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = n * c;
     // Input residual, u, normed u, gate and up projections, their product.
     u.savedBytesPerToken = bytes * (n * c + 2 * c + 3 * f);
+    u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.mixings = 1;
     break;
   case UnitKind::Contract:
     u.forwardFlopsPerToken = n * c;
@@ -145,11 +152,17 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.forwardFlopsPerToken = 3 * norm + 4.0 * c * c +
                              attention.forwardFlopsPerToken +
                              mlp.forwardFlopsPerToken + 2.0 * c * v + 4.0 * v;
+    u.mixingFlopsPerToken = attention.mixingFlopsPerToken + mlp.mixingFlopsPerToken;
+    u.mixings = 2;
     u.outputWidth = 1;
     u.savedBytesPerToken = attention.savedBytesPerToken +
                            mlp.savedBytesPerToken + bytes * (4 * c + v);
     break;
   }
+  case UnitKind::MhcMixing:
+    u.forwardFlopsPerToken = mhcMixingFlops(d);
+    u.outputWidth = n * c;
+    break;
   }
   return u;
 }

@@ -36,6 +36,13 @@ enum class UnitKind {
   LmHead,
   Loss,
   Mtp,
+  /// Not a unit of the graph: the residual stream's mixing around one
+  /// sublayer (mHC's coefficients, pre-mix and post/res mix, or n = 1's
+  /// residual add), inside the sublayers' (and MTP's) costs. A device
+  /// profile that measured it apart prices it at its own rate: it moves the
+  /// n*C residual several times for about 1% of a layer's FLOPs, so a FLOP
+  /// rate fitted with it inside the sublayers misprices other n or C.
+  MhcMixing,
 };
 
 const char *unitKindName(UnitKind kind);
@@ -49,6 +56,10 @@ struct UnitCost {
   /// (runtime/artifact/TensorSplit.h); the rest is replicated.
   int64_t splitParams = 0;
   double forwardFlopsPerToken = 0;
+  /// Of forwardFlopsPerToken: the residual mixing (MhcMixing) of `mixings`
+  /// sublayers (1 for a sublayer, 2 for an MTP module, else 0).
+  double mixingFlopsPerToken = 0;
+  int64_t mixings = 0;
   /// Width per token of the unit's output (n*C for residual-producing units).
   int64_t outputWidth = 0;
   /// Bytes per token kept from forward to backward (without recompute).

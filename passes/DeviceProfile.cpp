@@ -20,7 +20,7 @@ constexpr const char kFormat[] = "mhcc-device-profile-v1";
 constexpr UnitKind kUnitKinds[] = {UnitKind::Embedding,   UnitKind::Expand,   UnitKind::AttentionSublayer,
                                    UnitKind::GdnSublayer, UnitKind::MlpSublayer, UnitKind::Contract,
                                    UnitKind::FinalNorm,   UnitKind::LmHead,   UnitKind::Loss,
-                                   UnitKind::Mtp};
+                                   UnitKind::Mtp,         UnitKind::MhcMixing};
 
 /// A unit's rates in the JSON form, for the reader and the writer alike.
 constexpr std::pair<const char *, double UnitRates::*> kRateKeys[] = {
@@ -97,7 +97,10 @@ bool readMeasurement(const nlohmann::json &j, std::map<UnitKind, std::vector<Poi
       error = "unit_ms." + name + " needs positive, finite \"forward\" and \"backward\" milliseconds";
       return false;
     }
-    const double flops = unitCost(*kind, dims).forwardFlopsPerToken * dims.tokens();
+    // Where the mixing was measured apart, the other units' times exclude it.
+    const UnitCost cost = unitCost(*kind, dims);
+    const bool apart = j["unit_ms"].contains(unitKindName(UnitKind::MhcMixing));
+    const double flops = (cost.forwardFlopsPerToken - (apart ? cost.mixingFlopsPerToken : 0)) * dims.tokens();
     const double size = flops > 0 ? flops : double(dims.tokens());
     points[0][*kind].push_back({size, times["forward"].get<double>(), flops == 0});
     points[1][*kind].push_back({flops > 0 ? 2 * flops : size, times["backward"].get<double>(), flops == 0});
@@ -161,6 +164,23 @@ double DeviceProfile::forwardMs(UnitKind kind, double flops, int64_t tokens) con
 
 double DeviceProfile::backwardMs(UnitKind kind, double flops, int64_t tokens) const {
   return unitMs(*this, kind, flops, tokens, false);
+}
+
+namespace {
+double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, bool forward) {
+  const double scale = forward ? 1 : 2, flops = scale * cost.forwardFlopsPerToken * tokens;
+  if (!p.units.count(UnitKind::MhcMixing) || cost.mixings == 0)
+    return unitMs(p, cost.kind, flops, tokens, forward);
+  const double mixing = scale * cost.mixingFlopsPerToken * tokens;
+  return unitMs(p, cost.kind, flops - mixing, tokens, forward) +
+         double(cost.mixings) * unitMs(p, UnitKind::MhcMixing, mixing / double(cost.mixings), tokens, forward);
+}
+} // namespace
+
+double DeviceProfile::forwardMs(const UnitCost &cost, int64_t tokens) const { return costMs(*this, cost, tokens, true); }
+
+double DeviceProfile::backwardMs(const UnitCost &cost, int64_t tokens) const {
+  return costMs(*this, cost, tokens, false);
 }
 
 std::string DeviceProfile::describe() const {

@@ -17,7 +17,9 @@
 //              "expand": {"forward_ns_per_token": f, "backward_ns_per_token": b}, ...},
 //   or, as mhcrun writes them, measured times that mhcc fits rates to:
 //    "measured_on": {model sizes}, "unit_ms": {"attention": {"forward": ms,
-//    "backward": ms}, ...} (one run), or "measurements": [{"measured_on":
+//    "backward": ms}, ...} (one run; with "mhc", the residual mixing around
+//    one sublayer, measured apart from the sublayers and MTP, whose times
+//    then exclude it), or "measurements": [{"measured_on":
 //    ..., "unit_ms": ...}, ...] (several models: time = a x FLOPs + b per
 //    unit kind, least squares, so small and large models are both costed),
 //    "default_tflops": R, "link_gbps": G, "link_latency_us": L,
@@ -66,6 +68,12 @@ struct DeviceProfile {
   /// (backward) does `flops` FLOPs.
   double forwardMs(UnitKind kind, double flops, int64_t tokens) const;
   double backwardMs(UnitKind kind, double flops, int64_t tokens) const;
+  /// The same for a unit's cost over `tokens` tokens (the backward doing
+  /// twice the forward's FLOPs): where the profile measured the residual
+  /// mixing apart ("mhc"), the unit's mixing is priced at that rate, once
+  /// per mixing, and the rest at the unit's.
+  double forwardMs(const UnitCost &cost, int64_t tokens) const;
+  double backwardMs(const UnitCost &cost, int64_t tokens) const;
   /// "device profile h200-bf16 (SOURCE)", or the nominal rates.
   std::string describe() const;
 };

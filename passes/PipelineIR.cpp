@@ -249,9 +249,8 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     // Tensor parallelism is assumed to split the work and the activations
     // evenly (its collectives are priced by addCollectives); a rank holds
     // 1 / tp of the GEMM weights and all of the rest.
-    const double flops = cost.forwardFlopsPerToken * computedTokens;
-    const double backward = profile.backwardMs(*kind, 2 * flops, computedTokens) / tp;
-    stage.forwardTime += profile.forwardMs(*kind, flops, computedTokens) / tp;
+    const double backward = profile.backwardMs(cost, computedTokens) / tp;
+    stage.forwardTime += profile.forwardMs(cost, computedTokens) / tp;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))

@@ -53,42 +53,43 @@ using Composition = std::vector<std::pair<Prim, int64_t>>;
 
 /// What each unit kind's forward calls, as compiler/Lowering.cpp emits it;
 /// `mixer` is the sublayer's own primitive (Attention, GatedDeltaNet, SwiGlu).
-Composition sublayer(Prim mixer, bool mhc) {
-  Composition c = {{Prim::RmsNorm, 1}, {mixer, 1}};
-  if (mhc) {
-    c.push_back({Prim::MhcCoeffs, 1});
-    c.push_back({Prim::MhcPre, 1});
-    c.push_back({Prim::MhcPostRes, 1});
-  } else {
-    c.push_back({Prim::Residual, 1});
-  }
-  return c;
+/// The residual mixing around it is a unit of its own (mixing()).
+Composition sublayer(Prim mixer) { return {{Prim::RmsNorm, 1}, {mixer, 1}}; }
+
+/// The residual stream's mixing around one sublayer: mHC's coefficients,
+/// pre-mix and post/res mix, or the plain residual add (n = 1).
+Composition mixing(bool mhc) {
+  if (mhc)
+    return {{Prim::MhcCoeffs, 1}, {Prim::MhcPre, 1}, {Prim::MhcPostRes, 1}};
+  return {{Prim::Residual, 1}};
 }
 
 /// The unit kinds, by the names passes/CostModel.cpp gives them.
-enum Unit { Embedding, Expand, Attention, Gdn, Mlp, Contract, FinalNorm, LmHead, Loss, Mtp, kUnits };
-constexpr std::array<const char *, kUnits> kUnitNames = {"embedding",  "expand",  "attention", "gdn",
-                                                         "mlp",        "contract", "final_norm", "lm_head",
-                                                         "loss",       "mtp"};
+enum Unit { Embedding, Expand, Attention, Gdn, Mlp, Contract, FinalNorm, LmHead, Loss, Mtp, Mixing, kUnits };
+constexpr std::array<const char *, kUnits> kUnitNames = {"embedding", "expand",     "attention", "gdn",
+                                                         "mlp",       "contract",   "final_norm", "lm_head",
+                                                         "loss",      "mtp",        "mhc"};
 
 Composition compositionOf(Unit unit, bool mhc) {
   switch (unit) {
   case Embedding: return {{Prim::Embed, 1}};
   case Expand: return {{Prim::Expand, 1}};
-  case Attention: return sublayer(Prim::Attention, mhc);
-  case Gdn: return sublayer(Prim::GatedDeltaNet, mhc);
-  case Mlp: return sublayer(Prim::SwiGlu, mhc);
+  case Attention: return sublayer(Prim::Attention);
+  case Gdn: return sublayer(Prim::GatedDeltaNet);
+  case Mlp: return sublayer(Prim::SwiGlu);
+  case Mixing: return mixing(mhc);
   case Contract: return {{Prim::Contract, 1}};
   case FinalNorm: return {{Prim::RmsNorm, 1}};
   case LmHead: return {{Prim::LmHead, 1}};
   case Loss: return {{Prim::CrossEntropy, 1}};
   case Mtp: {
     // Contract, two norms, the shifted embedding, ConcatProj, expand, one
-    // attention and one MLP sublayer, contract, final norm, head, loss.
+    // attention and one MLP sublayer (their mixing counted as Mixing units),
+    // contract, final norm, head, loss.
     Composition c = {{Prim::Contract, 2}, {Prim::RmsNorm, 3},   {Prim::Embed, 1},   {Prim::ConcatProj, 1},
                      {Prim::Expand, 1},   {Prim::LmHead, 1},    {Prim::CrossEntropy, 1}};
     for (Prim mixer : {Prim::Attention, Prim::SwiGlu})
-      for (const auto &entry : sublayer(mixer, mhc))
+      for (const auto &entry : sublayer(mixer))
         c.push_back(entry);
     return c;
   }
@@ -117,6 +118,7 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
   units[Loss] = calls[Prim::CrossEntropy] - mtp;
   units[Mtp] = mtp;
   units[FinalNorm] = calls[Prim::RmsNorm] - units[Attention] - units[Gdn] - units[Mlp] - 5 * mtp;
+  units[Mixing] = units[Attention] + units[Gdn] + units[Mlp] + 2 * mtp;
   // The composition must account for every call, or the lowering changed.
   std::map<Prim, int64_t> composed;
   for (int u = 0; u < kUnits; ++u)

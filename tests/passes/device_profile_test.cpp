@@ -40,6 +40,48 @@ TEST(DeviceProfile, MeasuredTimesBecomeRatesThatGiveTheTimesBack) {
   EXPECT_NE(p->describe().find("device profile m (a run; 50.00 GB/s P2P)"), std::string::npos) << p->describe();
 }
 
+// A profile that measured the residual mixing ("mhc") apart: a sublayer's
+// time is its own FLOPs at its rate plus its mixing at the mixing's, so a
+// model with a cheaper mixing (n = 1) is priced by what it leaves out, not by
+// its 1% fewer FLOPs.
+TEST(DeviceProfile, TheMixingMeasuredApartIsPricedAtItsOwnRate) {
+  const std::string measured = R"({"format": "mhcc-device-profile-v1", "name": "m", "source": "a run",
+    "measured_on": {"vocab": 256, "hidden": 64, "heads": 4, "ffn_hidden": 176, "seq_len": 128,
+                    "micro_batch": 1, "streams": 4, "sinkhorn_iterations": 20},
+    "unit_ms": {"attention": {"forward": 2.0, "backward": 5.0}, "mhc": {"forward": 1.0, "backward": 3.0}}})";
+  std::string error;
+  std::optional<DeviceProfile> p = parseDeviceProfile(measured, error);
+  ASSERT_TRUE(p) << error;
+  ASSERT_TRUE(p->units.count(UnitKind::MhcMixing));
+  ModelInfo dims;
+  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
+  dims.streams = 4, dims.sinkhornIterations = 20;
+  const UnitCost n4 = unitCost(UnitKind::AttentionSublayer, dims);
+  EXPECT_EQ(n4.mixings, 1);
+  ASSERT_GT(n4.mixingFlopsPerToken, 0);
+  ASSERT_LT(n4.mixingFlopsPerToken, n4.forwardFlopsPerToken);
+  // The measured model gives the measured sums back.
+  EXPECT_NEAR(p->forwardMs(n4, 128), 3.0, 1e-12);
+  EXPECT_NEAR(p->backwardMs(n4, 128), 8.0, 1e-12);
+  // n = 1: the same attention, a mixing of C FLOPs a token (the residual add) at the mixing's rate.
+  dims.streams = 1;
+  const UnitCost n1 = unitCost(UnitKind::AttentionSublayer, dims);
+  const double attentionFlops = n4.forwardFlopsPerToken - n4.mixingFlopsPerToken;
+  EXPECT_NEAR(n1.forwardFlopsPerToken - n1.mixingFlopsPerToken, attentionFlops, 1e-9 * attentionFlops);
+  const double mixingShare = n1.mixingFlopsPerToken / n4.mixingFlopsPerToken;
+  EXPECT_NEAR(p->forwardMs(n1, 128), 2.0 + 1.0 * mixingShare, 1e-12);
+  EXPECT_LT(p->forwardMs(n1, 128), 2.1);
+  // Without a measured mixing, the whole unit is priced at the unit's rate (profiles written before "mhc").
+  std::optional<DeviceProfile> whole = parseDeviceProfile(kMeasured, error);
+  ASSERT_TRUE(whole) << error;
+  dims.streams = 4;
+  EXPECT_NEAR(whole->forwardMs(unitCost(UnitKind::AttentionSublayer, dims), 128), 2.0, 1e-12);
+  // An MTP module holds two mixings, each priced with the mixing's fixed time.
+  const UnitCost mtp = unitCost(UnitKind::Mtp, dims);
+  EXPECT_EQ(mtp.mixings, 2);
+  EXPECT_NEAR(mtp.mixingFlopsPerToken, 2 * n4.mixingFlopsPerToken, 1e-9 * n4.mixingFlopsPerToken);
+}
+
 TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {
   std::string error;
   std::optional<DeviceProfile> p = parseDeviceProfile(kMeasured, error);

@@ -35,7 +35,7 @@ p = json.load(open(sys.argv[1]))
 assert p["format"] == "mhcc-device-profile-v1" and p["name"] == "cpu-f32", p
 assert p["measured_on"]["hidden"] == 64 and p["measured_on"]["streams"] == 4, p["measured_on"]
 units = p["unit_ms"]
-for kind in ("embedding", "expand", "attention", "mlp", "contract", "final_norm", "lm_head", "loss", "mtp"):
+for kind in ("embedding", "expand", "attention", "mlp", "contract", "final_norm", "lm_head", "loss", "mtp", "mhc"):
     assert units[kind]["forward"] > 0 and units[kind]["backward"] > 0, (kind, units.get(kind))
 # tiny's MTP module holds a sublayer pair and more: it costs more than one sublayer.
 assert units["mtp"]["forward"] > units["attention"]["forward"], units
@@ -47,7 +47,7 @@ PY
 /usr/bin/python3 - "${work}/h.json" <<'PY'
 import json, sys
 units = json.load(open(sys.argv[1]))["unit_ms"]
-for kind in ("attention", "gdn", "mlp", "mtp"):
+for kind in ("attention", "gdn", "mlp", "mtp", "mhc"):
     assert units[kind]["forward"] > 0 and units[kind]["backward"] > 0, (kind, units.get(kind))
 PY
 "${mhcc}" "${hybrid}" --pp 2 --microbatches 2 --device-profile "${work}/h.json" | grep -q 'with device profile cpu-f32' \
