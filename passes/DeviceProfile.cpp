@@ -131,9 +131,20 @@ bool readMeasuredTimes(const nlohmann::json &j, DeviceProfile &p, std::string &e
       error = "\"measurements\" must be a non-empty list of {\"measured_on\", \"unit_ms\"}";
       return false;
     }
-    for (const nlohmann::json &m : j["measurements"])
+    // A unit's time either includes its mixing or not, in every measurement of a fit.
+    const char *mixing = unitKindName(UnitKind::MhcMixing);
+    const nlohmann::json &first = j["measurements"].front();
+    const bool apart = first.is_object() && first.contains("unit_ms") && first["unit_ms"].is_object() &&
+                       first["unit_ms"].contains(mixing);
+    for (const nlohmann::json &m : j["measurements"]) {
       if (!readMeasurement(m, points, error))
         return false;
+      if (m["unit_ms"].contains(mixing) != apart) {
+        error = std::string("\"measurements\" disagree on \"") + mixing +
+                "\": measure every model with the mixing apart (mhcrun writes it), or none";
+        return false;
+      }
+    }
   } else if (!readMeasurement(j, points, error)) {
     return false;
   }

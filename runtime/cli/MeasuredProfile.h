@@ -4,7 +4,8 @@
 // in the form mhcc --device-profile reads (passes/DeviceProfile.h): each
 // kernel family's (primitive's) time per call, composed into the model's unit
 // kinds as compiler/Lowering.cpp builds them (an attention sublayer is
-// mhc_coeffs + mhc_pre + rms_norm + attention + mhc_post_res, ...), as
+// rms_norm + attention, the residual mixing around each sublayer is the
+// "mhc" unit: mhc_coeffs + mhc_pre + mhc_post_res, or the residual add), as
 // milliseconds per unit and microbatch, with the model's sizes; mhcc turns
 // them into rates with its cost model (the runtime does not link it).
 // Per-call times are means over the calls of a primitive: the calls of one

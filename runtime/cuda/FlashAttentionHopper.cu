@@ -95,8 +95,9 @@ template <int D> constexpr int hopperForwardSmem() { return (kBlockRows + 4 * kK
 /// K_j and V_j into double buffers, each as soon as the products that read the buffer's previous tile are done), so
 /// the two computing warpgroups never wait on each other, only on their data. Each is software-pipelined: while
 /// the tensor cores add tile j-1's P V into O, the next scores S_j are computed and their softmax runs; O is
-/// rescaled once that product is done. Rows past the sequence are loaded from the next one (or as zeros) and
-/// masked or not stored, as before.
+/// rescaled once that product is done. Rows past the sequence are loaded from the next one (or as zeros past the
+/// matrix), not zeros as with cp.async: keys there are masked (P = 0, which leaves O as it is while those rows are
+/// finite, as the model's values are), query rows not stored.
 template <int D, bool kDocuments>
 __global__ void __launch_bounds__(kForwardThreads, 1)
     hopperForwardKernel(const __grid_constant__ CUtensorMap qkvMap, Params p) {
@@ -283,6 +284,7 @@ EncodeTiled encodeTiled() {
 }
 
 template <int D> std::string hopperForward(const Params &p, cudaStream_t stream) {
+  static_assert(kBlockRows == kKeyTile, "one box height serves the query and the key tiles");
   CUtensorMap map;
   const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
   if (std::string problem = tma::tensorMap(map, p.qkv, p.ld, T, kBlockRows); !problem.empty())

@@ -22,13 +22,13 @@ namespace {
 using namespace flash;
 
 constexpr int kStream = 64; // rows of the streamed tiles
-// Buffers of the streamed tiles: 3 measured 2-3% faster than 2 at d = 128 and d = 64, 4 within 1% of 3
-// (docs/gpu_results.md, session 17 call 4).
+// Buffers of the streamed tiles: 3 measured 2-3.5% faster than 2 at d = 128 and d = 64, 4 within 1% of 3 but
+// for packed documents (up to 5% slower, noisy) (docs/gpu_results.md, session 17 call 4).
 constexpr int kStages = 3;
 constexpr int kBarrierBytes = 8 + 16 * kStages;     // StreamBarriers' mbarriers
 
-// Shared memory: the block's two [128, D] tiles, two buffers of the two streamed [64, D] tiles, 1024 for alignment;
-// dK/dV also streams the queries' lse, D and document starts.
+// Shared memory: the block's two [128, D] tiles, kStages buffers of the two streamed [64, D] tiles, 1024 for
+// alignment, the mbarriers; dK/dV also streams the queries' lse, D and document starts.
 template <int D> constexpr int hopperDqSmem() {
   return (2 * kBlockRows + 2 * kStages * kStream) * D * 2 + 1024 + kBarrierBytes;
 }

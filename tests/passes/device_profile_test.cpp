@@ -76,10 +76,12 @@ TEST(DeviceProfile, TheMixingMeasuredApartIsPricedAtItsOwnRate) {
   ASSERT_TRUE(whole) << error;
   dims.streams = 4;
   EXPECT_NEAR(whole->forwardMs(unitCost(UnitKind::AttentionSublayer, dims), 128), 2.0, 1e-12);
-  // An MTP module holds two mixings, each priced with the mixing's fixed time.
+  // An MTP module holds two mixings, priced at the mixing's rate; the rest (not measured) at the default rate.
   const UnitCost mtp = unitCost(UnitKind::Mtp, dims);
   EXPECT_EQ(mtp.mixings, 2);
   EXPECT_NEAR(mtp.mixingFlopsPerToken, 2 * n4.mixingFlopsPerToken, 1e-9 * n4.mixingFlopsPerToken);
+  const double rest = (mtp.forwardFlopsPerToken - mtp.mixingFlopsPerToken) * 128 / (p->defaultTflops * 1e9);
+  EXPECT_NEAR(p->forwardMs(mtp, 128), rest + 2 * 1.0, 1e-9);
 }
 
 TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {
@@ -134,6 +136,14 @@ TEST(DeviceProfile, BadProfilesAreOneErrorEach) {
           "ffn_hidden": 2, "seq_len": 2, "micro_batch": 1, "streams": 1, "sinkhorn_iterations": 1},
           "unit_ms": {"mlp": {"forward": 0, "backward": 1}}})",
        "unit_ms.mlp"},
+      {R"({"format": "mhcc-device-profile-v1", "measurements": [
+          {"measured_on": {"vocab": 2, "hidden": 2, "heads": 1, "ffn_hidden": 2, "seq_len": 2, "micro_batch": 1,
+                           "streams": 4, "sinkhorn_iterations": 1},
+           "unit_ms": {"mlp": {"forward": 1, "backward": 1}, "mhc": {"forward": 1, "backward": 1}}},
+          {"measured_on": {"vocab": 2, "hidden": 4, "heads": 1, "ffn_hidden": 2, "seq_len": 2, "micro_batch": 1,
+                           "streams": 4, "sinkhorn_iterations": 1},
+           "unit_ms": {"mlp": {"forward": 2, "backward": 2}}}]})",
+       "\"measurements\" disagree on \"mhc\""},
       {R"({"format": "mhcc-device-profile-v1", "name": 3})", "\"name\" must be a string"},
       {R"({"format": "mhcc-device-profile-v1", "shared_cores": -2})", "\"shared_cores\""},
       {R"({"format": "mhcc-device-profile-v1", "shared_cores": 1.5})", "\"shared_cores\""},
