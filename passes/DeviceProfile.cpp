@@ -86,6 +86,8 @@ bool readMeasurement(const nlohmann::json &j, std::map<UnitKind, std::vector<Poi
     error = "\"unit_ms\" must be an object of unit kinds";
     return false;
   }
+  // Where the mixing was measured apart, the other units' times exclude it.
+  const bool apart = j["unit_ms"].contains(unitKindName(UnitKind::MhcMixing));
   for (const auto &[name, times] : j["unit_ms"].items()) {
     std::optional<UnitKind> kind = parseUnitKind(name);
     if (!kind) {
@@ -97,9 +99,7 @@ bool readMeasurement(const nlohmann::json &j, std::map<UnitKind, std::vector<Poi
       error = "unit_ms." + name + " needs positive, finite \"forward\" and \"backward\" milliseconds";
       return false;
     }
-    // Where the mixing was measured apart, the other units' times exclude it.
     const UnitCost cost = unitCost(*kind, dims);
-    const bool apart = j["unit_ms"].contains(unitKindName(UnitKind::MhcMixing));
     const double flops = (cost.forwardFlopsPerToken - (apart ? cost.mixingFlopsPerToken : 0)) * dims.tokens();
     const double size = flops > 0 ? flops : double(dims.tokens());
     points[0][*kind].push_back({size, times["forward"].get<double>(), flops == 0});
@@ -133,17 +133,17 @@ bool readMeasuredTimes(const nlohmann::json &j, DeviceProfile &p, std::string &e
     }
     // A unit's time either includes its mixing or not, in every measurement of a fit.
     const char *mixing = unitKindName(UnitKind::MhcMixing);
-    const nlohmann::json &first = j["measurements"].front();
-    const bool apart = first.is_object() && first.contains("unit_ms") && first["unit_ms"].is_object() &&
-                       first["unit_ms"].contains(mixing);
+    std::optional<bool> apart; // as the first measurement has it
     for (const nlohmann::json &m : j["measurements"]) {
       if (!readMeasurement(m, points, error))
         return false;
-      if (m["unit_ms"].contains(mixing) != apart) {
+      const bool mine = m["unit_ms"].contains(mixing);
+      if (apart && *apart != mine) {
         error = std::string("\"measurements\" disagree on \"") + mixing +
                 "\": measure every model with the mixing apart (mhcrun writes it), or none";
         return false;
       }
+      apart = mine;
     }
   } else if (!readMeasurement(j, points, error)) {
     return false;

@@ -286,15 +286,11 @@ EncodeTiled encodeTiled() {
 template <int D> std::string hopperForward(const Params &p, cudaStream_t stream) {
   static_assert(kBlockRows == kKeyTile, "one box height serves the query and the key tiles");
   CUtensorMap map;
-  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
-  if (std::string problem = tma::tensorMap(map, p.qkv, p.ld, T, kBlockRows); !problem.empty())
+  if (std::string problem = tma::tensorMap(map, p.qkv, p.ld, p.tokens(), kBlockRows); !problem.empty())
     return problem;
-  auto kernel = p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopperForwardSmem<D>());
-  if (e == cudaSuccess) {
-    kernel<<<unsigned(int64_t(p.numTiles) * p.batchHeads), kForwardThreads, hopperForwardSmem<D>(), stream>>>(map, p);
-    e = cudaGetLastError();
-  }
+  const cudaError_t e = launchWith(p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>,
+                                   kForwardThreads, int64_t(p.numTiles) * p.batchHeads, hopperForwardSmem<D>(), stream,
+                                   map, p);
   return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
 

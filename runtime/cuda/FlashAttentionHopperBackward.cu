@@ -283,30 +283,19 @@ __global__ void __launch_bounds__(tma::kSpecializedThreads, 1)
     storeAccumulatorRow<D>(p.dqkv + (tok0 + row0 + g + 8 * r) * p.ld + pos.h * D + 2 * t, dq, r, p.scale);
 }
 
-template <typename Kernel>
-cudaError_t launchSpecialized(Kernel kernel, const CUtensorMap &qkvMap, const CUtensorMap &dOMap, const Params &p,
-                              int smemBytes, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes);
-  if (e != cudaSuccess)
-    return e;
-  const unsigned blocks = unsigned(int64_t(p.numTiles) * p.batchHeads);
-  kernel<<<blocks, tma::kSpecializedThreads, smemBytes, stream>>>(qkvMap, dOMap, p);
-  return cudaGetLastError();
-}
-
 template <int D> std::string hopperBackward(const Params &p, cudaStream_t stream) {
-  const int64_t T = int64_t(p.batchHeads / p.heads) * p.seq;
   CUtensorMap qkvMap, dOMap;
-  std::string problem = tma::tensorMap(qkvMap, p.qkv, p.ld, T, kStream);
+  std::string problem = tma::tensorMap(qkvMap, p.qkv, p.ld, p.tokens(), kStream);
   if (problem.empty())
-    problem = tma::tensorMap(dOMap, p.dO, p.C, T, kStream);
+    problem = tma::tensorMap(dOMap, p.dO, p.C, p.tokens(), kStream);
   if (!problem.empty())
     return problem;
-  cudaError_t e = launchSpecialized(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>, qkvMap,
-                                    dOMap, p, hopperDkdvSmem<D>(), stream);
+  const int64_t blocks = int64_t(p.numTiles) * p.batchHeads;
+  cudaError_t e = launchWith(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>,
+                             tma::kSpecializedThreads, blocks, hopperDkdvSmem<D>(), stream, qkvMap, dOMap, p);
   if (e == cudaSuccess)
-    e = launchSpecialized(p.firstKeys ? hopperDqKernel<D, true> : hopperDqKernel<D, false>, qkvMap, dOMap, p,
-                          hopperDqSmem<D>(), stream);
+    e = launchWith(p.firstKeys ? hopperDqKernel<D, true> : hopperDqKernel<D, false>, tma::kSpecializedThreads, blocks,
+                   hopperDqSmem<D>(), stream, qkvMap, dOMap, p);
   return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
 

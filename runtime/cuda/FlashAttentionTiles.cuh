@@ -86,6 +86,7 @@ struct Params {
   int64_t ld;               // 3C: row stride of qkv and dqkv
   int64_t C;                // row stride of o and dO
   int heads, seq, batchHeads, numTiles; // numTiles = ceil(seq / kBlockRows)
+  __host__ __device__ int64_t tokens() const { return int64_t(batchHeads / heads) * seq; } // T
   float scale, scaleLog2;   // 1/sqrt(d) and 1/sqrt(d) * log2(e)
 };
 
@@ -386,14 +387,22 @@ inline Params makeParams(int64_t T, int64_t C, int64_t heads, int64_t seq) {
   return p;
 }
 
-/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and launches it.
-template <typename Kernel>
-cudaError_t launch(Kernel kernel, const Params &p, int64_t blocks, int smemBytes, cudaStream_t stream) {
+/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and launches it with `threads`
+/// threads a block on `args` (the warp-specialized kernels: their tensor maps, then Params).
+template <typename Kernel, typename... Args>
+cudaError_t launchWith(Kernel kernel, unsigned threads, int64_t blocks, int smemBytes, cudaStream_t stream,
+                       const Args &...args) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes);
   if (e != cudaSuccess)
     return e;
-  kernel<<<unsigned(blocks), kThreads, smemBytes, stream>>>(p);
+  kernel<<<unsigned(blocks), threads, smemBytes, stream>>>(args...);
   return cudaGetLastError();
+}
+
+/// launchWith for the kernels of kThreads threads that take Params alone.
+template <typename Kernel>
+cudaError_t launch(Kernel kernel, const Params &p, int64_t blocks, int smemBytes, cudaStream_t stream) {
+  return launchWith(kernel, kThreads, blocks, smemBytes, stream, p);
 }
 
 } // namespace mhcc::runtime::cuda::flash
