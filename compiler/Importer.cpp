@@ -20,7 +20,9 @@ public:
                                      : Type(builder_.getF32Type());
     tokens_ = c.tokens();
     hiddenType_ = RankedTensorType::get({tokens_, c.hidden}, elementType_);
-    residualType_ = RankedTensorType::get({tokens_, c.residualWidth()}, elementType_);
+    residualElementType_ = c.residualDtype == "bf16" ? Type(builder_.getBF16Type())
+                                                     : Type(builder_.getF32Type());
+    residualType_ = RankedTensorType::get({tokens_, c.residualWidth()}, residualElementType_);
     logitsType_ = RankedTensorType::get({tokens_, c.vocab}, elementType_);
     lossType_ = RankedTensorType::get({}, builder_.getF32Type());
     idsType_ = RankedTensorType::get({tokens_}, builder_.getI32Type());
@@ -73,7 +75,9 @@ private:
         &context_, c.vocab, c.hidden, c.heads, c.ffnHidden, c.seqLen,
         c.microBatch, c.streams, c.sinkhornIterations,
         builder_.getF64FloatAttr(c.gatingFactor),
-        builder_.getF64FloatAttr(c.normEps), elementType_, c.seed);
+        builder_.getF64FloatAttr(c.normEps), elementType_,
+        // Printed only where it differs from dtype.
+        residualElementType_ == elementType_ ? Type() : residualElementType_, c.seed);
   }
 
   /// The C-wide sublayer F(RMSNorm(u)) inside a hyper-connection body.
@@ -125,7 +129,7 @@ private:
   const ModelGraph &graph_;
   std::string file_;
   OpBuilder builder_;
-  Type elementType_;
+  Type elementType_, residualElementType_;
   int64_t tokens_ = 0;
   RankedTensorType hiddenType_, residualType_, logitsType_, lossType_, idsType_;
   Value tokenIds_, labelIds_;

@@ -116,8 +116,9 @@ private:
 
   /// How an instruction's output is stored (docs/precision.md): a bf16
   /// model keeps its activations in bf16, except the mHC coefficients
-  /// (computed and kept in fp32, with Sinkhorn) and the losses; a copy keeps
-  /// its input's storage.
+  /// (computed and kept in fp32, with Sinkhorn) and the losses; the residual
+  /// stream (expand, post-res mix, residual add) in the model's residual
+  /// dtype; a copy keeps its input's storage.
   std::string storageOf(Prim op, const std::vector<int> &inputs) {
     if (artifact_.model.dtype != "bf16")
       return "f32";
@@ -125,6 +126,10 @@ private:
     case Prim::MhcCoeffs:
     case Prim::CrossEntropy:
       return "f32";
+    case Prim::Expand:
+    case Prim::MhcPostRes:
+    case Prim::Residual:
+      return artifact_.model.residualStorage();
     case Prim::Identity:
       return program().values[inputs[0]].dtype;
     default:

@@ -179,8 +179,12 @@ ModelConfig parseConfig(const json &root) {
   c.gatingFactor = reader.positiveNumber("gating_factor", 0.01);
   c.normEps = reader.positiveNumber("norm_eps", 1e-6);
   c.dtype = reader.oneOf("dtype", std::string("f32"), {"f32", "bf16"});
+  c.residualDtype = reader.oneOf("residual_dtype", c.dtype, {"f32", "bf16"});
   c.seed = reader.integer("seed", 1234, 0);
   reader.rejectUnknown();
+  if (c.residualDtype == "bf16" && c.dtype == "f32")
+    fail("/config/residual_dtype", "residual_dtype \"bf16\" needs dtype \"bf16\": an f32 model keeps its "
+                                   "residual stream in f32");
   if (c.hidden % c.heads != 0)
     fail("/config/heads", "hidden (C = " + std::to_string(c.hidden) +
                               ") must be divisible by heads (" +

@@ -33,6 +33,9 @@ struct ModelConfig {
   double gatingFactor = 0.01;
   double normEps = 1e-6;
   std::string dtype = "f32";
+  /// The residual stream's storage: dtype, or "f32" in a bf16 model
+  /// (Megatron's fp32-residual-connection; docs/precision.md).
+  std::string residualDtype = "f32";
   int64_t seed = 1234;
 
   int64_t tokens() const { return seqLen * microBatch; }

@@ -77,6 +77,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   u.kind = kind;
   int64_t c = d.hidden, n = d.streams, v = d.vocab, f = d.ffnHidden;
   int64_t bytes = d.dtypeBytes();
+  int64_t residual = d.residualBytes() * n * c; // a token's input residual, kept for the backward
   double norm = 4.0 * c;
   switch (kind) {
   case UnitKind::Embedding:
@@ -93,7 +94,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + attentionFlops(d);
     u.outputWidth = n * c;
     // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
-    u.savedBytesPerToken = bytes * (n * c + 6 * c + d.heads);
+    u.savedBytesPerToken = residual + bytes * (6 * c + d.heads);
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;
@@ -106,7 +107,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     // Input residual, u, normed u, then what the forward keeps (GdnKernels.h): 11 C + 5 heads,
     // and on the GPU its scans' U, W and chunk states for the backward, (2 + D / 64) C (GdnWy.cu).
     u.savedBytesPerToken =
-        bytes * (n * c + 2 * c) + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
+        residual + bytes * 2 * c + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;
@@ -116,7 +117,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.forwardFlopsPerToken = mhcMixingFlops(d) + norm + 6.0 * c * f + 4.0 * f;
     u.outputWidth = n * c;
     // Input residual, u, normed u, gate and up projections, their product.
-    u.savedBytesPerToken = bytes * (n * c + 2 * c + 3 * f);
+    u.savedBytesPerToken = residual + bytes * (2 * c + 3 * f);
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;

@@ -45,6 +45,7 @@ FailureOr<ModelInfo> modelInfoOf(func::FuncOp func) {
   d.gatingFactor = config.getGatingFactor().getValueAsDouble();
   d.normEps = config.getNormEps().getValueAsDouble();
   d.dtype = config.getDtype().isBF16() ? "bf16" : "f32";
+  d.residualDtype = config.getResidualElementType().isBF16() ? "bf16" : "f32";
   d.seed = config.getSeed();
   return d;
 }
@@ -101,7 +102,9 @@ std::string formatModelSummary(const ModelUnits &model) {
                       mtpModules ? llvm::formatv(" + {0} MTP", mtpModules).str()
                                  : std::string(),
                       d.hidden, d.streams, d.heads, d.ffnHidden, d.vocab,
-                      d.seqLen, d.microBatch, d.dtype.c_str());
+                      d.seqLen, d.microBatch,
+                      d.residualStorage() == d.dtype ? d.dtype
+                                                     : d.dtype + " (residual " + d.residualStorage() + ")");
   os << llvm::formatv("parameters: {0} ({1:F2} M), of which mHC mappings {2} "
                       "({3:F2}%)\n",
                       withSeparators(totals.params), totals.params / 1e6,
@@ -111,7 +114,7 @@ std::string formatModelSummary(const ModelUnits &model) {
                       "(3x forward)\n",
                       totals.forwardFlopsPerToken / 1e6,
                       totals.trainingFlopsPerToken() / 1e6);
-  double perToken = double(d.residualWidth()) * d.dtypeBytes();
+  double perToken = double(d.residualWidth()) * d.residualBytes();
   os << llvm::formatv("pipeline boundary: n*C = {0} values per token ({1}), "
                       "{2} per microbatch of {3} tokens\n",
                       d.residualWidth(), humanBytes(perToken),

@@ -5,6 +5,7 @@
 #include "passes/ModelUnits.h"
 #include "runtime/program/Collectives.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <algorithm>
@@ -32,6 +33,16 @@ int64_t unitIndexOf(Operation *op, int64_t layers) {
   default:
     return 1 + layers;
   }
+}
+
+/// The element type a boundary carries: its tensor's (bf16 activations, or
+/// an f32 residual stream in a bf16 model).
+Type boundaryElementType(pipe::BoundaryOp boundary) {
+  return cast<RankedTensorType>(boundary.getInput().getType()).getElementType();
+}
+
+int64_t boundaryElementBytes(pipe::BoundaryOp boundary) {
+  return std::max<int64_t>(1, boundaryElementType(boundary).getIntOrFloatBitWidth() / 8);
 }
 
 int64_t countOps(func::FuncOp func, function_ref<bool(Operation *)> pred) {
@@ -236,6 +247,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
                << "is the second boundary out of stage " << src
                << "; the model is a chain, one tensor crosses each boundary";
       stage.outputWidth = boundary.getWidth();
+      stage.outputElementBytes = boundaryElementBytes(boundary);
       continue;
     }
     std::optional<UnitKind> kind = unitKindOf(&op);
@@ -298,6 +310,10 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr(),
       schedule.distributedOptimizer ? builder.getUnitAttr() : UnitAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
+  // A message has its boundary's element type (the residual may be f32 in a bf16 model).
+  llvm::DenseMap<int64_t, Type> boundaryElements;
+  for (auto boundary : func.getBody().front().getOps<pipe::BoundaryOp>())
+    boundaryElements[boundary.getSrcStage()] = boundaryElementType(boundary);
   for (int64_t r = 0; r < schedule.pp; ++r) {
     auto rankOp = pipe::RankOp::create(builder, loc, i64(r));
     OpBuilder::InsertionGuard guard(builder);
@@ -335,7 +351,8 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       case pipeline::OpKind::Recv: {
         auto payload = builder.getStringAttr(
             instr.payload == pipeline::Payload::Activation ? "act" : "grad");
-        auto type = TypeAttr::get(RankedTensorType::get({instr.tokens, instr.width}, elementType));
+        Type element = boundaryElements.lookup(std::min(instr.srcStage, instr.dstStage));
+        auto type = TypeAttr::get(RankedTensorType::get({instr.tokens, instr.width}, element ? element : elementType));
         if (instr.kind == pipeline::OpKind::Send)
           pipe::SendOp::create(builder, loc, payload, i64(instr.srcStage), i64(instr.dstStage), mb,
                                i64(instr.peer), i64(instr.group), i64(instr.order), type);

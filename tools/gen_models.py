@@ -19,6 +19,10 @@ MODELS = {
     "tiny_bf16": ("tiny in bf16: activations stored in bf16, fp32 masters and coefficients (docs/precision.md).",
                   dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
                        streams=4, dtype="bf16"), 4, [1]),
+    "tiny_bf16_fp32_residual": ("tiny_bf16 with its residual stream in fp32 (Megatron's fp32-residual-connection; "
+                                "docs/precision.md).",
+                                dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
+                                     streams=4, dtype="bf16", residual_dtype="f32"), 4, [1]),
     "hybrid_tiny": ("tiny as a hybrid stack: three Gated DeltaNet layers per attention layer, 8 layers.",
                     dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
                          streams=4), "GGGAGGGA", [1]),

@@ -45,7 +45,7 @@ bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
       tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb
-      hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb)
+      hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb tiny_bf16_fp32_residual_pp1)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Refusal: an artifact without kernels. (Kernels for another architecture
@@ -317,14 +317,22 @@ run)
     rc=$?
     if [ $rc = 1 ] && grep -q "needs one GPU each, but 1 GPU(s) are visible" "$logs/too_few_gpus.log"; then r=PASS; else r=FAIL; fi
     row "too few GPUs refused" $r "exit $rc: $(tail -1 "$logs/too_few_gpus.log" | cut -c1-150)"
-    # No kernels: one message, exit 1.
-    for case in "tiny_no_kernels:carries no CUDA kernels"; do
+    # No kernels, or an fp32 residual in a bf16 model (not on the GPU yet): one message, exit 1.
+    for case in "tiny_no_kernels:carries no CUDA kernels" \
+                "tiny_bf16_fp32_residual_pp1:which the CUDA backend does not run yet"; do
       name=${case%%:*}; expect=${case#*:}
       timeout 60 ./mhcrun "$name.mhcc" --backend cuda --data corpus.txt --steps 1 > "$logs/$name.log" 2>&1
       rc=$?
       if [ $rc = 1 ] && grep -q "$expect" "$logs/$name.log"; then r=PASS; else r=FAIL; fi
       row "$name refused" $r "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-150)"
     done
+    # Without --backend, an fp32 residual trains on the CPU backend, saying so.
+    timeout 120 ./mhcrun tiny_bf16_fp32_residual_pp1.mhcc --data corpus.txt --steps 1 --no-progress \
+      > "$logs/fp32_residual_auto.log" 2>&1
+    rc=$?
+    if [ $rc = 0 ] && grep -q "runs on the CPU backend in this release: using it" "$logs/fp32_residual_auto.log"; then
+      r=PASS; else r=FAIL; fi
+    row "fp32 residual, automatic backend" $r "exit $rc: $(head -1 "$logs/fp32_residual_auto.log" | cut -c1-150)"
     # Validation passes (--eval-interval) leave training unchanged on the GPU:
     # the same numbers as a run with the same --split and no passes.
     timeout 120 ./mhcrun tiny_pp1.mhcc --backend cuda --data corpus.txt --steps 4 --eval-interval 2 --no-progress \

@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A RECIPES=([tiny]=tiny_pp1 [tiny_pp2_vpp2]=tiny_pp2_vpp2 [tiny_pp4_vpp2]=tiny_pp4_vpp2
-                   [tiny_bf16]=tiny_bf16_pp1 [hybrid_tiny_pp2_vpp2]=hybrid_pp2_vpp2_empty
+                   [tiny_bf16]=tiny_bf16_pp1 [tiny_bf16_fp32_residual]=tiny_bf16_fp32_residual_pp1
+                   [hybrid_tiny_pp2_vpp2]=hybrid_pp2_vpp2_empty
                    [tiny_dp2_pp2_tp2_sp]=tiny_tp2_sp_dp2_pp2)
 targets=(//tools:mhcrun)
 for artifact in "${RECIPES[@]}"; do targets+=("//tests:$artifact"); done

@@ -53,6 +53,9 @@ struct StageSpec {
   int64_t params = 0;         // parameters the stage updates (the optimizer's work)
   /// Width per token of the stage's output boundary (0 for the last stage).
   int64_t outputWidth = 0;
+  /// Bytes per value of that boundary (an fp32 residual in a bf16 model
+  /// carries 4); 0: the spec's elementBytes.
+  int64_t outputElementBytes = 0;
   /// The tensor- and context-parallel collectives each compute step of the
   /// stage issues (runtime/program/Collectives.h; their time is in the
   /// step's): the schedule lists them right after the step.
@@ -71,7 +74,7 @@ struct ScheduleSpec {
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
-  int64_t elementBytes = 4;
+  int64_t elementBytes = 4; // activations (collectives); boundaries may differ (StageSpec)
   double linkBytesPerTime = 0; // P2P bandwidth; 0 = free communication
   double linkLatency = 0;      // per message
   double optimizerNsPerParam = 0; // OPTIM: the rank's stages' parameters x this

@@ -160,7 +160,12 @@ private:
   }
 
   int64_t messageBytes(const Instr &instr) const {
-    return instr.tokens * instr.width * spec_.elementBytes;
+    return instr.tokens * instr.width * boundaryElementBytes(std::min(instr.srcStage, instr.dstStage));
+  }
+
+  int64_t boundaryElementBytes(int64_t stage) const {
+    int64_t bytes = spec_.stages[stage].outputElementBytes;
+    return bytes > 0 ? bytes : spec_.elementBytes;
   }
 
   void track(int64_t r, int64_t delta) {
@@ -378,7 +383,7 @@ private:
       result_->peakInFlight[r] = std::max(result_->peakInFlight[r], st.inFlight);
       track(r, stage->savedBytes);
       if (s < stages_ - 1) {
-        int64_t out = spec_.tokens * stage->outputWidth * spec_.elementBytes;
+        int64_t out = spec_.tokens * stage->outputWidth * boundaryElementBytes(s);
         if (rankOf(s + 1) == r) {
           st.inBytes[{s + 1, instr.mb}] += out; // handed to the next chunk in place
         } else {
@@ -465,7 +470,7 @@ private:
   void releaseOutput(int64_t r, std::pair<int64_t, int64_t> key) {
     RankState &st = ranks_[r];
     if (st.outLive.erase(key))
-      track(r, -spec_.tokens * spec_.stages[key.first].outputWidth * spec_.elementBytes);
+      track(r, -spec_.tokens * spec_.stages[key.first].outputWidth * boundaryElementBytes(key.first));
   }
 
   /// The microbatch's backward is complete on this stage: its saved

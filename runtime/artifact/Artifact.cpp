@@ -347,6 +347,7 @@ StageProgram programFromJson(const json &j) {
 json toJson(const Artifact &a) {
   json model = write(a.model, MHCC_FIELDS(modelFields));
   model["training_flops_per_token"] = a.model.trainingFlopsPerToken;
+  model["residual_dtype"] = a.model.residualStorage();
   json stages = json::array();
   for (const StageProgram &s : a.stages)
     stages.push_back(toJson(s));
@@ -399,6 +400,10 @@ Artifact artifactFromJson(const json &j) {
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);
+  // Absent before the fp32 residual option: the residual is stored as the activations.
+  a.model.residualDtype = j.at("model").contains("residual_dtype")
+                              ? strictValue<std::string>(j.at("model").at("residual_dtype"), "residual_dtype")
+                              : a.model.dtype;
   a.modelHash = j.at("model_hash");
   a.params = readList<ParamInfo>(j.at("params"), MHCC_FIELDS(paramFields));
   for (size_t k = 0; k < a.params.size(); ++k)

@@ -55,6 +55,8 @@ public:
                std::to_string(a_.tp);
     if (m.dtype != "f32" && m.dtype != "bf16")
       return "unknown model dtype '" + m.dtype + "' (f32 or bf16)";
+    if (m.residualStorage() != m.dtype && m.residualStorage() != "f32")
+      return "residual dtype '" + m.residualStorage() + "' in a " + m.dtype + " model (the model's dtype, or f32)";
     for (const StageProgram &p : a_.stages)
       for (const ValueInfo &v : p.values)
         if ((v.dtype != "f32" && v.dtype != "bf16") || (m.dtype == "f32" && v.dtype != "f32"))

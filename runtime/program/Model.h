@@ -24,11 +24,17 @@ struct ModelInfo {
   /// Model FLOPs per trained token (forward + backward, the compiler's cost
   /// model; recompute not counted): what TFLOP/s and MFU are computed from.
   double trainingFlopsPerToken = 0;
+  /// The residual stream's storage (expand, post-res mix, residual add, and
+  /// their gradients) where it differs from dtype: "f32" in a bf16 model
+  /// (docs/precision.md); empty: as dtype. Read it through residualStorage().
+  std::string residualDtype;
 
   int64_t tokens() const { return seqLen * microBatch; }
   /// n*C: the width of the residual stream, hence of most pipeline boundaries.
   int64_t residualWidth() const { return streams * hidden; }
   int64_t dtypeBytes() const { return dtype == "bf16" ? 2 : 4; }
+  const std::string &residualStorage() const { return residualDtype.empty() ? dtype : residualDtype; }
+  int64_t residualBytes() const { return residualStorage() == "bf16" ? 2 : 4; }
 };
 
 } // namespace mhcc::runtime

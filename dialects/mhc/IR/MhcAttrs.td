@@ -10,7 +10,11 @@ def Mhc_ModelConfigAttr : Mhc_Attr<"ModelConfig", "config"> {
   let description = [{
     The model-wide sizes every op is checked against. `streams` is n, the
     number of residual streams (n = 1 is a plain residual model); `hidden` is
-    C; tokens per microbatch are `seq_len * micro_batch`.
+    C; tokens per microbatch are `seq_len * micro_batch`. `dtype` is the
+    element type of activations and GEMM operands; `residual_dtype`, when
+    present, that of the residual stream (expand, each hyper-connection's
+    result, the contract's input): f32 in a bf16 model is Megatron's
+    fp32-residual-connection (docs/precision.md). Absent, it is `dtype`.
 
     ```mlir
     #mhc.config<vocab = 256, hidden = 64, heads = 4, ffn_hidden = 176,
@@ -31,6 +35,7 @@ def Mhc_ModelConfigAttr : Mhc_Attr<"ModelConfig", "config"> {
     "::mlir::FloatAttr":$gating_factor,
     "::mlir::FloatAttr":$norm_eps,
     "::mlir::Type":$dtype,
+    OptionalParameter<"::mlir::Type">:$residual_dtype,
     "int64_t":$seed
   );
   let assemblyFormat = "`<` struct(params) `>`";
@@ -40,6 +45,10 @@ def Mhc_ModelConfigAttr : Mhc_Attr<"ModelConfig", "config"> {
     int64_t getTokens() const { return getSeqLen() * getMicroBatch(); }
     /// Width of the residual stream: n * C.
     int64_t getResidualWidth() const { return getStreams() * getHidden(); }
+    /// Element type of the residual stream: residual_dtype, else dtype.
+    ::mlir::Type getResidualElementType() const {
+      return getResidualDtype() ? getResidualDtype() : getDtype();
+    }
   }];
 }
 

@@ -29,7 +29,7 @@ LogicalResult ModelConfigAttr::verify(
     function_ref<InFlightDiagnostic()> emitError, int64_t vocab, int64_t hidden,
     int64_t heads, int64_t ffnHidden, int64_t seqLen, int64_t microBatch,
     int64_t streams, int64_t sinkhornIterations, FloatAttr gatingFactor,
-    FloatAttr normEps, Type dtype, int64_t seed) {
+    FloatAttr normEps, Type dtype, Type residualDtype, int64_t seed) {
   if (vocab < 2)
     return emitError() << "vocab must be at least 2, got " << vocab;
   if (hidden < 1 || heads < 1 || ffnHidden < 1 || seqLen < 1 || microBatch < 1)
@@ -56,6 +56,10 @@ LogicalResult ModelConfigAttr::verify(
     return emitError() << "norm_eps must be positive and finite";
   if (!dtype.isF32() && !dtype.isBF16())
     return emitError() << "dtype must be f32 or bf16, got " << dtype;
+  if (residualDtype && !residualDtype.isF32() && !residualDtype.isBF16())
+    return emitError() << "residual_dtype must be f32 or bf16, got " << residualDtype;
+  if (residualDtype && residualDtype.isBF16() && dtype.isF32())
+    return emitError() << "residual_dtype = bf16 needs dtype = bf16 (an f32 model keeps its residual in f32)";
   if (seed < 0)
     return emitError() << "seed must be non-negative";
   return success();

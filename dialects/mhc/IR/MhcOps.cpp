@@ -37,9 +37,13 @@ LogicalResult checkSameTokens(Operation *op, int64_t expected, int64_t got,
   return success();
 }
 
-LogicalResult checkSameElementType(Operation *op, Type a, Type b) {
-  if (getElementTypeOrSelf(a) != getElementTypeOrSelf(b))
-    return op->emitOpError() << "element types differ: " << a << " vs " << b;
+/// Checks that `type` holds the config's `expected` element type: dtype for
+/// activations, residual_dtype for the residual stream.
+LogicalResult checkElementType(Operation *op, StringRef what, Type type, Type expected,
+                               StringRef configField) {
+  if (getElementTypeOrSelf(type) != expected)
+    return op->emitOpError() << "element types differ from #mhc.config: " << what << " " << type
+                             << " must hold " << expected << " (" << configField << ")";
   return success();
 }
 
@@ -92,7 +96,9 @@ LogicalResult ExpandOp::verify() {
       failed(checkMatrix(*this, "input", getInput().getType(), inTokens, hidden)) ||
       failed(checkMatrix(*this, "result", getResult().getType(), outTokens, outWidth)) ||
       failed(checkSameTokens(*this, inTokens, outTokens, "result")) ||
-      failed(checkSameElementType(*this, getInput().getType(), getResult().getType())) ||
+      failed(checkElementType(*this, "input", getInput().getType(), config->getDtype(), "dtype")) ||
+      failed(checkElementType(*this, "result", getResult().getType(), config->getResidualElementType(),
+                              "residual_dtype")) ||
       failed(checkWidth(*this, "input", hidden, "C", config->getHidden())))
     return failure();
   return checkResidualWidth(*this, "result", outWidth, *config);
@@ -105,7 +111,9 @@ LogicalResult ContractOp::verify() {
       failed(checkMatrix(*this, "input", getInput().getType(), inTokens, width)) ||
       failed(checkMatrix(*this, "result", getResult().getType(), outTokens, hidden)) ||
       failed(checkSameTokens(*this, inTokens, outTokens, "result")) ||
-      failed(checkSameElementType(*this, getInput().getType(), getResult().getType())) ||
+      failed(checkElementType(*this, "input", getInput().getType(), config->getResidualElementType(),
+                              "residual_dtype")) ||
+      failed(checkElementType(*this, "result", getResult().getType(), config->getDtype(), "dtype")) ||
       failed(checkResidualWidth(*this, "input", width, *config)))
     return failure();
   return checkWidth(*this, "result", hidden, "C", config->getHidden());
@@ -128,11 +136,12 @@ LogicalResult HyperConnectionOp::verify() {
   FailureOr<ModelConfigAttr> config = configOf(*this);
   if (failed(config) ||
       failed(checkMatrix(*this, "residual", getResidual().getType(), tokens, width)) ||
-      failed(checkResidualWidth(*this, "residual", width, *config)))
+      failed(checkResidualWidth(*this, "residual", width, *config)) ||
+      failed(checkElementType(*this, "residual", getResidual().getType(), config->getResidualElementType(),
+                              "residual_dtype")))
     return failure();
-  auto residualType = cast<RankedTensorType>(getResidual().getType());
-  auto sublayerType =
-      RankedTensorType::get({tokens, config->getHidden()}, residualType.getElementType());
+  // The sublayer reads the pre-mix u in the activations' dtype.
+  auto sublayerType = RankedTensorType::get({tokens, config->getHidden()}, config->getDtype());
   Block &body = getBody().front();
   if (body.getNumArguments() != 1 || body.getArgument(0).getType() != sublayerType)
     return emitOpError() << "body must take one argument u of type " << sublayerType
@@ -219,7 +228,9 @@ LogicalResult MtpOp::verify() {
       failed(checkMatrix(*this, "residual", getResidual().getType(), tokens, width)) ||
       failed(checkSameTokens(*this, tokens, getTokens().getType().getDimSize(0), "tokens")) ||
       failed(checkSameTokens(*this, tokens, getLabels().getType().getDimSize(0), "labels")) ||
-      failed(checkResidualWidth(*this, "residual", width, *config)))
+      failed(checkResidualWidth(*this, "residual", width, *config)) ||
+      failed(checkElementType(*this, "residual", getResidual().getType(), config->getResidualElementType(),
+                              "residual_dtype")))
     return failure();
   if (!(getLossWeight().convertToDouble() > 0.0))
     return emitOpError() << "loss_weight must be positive";

@@ -54,8 +54,9 @@ def Mhc_HyperConnectionOp : Mhc_Op<"hyper_connection", [
     `H_post = 2 sigmoid(h[n:2n])`, `H_res = Sinkhorn(h[2n:])` after
     `sinkhorn_iterations` row/column normalizations (n, the iterations and
     the alphas' initial `gating_factor` come from #mhc.config). The body receives
-    `u = sum_i H_pre[i] x_i` (tensor<T x C>) and yields the sublayer output
-    y; the result is `x'_i = sum_j H_res[i][j] x_j + H_post[i] y`.
+    `u = sum_i H_pre[i] x_i` (tensor<T x C> of the config's dtype) and yields
+    the sublayer output y; the result is `x'_i = sum_j H_res[i][j] x_j +
+    H_post[i] y`, of the residual stream's type (residual_dtype).
 
     With `streams = 1` in the config it is a plain pre-norm residual: `x' = x + body(x)`.
     `layer` is the transformer layer (a pair of a token mixer, attention or

@@ -288,3 +288,23 @@ func.func @gdn_partial_sequence(%x: tensor<6x8xf32>) attributes {mhc.config = #m
   %y = mhc.gated_delta_net %x {node = "l0.gdn.gdn"} : tensor<6x8xf32>
   return
 }
+
+// -----
+
+// With residual_dtype = f32 in a bf16 model the residual stream is f32.
+func.func @residual_not_f32(%e: tensor<4x8xbf16>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  // expected-error @+1 {{element types differ from #mhc.config: result 'tensor<4x16xbf16>' must hold 'f32' (residual_dtype)}}
+  %x = mhc.expand %e {node = "expand"} : tensor<4x8xbf16> -> tensor<4x16xbf16>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{residual_dtype = bf16 needs dtype = bf16 (an f32 model keeps its residual in f32)}}
+func.func @residual_narrower(%e: tensor<4x8xf32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, residual_dtype = bf16, seed = 7>} {
+  return
+}

@@ -69,6 +69,25 @@ func.func @plain_bf16(%x: tensor<2x8xbf16>) -> tensor<2x8xbf16>
 
 // -----
 
+// An fp32 residual around bf16 activations (residual_dtype): the wrapper's
+// residual is f32, its body reads and yields bf16.
+// CHECK-LABEL: func.func @fp32_residual
+// CHECK-SAME: dtype = bf16, residual_dtype = f32
+// CHECK: mhc.hyper_connection %{{.*}} {layer = 0 : i64, node = "l0.mlp"} : tensor<2x16xf32>
+func.func @fp32_residual(%x: tensor<2x16xf32>) -> tensor<2x16xf32>
+    attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 16,
+        seq_len = 2, micro_batch = 1, streams = 2, sinkhorn_iterations = 1,
+        gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  %r = mhc.hyper_connection %x {node = "l0.mlp", layer = 0} : tensor<2x16xf32> {
+  ^bb0(%u: tensor<2x8xbf16>):
+    %y = mhc.swiglu_mlp %u {node = "mlp"} : tensor<2x8xbf16>
+    mhc.yield %y : tensor<2x8xbf16>
+  }
+  return %r : tensor<2x16xf32>
+}
+
+// -----
+
 // A Gated DeltaNet sublayer: the hyper-connection reports it as "gdn".
 // CHECK-LABEL: func.func @gdn_sublayer
 // CHECK: mhc.hyper_connection %{{.*}}node = "l0.gdn"
