@@ -9,28 +9,49 @@
 
 // ---- RMSNorm ----------------------------------------------------------------------------
 
-extern "C" __global__ void mhcc_rms_norm_stats(const float *squares, float *aux, int64_t rows, int64_t C, float eps) {
-  int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t < rows)
-    aux[t] = 1.0f / sqrtf(squares[t] / float(C) + eps);
-}
-
-extern "C" __global__ void mhcc_rms_norm_apply(const act_t *u, const act_t *gain, const float *aux, act_t *y,
-                                               int64_t rows, int64_t C) {
-  if (C % kVec == 0 && aligned16(u) && aligned16(gain) && aligned16(y)) {
-    for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
-      const float s = aux[i / C];
-      float uv[kVec], gv[kVec], out[kVec];
-      loadVec(u + i, uv);
-      loadVec(gain + i % C, gv);
+/// One warp per row (any block of whole warps up to kThreads): the row's
+/// sum of squares in mhcc_row_squares's order (a lane's elements c = lane,
+/// lane + 32, ..., then the butterfly), aux[t] = 1 / sqrt(mean + eps), then
+/// y = u s gain over the row again (from L2, 16 bytes a lane). The bits of
+/// the three launches it replaced (row squares, statistics, apply), with one
+/// read of u from DRAM instead of two and no launches between.
+extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *gain, float *aux, act_t *y,
+                                                 int64_t rows, int64_t C, float eps) {
+  constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
+  __shared__ uint4 staged[kThreads / 32][E / kVec];
+  int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  if (t >= rows)
+    return;
+  const act_t *row = u + t * C;
+  act_t *const buf = reinterpret_cast<act_t *>(staged[threadIdx.x / 32]);
+  const bool vec = C % kVec == 0 && aligned16(u) && aligned16(gain) && aligned16(y);
+  float sq = 0;
+  warpStream<kTiles, 1>(&row, &buf, C, vec, lane, [&](int64_t, int n) {
+    for (int j = 0; j < E / 32; ++j) {
+      const int k = lane + 32 * j;
+      if (k < n)
+        sq += load(buf[k]) * load(buf[k]);
+    }
+  });
+  sq = warpSum(sq);
+  const float s = 1.0f / sqrtf(sq / float(C) + eps);
+  if (lane == 0)
+    aux[t] = s;
+  act_t *out = y + t * C;
+  if (vec) {
+    for (int64_t c = int64_t(lane) * kVec; c < C; c += 32 * kVec) {
+      float uv[kVec], gv[kVec], o[kVec];
+      loadVec(row + c, uv);
+      loadVec(gain + c, gv);
       for (int k = 0; k < kVec; ++k)
-        out[k] = uv[k] * s * gv[k];
-      storeVec(y + i, out);
+        o[k] = uv[k] * s * gv[k];
+      storeVec(out + c, o);
     }
     return;
   }
-  for (int64_t i = gridThread(); i < rows * C; i += gridThreads())
-    store(&y[i], load(u[i]) * aux[i / C] * load(gain[i % C]));
+  for (int64_t c = lane; c < C; c += 32)
+    store(&out[c], load(row[c]) * s * load(gain[c]));
 }
 
 /// One warp per row (any block of whole warps up to kThreads).

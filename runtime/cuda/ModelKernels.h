@@ -49,8 +49,7 @@ namespace mhcc::runtime::cuda {
   X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
   X(ResidualForward, "mhcc_residual_forward")                                                     \
   X(ResidualBackward, "mhcc_residual_backward")                                                   \
-  X(RmsNormStats, "mhcc_rms_norm_stats")                                                          \
-  X(RmsNormApply, "mhcc_rms_norm_apply")                                                          \
+  X(RmsNormForward, "mhcc_rms_norm_forward")                                                      \
   X(RmsNormBackwardRow, "mhcc_rms_norm_backward_row")                                             \
   X(RmsNormGainGradPartials, "mhcc_rms_norm_gain_grad_partials")                                  \
   X(Rope, "mhcc_rope")                                                                            \
@@ -70,7 +69,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 7;
+inline constexpr int kModelKernelsAbi = 8;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
