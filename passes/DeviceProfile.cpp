@@ -178,20 +178,25 @@ double DeviceProfile::backwardMs(UnitKind kind, double flops, int64_t tokens) co
 }
 
 namespace {
-double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, bool forward) {
+double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, int64_t tp, bool sequenceParallel,
+              bool forward) {
   const double scale = forward ? 1 : 2, flops = scale * cost.forwardFlopsPerToken * tokens;
   if (!p.units.count(UnitKind::MhcMixing) || cost.mixings == 0)
-    return unitMs(p, cost.kind, flops, tokens, forward);
+    return unitMs(p, cost.kind, flops, tokens, forward) / double(tp);
   const double mixing = scale * cost.mixingFlopsPerToken * tokens;
-  return unitMs(p, cost.kind, flops - mixing, tokens, forward) +
-         double(cost.mixings) * unitMs(p, UnitKind::MhcMixing, mixing / double(cost.mixings), tokens, forward);
+  const int64_t mixedRows = sequenceParallel ? tokens / tp : tokens;
+  const double mixingEach = mixing / double(cost.mixings) * double(mixedRows) / double(tokens);
+  return unitMs(p, cost.kind, flops - mixing, tokens, forward) / double(tp) +
+         double(cost.mixings) * unitMs(p, UnitKind::MhcMixing, mixingEach, mixedRows, forward);
 }
 } // namespace
 
-double DeviceProfile::forwardMs(const UnitCost &cost, int64_t tokens) const { return costMs(*this, cost, tokens, true); }
+double DeviceProfile::forwardMs(const UnitCost &cost, int64_t tokens, int64_t tp, bool sequenceParallel) const {
+  return costMs(*this, cost, tokens, tp, sequenceParallel, true);
+}
 
-double DeviceProfile::backwardMs(const UnitCost &cost, int64_t tokens) const {
-  return costMs(*this, cost, tokens, false);
+double DeviceProfile::backwardMs(const UnitCost &cost, int64_t tokens, int64_t tp, bool sequenceParallel) const {
+  return costMs(*this, cost, tokens, tp, sequenceParallel, false);
 }
 
 std::string DeviceProfile::describe() const {

@@ -258,11 +258,12 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
       return op.emitOpError() << "has no " << pipe::kStageAttr << " (run -pipe-partition first)";
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
-    // Tensor parallelism is assumed to split the work and the activations
-    // evenly (its collectives are priced by addCollectives); a rank holds
-    // 1 / tp of the GEMM weights and all of the rest.
-    const double backward = profile.backwardMs(cost, computedTokens) / tp;
-    stage.forwardTime += profile.forwardMs(cost, computedTokens) / tp;
+    // Tensor parallelism splits the GEMMs and heads evenly, not the mHC
+    // mixing, which only sequence parallelism splits (DeviceProfile; its
+    // collectives are priced by addCollectives); a rank holds 1 / tp of the
+    // GEMM weights and all of the rest.
+    const double backward = profile.backwardMs(cost, computedTokens, tp, sequenceParallel);
+    stage.forwardTime += profile.forwardMs(cost, computedTokens, tp, sequenceParallel);
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))

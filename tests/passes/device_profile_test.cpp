@@ -84,6 +84,32 @@ TEST(DeviceProfile, TheMixingMeasuredApartIsPricedAtItsOwnRate) {
   EXPECT_NEAR(p->forwardMs(mtp, 128), rest + 2 * 1.0, 1e-9);
 }
 
+// Under tensor parallelism a rank does 1 / tp of a sublayer's GEMMs and
+// heads but mixes every row of the residual (replicated over the group),
+// unless sequence parallelism gives it 1 / tp of the rows.
+TEST(DeviceProfile, TensorParallelRanksSplitTheSublayerNotTheMixing) {
+  const std::string measured = R"({"format": "mhcc-device-profile-v1", "name": "m", "source": "a run",
+    "measured_on": {"vocab": 256, "hidden": 64, "heads": 4, "ffn_hidden": 176, "seq_len": 128,
+                    "micro_batch": 1, "streams": 4, "sinkhorn_iterations": 20},
+    "unit_ms": {"attention": {"forward": 2.0, "backward": 5.0}, "mhc": {"forward": 1.0, "backward": 3.0}}})";
+  std::string error;
+  std::optional<DeviceProfile> p = parseDeviceProfile(measured, error);
+  ASSERT_TRUE(p) << error;
+  ModelInfo dims;
+  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
+  dims.streams = 4, dims.sinkhornIterations = 20;
+  const UnitCost sublayer = unitCost(UnitKind::AttentionSublayer, dims);
+  // One measurement: the attention's time is all rate (no fixed part to keep whole).
+  EXPECT_NEAR(p->forwardMs(sublayer, 128, 2), 2.0 / 2 + 1.0, 1e-12);
+  EXPECT_NEAR(p->backwardMs(sublayer, 128, 2), 5.0 / 2 + 3.0, 1e-12);
+  EXPECT_NEAR(p->forwardMs(sublayer, 128, 2, true), 2.0 / 2 + 1.0 / 2, 1e-12);
+  EXPECT_NEAR(p->backwardMs(sublayer, 128, 4, true), 5.0 / 4 + 3.0 / 4, 1e-12);
+  // A profile without the mixing apart splits the whole unit, as before.
+  std::optional<DeviceProfile> whole = parseDeviceProfile(kMeasured, error);
+  ASSERT_TRUE(whole) << error;
+  EXPECT_NEAR(whole->forwardMs(sublayer, 128, 2), 2.0 / 2, 1e-12);
+}
+
 TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {
   std::string error;
   std::optional<DeviceProfile> p = parseDeviceProfile(kMeasured, error);
