@@ -95,8 +95,11 @@ void rope(const ModelKernels &k, A *qkv, const int32_t *positions, int64_t rows,
   // One thread per (row, q or k, 4 pairs) where the head dim allows (any grid
   // is correct: the kernel loops grid-stride).
   const int64_t pairs = C / heads / 2;
-  k.launch(ModelKernel::Rope, blocks(rows * 2 * ((pairs + 3) / 4)), 1, kThreads, s, qkv, positions, rows, C, heads,
-           seq, int(inverse), int64_t(3 * C));
+  const float *table = k.ropeTable(seq, C / heads, s);
+  if (!table)
+    return; // the launch error names it (ModelKernels::takeError)
+  k.launch(ModelKernel::Rope, blocks(rows * 2 * ((pairs + 3) / 4)), 1, kThreads, s, qkv, positions, table, rows, C,
+           heads, seq, int(inverse), int64_t(3 * C));
 }
 
 } // namespace

@@ -155,32 +155,46 @@ __device__ __forceinline__ void ropeAngle(int64_t pos, double freq, int inverse,
     s = -s;
 }
 
-/// The block computes the pairs' frequencies once (shared memory, up to
-/// kRopeMaxPairs pairs). Where the head dim is a multiple of 8 (and C and
-/// rowStride of kVec): one thread per (row, q or k, kRopePairs pairs), the
-/// angles computed once and applied to every head, kRopeHeads heads' loads in
-/// flight at a time. Else one thread per pair.
-constexpr int kRopePairs = 4, kRopeHeads = kVec, kRopeMaxPairs = 256;
+/// table[pos * pairs + j] = (cos, sin) of position pos and pair j, as
+/// ropeAngle computes them (double arguments, float results): the model's
+/// rotations once per device (ModelKernels::ropeTable), so mhcc_rope reads
+/// them instead of evaluating double cos and sin for every token.
+extern "C" __global__ void mhcc_rope_table(float2 *table, int64_t seq, int64_t d) {
+  const int64_t pairs = d / 2;
+  for (int64_t i = gridThread(); i < seq * pairs; i += gridThreads()) {
+    float c, s;
+    ropeAngle(i / pairs, ropeFreq(i % pairs, d), 0, c, s);
+    table[i] = make_float2(c, s);
+  }
+}
+
+/// The rotation of position pos, pair j from the table (its inverse: -sin,
+/// as ropeAngle negates it).
+__device__ __forceinline__ void ropeFromTable(const float2 *table, int64_t pos, int64_t pairs, int64_t j,
+                                              int inverse, float &c, float &s) {
+  const float2 cs = table[pos * pairs + j];
+  c = cs.x;
+  s = inverse ? -cs.y : cs.y;
+}
+
+/// Where the head dim is a multiple of 8 (and C and rowStride of kVec): one
+/// thread per (row, q or k, kRopePairs pairs), the rotations read once and
+/// applied to every head, kRopeHeads heads' loads in flight at a time. Else
+/// one thread per pair. table: mhcc_rope_table's for seq and C / heads.
+constexpr int kRopePairs = 4, kRopeHeads = kVec;
 constexpr int kRopeVecs = 2 * kRopePairs / kVec; // 16-byte vectors a head's kRopePairs pairs take
 
-extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, int64_t rows, int64_t C, int64_t heads,
-                                     int64_t seq, int inverse, int64_t rowStride) {
-  __shared__ double freqs[kRopeMaxPairs];
+extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, const float2 *table, int64_t rows,
+                                     int64_t C, int64_t heads, int64_t seq, int inverse, int64_t rowStride) {
   const int64_t d = C / heads, pairs = d / 2;
-  const bool cached = pairs <= kRopeMaxPairs;
-  if (cached) {
-    for (int64_t j = threadIdx.x; j < pairs; j += blockDim.x)
-      freqs[j] = ropeFreq(j, d);
-    __syncthreads();
-  }
   if (d % (2 * kRopePairs) == 0 && C % kVec == 0 && rowStride % kVec == 0 && aligned16(qkv)) {
     const int64_t groups = pairs / kRopePairs;
     for (int64_t q = gridThread(); q < rows * 2 * groups; q += gridThreads()) {
       const int64_t t = q / (2 * groups), which = q / groups % 2, j0 = q % groups * kRopePairs;
+      const int64_t pos = ropePosition(positions, t, seq);
       float c[kRopePairs], s[kRopePairs];
       for (int p = 0; p < kRopePairs; ++p)
-        ropeAngle(ropePosition(positions, t, seq), cached ? freqs[j0 + p] : ropeFreq(j0 + p, d), inverse, c[p],
-                  s[p]);
+        ropeFromTable(table, pos, pairs, j0 + p, inverse, c[p], s[p]);
       act_t *v = qkv + t * rowStride + which * C + 2 * j0;
       for (int64_t h0 = 0; h0 < heads; h0 += kRopeHeads) {
         uint4 raw[kRopeHeads][kRopeVecs];
@@ -211,7 +225,7 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, int64
     int64_t which = rest / (heads * pairs); // 0: q, 1: k
     int64_t h = (rest / pairs) % heads, j = rest % pairs;
     float c, s;
-    ropeAngle(ropePosition(positions, t, seq), cached ? freqs[j] : ropeFreq(j, d), inverse, c, s);
+    ropeFromTable(table, ropePosition(positions, t, seq), pairs, j, inverse, c, s);
     act_t *v = qkv + t * rowStride + which * C + h * d + 2 * j;
     float a = load(v[0]), b = load(v[1]);
     store(&v[0], a * c - b * s);

@@ -6,6 +6,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 namespace mhcc::runtime::cuda {
 namespace {
 
@@ -141,8 +143,26 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
 }
 
 ModelKernels::~ModelKernels() {
+  for (auto &[key, table] : ropeTables_)
+    cudaFree(table);
   if (module_)
     driver().moduleUnload(module_);
+}
+
+const float *ModelKernels::ropeTable(int64_t seq, int64_t d, cudaStream_t stream) const {
+  float *&table = ropeTables_[{seq, d}];
+  if (!table) {
+    const int64_t count = seq * (d / 2);
+    if (cudaMalloc(&table, std::max<int64_t>(count, 1) * 2 * sizeof(float)) != cudaSuccess) {
+      table = nullptr;
+      if (firstError_.empty())
+        firstError_ = "out of GPU memory for the rotary table";
+      return nullptr;
+    }
+    launch(ModelKernel::RopeTable, unsigned(std::min<int64_t>((count + 255) / 256, 4096)), 1, 256, stream, table,
+           seq, d);
+  }
+  return table;
 }
 
 void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block,

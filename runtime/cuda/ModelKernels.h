@@ -12,8 +12,10 @@
 #define MHCC_RUNTIME_CUDA_MODELKERNELS_H
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUmod_st *CUmodule;
@@ -53,6 +55,7 @@ namespace mhcc::runtime::cuda {
   X(RmsNormBackwardRow, "mhcc_rms_norm_backward_row")                                             \
   X(RmsNormGainGradPartials, "mhcc_rms_norm_gain_grad_partials")                                  \
   X(Rope, "mhcc_rope")                                                                            \
+  X(RopeTable, "mhcc_rope_table")                                                                 \
   X(CausalSoftmax, "mhcc_causal_softmax")                                                         \
   X(CausalSoftmaxBackward, "mhcc_causal_softmax_backward")                                        \
   X(SwigluGate, "mhcc_swiglu_gate")                                                               \
@@ -69,7 +72,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 8;
+inline constexpr int kModelKernelsAbi = 9;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
@@ -104,6 +107,12 @@ public:
   /// "" or the first failed launch since the last call (then cleared).
   std::string takeError() const;
 
+  /// mhcc_rope's rotations for sequences of `seq` tokens and head dim `d`
+  /// ([seq x d / 2] (cos, sin) pairs of floats), made on `stream` the first
+  /// time they are asked for and kept with the module; null if out of
+  /// memory.
+  const float *ropeTable(int64_t seq, int64_t d, cudaStream_t stream) const;
+
 private:
   ModelKernels() = default;
   void launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, cudaStream_t stream,
@@ -112,6 +121,7 @@ private:
   CUmodule module_ = nullptr;
   CUfunction functions_[int(ModelKernel::Count)] = {};
   mutable std::string firstError_;
+  mutable std::map<std::pair<int64_t, int64_t>, float *> ropeTables_;
 };
 
 } // namespace mhcc::runtime::cuda
