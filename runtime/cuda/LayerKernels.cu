@@ -12,13 +12,18 @@
 /// One warp per row (any block of whole warps up to kThreads): the row's
 /// sum of squares in mhcc_row_squares's order (a lane's elements c = lane,
 /// lane + 32, ..., then the butterfly), aux[t] = 1 / sqrt(mean + eps), then
-/// y = u s gain over the row again (from L2, 16 bytes a lane). The bits of
-/// the three launches it replaced (row squares, statistics, apply), with one
-/// read of u from DRAM instead of two and no launches between.
+/// y = u s gain. The bits of the three launches it replaced (row squares,
+/// statistics, apply). A row of up to kNormResident 16-byte vectors a lane
+/// (C = 2048 in bf16) is loaded at once and kept in registers (copied to
+/// shared memory for the sum's order); longer rows stream through shared
+/// memory and are read again, from L2, for y.
+constexpr int kNormResident = 8;
+
 extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *gain, float *aux, act_t *y,
                                                  int64_t rows, int64_t C, float eps) {
   constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
-  __shared__ uint4 staged[kThreads / 32][E / kVec];
+  static_assert(E / kVec <= 32 * kNormResident, "the streamed stage fits the resident row's buffer");
+  __shared__ uint4 staged[kThreads / 32][32 * kNormResident];
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (t >= rows)
@@ -26,7 +31,36 @@ extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *ga
   const act_t *row = u + t * C;
   act_t *const buf = reinterpret_cast<act_t *>(staged[threadIdx.x / 32]);
   const bool vec = C % kVec == 0 && aligned16(u) && aligned16(gain) && aligned16(y);
+  act_t *out = y + t * C;
   float sq = 0;
+  if (vec && C <= 32 * kNormResident * kVec) {
+    const int vectors = int(C / kVec); // lane l holds vectors l, l + 32, ...
+    uint4 r[kNormResident];
+    for (int v = 0; v < kNormResident; ++v)
+      if (lane + 32 * v < vectors)
+        r[v] = *reinterpret_cast<const uint4 *>(row + (lane + 32 * v) * kVec);
+    for (int v = 0; v < kNormResident; ++v)
+      if (lane + 32 * v < vectors)
+        staged[threadIdx.x / 32][lane + 32 * v] = r[v];
+    __syncwarp();
+    for (int64_t c = lane; c < C; c += 32)
+      sq += load(buf[c]) * load(buf[c]);
+    sq = warpSum(sq);
+    const float s = 1.0f / sqrtf(sq / float(C) + eps);
+    if (lane == 0)
+      aux[t] = s;
+    for (int v = 0; v < kNormResident; ++v)
+      if (lane + 32 * v < vectors) {
+        const int64_t c = int64_t(lane + 32 * v) * kVec;
+        float uv[kVec], gv[kVec], o[kVec];
+        unpackVec(r[v], uv);
+        loadVec(gain + c, gv);
+        for (int k = 0; k < kVec; ++k)
+          o[k] = uv[k] * s * gv[k];
+        storeVec(out + c, o);
+      }
+    return;
+  }
   warpStream<kTiles, 1>(&row, &buf, C, vec, lane, [&](int64_t, int n) {
     for (int j = 0; j < E / 32; ++j) {
       const int k = lane + 32 * j;
@@ -38,7 +72,6 @@ extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *ga
   const float s = 1.0f / sqrtf(sq / float(C) + eps);
   if (lane == 0)
     aux[t] = s;
-  act_t *out = y + t * C;
   if (vec) {
     for (int64_t c = int64_t(lane) * kVec; c < C; c += 32 * kVec) {
       float uv[kVec], gv[kVec], o[kVec];
