@@ -115,7 +115,9 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                        " tokens a microbatch outside the GEMMs (all-gather before the column-parallel ones, "
                        "reduce-scatter after the row-parallel ones)"
                  : std::string("every rank holds the whole microbatch (all-reduce after the row-parallel GEMMs)"))
-         << "; the time assumes an even split, each collective priced as a ring over the link\n";
+         << "; the time splits the GEMMs and heads evenly and keeps the mixing, expand, contract and final norm "
+            "whole on every rank unless sequence parallelism shards their rows, each collective priced as a ring "
+            "over the link\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {

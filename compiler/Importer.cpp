@@ -20,7 +20,7 @@ public:
                                      : Type(builder_.getF32Type());
     tokens_ = c.tokens();
     hiddenType_ = RankedTensorType::get({tokens_, c.hidden}, elementType_);
-    residualElementType_ = c.residualDtype == "bf16" ? Type(builder_.getBF16Type())
+    residualElementType_ = c.residualStorage() == "bf16" ? Type(builder_.getBF16Type())
                                                      : Type(builder_.getF32Type());
     residualType_ = RankedTensorType::get({tokens_, c.residualWidth()}, residualElementType_);
     logitsType_ = RankedTensorType::get({tokens_, c.vocab}, elementType_);

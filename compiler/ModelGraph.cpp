@@ -182,7 +182,7 @@ ModelConfig parseConfig(const json &root) {
   c.residualDtype = reader.oneOf("residual_dtype", c.dtype, {"f32", "bf16"});
   c.seed = reader.integer("seed", 1234, 0);
   reader.rejectUnknown();
-  if (c.residualDtype == "bf16" && c.dtype == "f32")
+  if (c.residualStorage() == "bf16" && c.dtype == "f32")
     fail("/config/residual_dtype", "residual_dtype \"bf16\" needs dtype \"bf16\": an f32 model keeps its "
                                    "residual stream in f32");
   if (c.hidden % c.heads != 0)

@@ -33,10 +33,13 @@ struct ModelConfig {
   double gatingFactor = 0.01;
   double normEps = 1e-6;
   std::string dtype = "f32";
-  /// The residual stream's storage: dtype, or "f32" in a bf16 model
-  /// (Megatron's fp32-residual-connection; docs/precision.md).
-  std::string residualDtype = "f32";
+  /// The residual stream's storage where it differs from dtype: "f32" in a
+  /// bf16 model (Megatron's fp32-residual-connection; docs/precision.md);
+  /// empty: as dtype. Read it through residualStorage().
+  std::string residualDtype;
   int64_t seed = 1234;
+
+  const std::string &residualStorage() const { return residualDtype.empty() ? dtype : residualDtype; }
 
   int64_t tokens() const { return seqLen * microBatch; }
   int64_t residualWidth() const { return streams * hidden; }

@@ -72,6 +72,19 @@ double attentionFlops(const ModelInfo &d) {
 
 } // namespace
 
+bool splitByTensorParallelism(UnitKind kind) {
+  switch (kind) {
+  case UnitKind::Embedding: // vocabulary-parallel: every rank writes every row (masked), then the sum
+  case UnitKind::Expand:
+  case UnitKind::Contract:
+  case UnitKind::FinalNorm:
+  case UnitKind::MhcMixing:
+    return false;
+  default:
+    return true;
+  }
+}
+
 UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   UnitCost u;
   u.kind = kind;
@@ -95,6 +108,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = n * c;
     // Input residual, u, normed u, Q, K, V, attention output, softmax stats.
     u.savedBytesPerToken = residual + bytes * (6 * c + d.heads);
+    u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;
@@ -108,6 +122,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     // and on the GPU its scans' U, W and chunk states for the backward, (2 + D / 64) C (GdnWy.cu).
     u.savedBytesPerToken =
         residual + bytes * 2 * c + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
+    u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;
@@ -118,6 +133,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = n * c;
     // Input residual, u, normed u, gate and up projections, their product.
     u.savedBytesPerToken = residual + bytes * (2 * c + 3 * f);
+    u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
     u.mixings = 1;
     break;
@@ -129,13 +145,13 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.params = c;
     u.forwardFlopsPerToken = norm;
     u.outputWidth = c;
-    u.savedBytesPerToken = bytes * c;
+    u.savedBytesPerToken = u.replicatedSavedBytesPerToken = bytes * c;
     break;
   case UnitKind::LmHead:
     u.params = u.splitParams = c * v;
     u.forwardFlopsPerToken = 2.0 * c * v;
     u.outputWidth = v;
-    u.savedBytesPerToken = bytes * c;
+    u.savedBytesPerToken = u.replicatedSavedBytesPerToken = bytes * c; // its input
     break;
   case UnitKind::Loss:
     u.forwardFlopsPerToken = 4.0 * v;
@@ -158,6 +174,8 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = 1;
     u.savedBytesPerToken = attention.savedBytesPerToken +
                            mlp.savedBytesPerToken + bytes * (4 * c + v);
+    u.replicatedSavedBytesPerToken =
+        attention.replicatedSavedBytesPerToken + mlp.replicatedSavedBytesPerToken + bytes * 4 * c;
     break;
   }
   case UnitKind::MhcMixing:

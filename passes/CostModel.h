@@ -64,7 +64,19 @@ struct UnitCost {
   int64_t outputWidth = 0;
   /// Bytes per token kept from forward to backward (without recompute).
   int64_t savedBytesPerToken = 0;
+  /// Of savedBytesPerToken: what every tensor-parallel rank keeps whole (the
+  /// residual, u, normed u, the LM head's input), unless sequence
+  /// parallelism shards its rows; the rest (projections, attention and FFN
+  /// internals, logits) splits over the group.
+  int64_t replicatedSavedBytesPerToken = 0;
 };
+
+/// Whether tensor parallelism splits a unit's compute over the group (the
+/// sublayers' and MTP's GEMMs and heads, the vocabulary of the LM head and
+/// loss); the embedding (every rank writes every row of its masked lookup),
+/// expand, contract, the final norm and the mixing run on every rank's rows:
+/// all of them, or 1 / tp under sequence parallelism.
+bool splitByTensorParallelism(UnitKind kind);
 
 /// Cost of one unit of `kind` for a model of size `dims`.
 UnitCost unitCost(UnitKind kind, const ModelInfo &dims);

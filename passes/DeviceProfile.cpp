@@ -178,16 +178,28 @@ double DeviceProfile::backwardMs(UnitKind kind, double flops, int64_t tokens) co
 }
 
 namespace {
+/// One of `tp` tensor-parallel ranks: a split unit's FLOPs (and tokens, for
+/// per-token rates) divided by tp, replicated work over the rank's rows (all,
+/// or 1 / tp under sequence parallelism), the mixing replicated too and
+/// priced at its own rate where the profile measured it ("mhc"), else at the
+/// unit's; every launch's fixed overhead is every rank's, whole.
 double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, int64_t tp, bool sequenceParallel,
               bool forward) {
   const double scale = forward ? 1 : 2, flops = scale * cost.forwardFlopsPerToken * tokens;
-  if (!p.units.count(UnitKind::MhcMixing) || cost.mixings == 0)
-    return unitMs(p, cost.kind, flops, tokens, forward) / double(tp);
   const double mixing = scale * cost.mixingFlopsPerToken * tokens;
-  const int64_t mixedRows = sequenceParallel ? tokens / tp : tokens;
-  const double mixingEach = mixing / double(cost.mixings) * double(mixedRows) / double(tokens);
-  return unitMs(p, cost.kind, flops - mixing, tokens, forward) / double(tp) +
-         double(cost.mixings) * unitMs(p, UnitKind::MhcMixing, mixingEach, mixedRows, forward);
+  const int64_t rows = sequenceParallel ? tokens / tp : tokens;
+  const double rowShare = double(rows) / double(tokens);
+  const bool split = splitByTensorParallelism(cost.kind);
+  const bool mixingApart = p.units.count(UnitKind::MhcMixing) && cost.mixings > 0;
+  // The unit's own work: its FLOPs less the mixing where that is priced apart.
+  double own = mixingApart ? flops - mixing : flops;
+  if (tp > 1)
+    own = split ? (flops - mixing) / double(tp) + (mixingApart ? 0 : mixing * rowShare) : own * rowShare;
+  const double ms = unitMs(p, cost.kind, own, split ? tokens / tp : rows, forward);
+  if (!mixingApart)
+    return ms;
+  const double mixingEach = mixing / double(cost.mixings) * double(rows) / double(tokens);
+  return ms + double(cost.mixings) * unitMs(p, UnitKind::MhcMixing, mixingEach, rows, forward);
 }
 } // namespace
 

@@ -72,9 +72,11 @@ struct DeviceProfile {
   /// twice the forward's FLOPs) on one of `tp` tensor-parallel ranks:
   /// where the profile measured the residual mixing apart ("mhc"), the
   /// unit's mixing is priced at that rate, once per mixing, and the rest at
-  /// the unit's. A tensor-parallel rank does 1 / tp of the rest (its GEMMs
-  /// and heads), and all of the mixing (replicated over the group) unless
-  /// sequence parallelism gives it tokens / tp of the rows to mix.
+  /// the unit's. A tensor-parallel rank does 1 / tp of a split unit's rest
+  /// (splitByTensorParallelism: its GEMMs and heads) and all of the
+  /// replicated work (the mixing, expand, contract, the final norm) unless
+  /// sequence parallelism gives it tokens / tp of the rows; each unit's fixed
+  /// overhead stays whole.
   double forwardMs(const UnitCost &cost, int64_t tokens, int64_t tp = 1, bool sequenceParallel = false) const;
   double backwardMs(const UnitCost &cost, int64_t tokens, int64_t tp = 1, bool sequenceParallel = false) const;
   /// "device profile h200-bf16 (SOURCE)", or the nominal rates.

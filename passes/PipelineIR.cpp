@@ -259,16 +259,20 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     UnitCost cost = unitCost(*kind, *dims);
     pipeline::StageSpec &stage = spec.stages[stageAttr.getInt()];
     // Tensor parallelism splits the GEMMs and heads evenly, not the mHC
-    // mixing, which only sequence parallelism splits (DeviceProfile; its
-    // collectives are priced by addCollectives); a rank holds 1 / tp of the
-    // GEMM weights and all of the rest.
+    // mixing, expand, contract or final norm, which only sequence
+    // parallelism splits (DeviceProfile; its collectives are priced by
+    // addCollectives); a rank holds 1 / tp of the GEMM weights and of the
+    // GEMMs' saved activations, and all of the rest (the residual, u and
+    // normed u whole unless sequence parallelism shards their rows).
     const double backward = profile.backwardMs(cost, computedTokens, tp, sequenceParallel);
     stage.forwardTime += profile.forwardMs(cost, computedTokens, tp, sequenceParallel);
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
     for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))
       collectiveSteps[stageAttr.getInt()].push_back(step);
-    stage.savedBytes += cost.savedBytesPerToken * computedTokens / tp;
+    const int64_t replicatedRows = sequenceParallel ? computedTokens / tp : computedTokens;
+    stage.savedBytes += (cost.savedBytesPerToken - cost.replicatedSavedBytesPerToken) * computedTokens / tp +
+                        cost.replicatedSavedBytesPerToken * replicatedRows;
     stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
   }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;

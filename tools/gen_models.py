@@ -23,6 +23,10 @@ MODELS = {
                                 "docs/precision.md).",
                                 dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
                                      streams=4, dtype="bf16", residual_dtype="f32"), 4, [1]),
+    "tiny_n1_bf16_fp32_residual": ("tiny_bf16 as a plain residual model (n = 1) with its residual in fp32: "
+                                   "Megatron's fp32-residual-connection (docs/precision.md).",
+                                   dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
+                                        streams=1, dtype="bf16", residual_dtype="f32"), 4, [1]),
     "hybrid_tiny": ("tiny as a hybrid stack: three Gated DeltaNet layers per attention layer, 8 layers.",
                     dict(vocab=256, hidden=64, heads=4, ffn_hidden=176, seq_len=128,
                          streams=4), "GGGAGGGA", [1]),

@@ -432,11 +432,15 @@ Artifact artifactFromJson(const json &j) {
 
 } // namespace
 
+uint32_t artifactVersionOf(const Artifact &artifact) {
+  return artifact.model.residualStorage() != artifact.model.dtype ? 3 : 2;
+}
+
 std::string encodeArtifact(const Artifact &artifact) {
   std::string payload = toJson(artifact).dump();
   std::string out;
   out.append(kArtifactMagic, sizeof kArtifactMagic);
-  put<uint32_t>(out, kArtifactVersion);
+  put<uint32_t>(out, artifactVersionOf(artifact));
   put<uint32_t>(out, 0);
   put<uint64_t>(out, payload.size());
   put<uint64_t>(out, XXH3_64bits(payload.data(), payload.size()));
@@ -450,9 +454,10 @@ std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &er
     return std::nullopt;
   }
   uint32_t version = get<uint32_t>(bytes, 8);
-  if (version != kArtifactVersion) {
-    error = "artifact format version " + std::to_string(version) + ", but this mhcrun reads version " +
-            std::to_string(kArtifactVersion) + "; recompile it with the matching mhcc";
+  if (version < kOldestArtifactVersion || version > kArtifactVersion) {
+    error = "artifact format version " + std::to_string(version) + ", but this mhcrun reads versions " +
+            std::to_string(kOldestArtifactVersion) + " to " + std::to_string(kArtifactVersion) +
+            "; recompile it with the matching mhcc";
     return std::nullopt;
   }
   uint64_t size = get<uint64_t>(bytes, 16), checksum = get<uint64_t>(bytes, 24);
@@ -469,6 +474,9 @@ std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &er
   try {
     Artifact artifact = artifactFromJson(json::parse(bytes.begin() + kHeaderSize, bytes.end()));
     std::string problem = validateArtifact(artifact);
+    if (problem.empty() && version < artifactVersionOf(artifact))
+      problem = "format " + std::to_string(version) + " cannot hold residual_dtype \"" +
+                artifact.model.residualStorage() + "\" in a " + artifact.model.dtype + " model (format 3 does)";
     if (!problem.empty()) {
       error = "inconsistent artifact: " + problem + "; recompile it";
       return std::nullopt;

@@ -25,8 +25,11 @@
 namespace mhcc::runtime {
 
 inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
-/// 2: every stage value carries its storage dtype (bf16 models).
-inline constexpr uint32_t kArtifactVersion = 2;
+/// 2: every stage value carries its storage dtype (bf16 models). 3: the
+/// model's residual_dtype differs from its dtype (an fp32 residual stream in
+/// a bf16 model), which a format-2 reader would ignore and misread; every
+/// other artifact is still written as 2. This mhcrun reads both.
+inline constexpr uint32_t kArtifactVersion = 3, kOldestArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
 inline constexpr char kMhccVersion[] = "0.1.0";
@@ -153,6 +156,8 @@ bool writeArtifact(const std::string &path, const Artifact &artifact, std::strin
 std::optional<Artifact> readArtifact(const std::string &path, std::string &error);
 
 /// Serialized bytes (header + payload), and their inverse.
+/// The format an artifact is written in: the oldest that holds it.
+uint32_t artifactVersionOf(const Artifact &artifact);
 std::string encodeArtifact(const Artifact &artifact);
 std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &error);
 

@@ -318,6 +318,12 @@ private:
         return "a parameter names no slot";
     if (f.auxSize < 0 || f.seqLen < 1 || m.tokens() % f.seqLen || n < 1) // sequences of the whole microbatch
       return "bad attributes";
+    // The residual stream is stored as the model says (residual_dtype): the
+    // backends read it so, and the pipeline boundaries carry it so.
+    const bool writesResidual = f.op == Prim::Expand || f.op == Prim::MhcPostRes || f.op == Prim::Residual;
+    if (writesResidual && p.values[f.output].dtype != m.residualStorage())
+      return "its output (the residual stream) is stored as '" + p.values[f.output].dtype +
+             "', but the model's residual dtype is '" + m.residualStorage() + "'";
     auto in = [&](size_t k) { return shape(p, f.inputs[k]); };
     auto param = [&](size_t k) {
       const ParamInfo &info = a_.params[p.params[f.params[k]].param];

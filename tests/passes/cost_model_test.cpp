@@ -40,6 +40,26 @@ TEST(CostModel, SublayerParametersMatchTensorShapes) {
             mapping + product({{c}, {c, 1408}, {c, 1408}, {1408, c}}));
 }
 
+// What a tensor-parallel rank keeps whole: a sublayer's input residual (n C
+// in the residual's dtype), u and normed u (C each, in the activations');
+// the LM head's input; an MTP module's two sublayers' plus its four C-wide
+// norms and projection inputs.
+TEST(CostModel, ReplicatedSavedBytesAreTheResidualAndTheNormInputs) {
+  ModelInfo d = smallDims(4);
+  d.dtype = "bf16";
+  d.residualDtype = "f32";
+  const int64_t C = d.hidden, residual = 4 * 4 * C;
+  for (UnitKind kind : {UnitKind::AttentionSublayer, UnitKind::GdnSublayer, UnitKind::MlpSublayer}) {
+    const UnitCost u = unitCost(kind, d);
+    EXPECT_EQ(u.replicatedSavedBytesPerToken, residual + 2 * 2 * C) << unitKindName(kind);
+    EXPECT_LT(u.replicatedSavedBytesPerToken, u.savedBytesPerToken) << unitKindName(kind);
+  }
+  EXPECT_EQ(unitCost(UnitKind::LmHead, d).replicatedSavedBytesPerToken, 2 * C);
+  EXPECT_EQ(unitCost(UnitKind::Loss, d).replicatedSavedBytesPerToken, 0); // vocabulary-parallel logits
+  const UnitCost mtp = unitCost(UnitKind::Mtp, d);
+  EXPECT_EQ(mtp.replicatedSavedBytesPerToken, 2 * (residual + 2 * 2 * C) + 2 * 4 * C);
+}
+
 TEST(CostModel, PlainModelHasNoMapping) {
   ModelInfo d = smallDims(1);
   EXPECT_EQ(mhcMappingParams(d), 0);

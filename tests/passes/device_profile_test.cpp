@@ -104,10 +104,51 @@ TEST(DeviceProfile, TensorParallelRanksSplitTheSublayerNotTheMixing) {
   EXPECT_NEAR(p->backwardMs(sublayer, 128, 2), 5.0 / 2 + 3.0, 1e-12);
   EXPECT_NEAR(p->forwardMs(sublayer, 128, 2, true), 2.0 / 2 + 1.0 / 2, 1e-12);
   EXPECT_NEAR(p->backwardMs(sublayer, 128, 4, true), 5.0 / 4 + 3.0 / 4, 1e-12);
-  // A profile without the mixing apart splits the whole unit, as before.
+  // A profile without the mixing apart prices it inside the unit's rate,
+  // but still whole on every rank: only the rest of the FLOPs splits.
   std::optional<DeviceProfile> whole = parseDeviceProfile(kMeasured, error);
   ASSERT_TRUE(whole) << error;
-  EXPECT_NEAR(whole->forwardMs(sublayer, 128, 2), 2.0 / 2, 1e-12);
+  const double F = sublayer.forwardFlopsPerToken, M = sublayer.mixingFlopsPerToken;
+  EXPECT_NEAR(whole->forwardMs(sublayer, 128, 2), 2.0 * ((F - M) / 2 + M) / F, 1e-12);
+  EXPECT_NEAR(whole->forwardMs(sublayer, 128, 2, true), 2.0 * ((F - M) / 2 + M / 2) / F, 1e-12);
+  EXPECT_GT(whole->forwardMs(sublayer, 128, 2), 2.0 / 2);
+  // An MTP module: its GEMMs split, its two mixings whole.
+  const UnitCost mtp = unitCost(UnitKind::Mtp, dims);
+  const double mtpRest = (mtp.forwardFlopsPerToken - mtp.mixingFlopsPerToken) * 128 / (p->defaultTflops * 1e9);
+  EXPECT_NEAR(p->forwardMs(mtp, 128, 2), mtpRest / 2 + 2 * 1.0, 1e-9);
+  EXPECT_NEAR(p->forwardMs(mtp, 128, 2, true), mtpRest / 2 + 2 * 0.5, 1e-9);
+}
+
+// The replicated units (expand, contract, the final norm, the embedding's
+// masked lookup) cost every rank their whole time unless sequence
+// parallelism shards their rows, and a unit's fixed overhead (launch
+// latency) is every rank's: it does not divide.
+TEST(DeviceProfile, TensorParallelRanksKeepReplicatedWorkAndOverheadsWhole) {
+  DeviceProfile p;
+  UnitRates attentionRates, expandRates, normRates;
+  attentionRates.forwardTflops = attentionRates.backwardTflops = 100;
+  attentionRates.forwardOverheadUs = 50, attentionRates.backwardOverheadUs = 80;
+  expandRates.forwardNsPerToken = 10, expandRates.backwardNsPerToken = 20;
+  normRates.forwardTflops = normRates.backwardTflops = 1;
+  p.units[UnitKind::AttentionSublayer] = attentionRates;
+  p.units[UnitKind::Expand] = expandRates;
+  p.units[UnitKind::FinalNorm] = normRates;
+  ModelInfo dims;
+  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
+  dims.streams = 4, dims.sinkhornIterations = 20;
+  const UnitCost attention = unitCost(UnitKind::AttentionSublayer, dims);
+  const double flopsMs = attention.forwardFlopsPerToken * 128 / (100 * 1e9);
+  EXPECT_NEAR(p.forwardMs(attention, 128), flopsMs + 0.05, 1e-12);
+  const double M = attention.mixingFlopsPerToken * 128 / (100 * 1e9); // the mixing, at the unit's rate
+  EXPECT_NEAR(p.forwardMs(attention, 128, 2), (flopsMs - M) / 2 + M + 0.05, 1e-12);
+  EXPECT_NEAR(p.backwardMs(attention, 128, 4), 2 * ((flopsMs - M) / 4 + M) + 0.08, 1e-12);
+  const UnitCost expand = unitCost(UnitKind::Expand, dims), norm = unitCost(UnitKind::FinalNorm, dims);
+  ASSERT_FALSE(splitByTensorParallelism(UnitKind::Expand));
+  ASSERT_TRUE(splitByTensorParallelism(UnitKind::LmHead));
+  EXPECT_NEAR(p.forwardMs(expand, 128, 2), p.forwardMs(expand, 128), 1e-12);
+  EXPECT_NEAR(p.forwardMs(expand, 128, 2, true), p.forwardMs(expand, 128) / 2, 1e-12);
+  EXPECT_NEAR(p.backwardMs(norm, 128, 4), p.backwardMs(norm, 128), 1e-12);
+  EXPECT_NEAR(p.backwardMs(norm, 128, 4, true), p.backwardMs(norm, 128) / 4, 1e-12);
 }
 
 TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {

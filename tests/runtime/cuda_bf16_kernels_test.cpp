@@ -274,6 +274,70 @@ TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
   checkFusedForward(40, 1024); // eight steps a warp
 }
 
+// RMSNorm's forward takes three paths: a row of up to 2048 bf16 values
+// resident in registers, longer rows streamed through shared memory, and
+// element by element where a row or pointer is not 16-byte aligned. Each
+// lane sums its elements c = lane + 32 k in order whatever the path, so the
+// paths give the same bits: aligned against misaligned copies of the same
+// rows at C = 2048 (resident), 4096 (streamed) and 60 (C % 8 != 0), and all
+// within an fp32 rounding of the CPU kernel before the output's rounding.
+TEST_F(CudaBf16Kernels, RmsNormForwardPathsGiveTheSameBits) {
+  for (int64_t width : {2048, 4096, 60}) {
+    SCOPED_TRACE("C " + std::to_string(width));
+    const int64_t rows = 70;
+    auto u = random(rows * width), gain = random(width, 0.5f);
+    std::vector<float> out[2], scale[2];
+    for (int misaligned = 0; misaligned < 2; ++misaligned) {
+      std::vector<float> paddedU(u), paddedGain(gain);
+      paddedU.insert(paddedU.begin(), misaligned, 0.0f);
+      paddedGain.insert(paddedGain.begin(), misaligned, 0.0f);
+      bf16 *dU = uploadBf16(paddedU) + misaligned, *dGain = uploadBf16(paddedGain) + misaligned;
+      bf16 *dY = allocate<bf16>(rows * width + 1) + misaligned;
+      float *aux = allocate<float>(rows);
+      cuda::rmsNormForward(*kernels_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(dGain), dY, aux, rows,
+                           width, 1e-6f, nullptr);
+      noErrors("rms norm forward");
+      out[misaligned] = downloadBf16(dY, rows * width);
+      scale[misaligned] = downloadF32(aux, rows);
+    }
+    EXPECT_EQ(std::memcmp(scale[0].data(), scale[1].data(), rows * 4), 0) << "1/rms differs between the paths";
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), rows * width * 4), 0) << "y differs between the paths";
+    std::vector<float> want(rows * width), wantScale(rows);
+    k::rmsNormForward(u.data(), gain.data(), want.data(), wantScale.data(), rows, width, 1e-6);
+    EXPECT_LT(relativeError(scale[0], wantScale), 1e-5);
+    EXPECT_LT(relativeError(out[0], want), 1e-2); // one bf16 rounding
+  }
+}
+
+// AdamW moves four parameters a thread where every array is 16-byte aligned
+// and one otherwise (and at a count's tail): the same bits either way.
+TEST_F(CudaBf16Kernels, AdamWQuadsAndSinglesGiveTheSameBits) {
+  const int64_t count = 1001; // a tail of one past the quads
+  auto w = random(count), g = random(count, 0.1f), m = random(count, 0.01f), v = random(count, 0.01f);
+  for (float &x : v)
+    x = std::abs(x);
+  std::vector<float> results[2][4];
+  for (int misaligned = 0; misaligned < 2; ++misaligned) {
+    float *arrays[4];
+    const std::vector<float> *hosts[4] = {&w, &g, &m, &v};
+    for (int a = 0; a < 4; ++a) {
+      std::vector<float> padded(*hosts[a]);
+      padded.insert(padded.begin(), misaligned, 0.0f);
+      arrays[a] = uploadF32(padded) + misaligned;
+    }
+    bf16 *low = allocate<bf16>(count + 1) + misaligned;
+    cuda::adamW(arrays[0], arrays[1], arrays[2], arrays[3], count, 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f,
+                0.1f, low, nullptr);
+    noErrors("adamW");
+    for (int a = 0; a < 4; ++a)
+      results[misaligned][a] = a == 1 ? downloadBf16(low, count) : downloadF32(arrays[a], count);
+  }
+  const char *names[4] = {"w", "bf16 w", "m", "v"};
+  for (int a = 0; a < 4; ++a)
+    EXPECT_EQ(std::memcmp(results[0][a].data(), results[1][a].data(), count * 4), 0) << names[a] << " differs";
+  EXPECT_GT(relativeError(results[0][0], w), 1e-6) << "the step moved nothing";
+}
+
 // Gated DeltaNet in bf16 (d = 128) against the CPU's bf16 path, which rounds
 // at the same points (the projection p, the gate g and the normed output n;
 // the inputs, weights and outputs are bf16). The GPU also rounds the gate

@@ -450,6 +450,39 @@ TEST(Artifact, ValidationChecksWhatEachRankComputes) {
   EXPECT_EQ(problemAfter([](Artifact &) {}), "");
 }
 
+TEST(Artifact, ValidationChecksTheResidualStreamsStorage) {
+  // tiny_bf16 with an fp32 residual: the expand, post-res and residual
+  // outputs must be stored as the model's residual_dtype says, and only such
+  // an artifact is written as format 3.
+  std::string error;
+  std::optional<Artifact> a = artifactFromEnv("RES32_ARTIFACT", error);
+  ASSERT_TRUE(a) << error;
+  ASSERT_EQ(a->model.residualStorage(), "f32");
+  EXPECT_EQ(validateArtifact(*a), "");
+  EXPECT_EQ(artifactVersionOf(*a), 3u);
+  std::optional<Artifact> decoded = decodeArtifact(encodeArtifact(*a), error);
+  ASSERT_TRUE(decoded) << error;
+  EXPECT_EQ(decoded->model.residualStorage(), "f32");
+  Artifact rounded = *a;
+  StageProgram &p = rounded.stages[0];
+  int postRes = -1;
+  for (const ForwardInstr &f : p.forward)
+    if (f.op == Prim::MhcPostRes && postRes < 0)
+      postRes = f.output;
+  ASSERT_GE(postRes, 0);
+  p.values[postRes].dtype = "bf16";
+  EXPECT_NE(validateArtifact(rounded).find("(the residual stream) is stored as 'bf16', but the model's residual dtype "
+                                           "is 'f32'"),
+            std::string::npos)
+      << validateArtifact(rounded);
+  Artifact forgotten = *a; // what a reader that ignores residual_dtype would see
+  forgotten.model.residualDtype = "bf16";
+  EXPECT_NE(validateArtifact(forgotten).find("stored as 'f32', but the model's residual dtype is 'bf16'"),
+            std::string::npos)
+      << validateArtifact(forgotten);
+  EXPECT_EQ(artifactVersionOf(forgotten), 2u);
+}
+
 TEST(Artifact, ValidationChecksEachStagesGradientAllReduce) {
   // dp 2 x pp 2 x vpp 2: rank 0 reduces stage 2, then stage 0, each after its
   // last backward. Edits that keep every index valid but break that.

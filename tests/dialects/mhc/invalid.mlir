@@ -308,3 +308,56 @@ func.func @residual_narrower(%e: tensor<4x8xf32>) attributes {mhc.config = #mhc.
     gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = f32, residual_dtype = bf16, seed = 7>} {
   return
 }
+
+// -----
+
+// The contract reads the residual stream in residual_dtype.
+func.func @contract_input_not_f32(%x: tensor<4x16xbf16>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  // expected-error @+1 {{element types differ from #mhc.config: input 'tensor<4x16xbf16>' must hold 'f32' (residual_dtype)}}
+  %h = mhc.contract %x {node = "contract"} : tensor<4x16xbf16> -> tensor<4x8xbf16>
+  return
+}
+
+// -----
+
+// A hyper-connection's residual is in residual_dtype ...
+func.func @hyper_connection_residual_not_f32(%x: tensor<4x16xbf16>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  // expected-error @+1 {{element types differ from #mhc.config: residual 'tensor<4x16xbf16>' must hold 'f32' (residual_dtype)}}
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0} : tensor<4x16xbf16> {
+  ^bb0(%u: tensor<4x8xbf16>):
+    %n = mhc.rms_norm %u {node = "l0.attn.norm", eps = 1.0e-06} : tensor<4x8xbf16>
+    mhc.yield %n : tensor<4x8xbf16>
+  }
+  return
+}
+
+// -----
+
+// ... and its body reads u in dtype, not in the residual's.
+func.func @hyper_connection_body_in_residual_dtype(%x: tensor<4x16xf32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  // expected-error @+1 {{body must take one argument u of type 'tensor<4x8xbf16>' (the C-wide sublayer input)}}
+  %a = mhc.hyper_connection %x {node = "l0.attn", layer = 0} : tensor<4x16xf32> {
+  ^bb0(%u: tensor<4x8xf32>):
+    %n = mhc.rms_norm %u {node = "l0.attn.norm", eps = 1.0e-06} : tensor<4x8xf32>
+    mhc.yield %n : tensor<4x8xf32>
+  }
+  return
+}
+
+// -----
+
+// An MTP module reads the residual stream in residual_dtype.
+func.func @mtp_residual_not_f32(%m: tensor<4x16xbf16>, %t: tensor<4xi32>) attributes {mhc.config = #mhc.config<vocab = 16, hidden = 8, heads = 2, ffn_hidden = 24,
+    seq_len = 4, micro_batch = 1, streams = 2, sinkhorn_iterations = 3,
+    gating_factor = 1.0e-02 : f64, norm_eps = 1.0e-06 : f64, dtype = bf16, residual_dtype = f32, seed = 7>} {
+  // expected-error @+1 {{element types differ from #mhc.config: residual 'tensor<4x16xbf16>' must hold 'f32' (residual_dtype)}}
+  %l = mhc.mtp %m, %t, %t {node = "mtp1", depth = 1, loss_weight = 1.0e-01}
+      : tensor<4x16xbf16>, tensor<4xi32>, tensor<4xi32> -> tensor<f32>
+  return
+}

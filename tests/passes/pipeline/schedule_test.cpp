@@ -315,6 +315,28 @@ TEST(Schedule, CommunicationTimeAddsToTheCriticalPath) {
   EXPECT_GT(paid, free);
 }
 
+// A boundary's element size is its own (an fp32 residual stream beside bf16
+// activations carries 4 bytes a value): its messages take twice as long and
+// its output buffers hold twice the bytes of the spec's 2-byte elements.
+TEST(Schedule, BoundariesCarryTheirOwnElementSize) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 4, 1, 8);
+  spec.elementBytes = 2;
+  spec.linkBytesPerTime = 16.0 * 2048 * 2 / 0.5; // a 2-byte message takes 0.5
+  const Built half = buildAndSimulate(spec);
+  for (StageSpec &stage : spec.stages)
+    stage.outputElementBytes = 4;
+  const Built full = buildAndSimulate(spec);
+  EXPECT_GT(full.result.makespan, half.result.makespan);
+  const int64_t saved = 4 * spec.stages[0].savedBytes, output = spec.tokens * spec.stages[0].outputWidth;
+  EXPECT_GE(half.result.peakBytes[0], saved + 2 * output);
+  EXPECT_GE(full.result.peakBytes[0], saved + 4 * output);
+  EXPECT_GT(full.result.peakBytes[0], half.result.peakBytes[0]);
+  // 2 bytes named explicitly: the spec's own size, the same schedule.
+  for (StageSpec &stage : spec.stages)
+    stage.outputElementBytes = 2;
+  EXPECT_EQ(buildAndSimulate(spec).result.makespan, half.result.makespan);
+}
+
 // The CPU backend's ranks share one host's cores: beyond them, ranks
 // computing at once slow each other (processor sharing), never below the
 // cores' throughput, and up to the cores nothing changes.
