@@ -22,3 +22,14 @@ config.substitutions.append(("%corpus", os.path.join(source_root, "data", "corpu
 # covered by codegen.test, //tests:codegen_test and the artifacts the GPU
 # tests use.
 config.environment["MHCC_OPTIONS"] = "--cuda-arch=none"
+
+# nvcc as mhcc finds it ($CUDA_HOME/bin, /usr/local/cuda/bin, PATH), for
+# tests that read the kernels' PTX ("REQUIRES: nvcc").
+import shutil
+
+for candidate in [os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"), "/usr/local/cuda/bin/nvcc",
+                  shutil.which("nvcc") or ""]:
+    if candidate and os.access(candidate, os.X_OK):
+        config.available_features.add("nvcc")
+        config.substitutions.append(("%nvcc", candidate))
+        break

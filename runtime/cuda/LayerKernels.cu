@@ -246,7 +246,7 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, const
                 e[2 * k] = a * c[p] - bb * s[p];
                 e[2 * k + 1] = a * s[p] + bb * c[p];
               }
-              storeVec(v + (h0 + b) * d + u * kVec, e);
+              storeVecUnsplit(v + (h0 + b) * d + u * kVec, e);
             }
       }
     }

@@ -584,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
         unpackVec(xRaw[i], xv);
         for (int e = 0; e < kVec; ++e)
           dv[e] = inputGradElement(dv[e], tile[r][c + e], sc, xv[e]);
-        *reinterpret_cast<uint4 *>(dx + t * width + j) = packVec(dv);
+        storeVecUnsplit(dx + t * width + j, dv);
       }
     } else {
       for (int v = lane; v < 16 * kRowVectors; v += 32) {

@@ -144,14 +144,27 @@ __device__ __forceinline__ float vecElement(const uint4 &raw, int e) {
   return load(v[e]);
 }
 
-/// v[0, kVec) rounded to activations, packed.
+/// v[0, kVec) rounded to activations, packed. bf16 pairs are put together
+/// as 32-bit words (element 2k in the low half of word k): from an act_t
+/// array copied into a uint4, nvcc split the 16-byte store into 4-byte ones
+/// in some kernels (the coefficient input gradient, RoPE), a quarter of each
+/// store's sector.
 __device__ __forceinline__ uint4 packVec(const float *v) {
-  act_t e[kVec];
-  for (int k = 0; k < kVec; ++k)
-    store(&e[k], v[k]);
-  uint4 raw;
-  memcpy(&raw, e, sizeof raw);
-  return raw;
+  if constexpr (sizeof(act_t) == 2) {
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); // .x = v[2k], low half
+      memcpy(&w[k], &pair, 4);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    act_t e[kVec];
+    for (int k = 0; k < kVec; ++k)
+      store(&e[k], v[k]);
+    uint4 raw;
+    memcpy(&raw, e, sizeof raw);
+    return raw;
+  }
 }
 
 /// v[0, kVec) = the activations at p (16-byte aligned), widened. The load
@@ -173,6 +186,16 @@ __device__ __forceinline__ void loadOrZero(const act_t *p, float *v, bool zero) 
 
 /// Rounds v[0, kVec) and writes them to p (16-byte aligned) in one store.
 __device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpret_cast<uint4 *>(p) = packVec(v); }
+
+/// storeVec with its 16-byte store spelled out in PTX, for the kernels where
+/// nvcc split storeVec's store into four 4-byte ones (the coefficient input
+/// gradient, RoPE; ncu: 8 of each sector's 32 bytes used a store). Not the
+/// default: its memory clobber costs others registers (post/res backward
+/// spilled 36 bytes instead of 8).
+__device__ __forceinline__ void storeVecUnsplit(act_t *p, const float *v) {
+  const uint4 raw = packVec(v);
+  asm("st.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(raw.x), "r"(raw.y), "r"(raw.z), "r"(raw.w) : "memory");
+}
 
 /// v = row[first, first + kCount) of a token's mHC coefficients: 16 bytes a
 /// load where n is a multiple of 4 (then K and the pre/post/res offsets are)
