@@ -168,8 +168,15 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
   return std::nullopt;
 }
 
+std::string cudaBackendGap(const std::string &dtype, const std::string &residualStorage) {
+  if (residualStorage != dtype)
+    return "the model keeps its residual stream in " + residualStorage + " beside " + dtype +
+           " activations (residual_dtype), which the CUDA backend does not run yet";
+  return "";
+}
+
 std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
-                                                   std::string &error) {
+                                                   const std::string &residualStorage, std::string &error) {
   const bool flatRate = options.simTflops.getNumOccurrences() > 0;
   const bool link = options.simLinkGBps.getNumOccurrences() > 0;
   SimulationOptions simulation;
@@ -179,7 +186,9 @@ std::optional<SimulationOptions> simulationOptions(const DriverOptions &options,
   }
   std::string name = options.deviceProfile;
   if (name.empty())
-    name = options.cudaArch == "none" ? "cpu" : dtype == "bf16" ? "h200-bf16" : "h200-fp32";
+    name = options.cudaArch == "none" || !cudaBackendGap(dtype, residualStorage).empty() ? "cpu"
+           : dtype == "bf16"                                                            ? "h200-bf16"
+                                                                                        : "h200-fp32";
   std::optional<DeviceProfile> profile = loadDeviceProfile(name, error);
   if (!profile) {
     error = "--device-profile: " + error;
@@ -238,7 +247,8 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
     return nullptr;
   }
   std::string profileError;
-  std::optional<SimulationOptions> rates = simulationOptions(options, graph->config.dtype, profileError);
+  std::optional<SimulationOptions> rates =
+      simulationOptions(options, graph->config.dtype, graph->config.residualStorage(), profileError);
   if (!rates) {
     fail(profileError);
     return nullptr;
