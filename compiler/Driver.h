@@ -102,12 +102,6 @@ mlir::OwningOpRef<mlir::ModuleOp> compileModel(mlir::MLIRContext &context, const
                                                const PipelineOptions &pipeline, const DriverOptions &options,
                                                SimulationOptions &simulation, llvm::raw_ostream &report);
 
-/// Why the CUDA backend cannot train a model stored as `dtype` with its
-/// residual stream in `residualStorage` (empty: it can). Such an artifact
-/// gets no CUDA kernels and is priced with the cpu profile: mhcrun trains it
-/// on the CPU backend.
-std::string cudaBackendGap(const std::string &dtype, const std::string &residualStorage);
-
 /// The simulator's rates for a model of `dtype`: --device-profile, else
 /// --sim-tflops / --sim-link-gbps when given, else the built-in profile of
 /// the target (cpu for --cuda-arch none or a model the CUDA backend does not

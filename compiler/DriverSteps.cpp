@@ -116,8 +116,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                        "reduce-scatter after the row-parallel ones)"
                  : std::string("every rank holds the whole microbatch (all-reduce after the row-parallel GEMMs)"))
          << "; the time splits the GEMMs and heads evenly and keeps the mixing, expand, contract and final norm "
-            "whole on every rank unless sequence parallelism shards their rows, each collective priced as a ring "
-            "over the link\n";
+            "whole on every rank unless sequence parallelism shards their rows (the embedding's lookup whole "
+            "either way), each collective priced as a ring over the link\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
     if (!tracePath.empty()) {
@@ -168,13 +168,6 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
   return std::nullopt;
 }
 
-std::string cudaBackendGap(const std::string &dtype, const std::string &residualStorage) {
-  if (residualStorage != dtype)
-    return "the model keeps its residual stream in " + residualStorage + " beside " + dtype +
-           " activations (residual_dtype), which the CUDA backend does not run yet";
-  return "";
-}
-
 std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
                                                    const std::string &residualStorage, std::string &error) {
   const bool flatRate = options.simTflops.getNumOccurrences() > 0;
@@ -186,7 +179,7 @@ std::optional<SimulationOptions> simulationOptions(const DriverOptions &options,
   }
   std::string name = options.deviceProfile;
   if (name.empty())
-    name = options.cudaArch == "none" || !cudaBackendGap(dtype, residualStorage).empty() ? "cpu"
+    name = options.cudaArch == "none" || !runtime::cudaBackendGap(dtype, residualStorage).empty() ? "cpu"
            : dtype == "bf16"                                                            ? "h200-bf16"
                                                                                         : "h200-fp32";
   std::optional<DeviceProfile> profile = loadDeviceProfile(name, error);

@@ -207,8 +207,8 @@ private:
     } else if (m.residualStorage() != m.dtype) {
       // n = 1 with an fp32 residual beside bf16 activations: the sublayer
       // still reads u in bf16 (the IR's body argument), rounded where n > 1
-      // rounds its pre-mix; a contraction of one stream is that copy
-      // (docs/precision.md).
+      // rounds its pre-mix; a contraction of one stream is that copy, up to
+      // the sign of a zero (docs/precision.md).
       u = emit(Prim::Contract, {x}, {}, {T, C}, 0, "", attrs([&](ForwardInstr &a) { a.streams = 1; }));
     }
     int normed = emit(Prim::RmsNorm, {u}, {slot(name + ".norm", 1, C, "ones", 0, false)}, {T, C}, T,

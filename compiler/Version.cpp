@@ -10,8 +10,8 @@ namespace mhcc {
 
 void setVersionPrinter(llvm::StringRef tool) {
   llvm::cl::SetVersionPrinter([name = tool.str()](llvm::raw_ostream &os) {
-    os << name << " " << runtime::kMhccVersion << " (artifact format " << runtime::kArtifactVersion
-       << ", LLVM/MLIR " << LLVM_VERSION_STRING << ")\n";
+    os << name << " " << runtime::kMhccVersion << " (artifact formats " << runtime::kOldestArtifactVersion
+       << " to " << runtime::kArtifactVersion << ", LLVM/MLIR " << LLVM_VERSION_STRING << ")\n";
   });
 }
 

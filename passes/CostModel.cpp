@@ -34,11 +34,12 @@ namespace {
 
 /// Forward FLOPs per token of the mHC mixing around one sublayer: the
 /// projection x @ W_map, the RMS, the Sinkhorn iterations, pre-mix, res-mix
-/// and post-mix (a plain residual adds C).
+/// and post-mix (a plain residual adds C, and with an fp32 residual beside
+/// bf16 activations copies C more: u, rounded by a one-stream contract).
 double mhcMixingFlops(const ModelInfo &d) {
   int64_t n = d.streams, c = d.hidden;
   if (n == 1)
-    return c;
+    return d.residualStorage() != d.dtype ? 2.0 * c : c;
   double coefficients = n * n + 2 * n;
   double projection = 2.0 * n * c * coefficients;
   double rms = 2.0 * n * c;

@@ -73,9 +73,10 @@ struct UnitCost {
 
 /// Whether tensor parallelism splits a unit's compute over the group (the
 /// sublayers' and MTP's GEMMs and heads, the vocabulary of the LM head and
-/// loss); the embedding (every rank writes every row of its masked lookup),
-/// expand, contract, the final norm and the mixing run on every rank's rows:
-/// all of them, or 1 / tp under sequence parallelism.
+/// loss); expand, contract, the final norm and the mixing run on every
+/// rank's rows (all of them, or 1 / tp under sequence parallelism), and the
+/// embedding on all rows either way (every rank writes every row of its
+/// masked lookup, then the group sums or reduce-scatters them).
 bool splitByTensorParallelism(UnitKind kind);
 
 /// Cost of one unit of `kind` for a model of size `dims`.

@@ -82,6 +82,18 @@ bool readMeasurement(const nlohmann::json &j, std::map<UnitKind, std::vector<Poi
     }
     *field = on[key].get<int64_t>();
   }
+  // The storage, where given: an fp32 residual beside bf16 activations
+  // changes n = 1's mixing (CostModel: u is a copy of the stream).
+  for (auto [key, field] : {std::pair<const char *, std::string *>{"dtype", &dims.dtype},
+                            {"residual_dtype", &dims.residualDtype}}) {
+    if (!on.contains(key))
+      continue;
+    if (!on[key].is_string() || (on[key] != "f32" && on[key] != "bf16")) {
+      error = std::string("\"measured_on\": \"") + key + "\" must be \"f32\" or \"bf16\"";
+      return false;
+    }
+    *field = on[key].get<std::string>();
+  }
   if (!j.contains("unit_ms") || !j["unit_ms"].is_object()) {
     error = "\"unit_ms\" must be an object of unit kinds";
     return false;
@@ -187,7 +199,9 @@ double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, int6
               bool forward) {
   const double scale = forward ? 1 : 2, flops = scale * cost.forwardFlopsPerToken * tokens;
   const double mixing = scale * cost.mixingFlopsPerToken * tokens;
-  const int64_t rows = sequenceParallel ? tokens / tp : tokens;
+  // The embedding's masked lookup writes every row on every rank, SP or not
+  // (then a reduce-scatter); the rest of the replicated work shards under SP.
+  const int64_t rows = sequenceParallel && cost.kind != UnitKind::Embedding ? tokens / tp : tokens;
   const double rowShare = double(rows) / double(tokens);
   const bool split = splitByTensorParallelism(cost.kind);
   const bool mixingApart = p.units.count(UnitKind::MhcMixing) && cost.mixings > 0;

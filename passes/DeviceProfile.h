@@ -75,8 +75,8 @@ struct DeviceProfile {
   /// the unit's. A tensor-parallel rank does 1 / tp of a split unit's rest
   /// (splitByTensorParallelism: its GEMMs and heads) and all of the
   /// replicated work (the mixing, expand, contract, the final norm) unless
-  /// sequence parallelism gives it tokens / tp of the rows; each unit's fixed
-  /// overhead stays whole.
+  /// sequence parallelism gives it tokens / tp of the rows; the embedding's
+  /// masked lookup stays whole either way, and each unit's fixed overhead too.
   double forwardMs(const UnitCost &cost, int64_t tokens, int64_t tp = 1, bool sequenceParallel = false) const;
   double backwardMs(const UnitCost &cost, int64_t tokens, int64_t tp = 1, bool sequenceParallel = false) const;
   /// "device profile h200-bf16 (SOURCE)", or the nominal rates.

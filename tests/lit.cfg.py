@@ -27,7 +27,8 @@ config.environment["MHCC_OPTIONS"] = "--cuda-arch=none"
 # tests that read the kernels' PTX ("REQUIRES: nvcc").
 import shutil
 
-for candidate in [os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"), "/usr/local/cuda/bin/nvcc",
+cuda_home = os.environ.get("CUDA_HOME", "")
+for candidate in [os.path.join(cuda_home, "bin", "nvcc") if cuda_home else "", "/usr/local/cuda/bin/nvcc",
                   shutil.which("nvcc") or ""]:
     if candidate and os.access(candidate, os.X_OK):
         config.available_features.add("nvcc")

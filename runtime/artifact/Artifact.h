@@ -32,7 +32,7 @@ inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\
 inline constexpr uint32_t kArtifactVersion = 3, kOldestArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
-inline constexpr char kMhccVersion[] = "0.1.0";
+inline constexpr char kMhccVersion[] = "0.2.0";
 /// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
 inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxTensorParallel = 64,
                          kMaxWorldSize = 65536;
@@ -155,9 +155,9 @@ bool writeArtifact(const std::string &path, const Artifact &artifact, std::strin
 /// is wrong and what to do.
 std::optional<Artifact> readArtifact(const std::string &path, std::string &error);
 
-/// Serialized bytes (header + payload), and their inverse.
 /// The format an artifact is written in: the oldest that holds it.
 uint32_t artifactVersionOf(const Artifact &artifact);
+/// Serialized bytes (header + payload), and their inverse.
 std::string encodeArtifact(const Artifact &artifact);
 std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &error);
 

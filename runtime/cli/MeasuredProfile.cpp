@@ -58,9 +58,11 @@ Composition sublayer(Prim mixer) { return {{Prim::RmsNorm, 1}, {mixer, 1}}; }
 
 /// The residual stream's mixing around one sublayer: mHC's coefficients,
 /// pre-mix and post/res mix, or the plain residual add (n = 1).
-Composition mixing(bool mhc) {
+Composition mixing(bool mhc, bool roundsU) {
   if (mhc)
     return {{Prim::MhcCoeffs, 1}, {Prim::MhcPre, 1}, {Prim::MhcPostRes, 1}};
+  if (roundsU) // n = 1 with an fp32 residual: u is the one-stream contract of it
+    return {{Prim::Residual, 1}, {Prim::Contract, 1}};
   return {{Prim::Residual, 1}};
 }
 
@@ -70,14 +72,14 @@ constexpr std::array<const char *, kUnits> kUnitNames = {"embedding", "expand", 
                                                          "mlp",       "contract",   "final_norm", "lm_head",
                                                          "loss",      "mtp",        "mhc"};
 
-Composition compositionOf(Unit unit, bool mhc) {
+Composition compositionOf(Unit unit, bool mhc, bool roundsU) {
   switch (unit) {
   case Embedding: return {{Prim::Embed, 1}};
   case Expand: return {{Prim::Expand, 1}};
   case Attention: return sublayer(Prim::Attention);
   case Gdn: return sublayer(Prim::GatedDeltaNet);
   case Mlp: return sublayer(Prim::SwiGlu);
-  case Mixing: return mixing(mhc);
+  case Mixing: return mixing(mhc, roundsU);
   case Contract: return {{Prim::Contract, 1}};
   case FinalNorm: return {{Prim::RmsNorm, 1}};
   case LmHead: return {{Prim::LmHead, 1}};
@@ -105,6 +107,8 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
                                                  std::string &error) {
   std::map<Prim, int64_t> calls = callsPerMicrobatch(a);
   const bool mhc = a.model.streams > 1;
+  // n = 1 with an fp32 residual beside bf16 activations: each sublayer's u is a one-stream contract.
+  const bool roundsU = !mhc && a.model.residualStorage() != a.model.dtype;
   // Units per model, from the calls that only one unit kind besides MTP makes.
   const int64_t mtp = calls[Prim::ConcatProj];
   std::array<int64_t, kUnits> units{};
@@ -113,16 +117,16 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
   units[Attention] = calls[Prim::Attention] - mtp;
   units[Gdn] = calls[Prim::GatedDeltaNet];
   units[Mlp] = calls[Prim::SwiGlu] - mtp;
-  units[Contract] = calls[Prim::Contract] - 2 * mtp;
   units[LmHead] = calls[Prim::LmHead] - mtp;
   units[Loss] = calls[Prim::CrossEntropy] - mtp;
   units[Mtp] = mtp;
   units[FinalNorm] = calls[Prim::RmsNorm] - units[Attention] - units[Gdn] - units[Mlp] - 5 * mtp;
   units[Mixing] = units[Attention] + units[Gdn] + units[Mlp] + 2 * mtp;
+  units[Contract] = calls[Prim::Contract] - 2 * mtp - (roundsU ? units[Mixing] : 0);
   // The composition must account for every call, or the lowering changed.
   std::map<Prim, int64_t> composed;
   for (int u = 0; u < kUnits; ++u)
-    for (const auto &[prim, count] : compositionOf(Unit(u), mhc))
+    for (const auto &[prim, count] : compositionOf(Unit(u), mhc, roundsU))
       composed[prim] += count * units[u];
   for (const auto &[prim, count] : calls)
     if (composed[prim] != count || units[FinalNorm] < 0) {
@@ -139,7 +143,7 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
     if (units[u] == 0)
       continue;
     double fwd = 0, bwd = 0; // ms per unit and microbatch
-    for (const auto &[prim, count] : compositionOf(Unit(u), mhc)) {
+    for (const auto &[prim, count] : compositionOf(Unit(u), mhc, roundsU)) {
       fwd += count * forwardMs[prim] / calls[prim];
       bwd += count * backwardMs[prim] / calls[prim];
     }
@@ -156,6 +160,8 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
                       {"heads", m.heads},         {"ffn_hidden", m.ffnHidden}, {"seq_len", m.seqLen},
                       {"micro_batch", m.microBatch}, {"streams", m.streams},
                       {"sinkhorn_iterations", m.sinkhornIterations}, {"dtype", m.dtype}};
+  if (m.residualStorage() != m.dtype)
+    j["measured_on"]["residual_dtype"] = m.residualStorage();
   j["unit_ms"] = unitMs;
   int64_t params = 0;
   for (const ParamInfo &info : a.params)

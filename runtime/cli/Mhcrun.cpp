@@ -144,7 +144,7 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     std::cerr << "mhcrun: " << kind << " parallelism (" << size << ") runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
-  if (a.model.residualStorage() != a.model.dtype && !gpus.gpus.empty()) {
+  if (!cudaBackendGap(a.model.dtype, a.model.residualStorage()).empty() && !gpus.gpus.empty()) {
     std::cerr << "mhcrun: an " << a.model.residualStorage() << " residual stream beside " << a.model.dtype
               << " activations (residual_dtype) runs on the CPU backend in this release: using it\n";
     return "cpu";

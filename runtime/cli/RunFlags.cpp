@@ -31,7 +31,8 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU "
                "reference backend"};
   app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact format " +
+  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact formats " +
+                                        std::to_string(kOldestArtifactVersion) + " to " +
                                         std::to_string(kArtifactVersion) + ")");
   TrainOptions &o = f.options;
   app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();

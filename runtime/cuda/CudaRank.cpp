@@ -94,13 +94,8 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
 }
 
 bool CudaRank::setupDevice() {
-  // The kernels are compiled for one activation type and read the residual
-  // stream in it; an f32 residual beside bf16 activations needs mixed-type
-  // kernels (docs/precision.md).
-  if (a_.model.residualStorage() != a_.model.dtype)
-    return fail("the model keeps its residual stream in " + a_.model.residualStorage() + " beside " + a_.model.dtype +
-                " activations (residual_dtype), which the CUDA backend does not run yet; train it with --backend "
-                "cpu, or remove residual_dtype from the model's config");
+  if (std::string gap = cudaBackendGap(a_.model.dtype, a_.model.residualStorage()); !gap.empty())
+    return fail(gap + "; train it with --backend cpu, or remove residual_dtype from the model's config");
   for (const StageProgram &p : a_.stages)
     for (const ForwardInstr &f : p.forward)
       if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))

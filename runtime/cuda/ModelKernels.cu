@@ -194,7 +194,8 @@ __device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpre
 /// spilled 36 bytes instead of 8).
 __device__ __forceinline__ void storeVecUnsplit(act_t *p, const float *v) {
   const uint4 raw = packVec(v);
-  asm("st.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(raw.x), "r"(raw.y), "r"(raw.z), "r"(raw.w) : "memory");
+  asm volatile("st.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(raw.x), "r"(raw.y), "r"(raw.z), "r"(raw.w)
+               : "memory");
 }
 
 /// v = row[first, first + kCount) of a token's mHC coefficients: 16 bytes a

@@ -17,13 +17,19 @@ constexpr const char kMeasured[] = R"({"format": "mhcc-device-profile-v1", "name
   "unit_ms": {"attention": {"forward": 2.0, "backward": 5.0}, "expand": {"forward": 0.1, "backward": 0.2}},
   "link_gbps": 50, "link_latency_us": 5, "optimizer_ns_per_param": 3})";
 
+/// The sizes the profiles below say they were measured on (tiny's).
+ModelInfo measuredDims() {
+  ModelInfo dims;
+  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
+  dims.streams = 4, dims.sinkhornIterations = 20;
+  return dims;
+}
+
 TEST(DeviceProfile, MeasuredTimesBecomeRatesThatGiveTheTimesBack) {
   std::string error;
   std::optional<DeviceProfile> p = parseDeviceProfile(kMeasured, error);
   ASSERT_TRUE(p) << error;
-  ModelInfo dims;
-  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
-  dims.streams = 4, dims.sinkhornIterations = 20;
+  ModelInfo dims = measuredDims();
   const double flops = unitCost(UnitKind::AttentionSublayer, dims).forwardFlopsPerToken * 128;
   ASSERT_GT(flops, 0);
   // The measured model costs what was measured; twice the FLOPs, twice the time.
@@ -53,9 +59,7 @@ TEST(DeviceProfile, TheMixingMeasuredApartIsPricedAtItsOwnRate) {
   std::optional<DeviceProfile> p = parseDeviceProfile(measured, error);
   ASSERT_TRUE(p) << error;
   ASSERT_TRUE(p->units.count(UnitKind::MhcMixing));
-  ModelInfo dims;
-  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
-  dims.streams = 4, dims.sinkhornIterations = 20;
+  ModelInfo dims = measuredDims();
   const UnitCost n4 = unitCost(UnitKind::AttentionSublayer, dims);
   EXPECT_EQ(n4.mixings, 1);
   ASSERT_GT(n4.mixingFlopsPerToken, 0);
@@ -95,9 +99,7 @@ TEST(DeviceProfile, TensorParallelRanksSplitTheSublayerNotTheMixing) {
   std::string error;
   std::optional<DeviceProfile> p = parseDeviceProfile(measured, error);
   ASSERT_TRUE(p) << error;
-  ModelInfo dims;
-  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
-  dims.streams = 4, dims.sinkhornIterations = 20;
+  ModelInfo dims = measuredDims();
   const UnitCost sublayer = unitCost(UnitKind::AttentionSublayer, dims);
   // One measurement: the attention's time is all rate (no fixed part to keep whole).
   EXPECT_NEAR(p->forwardMs(sublayer, 128, 2), 2.0 / 2 + 1.0, 1e-12);
@@ -119,10 +121,10 @@ TEST(DeviceProfile, TensorParallelRanksSplitTheSublayerNotTheMixing) {
   EXPECT_NEAR(p->forwardMs(mtp, 128, 2, true), mtpRest / 2 + 2 * 0.5, 1e-9);
 }
 
-// The replicated units (expand, contract, the final norm, the embedding's
-// masked lookup) cost every rank their whole time unless sequence
-// parallelism shards their rows, and a unit's fixed overhead (launch
-// latency) is every rank's: it does not divide.
+// The replicated units (expand, contract, the final norm) cost every rank
+// their whole time unless sequence parallelism shards their rows, the
+// embedding's masked lookup its whole time either way, and a unit's fixed
+// overhead (launch latency) is every rank's: it does not divide.
 TEST(DeviceProfile, TensorParallelRanksKeepReplicatedWorkAndOverheadsWhole) {
   DeviceProfile p;
   UnitRates attentionRates, expandRates, normRates;
@@ -133,9 +135,8 @@ TEST(DeviceProfile, TensorParallelRanksKeepReplicatedWorkAndOverheadsWhole) {
   p.units[UnitKind::AttentionSublayer] = attentionRates;
   p.units[UnitKind::Expand] = expandRates;
   p.units[UnitKind::FinalNorm] = normRates;
-  ModelInfo dims;
-  dims.vocab = 256, dims.hidden = 64, dims.heads = 4, dims.ffnHidden = 176, dims.seqLen = 128;
-  dims.streams = 4, dims.sinkhornIterations = 20;
+  p.units[UnitKind::Embedding] = expandRates;
+  ModelInfo dims = measuredDims();
   const UnitCost attention = unitCost(UnitKind::AttentionSublayer, dims);
   const double flopsMs = attention.forwardFlopsPerToken * 128 / (100 * 1e9);
   EXPECT_NEAR(p.forwardMs(attention, 128), flopsMs + 0.05, 1e-12);
@@ -149,6 +150,35 @@ TEST(DeviceProfile, TensorParallelRanksKeepReplicatedWorkAndOverheadsWhole) {
   EXPECT_NEAR(p.forwardMs(expand, 128, 2, true), p.forwardMs(expand, 128) / 2, 1e-12);
   EXPECT_NEAR(p.backwardMs(norm, 128, 4), p.backwardMs(norm, 128), 1e-12);
   EXPECT_NEAR(p.backwardMs(norm, 128, 4, true), p.backwardMs(norm, 128) / 4, 1e-12);
+  // The embedding's masked lookup writes every row on every rank, SP or not.
+  const UnitCost embed = unitCost(UnitKind::Embedding, dims);
+  ASSERT_GT(p.forwardMs(embed, 128), 0);
+  EXPECT_NEAR(p.forwardMs(embed, 128, 2, true), p.forwardMs(embed, 128), 1e-12);
+}
+
+// An n = 1 model with an fp32 residual beside bf16 activations mixes twice
+// C a token (the add and the copy that rounds u): the profile it measured
+// says so in "measured_on", and the mixing's rate is fitted to those FLOPs.
+TEST(DeviceProfile, MeasuredOnCarriesTheResidualStorage) {
+  const std::string measured = R"({"format": "mhcc-device-profile-v1", "name": "m", "source": "a run",
+    "measured_on": {"vocab": 256, "hidden": 64, "heads": 4, "ffn_hidden": 176, "seq_len": 128,
+                    "micro_batch": 1, "streams": 1, "sinkhorn_iterations": 20, "dtype": "bf16",
+                    "residual_dtype": "f32"},
+    "unit_ms": {"attention": {"forward": 2.0, "backward": 5.0}, "mhc": {"forward": 1.0, "backward": 3.0}}})";
+  std::string error;
+  std::optional<DeviceProfile> p = parseDeviceProfile(measured, error);
+  ASSERT_TRUE(p) << error;
+  ModelInfo dims = measuredDims();
+  dims.streams = 1, dims.dtype = "bf16", dims.residualDtype = "f32";
+  const UnitCost copied = unitCost(UnitKind::AttentionSublayer, dims);
+  EXPECT_EQ(copied.mixingFlopsPerToken, 2.0 * 64);
+  EXPECT_NEAR(p->forwardMs(copied, 128), 3.0, 1e-12); // the measured sum back
+  dims.residualDtype = "";
+  EXPECT_NEAR(p->forwardMs(unitCost(UnitKind::AttentionSublayer, dims), 128), 2.5, 1e-12); // half the mixing
+  std::string bad = measured;
+  bad.replace(bad.find("\"f32\""), 5, "\"f16\"");
+  EXPECT_FALSE(parseDeviceProfile(bad, error));
+  EXPECT_NE(error.find("\"residual_dtype\" must be \"f32\" or \"bf16\""), std::string::npos) << error;
 }
 
 TEST(DeviceProfile, RatesRoundTripThroughTheFormat) {

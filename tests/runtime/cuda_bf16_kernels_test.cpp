@@ -278,9 +278,10 @@ TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
 // resident in registers, longer rows streamed through shared memory, and
 // element by element where a row or pointer is not 16-byte aligned. Each
 // lane sums its elements c = lane + 32 k in order whatever the path, so the
-// paths give the same bits: aligned against misaligned copies of the same
-// rows at C = 2048 (resident), 4096 (streamed) and 60 (C % 8 != 0), and all
-// within an fp32 rounding of the CPU kernel before the output's rounding.
+// paths give the same bits: aligned (resident at C = 2048, streamed at 4096)
+// against misaligned copies of the same rows (the element path); at C = 60
+// (C % 8 != 0) both take the element path. All within an fp32 rounding of
+// the CPU kernel before the output's rounding.
 TEST_F(CudaBf16Kernels, RmsNormForwardPathsGiveTheSameBits) {
   for (int64_t width : {2048, 4096, 60}) {
     SCOPED_TRACE("C " + std::to_string(width));
