@@ -204,7 +204,7 @@ private:
                     a.sinkhornIterations = m.sinkhornIterations;
                   }));
       u = emit(Prim::MhcPre, {x, coef}, {}, {T, C}, 0, "", attrs([&](ForwardInstr &a) { a.streams = n; }));
-    } else if (m.residualStorage() != m.dtype) {
+    } else if (m.roundsSublayerInput()) {
       // n = 1 with an fp32 residual beside bf16 activations: the sublayer
       // still reads u in bf16 (the IR's body argument), rounded where n > 1
       // rounds its pre-mix; a contraction of one stream is that copy, up to

@@ -39,7 +39,7 @@ namespace {
 double mhcMixingFlops(const ModelInfo &d) {
   int64_t n = d.streams, c = d.hidden;
   if (n == 1)
-    return d.residualStorage() != d.dtype ? 2.0 * c : c;
+    return d.roundsSublayerInput() ? 2.0 * c : c;
   double coefficients = n * n + 2 * n;
   double projection = 2.0 * n * c * coefficients;
   double rms = 2.0 * n * c;

@@ -207,7 +207,7 @@ double costMs(const DeviceProfile &p, const UnitCost &cost, int64_t tokens, int6
   const bool mixingApart = p.units.count(UnitKind::MhcMixing) && cost.mixings > 0;
   // The unit's own work: its FLOPs less the mixing where that is priced apart.
   double own = mixingApart ? flops - mixing : flops;
-  if (tp > 1)
+  if (tp > 1) // (at tp = 1 this expression, the one before tensor parallelism, keeps its bits)
     own = split ? (flops - mixing) / double(tp) + (mixingApart ? 0 : mixing * rowShare) : own * rowShare;
   const double ms = unitMs(p, cost.kind, own, split ? tokens / tp : rows, forward);
   if (!mixingApart)

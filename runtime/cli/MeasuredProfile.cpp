@@ -107,8 +107,7 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
                                                  std::string &error) {
   std::map<Prim, int64_t> calls = callsPerMicrobatch(a);
   const bool mhc = a.model.streams > 1;
-  // n = 1 with an fp32 residual beside bf16 activations: each sublayer's u is a one-stream contract.
-  const bool roundsU = !mhc && a.model.residualStorage() != a.model.dtype;
+  const bool roundsU = a.model.roundsSublayerInput();
   // Units per model, from the calls that only one unit kind besides MTP makes.
   const int64_t mtp = calls[Prim::ConcatProj];
   std::array<int64_t, kUnits> units{};

@@ -35,6 +35,11 @@ struct ModelInfo {
   int64_t dtypeBytes() const { return dtype == "bf16" ? 2 : 4; }
   const std::string &residualStorage() const { return residualDtype.empty() ? dtype : residualDtype; }
   int64_t residualBytes() const { return residualStorage() == "bf16" ? 2 : 4; }
+  /// n = 1 with the residual stored apart from the activations (fp32 beside
+  /// bf16): each sublayer's input u is a one-stream contract of the stream,
+  /// a rounding copy (compiler/Lowering.cpp), which the cost model and
+  /// measured profiles count in the mixing.
+  bool roundsSublayerInput() const { return streams == 1 && residualStorage() != dtype; }
 };
 
 /// Why the CUDA backend cannot train a model stored as `dtype` with its

@@ -42,16 +42,18 @@ protected:
       x = roundToBf16(normal(rng_));
     return v;
   }
-  bf16 *uploadBf16(const std::vector<float> &host) {
+  /// `host` on the device, `offset` elements into a fresh allocation (an
+  /// offset of 1 misaligns it, for the kernels' element paths).
+  bf16 *uploadBf16(const std::vector<float> &host, size_t offset = 0) {
     std::vector<bf16> b(host.size());
     for (size_t i = 0; i < host.size(); ++i)
       b[i] = __float2bfloat16_rn(host[i]);
-    bf16 *p = allocate<bf16>(host.size());
+    bf16 *p = allocate<bf16>(host.size() + offset) + offset;
     cudaMemcpy(p, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
     return p;
   }
-  float *uploadF32(const std::vector<float> &host) {
-    float *p = allocate<float>(host.size());
+  float *uploadF32(const std::vector<float> &host, size_t offset = 0) {
+    float *p = allocate<float>(host.size() + offset) + offset;
     cudaMemcpy(p, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
     return p;
   }
@@ -289,10 +291,7 @@ TEST_F(CudaBf16Kernels, RmsNormForwardPathsGiveTheSameBits) {
     auto u = random(rows * width), gain = random(width, 0.5f);
     std::vector<float> out[2], scale[2];
     for (int misaligned = 0; misaligned < 2; ++misaligned) {
-      std::vector<float> paddedU(u), paddedGain(gain);
-      paddedU.insert(paddedU.begin(), misaligned, 0.0f);
-      paddedGain.insert(paddedGain.begin(), misaligned, 0.0f);
-      bf16 *dU = uploadBf16(paddedU) + misaligned, *dGain = uploadBf16(paddedGain) + misaligned;
+      bf16 *dU = uploadBf16(u, misaligned), *dGain = uploadBf16(gain, misaligned);
       bf16 *dY = allocate<bf16>(rows * width + 1) + misaligned;
       float *aux = allocate<float>(rows);
       cuda::rmsNormForward(*kernels_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(dGain), dY, aux, rows,
@@ -321,11 +320,8 @@ TEST_F(CudaBf16Kernels, AdamWQuadsAndSinglesGiveTheSameBits) {
   for (int misaligned = 0; misaligned < 2; ++misaligned) {
     float *arrays[4];
     const std::vector<float> *hosts[4] = {&w, &g, &m, &v};
-    for (int a = 0; a < 4; ++a) {
-      std::vector<float> padded(*hosts[a]);
-      padded.insert(padded.begin(), misaligned, 0.0f);
-      arrays[a] = uploadF32(padded) + misaligned;
-    }
+    for (int a = 0; a < 4; ++a)
+      arrays[a] = uploadF32(*hosts[a], misaligned);
     bf16 *low = allocate<bf16>(count + 1) + misaligned;
     cuda::adamW(arrays[0], arrays[1], arrays[2], arrays[3], count, 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f,
                 0.1f, low, nullptr);
