@@ -185,6 +185,29 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     else
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
+  // One sublayer's backward mixing in three passes (MhcBackwardKernels.cu):
+  // pass A here at its post/res backward decides it for the group; B and C
+  // follow at its pre and coefficient backwards.
+  const MixGroup *group = parts.inputs ? mixGroup(s, index) : nullptr;
+  bool deferred = false;
+  if (group && index == group->postRes) {
+    const ForwardInstr &coeffs = p.forward[p.backward[group->coeffs].forward];
+    deferred = mixBackward_ && (freshMask & 3) == 3 && // dx and dCoef start here
+               mhcMixBackwardApplies(C, n, {in(0), in(2), dOut, din(0), param<A>(s, coeffs, 0)});
+    if (deferred)
+      deferredMix_.insert({s, mb, group->postRes});
+  } else if (group) {
+    deferred = deferredMix_.count({s, mb, group->postRes}) > 0;
+  }
+  MixBackwardTerms mix;
+  if (deferred && index != group->postRes) {
+    mix = {st.values[group->coef].data, st.values[group->dOut].template as<bf16>(),
+           st.values[group->du].template as<bf16>()};
+    if (!mhcMixBackwardApplies(C, n, {mix.du})) // every buffer here is 256-byte aligned
+      return fail("internal: the pre-mix's output gradient is not 16-byte aligned");
+  }
+  if (deferred && index == group->coeffs)
+    deferredMix_.erase({s, mb, group->postRes});
   std::string error;
   cudaEvent_t started = nullptr;
   markStart(started);
@@ -207,9 +230,15 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   case Prim::MhcCoeffs:
     mhcCoeffsBackward(k, g, in(0), w(0), w(2), aux, dOut32, din(0), dw(0), dw(1), dw(2),
                       stash(mhcCoeffsBackwardStash(T, n)), scratch(mhcCoeffsBackwardScratch(T, n)).data, T, C, n,
-                      parts, stream);
+                      parts, stream, deferred ? &mix : nullptr);
     break;
   case Prim::MhcPre:
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (deferred) { // pass B
+        mhcMixBackwardDots(k, in(0), mix.dOut, mix.du, din32(1), T, C, stream);
+        break;
+      }
+    }
     mhcPreBackward(k, in(0), in32(1), dOut, din(0), din32(1), T, C, n, stream);
     break;
   case Prim::RmsNorm:
@@ -228,6 +257,12 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                    scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream);
     break;
   case Prim::MhcPostRes:
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (deferred) { // pass A
+        mhcPostBackward(k, in32(1), in(2), dOut, din32(1), din(2), freshMask, T, C, stream);
+        break;
+      }
+    }
     mhcPostResBackward(k, in(0), in32(1), in(2), dOut, din(0), din32(1), din(2), freshMask, T, C, n, stream);
     break;
   case Prim::Residual:
@@ -268,6 +303,13 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   if (!error.empty())
     return fail(error);
   return error_.empty() && check(primName(f.op));
+}
+
+const MixGroup *CudaRank::mixGroup(int64_t s, size_t index) const {
+  for (const MixGroup &g : mixGroups_[s])
+    if (index == g.postRes || index == g.pre || index == g.coeffs)
+      return &g;
+  return nullptr;
 }
 
 } // namespace mhcc::runtime::cuda

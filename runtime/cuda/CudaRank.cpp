@@ -27,7 +27,11 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
     : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
-      fuseMhcForward_(!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused") {}
+      fuseMhcForward_(!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused"),
+      mixBackward_(bf16_ && std::getenv("MHCC_MHC_BACKWARD") && std::string(std::getenv("MHCC_MHC_BACKWARD")) == "passes") {
+  for (const StageProgram &p : artifact.stages)
+    mixGroups_.push_back(findMixGroups(p));
+}
 
 CudaRank::~CudaRank() {
   cudaSetDevice(gpu_);
@@ -409,6 +413,7 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
   ++stepsRun_;
   exchanged_ = false;
   evaluating_ = inputs.evaluateOnly;
+  deferredMix_.clear(); // a failed step's leftovers
   live_ = peak_ = staticBytes_;
   for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
     cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);

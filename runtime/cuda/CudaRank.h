@@ -16,6 +16,7 @@
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
 #include "runtime/memory/MemoryPlan.h"
+#include "runtime/program/MixGroups.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -24,6 +25,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -137,6 +139,9 @@ private:
   template <typename A>
   bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                   const std::vector<int> &fresh);
+  /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
+  /// backward is stage s's backward[index], or null.
+  const MixGroup *mixGroup(int64_t stage, size_t index) const;
   // CudaOptimizer.cpp
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
@@ -161,6 +166,12 @@ private:
   cudaStream_t compute_ = nullptr;
   const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
   const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
+  /// bf16: one sublayer's backward mixing in three passes where it applies
+  /// (MhcBackwardKernels.cu). Opt-in (MHCC_MHC_BACKWARD=passes) until an
+  /// H200 run has confirmed its bits against the three kernels.
+  const bool mixBackward_;
+  std::vector<std::vector<MixGroup>> mixGroups_;                // by stage
+  std::set<std::tuple<int64_t, int64_t, size_t>> deferredMix_; // (stage, mb, postRes) whose pass A ran
   std::unique_ptr<Gemms> gemms_;
   std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
   std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters

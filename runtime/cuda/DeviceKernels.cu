@@ -306,7 +306,8 @@ void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap
 template <typename A>
 void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
                        const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
-                       float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s) {
+                       float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s,
+                       const MixBackwardTerms *mix) {
   const int64_t K = n * n + 2 * n, width = n * C;
   const float *p = aux + rows * (K + 1), *squares = p + rows * K; // the forward's
   float *dh = stash;
@@ -315,7 +316,15 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
-    if (std::is_same_v<A, bf16> && n <= 8) {
+    if (mix) {
+      // Pass C (bf16 only: the caller checked mhcMixBackwardApplies): the
+      // post/res and pre backwards' terms too, into a fresh dx.
+      const unsigned columnTiles = unsigned(C / kMixColumns);
+      const unsigned tokenTiles = unsigned((rows + kInputGradTokens - 1) / kInputGradTokens);
+      k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kInputGradThreads, s, x, wmap,
+               static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
+               rows, C);
+    } else if (std::is_same_v<A, bf16> && n <= 8) {
       // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
       // its shared memory holds wmap's slice up to n = 8).
       const unsigned columnTiles = unsigned((width + kInputGradColumns - 1) / kInputGradColumns);
@@ -339,6 +348,23 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
     }
     matmulTransAAcc(g, x, dp, dWmap, rows, width, K);
   }
+}
+
+bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const void *> arrays) {
+  for (const void *array : arrays)
+    if (reinterpret_cast<uintptr_t>(array) % 16 != 0)
+      return false;
+  return n <= 8 && C % kMixColumns == 0;
+}
+
+void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, const bf16 *dOut, float *dCoef,
+                     bf16 *dy, int fresh, int64_t rows, int64_t C, cudaStream_t s) {
+  k.launch(ModelKernel::MhcPostBackward, warpBlocks(rows), 1, kThreads, s, coef, y, dOut, dCoef, dy, fresh, rows, C);
+}
+
+void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
+                        int64_t rows, int64_t C, cudaStream_t s) {
+  k.launch(ModelKernel::MhcMixBackwardDots, warpBlocks(rows), 1, kThreads, s, x, dOut, du, dCoef, rows, C);
 }
 
 template <typename A>

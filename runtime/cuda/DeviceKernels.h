@@ -19,6 +19,7 @@
 #define MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 typedef struct CUstream_st *cudaStream_t;
@@ -101,12 +102,35 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 template <typename A>
 void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
                       float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// The post/res and pre backwards' deferred terms of dx (pass C of the
+/// backward's mixing in three passes, below): the coefficients, dOut, du.
+struct MixBackwardTerms {
+  const float *coef = nullptr;
+  const bf16 *dOut = nullptr, *du = nullptr;
+};
 /// stash: mhcCoeffsBackwardStash (dh in fp32, dp in A); scratch:
-/// mhcCoeffsBackwardScratch.
+/// mhcCoeffsBackwardScratch. With `mix` (bf16, mhcMixBackwardApplies), dx
+/// is fresh and gets the three backwards' terms at once (pass C).
 template <typename A>
 void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
                        const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
-                       float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s);
+                       float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s,
+                       const MixBackwardTerms *mix = nullptr);
+/// One sublayer's backward mixing in three passes (MhcBackwardKernels.cu),
+/// the same bits as mhcPostResBackward, mhcPreBackward and mhcCoeffsBackward:
+/// pass A (mhcPostBackward) where the post/res backward runs, pass B
+/// (mhcMixBackwardDots) where the pre backward runs, pass C in
+/// mhcCoeffsBackward (MixBackwardTerms); dx is written once. Taken by bf16
+/// models with n <= 8 and C a multiple of 16, every array 16-byte aligned.
+bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const void *> arrays);
+/// Pass A: dy and dCoef's post entries (`fresh` bits 2: dCoef, 4: dy, as
+/// mhcPostResBackward's); a fresh dCoef's pre entries get +0.
+void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, const bf16 *dOut, float *dCoef,
+                     bf16 *dy, int fresh, int64_t rows, int64_t C, cudaStream_t s);
+/// Pass B: dCoef's res entries (written: dCoef was fresh at pass A) and pre
+/// entries (added).
+void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
+                        int64_t rows, int64_t C, cudaStream_t s);
 template <typename A>
 void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);

@@ -1,7 +1,7 @@
 //===- LayerKernels.cu - RMSNorm, RoPE, SwiGLU, cross-entropy -------------------===//
 //
 // A part of the model's kernel library: mhcc concatenates ModelKernels.cu,
-// MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu and LayerKernels.cu (in that
+// MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu, MhcBackwardKernels.cu and LayerKernels.cu (in that
 // order) after the model's constants and compiles them as one file; the helpers and
 // conventions are ModelKernels.cu's.
 //

@@ -3,7 +3,7 @@
 // mhcc prepends the model's constants (kStreams, kSinkhornIterations) and its
 // activation storage type (act_t: float, or __nv_bfloat16 for a bf16 model)
 // and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu,
-// MhcFusedKernels.cu and LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
+// MhcFusedKernels.cu, MhcBackwardKernels.cu and LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
 // through the CUDA driver API and launches these extern "C" kernels by name
 // (runtime/cuda/ModelKernels.h lists them with their parameters). Every
 // non-GEMM piece of the model's forward and backward is here; cuBLAS does
@@ -49,7 +49,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 9;
+extern "C" __device__ const int mhcc_abi_version = 10;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;

@@ -28,7 +28,8 @@ struct DeviceCode;
 namespace mhcc::runtime::cuda {
 
 /// The image's kernels, by their extern "C" names; parameter lists are in
-/// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,MhcFusedKernels,LayerKernels}.cu.
+/// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,MhcFusedKernels,MhcBackwardKernels,
+/// LayerKernels}.cu.
 #define MHCC_MODEL_KERNELS(X)                                                                     \
   X(RowSquares, "mhcc_row_squares")                                                               \
   X(EmbedForward, "mhcc_embed_forward")                                                           \
@@ -49,6 +50,9 @@ namespace mhcc::runtime::cuda {
   X(MhcPreBackward, "mhcc_mhc_pre_backward")                                                      \
   X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
   X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
+  X(MhcPostBackward, "mhcc_mhc_post_backward")                                                    \
+  X(MhcMixBackwardDots, "mhcc_mhc_mix_backward_dots")                                             \
+  X(MhcMixBackwardInput, "mhcc_mhc_mix_backward_input")                                           \
   X(ResidualForward, "mhcc_residual_forward")                                                     \
   X(ResidualBackward, "mhcc_residual_backward")                                                   \
   X(RmsNormForward, "mhcc_rms_norm_forward")                                                      \
@@ -72,11 +76,13 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 9;
+inline constexpr int kModelKernelsAbi = 10;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
 inline constexpr int kInputGradColumns = 64, kInputGradTokens = 32, kInputGradThreads = 64;
+/// mhcc_mhc_mix_backward_input's: the same blocks, 16 columns c of every stream.
+inline constexpr int kMixColumns = 16;
 /// mhcc_mhc_coeffs_pre_forward's tiles: a block takes 16 tokens, with 16
 /// warps up to n = 4 and 8 beyond (MhcFusedKernels.cu: its shared stages).
 inline constexpr int kFusedTokens = 16;

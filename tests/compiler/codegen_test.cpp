@@ -44,6 +44,15 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
     ASSERT_NE(declaration, std::string::npos) << name;
     EXPECT_GT(source.find_first_of(";{}", declaration), at) << name << " is not the kernel's own declaration";
   }
+  // The image's ABI version is the launch table's (mhcrun refuses any other
+  // image: a library change that bumps one and not the other breaks every
+  // GPU run, which no CPU test would see otherwise), and so are the tile
+  // sizes the host computes grids from.
+  for (const std::string &global :
+       {"mhcc_abi_version = " + std::to_string(runtime::cuda::kModelKernelsAbi) + ";",
+        "kMixColumns = " + std::to_string(runtime::cuda::kMixColumns) + ";",
+        "kInputGradColumns = " + std::to_string(runtime::cuda::kInputGradColumns) + ";"})
+    EXPECT_NE(source.find(global), std::string::npos) << global;
   // Different models, different kernels.
   EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
 }
@@ -76,7 +85,8 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
     EXPECT_NE(code->image.find(std::string(name) + '\0'), std::string::npos) << name;
   for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
                              "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
-                             "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps"})
+                             "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps",
+                             "mhcc_abi_mix_columns"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 

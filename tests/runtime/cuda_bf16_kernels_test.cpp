@@ -5,7 +5,9 @@
 // within an fp32 rounding of a bf16 tie), the one-pass pre and post/res
 // backwards against the CPU kernels, and the one-kernel forward entry
 // (projection, squares, coefficients, pre-mix) against its definition and
-// its unfused parts; every GPU result bit-identical when run twice. Skips
+// its unfused parts; the backward's mixing in three passes bit for bit
+// against the three kernels it replaces; every GPU result bit-identical
+// when run twice. Skips
 // cleanly where no GPU is visible (ModelKernelsTest.h).
 #include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
@@ -86,6 +88,7 @@ protected:
   }
 
   void checkFusedForward(int64_t T, int64_t C);
+  void checkMixBackward(int64_t T, int64_t C, int freshDy);
 
   std::mt19937 rng_{7};
 };
@@ -195,6 +198,84 @@ TEST_F(CudaBf16Kernels, OnePassPreAndPostResBackwards) {
     EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * 4), 0)
         << names[i] << " differs between two runs";
   }
+}
+
+/// The backward's mixing in three passes (MhcBackwardKernels.cu) against
+/// the three kernels it replaces, run as the CUDA rank runs them (dx and
+/// dCoef fresh at the post/res backward; dy fresh or not): dx, dCoef, dy
+/// and the Sinkhorn backward's dh and dp bit for bit, and the same on rerun.
+void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C) + ", fresh dy " + std::to_string(freshDy));
+  const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
+  const int64_t stashFloats = cuda::mhcCoeffsBackwardStash(T, N), scratchFloats = cuda::mhcCoeffsBackwardScratch(T, N);
+  auto x = random(T * W), wmap = random(W * K, 0.05f), bias = random(K, 0.3f), alpha = random(3);
+  auto y = random(T * C), du = random(T * C), dOut = random(T * W), dy0 = random(T * C, 0.1f);
+  bf16 *dX = uploadBf16(x), *dWmap = uploadBf16(wmap), *dBias = uploadBf16(bias), *dAlpha = uploadBf16(alpha);
+  bf16 *dY = uploadBf16(y), *dDu = uploadBf16(du), *dDOut = uploadBf16(dOut);
+  float *coef = allocate<float>(T * K), *aux = allocate<float>(auxFloats);
+  cuda::mhcCoeffsForward(*kernels_, *gemms_, static_cast<const bf16 *>(dX), static_cast<const bf16 *>(dWmap),
+                         static_cast<const bf16 *>(dBias), static_cast<const bf16 *>(dAlpha), coef, aux, T, C, N,
+                         nullptr);
+  ASSERT_TRUE(cuda::mhcMixBackwardApplies(C, N, {dX, dY, dDu, dDOut, dWmap}));
+  const int fresh = 1 | 2 | freshDy;
+  // [path][run]: dx, dCoef, dy, stash (dh, dp)
+  std::vector<float> got[2][2][4];
+  for (int path = 0; path < 2; ++path)
+    for (int run = 0; run < 2; ++run) {
+      bf16 *dx = allocate<bf16>(T * W), *dy = uploadBf16(dy0);
+      float *dCoef = allocate<float>(T * K), *stash = allocate<float>(stashFloats);
+      float *scratch = allocate<float>(scratchFloats);
+      cudaMemset(dx, 0xff, T * W * 2); // NaNs: what a fresh gradient may hold
+      cudaMemset(dCoef, 0xff, T * K * 4);
+      if (freshDy)
+        cudaMemset(dy, 0xff, T * C * 2);
+      const cuda::GradParts inputs{true, false};
+      if (path == 0) { // the three kernels
+        cuda::mhcPostResBackward(*kernels_, static_cast<const bf16 *>(dX), static_cast<const float *>(coef),
+                                 static_cast<const bf16 *>(dY), static_cast<const bf16 *>(dDOut), dx, dCoef, dy,
+                                 fresh, T, C, N, nullptr);
+        cuda::mhcPreBackward(*kernels_, static_cast<const bf16 *>(dX), static_cast<const float *>(coef),
+                             static_cast<const bf16 *>(dDu), dx, dCoef, T, C, N, nullptr);
+        cuda::mhcCoeffsBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dX),
+                                static_cast<const bf16 *>(dWmap), static_cast<const bf16 *>(dAlpha), aux, dCoef, dx,
+                                nullptr, nullptr, nullptr, stash, scratch, T, C, N, inputs, nullptr);
+      } else { // passes A, B and C
+        cuda::mhcPostBackward(*kernels_, coef, dY, dDOut, dCoef, dy, fresh, T, C, nullptr);
+        cuda::mhcMixBackwardDots(*kernels_, dX, dDOut, dDu, dCoef, T, C, nullptr);
+        const cuda::MixBackwardTerms mix{coef, dDOut, dDu};
+        cuda::mhcCoeffsBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dX),
+                                static_cast<const bf16 *>(dWmap), static_cast<const bf16 *>(dAlpha), aux, dCoef, dx,
+                                nullptr, nullptr, nullptr, stash, scratch, T, C, N, inputs, nullptr, &mix);
+      }
+      noErrors(path == 0 ? "the three kernels" : "the three passes");
+      got[path][run][0] = downloadBf16(dx, T * W);
+      got[path][run][1] = downloadF32(dCoef, T * K);
+      got[path][run][2] = downloadBf16(dy, T * C);
+      got[path][run][3] = downloadF32(stash, stashFloats);
+    }
+  const char *names[4] = {"dx", "dCoef", "dy", "dh and dp"};
+  for (int v = 0; v < 4; ++v) {
+    const size_t bytes = got[0][0][v].size() * 4;
+    EXPECT_EQ(std::memcmp(got[0][0][v].data(), got[0][1][v].data(), bytes), 0) << names[v] << ": kernels, rerun";
+    EXPECT_EQ(std::memcmp(got[1][0][v].data(), got[1][1][v].data(), bytes), 0) << names[v] << ": passes, rerun";
+    int64_t differing = 0, first = -1;
+    for (size_t i = 0; i < got[0][0][v].size(); ++i)
+      if (std::memcmp(&got[0][0][v][i], &got[1][0][v][i], 4) != 0 && differing++ == 0)
+        first = int64_t(i);
+    EXPECT_EQ(differing, 0) << names[v] << ": the passes differ from the kernels at " << differing
+                            << " elements, first " << first;
+  }
+  // Not vacuous: dx holds all three terms (the RMS term's scale is nonzero).
+  double largest = 0;
+  for (float v : got[1][0][0])
+    largest = std::max(largest, double(std::abs(v)));
+  EXPECT_GT(largest, 1e-2) << "dx is too small to test";
+}
+
+TEST_F(CudaBf16Kernels, BackwardMixingInThreePassesGivesTheSameBits) {
+  checkMixBackward(T, C, 0);  // a partial token tile, four column tiles
+  checkMixBackward(T, C, 4);  // dy fresh too
+  checkMixBackward(40, 1024, 0);
 }
 
 /// mhcCoeffsPreForward at T tokens of width N C: p and the row squares
