@@ -50,6 +50,10 @@ constexpr int kFusedWarps = kFusedTiles <= 5 ? 16 : 8;
 constexpr int kFusedRows = 32;                                              // wmap rows a warp stages a step
 constexpr int kFusedVectors = kFusedRows / 32;                              // 16-byte x loads a token, lane, step
 constexpr int kFusedStageLoads = kFusedRows * kFusedTiles / 32;             // 16-byte wmap loads a lane, step
+// Steps in flight a warp: 3 keeps 32 KB of x loads in flight an SM at n = 4
+// (one a step left the SM's loads idle a third of the time: ncu, session 19);
+// 20 registers a step there.
+constexpr int kFusedDepth = kFusedTiles <= 5 ? 3 : 2;
 constexpr int kFusedStageSlots = kFusedSupported ? kFusedRows * kFusedTiles + kFusedRows / 4 : 1;
 constexpr int kFusedStageBytes = kFusedWarps * kFusedStageSlots * 16;
 constexpr int kFusedPartialBytes = kFusedSupported ? kFusedWarps * kFusedTokens * kCoefficients * 4 : 16;
@@ -106,52 +110,59 @@ extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
       acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
     float squareG = 0, squareG8 = 0;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 nextG[kFusedVectors], nextG8[kFusedVectors], nextW[kFusedStageLoads];
-    auto fetch = [&](int64_t j) {
+    // A ring of kFusedDepth steps' loads in registers: while a step's
+    // products run, the next kFusedDepth - 1 steps' x and wmap are in flight.
+    uint4 ringG[kFusedDepth][kFusedVectors], ringG8[kFusedDepth][kFusedVectors];
+    uint4 ringW[kFusedDepth][kFusedStageLoads];
+    auto fetch = [&](int slot, int64_t j) {
 #pragma unroll
       for (int h = 0; h < kFusedVectors; ++h) {
         const int64_t column = j + 32 * h + 8 * q;
-        nextG[h] = validG ? *reinterpret_cast<const uint4 *>(xg + column) : zero;
-        nextG8[h] = validG8 ? *reinterpret_cast<const uint4 *>(xg8 + column) : zero;
+        ringG[slot][h] = validG ? *reinterpret_cast<const uint4 *>(xg + column) : zero;
+        ringG8[slot][h] = validG8 ? *reinterpret_cast<const uint4 *>(xg8 + column) : zero;
       }
       const uint4 *src = reinterpret_cast<const uint4 *>(wmap + j * K); // kFusedRows rows, contiguous
 #pragma unroll
       for (int i = 0; i < kFusedStageLoads; ++i)
-        nextW[i] = src[lane + 32 * i];
+        ringW[slot][i] = src[lane + 32 * i];
     };
-    const int64_t stride = int64_t(kFusedWarps) * kFusedRows;
-    if (int64_t(warp) * kFusedRows < width)
-      fetch(int64_t(warp) * kFusedRows);
-    for (int64_t j = int64_t(warp) * kFusedRows; j < width; j += stride) {
-      __syncwarp(); // the previous step's ldmatrix reads are done
+    const int64_t stride = int64_t(kFusedWarps) * kFusedRows, first = int64_t(warp) * kFusedRows;
 #pragma unroll
-      for (int i = 0; i < kFusedStageLoads; ++i) {
-        const int v = lane + 32 * i, r = v / kFusedTiles, c = v % kFusedTiles;
-        stage[r * kFusedTiles + c + r / 4] = nextW[i];
-      }
-      uint4 curG[kFusedVectors], curG8[kFusedVectors];
+    for (int d = 0; d + 1 < kFusedDepth; ++d)
+      if (first + d * stride < width)
+        fetch(d, first + d * stride);
+    // Steps j = first + k stride in order (the sums' order), kFusedDepth at a time so
+    // that every ring slot is a register.
+    for (int64_t base = first; base < width; base += kFusedDepth * stride) {
 #pragma unroll
-      for (int h = 0; h < kFusedVectors; ++h) {
-        curG[h] = nextG[h];
-        curG8[h] = nextG8[h];
-      }
-      __syncwarp();
-      if (j + stride < width)
-        fetch(j + stride); // in flight during this step's products
+      for (int d = 0; d < kFusedDepth; ++d) {
+        const int64_t j = base + d * stride;
+        if (j >= width)
+          break;
+        __syncwarp(); // the previous step's ldmatrix reads are done
 #pragma unroll
-      for (int h = 0; h < kFusedVectors; ++h) {
-        squareG = squareSum(curG[h], squareG);
-        squareG8 = squareSum(curG8[h], squareG8);
-        const int r = 32 * h + rowBase;
+        for (int i = 0; i < kFusedStageLoads; ++i) {
+          const int v = lane + 32 * i, r = v / kFusedTiles, c = v % kFusedTiles;
+          stage[r * kFusedTiles + c + r / 4] = ringW[d][i];
+        }
+        __syncwarp();
+        if (j + (kFusedDepth - 1) * stride < width)
+          fetch((d + kFusedDepth - 1) % kFusedDepth, j + (kFusedDepth - 1) * stride);
 #pragma unroll
-        for (int nt = 0; nt < kFusedTiles; ++nt) {
-          uint32_t b[4];
-          const uint32_t address = stageAddress + uint32_t(r * kFusedTiles + nt + r / 4) * 16u;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                       : "r"(address));
-          fusedMma(acc[nt], curG[h], curG8[h], 0, b[0], b[1]);
-          fusedMma(acc[nt], curG[h], curG8[h], 1, b[2], b[3]);
+        for (int h = 0; h < kFusedVectors; ++h) {
+          squareG = squareSum(ringG[d][h], squareG);
+          squareG8 = squareSum(ringG8[d][h], squareG8);
+          const int r = 32 * h + rowBase;
+#pragma unroll
+          for (int nt = 0; nt < kFusedTiles; ++nt) {
+            uint32_t b[4];
+            const uint32_t address = stageAddress + uint32_t(r * kFusedTiles + nt + r / 4) * 16u;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                         : "r"(address));
+            fusedMma(acc[nt], ringG[d][h], ringG8[d][h], 0, b[0], b[1]);
+            fusedMma(acc[nt], ringG[d][h], ringG8[d][h], 1, b[2], b[3]);
+          }
         }
       }
     }
