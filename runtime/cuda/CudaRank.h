@@ -167,8 +167,8 @@ private:
   const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
   const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
   /// bf16: one sublayer's backward mixing in three passes where it applies
-  /// (MhcBackwardKernels.cu). Opt-in (MHCC_MHC_BACKWARD=passes) until an
-  /// H200 run has confirmed its bits against the three kernels.
+  /// (MhcBackwardKernels.cu). Opt-in (MHCC_MHC_BACKWARD=passes): the same
+  /// bits as the three kernels on an H200, not yet faster (pass C).
   const bool mixBackward_;
   std::vector<std::vector<MixGroup>> mixGroups_;                // by stage
   std::set<std::tuple<int64_t, int64_t, size_t>> deferredMix_; // (stage, mb, postRes) whose pass A ran
