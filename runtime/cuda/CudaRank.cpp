@@ -28,9 +28,9 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
       fuseMhcForward_(!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused"),
-      mixBackward_(bf16_ && std::getenv("MHCC_MHC_BACKWARD") && std::string(std::getenv("MHCC_MHC_BACKWARD")) == "passes") {
+      mixBackward_(bf16_ && (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")) {
   for (const StageProgram &p : artifact.stages)
-    mixGroups_.push_back(findMixGroups(p));
+    mixGroups_.push_back(mixBackward_ ? findMixGroups(p) : std::vector<MixGroup>{});
 }
 
 CudaRank::~CudaRank() {

@@ -167,8 +167,8 @@ private:
   const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
   const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
   /// bf16: one sublayer's backward mixing in three passes where it applies
-  /// (MhcBackwardKernels.cu). Opt-in (MHCC_MHC_BACKWARD=passes): the same
-  /// bits as the three kernels on an H200, not yet faster (pass C).
+  /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
+  /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.
   const bool mixBackward_;
   std::vector<std::vector<MixGroup>> mixGroups_;                // by stage
   std::set<std::tuple<int64_t, int64_t, size_t>> deferredMix_; // (stage, mb, postRes) whose pass A ran

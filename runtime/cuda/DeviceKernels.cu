@@ -320,8 +320,8 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
       // Pass C (bf16 only: the caller checked mhcMixBackwardApplies): the
       // post/res and pre backwards' terms too, into a fresh dx.
       const unsigned columnTiles = unsigned(C / kMixColumns);
-      const unsigned tokenTiles = unsigned((rows + kInputGradTokens - 1) / kInputGradTokens);
-      k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kInputGradThreads, s, x, wmap,
+      const unsigned tokenTiles = unsigned((rows + kMixTokens - 1) / kMixTokens);
+      k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
                static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
                rows, C);
     } else if (std::is_same_v<A, bf16> && n <= 8) {
@@ -354,7 +354,7 @@ bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const voi
   for (const void *array : arrays)
     if (reinterpret_cast<uintptr_t>(array) % 16 != 0)
       return false;
-  return n <= 8 && C % kMixColumns == 0;
+  return n <= kMixMaxStreams && C % kMixColumns == 0;
 }
 
 void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, const bf16 *dOut, float *dCoef,

@@ -121,7 +121,8 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
 /// pass A (mhcPostBackward) where the post/res backward runs, pass B
 /// (mhcMixBackwardDots) where the pre backward runs, pass C in
 /// mhcCoeffsBackward (MixBackwardTerms); dx is written once. Taken by bf16
-/// models with n <= 8 and C a multiple of 16, every array 16-byte aligned.
+/// models with n <= 4 (kMixMaxStreams) and C a multiple of kMixColumns, every
+/// array 16-byte aligned.
 bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const void *> arrays);
 /// Pass A: dy and dCoef's post entries (`fresh` bits 2: dCoef, 4: dy, as
 /// mhcPostResBackward's); a fresh dCoef's pre entries get +0.

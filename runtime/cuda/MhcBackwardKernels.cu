@@ -26,14 +26,6 @@
 // the same order (lane l's elements c = l + 32 k, then warpSum), and pass C
 // rounds dx to bf16 at each point where one of the three kernels stored it.
 
-/// v rounded to an activation and widened again: the value a kernel reads
-/// back after another stored v.
-__device__ __forceinline__ float roundedActivation(float v) {
-  act_t r;
-  store(&r, v);
-  return load(r);
-}
-
 /// Pass A: mhcc_mhc_post_res_backward's dy and post entries of dCoef (the
 /// same expressions and orders), its res entries and dx left to passes B
 /// and C. `fresh` bits as there (2: dCoef, 4: dy); with dCoef fresh its pre
@@ -87,12 +79,7 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
             g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
           act_t *d = dy + t * C + base + o;
           loadOrZero(d, v, freshDy);
-          for (int e = 0; e < kVec; ++e) {
-            float acc = v[e];
-            for (int i = 0; i < kStreams; ++i)
-              acc += hpost[i] * vecElement(g[i], e);
-            v[e] = acc;
-          }
+          addMixed(v, g, [&](int i) { return hpost[i]; });
           storeVec(d, v);
         } else {
           for (int e = o; e < min(o + kVec, n); ++e) {
@@ -191,103 +178,123 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
   }
 }
 
-// Pass C's tiles: a warp takes 16 tokens x kMixColumns columns c of every
-// stream (n kMixColumns product columns: the columns s C + c of wmap's
-// rows), a block kInputGradWarps warps along the tokens; grid (C /
-// kMixColumns, ceil(rows / (16 kInputGradWarps))). A lane owns one token
-// row r and kVec columns of it, in every stream: all the res mix's terms
-// of an element are the lane's, and du's vector is loaded once for the n
-// streams.
-constexpr int kMixColumns = 16; // two lanes' 16-byte vectors (bf16)
-constexpr int kMixTileColumns = kStreams * kMixColumns;
+// Pass C's tiles: a block of kMixThreads takes kMixTokens tokens x
+// kMixColumns columns c of every stream; grid (C / kMixColumns, ceil(rows /
+// kMixTokens)). The block copies dOut's and du's tile, wmap's slice and the
+// rows of coef and rScale into shared memory with cp.async while each
+// thread loads its x vectors into registers: every load of the block is in
+// flight at once. Warp s makes stream s's products (16 x kMixColumns on
+// tensor cores, the kernel it replaces' tile); then a thread owns one
+// 16-byte vector (kVec columns) of one token in every stream: the n dOut
+// vectors it mixes are widened once for the n streams it writes, and a
+// row's 128 bytes go to kMixRowVectors consecutive threads.
+constexpr int kMixColumns = 64;
+constexpr int kMixTokens = 16;
+constexpr int kMixThreads = 128;
+constexpr bool kMixSupported = kInputGradSupported && kStreams <= 4; // a warp a stream's products; 42 KiB shared
+constexpr int kMixRowVectors = kMixColumns / kVec, kMixPitch = kMixColumns + 8;
+static_assert(kMixTokens * (kMixColumns / 8) == kMixThreads, "one bf16 vector of one token a thread");
 extern "C" __device__ const int mhcc_abi_mix_columns = kMixColumns;
+extern "C" __device__ const int mhcc_abi_mix_tokens = kMixTokens;
+
+/// 16 bytes global -> shared without registers (cp.async; waitCopies before reading).
+__device__ __forceinline__ void copyAsync16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src));
+}
+__device__ __forceinline__ void waitCopies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/// One 16-byte shared load: read through unpackVec's bf16 halves, nvcc split
+/// a uint4 from shared memory into four 4-byte loads.
+__device__ __forceinline__ uint4 loadShared16(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(uint32_t(__cvta_generic_to_shared(p))));
+  return v;
+}
 
 /// Pass C: dx[t, s, c] for a fresh dx, as the three kernels left it:
 /// bf16(sum_i hres[i, s] dOut[t, i, c]) (the post/res backward's sum from
 /// +0), + h_pre[t, s] du[t, c] rounded (the pre backward's), then the
 /// product's and the RMS term's two roundings (inputGradElement). Needs C %
-/// kMixColumns == 0 and 16-byte aligned x, dOut, du, dx and wmap (the host
-/// checks: mhcMixBackwardApplies).
-extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
+/// kMixColumns == 0, n <= 4 and 16-byte aligned x, dOut, du, dx and wmap
+/// (the host checks: mhcMixBackwardApplies).
+extern "C" __global__ void __launch_bounds__(kMixThreads)
     mhcc_mhc_mix_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
                                 const float *coef, const act_t *dOut, const act_t *du, act_t *dx, int64_t rows,
                                 int64_t C) {
-  if constexpr (kInputGradSupported && 2 * kVec == kMixColumns) {
-    constexpr int K = kCoefficients, kPitch = kMixTileColumns + 8;
-    __shared__ float products[kInputGradWarps][16][kPitch];
+  if constexpr (kMixSupported) {
+    constexpr int K = kCoefficients;
+    // A token's vectors of dOut (streams 0..n-1), then of du.
+    __shared__ uint4 staged[kMixTokens][kStreams + 1][kMixRowVectors];
+    __shared__ __align__(16) float products[kStreams][kMixTokens][kMixPitch];
     // wmap's rows s C + c0 + [0, kMixColumns) of each stream s, in that order: B's source.
-    __shared__ __align__(16) act_t slice[kMixTileColumns * K];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pairCol = 2 * (lane % 4);
-    const int64_t t0 = (int64_t(blockIdx.y) * kInputGradWarps + warp) * 16;
-    const int64_t c0 = int64_t(blockIdx.x) * kMixColumns;
-    constexpr int kStreamSliceVectors = kMixColumns * K / kVec;
-    for (int v = threadIdx.x; v < kStreams * kStreamSliceVectors; v += blockDim.x) {
-      const int s = v / kStreamSliceVectors, o = v % kStreamSliceVectors;
-      reinterpret_cast<uint4 *>(slice)[v] = reinterpret_cast<const uint4 *>(wmap + (s * C + c0) * K)[o];
-    }
-    // The lane's row and columns, loaded before the products so that they
-    // are in flight meanwhile.
-    const int r = lane / 2, h = lane % 2;
-    const int64_t t = t0 + r, c = c0 + h * kVec;
-    const bool valid = t < rows;
-    uint4 g[kStreams], xs[kStreams], duRaw = make_uint4(0, 0, 0, 0);
+    __shared__ __align__(16) act_t slice[kStreams * kMixColumns * K];
+    __shared__ float coefs[kMixTokens * K], scales[kMixTokens];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t0 = int64_t(blockIdx.y) * kMixTokens, c0 = int64_t(blockIdx.x) * kMixColumns;
+    const int tokens = int(min(int64_t(kMixTokens), rows - t0));
+    // The thread's token r and vector.
+    const int r = threadIdx.x / kMixRowVectors, vector = threadIdx.x % kMixRowVectors;
+    const int64_t t = t0 + r, c = c0 + vector * kVec;
+    const bool valid = r < tokens;
+    uint4 xs[kStreams];
     if (valid) {
-#pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        g[s] = *reinterpret_cast<const uint4 *>(dOut + (t * kStreams + s) * C + c);
+      for (int s = 0; s < kStreams; ++s)
         xs[s] = *reinterpret_cast<const uint4 *>(x + (t * kStreams + s) * C + c);
-      }
-      duRaw = *reinterpret_cast<const uint4 *>(du + t * C + c);
+      for (int a = 0; a <= kStreams; ++a)
+        copyAsync16(&staged[r][a][vector], (a < kStreams ? dOut + (t * kStreams + a) * C : du + t * C) + c);
     }
+    constexpr int kStreamSliceVectors = kMixColumns * K / kVec;
+    for (int v = threadIdx.x; v < kStreams * kStreamSliceVectors; v += kMixThreads) {
+      const int s = v / kStreamSliceVectors, o = v % kStreamSliceVectors;
+      copyAsync16(reinterpret_cast<uint4 *>(slice) + v, reinterpret_cast<const uint4 *>(wmap + (s * C + c0) * K) + o);
+    }
+    for (int e = threadIdx.x; e < tokens * K; e += kMixThreads)
+      coefs[e] = coef[t0 * K + e];
+    if (threadIdx.x < tokens)
+      scales[threadIdx.x] = rScale[t0 + threadIdx.x];
+    ProductRows a;
+    if (warp < kStreams)
+      loadProductRows(dp, t0, rows, lane, a);
+    waitCopies();
     __syncthreads();
-    if (t0 >= rows)
-      return; // the whole warp
-    // A: dp rows t0 + group (+ 8), columns k + pairCol (+ 8), k < K else 0.
-    uint32_t a[kInputGradKSteps][4];
-    for (int ks = 0; ks < kInputGradKSteps; ++ks)
-      for (int q = 0; q < 4; ++q) {
-        const int64_t row = t0 + group + 8 * (q % 2);
-        const int k = 16 * ks + pairCol + 8 * (q / 2);
-        a[ks][q] = row < rows && k < K ? packedPair(dp + row * K, k, K) : 0u;
-      }
-    float(*tile)[kPitch] = products[warp];
-#pragma unroll 4
-    for (int nt = 0; nt < kMixTileColumns / 8; ++nt) {
-      const act_t *column = slice + (nt * 8 + group) * K; // B's column (a wmap row), from shared memory
-      float d[4] = {0, 0, 0, 0};
-      for (int ks = 0; ks < kInputGradKSteps; ++ks) {
-        const int k = 16 * ks + pairCol;
-        const uint32_t b0 = packedPair(column, k, K), b1 = packedPair(column, k + 8, K);
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                     "{%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[ks][0]), "r"(a[ks][1]), "r"(a[ks][2]), "r"(a[ks][3]), "r"(b0), "r"(b1));
-      }
-      *reinterpret_cast<float2 *>(&tile[group][nt * 8 + pairCol]) = make_float2(d[0], d[1]);
-      *reinterpret_cast<float2 *>(&tile[group + 8][nt * 8 + pairCol]) = make_float2(d[2], d[3]);
-    }
-    __syncwarp();
+    if (warp < kStreams)
+      stageProducts<kMixColumns>(a, slice + warp * kMixColumns * K, &products[warp][0][0], kMixPitch, lane);
+    __syncthreads();
     if (!valid)
       return;
-    const float *row = coef + t * K;
-    const float sc = rScale[t];
+    float g[kStreams][kVec]; // dOut's vectors, widened once for the n streams
+    for (int i = 0; i < kStreams; ++i)
+      unpackVec(loadShared16(&staged[r][i][vector]), g[i]);
     float duV[kVec];
-    unpackVec(duRaw, duV);
+    unpackVec(loadShared16(&staged[r][kStreams][vector]), duV);
+    const float *row = coefs + r * K;
+    const float sc = scales[r];
 #pragma unroll
     for (int s = 0; s < kStreams; ++s) {
-      float xv[kVec], v[kVec];
-      unpackVec(xs[s], xv);
+      float weight[kStreams]; // hres[i, s]
+      for (int i = 0; i < kStreams; ++i)
+        weight[i] = row[2 * kStreams + i * kStreams + s];
       const float hPre = row[s];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        float acc = 0.0f; // the post/res backward's sum into a fresh dx
-#pragma unroll
-        for (int i = 0; i < kStreams; ++i)
-          acc += row[2 * kStreams + i * kStreams + s] * vecElement(g[i], e);
-        const float afterRes = roundedActivation(acc);
-        const float afterPre = roundedActivation(afterRes + hPre * duV[e]);
-        v[e] = inputGradElement(afterPre, tile[r][s * kMixColumns + h * kVec + e], sc, xv[e]);
-      }
+      float xv[kVec], v[kVec], product[kVec];
+      unpackVec(xs[s], xv);
+      const float *tileRow = &products[s][r][vector * kVec];
+      *reinterpret_cast<float4 *>(product) = *reinterpret_cast<const float4 *>(tileRow);
+      *reinterpret_cast<float4 *>(product + 4) = *reinterpret_cast<const float4 *>(tileRow + 4);
+      for (int e = 0; e < kVec; ++e)
+        v[e] = 0.0f; // the post/res backward's sum into a fresh dx, stored
+      addMixedTerms(v, [&](int i, int e) { return g[i][e]; }, [&](int i) { return weight[i]; });
+      roundedVec(v);
+      for (int e = 0; e < kVec; ++e) // the pre backward's term, stored
+        v[e] = v[e] + hPre * duV[e];
+      roundedVec(v);
+      for (int e = 0; e < kVec; ++e) // the product (inputGradElement), stored, then the RMS term
+        v[e] = v[e] + product[e];
+      roundedVec(v);
+      for (int e = 0; e < kVec; ++e)
+        v[e] = addRmsTerm(v[e], sc, xv[e]);
       storeVecUnsplit(dx + (t * kStreams + s) * C + c, v);
     }
   }

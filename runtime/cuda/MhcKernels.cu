@@ -498,12 +498,81 @@ __device__ __forceinline__ uint32_t packedPair(const act_t *p, int64_t i, int64_
   return uint32_t(lo) | uint32_t(hi) << 16;
 }
 
+/// A warp's A operand for stageProducts: dp rows t0 + group (+ 8), columns
+/// k + pairCol (+ 8), k < K else 0 (rows past `rows` zero).
+using ProductRows = uint32_t[kInputGradKSteps][4];
+__device__ __forceinline__ void loadProductRows(const act_t *dp, int64_t t0, int64_t rows, int lane, ProductRows &a) {
+  constexpr int K = kCoefficients;
+  const int group = lane / 4, pairCol = 2 * (lane % 4);
+  for (int ks = 0; ks < kInputGradKSteps; ++ks)
+    for (int q = 0; q < 4; ++q) {
+      const int64_t t = t0 + group + 8 * (q % 2);
+      const int k = 16 * ks + pairCol + 8 * (q / 2);
+      a[ks][q] = t < rows && k < K ? packedPair(dp + t * K, k, K) : 0u;
+    }
+}
+
+/// A warp's 16 x kColumns tile of dp wmap^T (A: loadProductRows; B's
+/// columns: `slice`'s rows, K wide, in shared memory) on tensor cores,
+/// stored as fp32 rows of `pitch` floats from `tile`. Each element sums its
+/// K products in the mma's fixed order, whichever tile or column it sits in:
+/// the kernels that share it get the same bits for the same element.
+template <int kColumns>
+__device__ __forceinline__ void stageProducts(const ProductRows &a, const act_t *slice, float *tile, int pitch,
+                                              int lane) {
+  constexpr int K = kCoefficients;
+  const int group = lane / 4, pairCol = 2 * (lane % 4);
+#pragma unroll 4
+  for (int nt = 0; nt < kColumns / 8; ++nt) {
+    const act_t *column = slice + (nt * 8 + group) * K; // B's column (a wmap row), from shared memory
+    float d[4] = {0, 0, 0, 0};
+    for (int ks = 0; ks < kInputGradKSteps; ++ks) {
+      const int k = 16 * ks + pairCol;
+      const uint32_t b0 = packedPair(column, k, K), b1 = packedPair(column, k + 8, K);
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                   "{%8,%9}, {%0,%1,%2,%3};\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                   : "r"(a[ks][0]), "r"(a[ks][1]), "r"(a[ks][2]), "r"(a[ks][3]), "r"(b0), "r"(b1));
+    }
+    // D: rows group (+ 8), columns nt * 8 + pairCol (+ 1).
+    *reinterpret_cast<float2 *>(&tile[group * pitch + nt * 8 + pairCol]) = make_float2(d[0], d[1]);
+    *reinterpret_cast<float2 *>(&tile[(group + 8) * pitch + nt * 8 + pairCol]) = make_float2(d[2], d[3]);
+  }
+}
+
+/// v rounded to an activation and widened again: the value a kernel reads
+/// back after another stored v.
+__device__ __forceinline__ float roundedActivation(float v) {
+  act_t r;
+  store(&r, v);
+  return load(r);
+}
+
+/// roundedActivation of kVec values, a pair a conversion for bf16
+/// (cvt.rn.bf16x2.f32 rounds each half as cvt.rn.bf16.f32 does, in one
+/// instruction off the slow conversion pipe).
+__device__ __forceinline__ void roundedVec(float (&v)[kVec]) {
+  if constexpr (sizeof(act_t) == 2) {
+    for (int k = 0; k < kVec; k += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[k], v[k + 1]);
+      v[k] = __low2float(pair);
+      v[k + 1] = __high2float(pair);
+    }
+  } else {
+    for (int k = 0; k < kVec; ++k)
+      v[k] = roundedActivation(v[k]);
+  }
+}
+
+/// The RMS term added to an input gradient element as stored (rounded).
+__device__ __forceinline__ float addRmsTerm(float rounded, float scale, float x) {
+  const float g = scale * x;
+  return rounded + g;
+}
+
 /// One element: the product's sum added to dx and rounded, then the RMS term.
 __device__ __forceinline__ float inputGradElement(float dx, float product, float scale, float x) {
-  act_t rounded;
-  store(&rounded, dx + product);
-  const float g = scale * x;
-  return load(rounded) + g;
+  return addRmsTerm(roundedActivation(dx + product), scale, x);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
@@ -514,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
     __shared__ float products[kInputGradWarps][16][kInputGradPitch];
     // The block's kInputGradColumns rows of wmap (contiguous), zero past width: B's source.
     __shared__ __align__(16) act_t slice[kInputGradSupported ? kInputGradColumns * K : 1];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pairCol = 2 * (lane % 4);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t0 = (int64_t(blockIdx.y) * kInputGradWarps + warp) * 16;
     const int64_t j0 = int64_t(blockIdx.x) * kInputGradColumns;
     const int64_t sliceCount = min(int64_t(kInputGradColumns), width - j0) * K;
@@ -529,14 +598,8 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
     __syncthreads();
     if (t0 >= rows)
       return; // the whole warp
-    // A: dp rows t0 + group (+ 8), columns k + pairCol (+ 8), k < K else 0.
-    uint32_t a[kInputGradKSteps][4];
-    for (int ks = 0; ks < kInputGradKSteps; ++ks)
-      for (int r = 0; r < 4; ++r) {
-        const int64_t t = t0 + group + 8 * (r % 2);
-        const int k = 16 * ks + pairCol + 8 * (r / 2);
-        a[ks][r] = t < rows && k < K ? packedPair(dp + t * K, k, K) : 0u;
-      }
+    ProductRows a;
+    loadProductRows(dp, t0, rows, lane, a);
     float(*tile)[kInputGradPitch] = products[warp];
     // The lane's vectors of x and dx (a row's kInputGradColumns / kVec by
     // consecutive lanes), loaded before the products so that they are in
@@ -554,22 +617,7 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
           dxRaw[i] = *reinterpret_cast<const uint4 *>(dx + t * width + j);
         }
       }
-#pragma unroll 4
-    for (int nt = 0; nt < kInputGradColumns / 8; ++nt) {
-      const act_t *column = slice + (nt * 8 + group) * K; // B's column (wmap's row), from shared memory
-      float d[4] = {0, 0, 0, 0};
-      for (int ks = 0; ks < kInputGradKSteps; ++ks) {
-        const int k = 16 * ks + pairCol;
-        const uint32_t b0 = packedPair(column, k, K), b1 = packedPair(column, k + 8, K);
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                     "{%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[ks][0]), "r"(a[ks][1]), "r"(a[ks][2]), "r"(a[ks][3]), "r"(b0), "r"(b1));
-      }
-      // D: rows group (+ 8), columns nt * 8 + pairCol (+ 1).
-      *reinterpret_cast<float2 *>(&tile[group][nt * 8 + pairCol]) = make_float2(d[0], d[1]);
-      *reinterpret_cast<float2 *>(&tile[group + 8][nt * 8 + pairCol]) = make_float2(d[2], d[3]);
-    }
+    stageProducts<kInputGradColumns>(a, slice, &tile[0][0], kInputGradPitch, lane);
     __syncwarp();
     if (vec) {
 #pragma unroll

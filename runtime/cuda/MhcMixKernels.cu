@@ -175,6 +175,26 @@ extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float
   }
 }
 
+/// v[e] += sum_i weight(i) element(i, e) for kVec columns, summed over i in
+/// order onto v[e]: the backward mixing's one expression (dy's post terms,
+/// dx's res terms), shared so that the kernels computing it agree bit for
+/// bit. element(i, e): dOut's stream i at column e, widened.
+template <typename Element, typename Weight>
+__device__ __forceinline__ void addMixedTerms(float (&v)[kVec], Element element, Weight weight) {
+  for (int e = 0; e < kVec; ++e) {
+    float acc = v[e];
+    for (int i = 0; i < kStreams; ++i)
+      acc += weight(i) * element(i, e);
+    v[e] = acc;
+  }
+}
+
+/// addMixedTerms with dOut's n vectors g still packed.
+template <typename Weight>
+__device__ __forceinline__ void addMixed(float (&v)[kVec], const uint4 (&g)[kStreams], Weight weight) {
+  addMixedTerms(v, [&](int i, int e) { return vecElement(g[i], e); }, weight);
+}
+
 /// The post/res backward in one pass over dOut, x and y, one warp per row t:
 /// dCoef's post entries <dOut[t,i], y[t]> and res entries <dOut[t,i], x[t,j]>
 /// (lane l adding its elements c = l + 32 k in order, then warpSum), and for
@@ -253,22 +273,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
             g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
           act_t *d = dy + t * C + base + o;
           loadOrZero(d, v, freshDy);
-          for (int e = 0; e < kVec; ++e) {
-            float acc = v[e];
-            for (int i = 0; i < kStreams; ++i)
-              acc += hpost[i] * vecElement(g[i], e);
-            v[e] = acc;
-          }
+          addMixed(v, g, [&](int i) { return hpost[i]; });
           storeVec(d, v);
           for (int j = 0; j < kStreams; ++j) {
             d = dx + (t * kStreams + j) * C + base + o;
             loadOrZero(d, v, freshDx);
-            for (int e = 0; e < kVec; ++e) {
-              float acc = v[e];
-              for (int i = 0; i < kStreams; ++i)
-                acc += hres[i * kStreams + j] * vecElement(g[i], e);
-              v[e] = acc;
-            }
+            addMixed(v, g, [&](int i) { return hres[i * kStreams + j]; });
             storeVec(d, v);
           }
         } else {

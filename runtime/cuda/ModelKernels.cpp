@@ -109,6 +109,7 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
                   {"mhcc_abi_input_grad_columns", kInputGradColumns},
                   {"mhcc_abi_input_grad_tokens", kInputGradTokens},
                   {"mhcc_abi_mix_columns", kMixColumns},
+                  {"mhcc_abi_mix_tokens", kMixTokens},
                   {"mhcc_abi_fused_tokens", kFusedTokens},
                   {"mhcc_abi_fused_warps", fusedWarps(code.streams)},
                   {"mhcc_abi_streams", code.streams},

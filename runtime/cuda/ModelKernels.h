@@ -76,13 +76,14 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 10;
+inline constexpr int kModelKernelsAbi = 11;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
 inline constexpr int kInputGradColumns = 64, kInputGradTokens = 32, kInputGradThreads = 64;
-/// mhcc_mhc_mix_backward_input's: the same blocks, 16 columns c of every stream.
-inline constexpr int kMixColumns = 16;
+/// mhcc_mhc_mix_backward_input's: a block of 128 threads takes 16 tokens x
+/// 64 columns c of every stream (up to n = kMixMaxStreams: a warp a stream).
+inline constexpr int kMixColumns = 64, kMixTokens = 16, kMixThreads = 128, kMixMaxStreams = 4;
 /// mhcc_mhc_coeffs_pre_forward's tiles: a block takes 16 tokens, with 16
 /// warps up to n = 4 and 8 beyond (MhcFusedKernels.cu: its shared stages).
 inline constexpr int kFusedTokens = 16;

@@ -51,6 +51,7 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
   for (const std::string &global :
        {"mhcc_abi_version = " + std::to_string(runtime::cuda::kModelKernelsAbi) + ";",
         "kMixColumns = " + std::to_string(runtime::cuda::kMixColumns) + ";",
+        "kMixTokens = " + std::to_string(runtime::cuda::kMixTokens) + ";",
         "kInputGradColumns = " + std::to_string(runtime::cuda::kInputGradColumns) + ";"})
     EXPECT_NE(source.find(global), std::string::npos) << global;
   // Different models, different kernels.
@@ -86,7 +87,7 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
   for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
                              "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
                              "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps",
-                             "mhcc_abi_mix_columns"})
+                             "mhcc_abi_mix_columns", "mhcc_abi_mix_tokens"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 

@@ -273,7 +273,7 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
 }
 
 TEST_F(CudaBf16Kernels, BackwardMixingInThreePassesGivesTheSameBits) {
-  checkMixBackward(T, C, 0);  // a partial token tile, four column tiles
+  checkMixBackward(T, C, 0);  // a partial token tile, one column tile
   checkMixBackward(T, C, 4);  // dy fresh too
   checkMixBackward(40, 1024, 0);
 }
