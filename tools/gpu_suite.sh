@@ -38,6 +38,9 @@
 # the baseline too: the model kernels travel in the artifact, so a kernel
 # change needs both for its baseline).
 #
+# tools/gpu_probe.sh compares runtime variants of one bundle (step times,
+# losses, ncu kernel tables) in one call, before or beside `run`.
+#
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
