@@ -74,13 +74,7 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
         const int o = (u * 32 + lane) * kVec;
         if (vecOut && o + kVec <= n) {
           uint4 g[kStreams];
-          float v[kVec];
-          for (int i = 0; i < kStreams; ++i)
-            g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
-          act_t *d = dy + t * C + base + o;
-          loadOrZero(d, v, freshDy);
-          addMixed(v, g, [&](int i) { return hpost[i]; });
-          storeVec(d, v);
+          addPostVector(buf, o, hpost, dy + t * C + base + o, freshDy, g);
         } else {
           for (int e = o; e < min(o + kVec, n); ++e) {
             float g[kStreams];

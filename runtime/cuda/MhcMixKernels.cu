@@ -195,6 +195,19 @@ __device__ __forceinline__ void addMixed(float (&v)[kVec], const uint4 (&g)[kStr
   addMixedTerms(v, [&](int i, int e) { return vecElement(g[i], e); }, weight);
 }
 
+/// One lane's vector of a staged stage (offset o): dOut's n vectors into g,
+/// still packed, and dy's kVec elements at d given their post terms
+/// (addMixed with hpost, onto +0 when `fresh`).
+__device__ __forceinline__ void addPostVector(act_t *const *buf, int o, const float (&hpost)[kStreams], act_t *d,
+                                              bool fresh, uint4 (&g)[kStreams]) {
+  float v[kVec];
+  for (int i = 0; i < kStreams; ++i)
+    g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
+  loadOrZero(d, v, fresh);
+  addMixed(v, g, [&](int i) { return hpost[i]; });
+  storeVec(d, v);
+}
+
 /// The post/res backward in one pass over dOut, x and y, one warp per row t:
 /// dCoef's post entries <dOut[t,i], y[t]> and res entries <dOut[t,i], x[t,j]>
 /// (lane l adding its elements c = l + 32 k in order, then warpSum), and for
@@ -269,14 +282,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
           // dOut's vectors stay packed (fewer registers), widened element by element.
           uint4 g[kStreams];
           float v[kVec];
-          for (int i = 0; i < kStreams; ++i)
-            g[i] = *reinterpret_cast<const uint4 *>(buf[i] + o);
-          act_t *d = dy + t * C + base + o;
-          loadOrZero(d, v, freshDy);
-          addMixed(v, g, [&](int i) { return hpost[i]; });
-          storeVec(d, v);
+          addPostVector(buf, o, hpost, dy + t * C + base + o, freshDy, g);
           for (int j = 0; j < kStreams; ++j) {
-            d = dx + (t * kStreams + j) * C + base + o;
+            act_t *d = dx + (t * kStreams + j) * C + base + o;
             loadOrZero(d, v, freshDx);
             addMixed(v, g, [&](int i) { return hres[i * kStreams + j]; });
             storeVec(d, v);
