@@ -185,7 +185,8 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
 constexpr int kMixColumns = 64;
 constexpr int kMixTokens = 16;
 constexpr int kMixThreads = 128;
-constexpr bool kMixSupported = kInputGradSupported && kStreams <= 4; // a warp a stream's products; 42 KiB shared
+constexpr int kMixMaxStreams = 4; // a warp a stream's products; 42 KiB shared at n = 4
+constexpr bool kMixSupported = kInputGradSupported && kStreams <= kMixMaxStreams;
 constexpr int kMixRowVectors = kMixColumns / kVec, kMixPitch = kMixColumns + 8;
 static_assert(kMixTokens * (kMixColumns / 8) == kMixThreads, "one bf16 vector of one token a thread");
 extern "C" __device__ const int mhcc_abi_mix_columns = kMixColumns;

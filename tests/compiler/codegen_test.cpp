@@ -47,11 +47,14 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
   // The image's ABI version is the launch table's (mhcrun refuses any other
   // image: a library change that bumps one and not the other breaks every
   // GPU run, which no CPU test would see otherwise), and so are the tile
-  // sizes the host computes grids from.
+  // sizes the host computes grids from and the stream count up to which it
+  // launches pass C (beyond, the kernel's body compiles away).
   for (const std::string &global :
        {"mhcc_abi_version = " + std::to_string(runtime::cuda::kModelKernelsAbi) + ";",
         "kMixColumns = " + std::to_string(runtime::cuda::kMixColumns) + ";",
         "kMixTokens = " + std::to_string(runtime::cuda::kMixTokens) + ";",
+        "kMixThreads = " + std::to_string(runtime::cuda::kMixThreads) + ";",
+        "kMixMaxStreams = " + std::to_string(runtime::cuda::kMixMaxStreams) + ";",
         "kInputGradColumns = " + std::to_string(runtime::cuda::kInputGradColumns) + ";"})
     EXPECT_NE(source.find(global), std::string::npos) << global;
   // Different models, different kernels.
