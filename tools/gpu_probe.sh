@@ -10,7 +10,8 @@
 #   PROBE_AB=1          each variant's 1b step time: median of steps 2-6 and
 #                       the six losses (their bits must agree), variants
 #                       alternating, PROBE_ROUNDS rounds (default 2);
-#                       PROBE_N1=1 adds 1b_n1 under the first variant
+#                       PROBE_N1=1 adds 1b_n1 under the first variant,
+#                       PROBE_N1=all under every one
 #   PROBE_VARIANTS      "name=ENV ..." (default "new= kernels=MHCC_MHC_BACKWARD=kernels";
 #                       an empty ENV is the default runtime)
 #   PROBE_NCU=1         ncu's per-kernel time and DRAM bytes over one 1b_m1
@@ -43,7 +44,9 @@ if [ -n "${PROBE_AB:-}" ]; then
   for round in $(seq 1 "${PROBE_ROUNDS:-2}"); do
     for v in "${ORDER[@]}"; do
       models=(1b_pp1)
-      [ -n "${PROBE_N1:-}" ] && [ "$v" = "${ORDER[0]}" ] && models+=(1b_n1_pp1)
+      if [ "${PROBE_N1:-}" = all ] || { [ -n "${PROBE_N1:-}" ] && [ "$v" = "${ORDER[0]}" ]; }; then
+        models+=(1b_n1_pp1)
+      fi
       for m in "${models[@]}"; do
         log=$R/${v}_${m}_$round
         timeout 120 env $(variantEnv "$v") ./mhcrun "$m.mhcc" --data corpus.txt --steps 6 --no-progress \

@@ -21,6 +21,7 @@ constexpr int kNormResident = 8;
 
 extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *gain, float *aux, act_t *y,
                                                  int64_t rows, int64_t C, float eps) {
+  kernelPrologue();
   constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
   static_assert(E / kVec <= 32 * kNormResident, "the streamed stage fits the resident row's buffer");
   __shared__ uint4 staged[kThreads / 32][32 * kNormResident];
@@ -90,6 +91,7 @@ extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *ga
 /// One warp per row (any block of whole warps up to kThreads).
 extern "C" __global__ void mhcc_rms_norm_backward_row(const act_t *u, const act_t *gain, const float *aux,
                                                       const act_t *dy, act_t *du, int64_t rows, int64_t C) {
+  kernelPrologue();
   constexpr int kTiles = warpTiles<4>(), E = kTiles * 32 * kVec;
   __shared__ uint4 staged[kThreads / 32][4][E / kVec];
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
@@ -144,6 +146,7 @@ struct RmsNormGainGrad {
 /// columnPartials), the rows' loads issued in groups of 16 ahead of their adds.
 extern "C" __global__ void mhcc_rms_norm_gain_grad_partials(const act_t *u, const float *aux, const act_t *dy,
                                                             int64_t rows, int64_t C, float *partial) {
+  kernelPrologue();
   int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   int64_t chunk = blockIdx.y;
   if (c >= C)
@@ -193,6 +196,7 @@ __device__ __forceinline__ void ropeAngle(int64_t pos, double freq, int inverse,
 /// rotations once per device (ModelKernels::ropeTable), so mhcc_rope reads
 /// them instead of evaluating double cos and sin for every token.
 extern "C" __global__ void mhcc_rope_table(float2 *table, int64_t seq, int64_t d) {
+  kernelPrologue();
   const int64_t pairs = d / 2;
   for (int64_t i = gridThread(); i < seq * pairs; i += gridThreads()) {
     float c, s;
@@ -219,6 +223,7 @@ constexpr int kRopeVecs = 2 * kRopePairs / kVec; // 16-byte vectors a head's kRo
 
 extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, const float2 *table, int64_t rows,
                                      int64_t C, int64_t heads, int64_t seq, int inverse, int64_t rowStride) {
+  kernelPrologue();
   const int64_t d = C / heads, pairs = d / 2;
   if (d % (2 * kRopePairs) == 0 && C % kVec == 0 && rowStride % kVec == 0 && aligned16(qkv)) {
     const int64_t groups = pairs / kRopePairs;
@@ -273,6 +278,7 @@ extern "C" __global__ void mhcc_rope(act_t *qkv, const int32_t *positions, const
 /// sequence; the visible keys are [first, i].
 extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, const int32_t *firstKeys, int64_t seq,
                                                int64_t heads, int64_t lseOffset) {
+  kernelPrologue();
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
   const int64_t first = firstKeys ? firstKeys[lseOffset + i] : 0;
   float *row = scores + (h * seq + i) * seq;
@@ -296,6 +302,7 @@ extern "C" __global__ void mhcc_causal_softmax(float *scores, float *lse, const 
 extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP, const float *lse,
                                                         const int32_t *firstKeys, int64_t seq, int64_t heads,
                                                         int64_t lseOffset, float scale) {
+  kernelPrologue();
   const int64_t h = blockIdx.x / seq, i = blockIdx.x % seq;
   const int64_t first = firstKeys ? firstKeys[lseOffset + i] : 0;
   float *row = scores + (h * seq + i) * seq, *grad = dP + (h * seq + i) * seq;
@@ -314,6 +321,7 @@ extern "C" __global__ void mhcc_causal_softmax_backward(float *scores, float *dP
 // ---- SwiGLU ---------------------------------------------------------------------------------
 
 extern "C" __global__ void mhcc_swiglu_gate(const act_t *a, const act_t *b, act_t *hsw, int64_t count) {
+  kernelPrologue();
   const int64_t vecs = aligned16(a) && aligned16(b) && aligned16(hsw) ? count / kVec : 0;
   for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
     float av[kVec], bv[kVec], out[kVec];
@@ -333,6 +341,7 @@ extern "C" __global__ void mhcc_swiglu_gate(const act_t *a, const act_t *b, act_
 
 extern "C" __global__ void mhcc_swiglu_backward_gate(const act_t *a, const act_t *b, const act_t *dh, act_t *da,
                                                      act_t *db, int64_t count) {
+  kernelPrologue();
   const bool vec = aligned16(a) && aligned16(b) && aligned16(dh) && aligned16(da) && aligned16(db);
   const int64_t vecs = vec ? count / kVec : 0;
   for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
@@ -369,6 +378,7 @@ extern "C" __global__ void mhcc_swiglu_backward_gate(const act_t *a, const act_t
 constexpr int kLseTiles = 2, kLseSlots = 5;
 
 extern "C" __global__ void mhcc_log_sum_exp(const act_t *logits, float *aux, int64_t rows, int64_t V) {
+  kernelPrologue();
   using S = Stage<kLseTiles, kThreads>;
   constexpr int E = S::kElems;
   __shared__ uint4 staged[kLseSlots][E / kVec];
@@ -428,6 +438,7 @@ extern "C" __global__ void mhcc_log_sum_exp(const act_t *logits, float *aux, int
 /// loop did.
 extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels, const float *aux, float *loss,
                                      int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+  kernelPrologue();
   constexpr int kRows = 2048; // rows gathered per pass
   __shared__ float terms[kRows];
   __shared__ int64_t counts[kThreads];
@@ -465,6 +476,7 @@ extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels,
 extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, const int32_t *labels, const float *aux,
                                                        float factor, act_t *dLogits, int64_t rows, int64_t V,
                                                        int64_t shift, int64_t seq) {
+  kernelPrologue();
   if (V % kVec == 0 && aligned16(logits) && aligned16(dLogits)) {
     for (int64_t i = gridThread() * kVec; i < rows * V; i += gridThreads() * kVec) {
       int64_t t = i / V, v = i % V;

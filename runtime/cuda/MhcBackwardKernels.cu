@@ -32,6 +32,7 @@
 /// entries get +0 and its res entries nothing yet.
 extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t *y, const act_t *dOut, float *dCoef,
                                                   act_t *dy, int fresh, int64_t rows, int64_t C) {
+  kernelPrologue();
   constexpr int A = kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0;
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -113,6 +114,7 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
 /// warp per row, each dot in those kernels' order. Reads only.
 extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_t *dOut, const act_t *du,
                                                       float *dCoef, int64_t rows, int64_t C) {
+  kernelPrologue();
   constexpr int A = 2 * kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0;
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -219,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(kMixThreads)
     mhcc_mhc_mix_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
                                 const float *coef, const act_t *dOut, const act_t *du, act_t *dx, int64_t rows,
                                 int64_t C) {
+  kernelPrologue();
   if constexpr (kMixSupported) {
     constexpr int K = kCoefficients;
     // A token's vectors of dOut (streams 0..n-1), then of du.

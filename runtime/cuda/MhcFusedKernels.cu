@@ -88,6 +88,7 @@ __device__ __forceinline__ void fusedMma(float (&acc)[4], const uint4 &xg, const
 extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
     mhcc_mhc_coeffs_pre_forward(const act_t *x, const act_t *wmap, const act_t *bias, const act_t *alpha,
                                 float *coef, float *aux, act_t *u, int64_t rows, int64_t C) {
+  kernelPrologue();
   if constexpr (kFusedSupported) {
     constexpr int K = kCoefficients;
     __shared__ __align__(16) unsigned char shared[kFusedSharedBytes]; // the stages, then the warps' partial p

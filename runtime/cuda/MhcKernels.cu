@@ -212,6 +212,7 @@ __device__ __forceinline__ void mhcTokenCoeffs(float square, const float *pRow, 
 extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const float *p, const act_t *bias,
                                                    const act_t *alpha, float *coef, float *aux, int64_t rows,
                                                    int64_t C) {
+  kernelPrologue();
   const CoeffLanes l(rows);
   if (!l.warpActive)
     return; // the whole warp
@@ -227,6 +228,7 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
 extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const float *p, const act_t *alpha,
                                                     const float *aux, const float *dCoef, float *dh, act_t *dp,
                                                     float *rScale, int64_t rows, int64_t C) {
+  kernelPrologue();
   const CoeffLanes lanes(rows);
   if (!lanes.warpActive)
     return; // the whole warp
@@ -382,6 +384,7 @@ struct MhcAlphaGrad {
 /// (contiguous) go to shared memory, every thread loading, then thread k adds
 /// column k's rows in order.
 extern "C" __global__ void mhcc_mhc_bias_grad_partials(const float *dh, int64_t rows, float *partial) {
+  kernelPrologue();
   if constexpr (kChunkRows * kCoefficients <= 8192) {
     __shared__ float chunkDh[kChunkRows * kCoefficients];
     if (blockIdx.x != 0)
@@ -421,6 +424,7 @@ __device__ void stageAlphaSummands(float (&summand)[3][kChunkRows], const float 
 /// into shared memory, then thread g adds the chunk's rows in order.
 extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const float *p, const float *aux,
                                                         int64_t rows, float *partial) {
+  kernelPrologue();
   __shared__ float summand[3][kChunkRows];
   if (blockIdx.x != 0)
     return; // the whole block
@@ -443,6 +447,7 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
 /// memory (kChunkRows K <= 8192, n <= 10; mhcCoeffsBackward checks it).
 extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const float *p, const float *aux,
                                                        int64_t rows, float *partial) {
+  kernelPrologue();
   if constexpr (kChunkRows * kCoefficients <= 8192) {
     constexpr int K = kCoefficients;
     __shared__ float chunkDh[kChunkRows * K];
@@ -578,6 +583,7 @@ __device__ __forceinline__ float inputGradElement(float dx, float product, float
 extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
     mhcc_mhc_coeffs_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale, act_t *dx,
                                    int64_t rows, int64_t width) {
+  kernelPrologue();
   if constexpr (kInputGradSupported) {
     constexpr int K = kCoefficients;
     __shared__ float products[kInputGradWarps][16][kInputGradPitch];
@@ -651,6 +657,7 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
 
 extern "C" __global__ void mhcc_row_scale_add(const act_t *x, const float *scale, act_t *dx, int64_t rows,
                                               int64_t width) {
+  kernelPrologue();
   if (width % kVec == 0 && aligned16(x) && aligned16(dx)) {
     for (int64_t i = gridThread() * kVec; i < rows * width; i += gridThreads() * kVec) {
       const float sc = scale[i / width];

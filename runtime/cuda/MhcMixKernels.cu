@@ -34,6 +34,7 @@ struct PreMixVector {
 };
 
 extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coef, act_t *u, int64_t rows, int64_t C) {
+  kernelPrologue();
   const int K = kCoefficients;
   if (C % kVec == 0 && aligned16(x) && aligned16(u)) {
     for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
@@ -61,6 +62,7 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coe
 /// du is read once.
 extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *coef, const act_t *du, act_t *dx,
                                                  float *dCoef, int64_t rows, int64_t C) {
+  kernelPrologue();
   constexpr bool kStageDx = warpTiles<2 * kStreams + 1>() > 0;
   constexpr int A = kStageDx ? 2 * kStreams + 1 : kStreams + 1; // du, x's streams, dx's streams
   constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
@@ -142,6 +144,7 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
 /// (x and y read once).
 extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float *coef, const act_t *y, act_t *out,
                                                      int64_t rows, int64_t C) {
+  kernelPrologue();
   const int K = kCoefficients;
   if (C % kVec == 0 && aligned16(x) && aligned16(y) && aligned16(out)) {
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
@@ -222,6 +225,7 @@ __device__ __forceinline__ void addPostVector(act_t *const *buf, int o, const fl
 extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_backward(const act_t *x, const float *coef, const act_t *y,
                                                       const act_t *dOut, act_t *dx, float *dCoef, act_t *dy,
                                                       int fresh, int64_t rows, int64_t C) {
+  kernelPrologue();
   constexpr int A = 2 * kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -331,6 +335,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
 }
 
 extern "C" __global__ void mhcc_residual_forward(const act_t *x, const act_t *y, act_t *out, int64_t count) {
+  kernelPrologue();
   const int64_t vecs = aligned16(x) && aligned16(y) && aligned16(out) ? count / kVec : 0;
   for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
     float xv[kVec], yv[kVec];
@@ -349,6 +354,7 @@ extern "C" __global__ void mhcc_residual_forward(const act_t *x, const act_t *y,
 }
 
 extern "C" __global__ void mhcc_residual_backward(const act_t *dOut, act_t *dx, act_t *dy, int64_t count) {
+  kernelPrologue();
   const int64_t vecs = aligned16(dOut) && aligned16(dx) && aligned16(dy) ? count / kVec : 0;
   for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
     // dx's sum stored before dOut and dy are read again, as one element a

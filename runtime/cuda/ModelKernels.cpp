@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace mhcc::runtime::cuda {
 namespace {
@@ -20,6 +21,7 @@ struct Driver {
   CUresult (*moduleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *) = nullptr;
   CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void **, void **) = nullptr;
+  CUresult (*launchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **) = nullptr;
   CUresult (*getErrorName)(CUresult, const char **) = nullptr;
   std::string error;
 };
@@ -44,6 +46,7 @@ const Driver &driver() {
     resolve("cuModuleGetFunction", d.moduleGetFunction, d.error);
     resolve("cuModuleGetGlobal", d.moduleGetGlobal, d.error);
     resolve("cuLaunchKernel", d.launchKernel, d.error);
+    resolve("cuLaunchKernelEx", d.launchKernelEx, d.error);
     resolve("cuGetErrorName", d.getErrorName, d.error);
     return d;
   }();
@@ -86,6 +89,8 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
     return nullptr;
   }
   std::unique_ptr<ModelKernels> kernels(new ModelKernels());
+  const char *pdl = std::getenv("MHCC_PDL");
+  kernels->dependentLaunch_ = !(pdl && std::string(pdl) == "0");
   if (CUresult status = d.moduleLoadData(&kernels->module_, code.image.data()); status != CUDA_SUCCESS) {
     kernels->module_ = nullptr;
     error = where + "cannot load the artifact's kernels (" + errorName(status) +
@@ -171,8 +176,26 @@ void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY,
                              cudaStream_t stream, void **params) const {
   if (gridX == 0 || gridY == 0)
     return;
-  CUresult status = driver().launchKernel(functions_[int(kernel)], gridX, gridY, 1, block, 1, 1, 0,
-                                          reinterpret_cast<CUstream>(stream), params, nullptr);
+  CUresult status;
+  if (dependentLaunch_) { // the image's kernels begin with kernelPrologue (ABI 12)
+    CUlaunchAttribute early{};
+    early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    early.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = gridX;
+    config.gridDimY = gridY;
+    config.gridDimZ = 1;
+    config.blockDimX = block;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = &early;
+    config.numAttrs = 1;
+    status = driver().launchKernelEx(&config, functions_[int(kernel)], params, nullptr);
+  } else {
+    status = driver().launchKernel(functions_[int(kernel)], gridX, gridY, 1, block, 1, 1, 0,
+                                   reinterpret_cast<CUstream>(stream), params, nullptr);
+  }
   if (status != CUDA_SUCCESS && firstError_.empty())
     firstError_ = std::string("launch of ") + kKernelNames[int(kernel)] + ": " + errorName(status);
 }

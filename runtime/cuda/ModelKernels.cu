@@ -49,7 +49,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 11;
+extern "C" __device__ const int mhcc_abi_version = 12;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -69,6 +69,22 @@ __device__ __forceinline__ void store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
 __device__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---- programmatic dependent launch (sm_90) ---------------------------------------------
+// The host launches these kernels with programmatic stream serialization
+// (ModelKernels::launchRaw): a kernel's blocks may be scheduled while the
+// kernel before it in the stream drains, so its launch and prologue hide in
+// that tail. Every kernel here starts with kernelPrologue, before its first
+// memory access: the wait returns once the previous kernel completed and its
+// writes are visible, so the early start changes scheduling only, never the
+// bits. The trigger then lets the next kernel start early in turn (it takes
+// effect once every block of this grid has run it, i.e. in its last wave).
+__device__ __forceinline__ void kernelPrologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
 
 // ---- deterministic reductions -------------------------------------------------------
 // Butterfly sums: every lane ends with the same bits (fp addition commutes),
@@ -281,6 +297,7 @@ __device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const
 /// One warp per row: out[t] = sum of squares of row t. Any block of whole
 /// warps up to kThreads.
 extern "C" __global__ void mhcc_row_squares(const act_t *x, float *out, int64_t rows, int64_t width) {
+  kernelPrologue();
   constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
   __shared__ uint4 staged[kThreads / 32][E / kVec];
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
@@ -322,6 +339,7 @@ __device__ void columnPartials(Value value, int64_t rows, int64_t cols, float *p
 
 extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const act_t *table, act_t *out, int64_t rows,
                                               int64_t C, int64_t shift, int64_t seq) {
+  kernelPrologue();
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * C)
     return;
@@ -332,6 +350,7 @@ extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const act_t
 
 extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int32_t *positions, int64_t vocab,
                                                const act_t *dOut, float *dTable, int64_t C) {
+  kernelPrologue();
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= vocab * C)
     return;
@@ -343,6 +362,7 @@ extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int
 }
 
 extern "C" __global__ void mhcc_expand_forward(const act_t *h, act_t *x, int64_t rows, int64_t C) {
+  kernelPrologue();
   if (C % kVec == 0 && aligned16(h) && aligned16(x)) {
     // kVec columns of a row, every stream, a thread.
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
@@ -362,6 +382,7 @@ extern "C" __global__ void mhcc_expand_forward(const act_t *h, act_t *x, int64_t
 }
 
 extern "C" __global__ void mhcc_expand_backward(const act_t *dx, act_t *dh, int64_t rows, int64_t C) {
+  kernelPrologue();
   if (C % kVec == 0 && aligned16(dx) && aligned16(dh)) {
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
       int64_t t = q / C, c = q % C;
@@ -386,6 +407,7 @@ extern "C" __global__ void mhcc_expand_backward(const act_t *dx, act_t *dh, int6
 }
 
 extern "C" __global__ void mhcc_contract_forward(const act_t *x, act_t *h, int64_t rows, int64_t C) {
+  kernelPrologue();
   if (C % kVec == 0 && aligned16(x) && aligned16(h)) {
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
       int64_t t = q / C, c = q % C;
@@ -412,6 +434,7 @@ extern "C" __global__ void mhcc_contract_forward(const act_t *x, act_t *h, int64
 }
 
 extern "C" __global__ void mhcc_contract_backward(const act_t *dh, act_t *dx, int64_t rows, int64_t C) {
+  kernelPrologue();
   if (C % kVec == 0 && aligned16(dh) && aligned16(dx)) {
     for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
       int64_t t = q / C, c = q % C;

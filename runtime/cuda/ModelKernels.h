@@ -76,7 +76,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 11;
+inline constexpr int kModelKernelsAbi = 12;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
@@ -127,6 +127,10 @@ private:
 
   CUmodule module_ = nullptr;
   CUfunction functions_[int(ModelKernel::Count)] = {};
+  /// Programmatic dependent launch (ModelKernels.cu, kernelPrologue): on
+  /// unless MHCC_PDL=0, which launches each kernel after the one before it
+  /// has completed, as plain stream order does.
+  bool dependentLaunch_ = true;
   mutable std::string firstError_;
   mutable std::map<std::pair<int64_t, int64_t>, float *> ropeTables_;
 };
