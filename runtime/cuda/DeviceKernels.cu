@@ -340,8 +340,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
     if (K <= 128) { // one launch each for both gate gradients' partials and sums (the same bits)
       k.launch(ModelKernel::MhcGateGradPartials, unsigned(columnChunks(rows)), 1, kThreads, s, dh, p, aux, rows,
                partial);
-      addColumnPartialsKernel<<<blocks(K + 3), kThreads, 0, s>>>(partial, columnChunks(rows), K + 3, dBias, K,
-                                                                 dAlpha);
+      addColumnPartials(partial, columnChunks(rows), K + 3, dBias, s, K, dAlpha);
     } else {
       addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
       addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);

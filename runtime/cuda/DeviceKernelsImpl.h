@@ -6,6 +6,7 @@
 #ifndef MHCC_RUNTIME_CUDA_DEVICEKERNELSIMPL_H
 #define MHCC_RUNTIME_CUDA_DEVICEKERNELSIMPL_H
 
+#include "runtime/cuda/DependentLaunch.cuh"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
@@ -34,7 +35,8 @@ inline int64_t columnChunks(int64_t rows) { return (rows + kColumnChunkRows - 1)
 /// The loads go out kBatch at a time (and dst's first), the adds stay in
 /// chunk order: a thread waits for memory once a batch, not once a chunk.
 __global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, int64_t cols, float *dst,
-                                        int64_t split = INT64_MAX, float *dst2 = nullptr) {
+                                        int64_t split, float *dst2) {
+  dependentPrologue();
   constexpr int kBatch = 8;
   int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols)
@@ -57,6 +59,13 @@ __global__ void addColumnPartialsKernel(const float *partial, int64_t chunks, in
   *target = before + acc;
 }
 
+/// addColumnPartialsKernel over `cols` columns, launched as a dependent launch.
+inline void addColumnPartials(const float *partial, int64_t chunks, int64_t cols, float *dst, cudaStream_t s,
+                              int64_t split = INT64_MAX, float *dst2 = nullptr) {
+  launchDependent(addColumnPartialsKernel, dim3(unsigned(blocks(cols))), dim3(kThreads), 0, s, partial, chunks, cols,
+                  dst, split, dst2);
+}
+
 /// dst[c] += sum over t of the summands `partials` produces (a model kernel
 /// taking `args...` and then `partial`); partial: columnChunks(rows) * cols floats.
 template <typename... Args>
@@ -65,7 +74,7 @@ void addColumnSums(const ModelKernels &k, ModelKernel partials, int64_t rows, in
   if (rows == 0)
     return;
   k.launch(partials, unsigned(blocks(cols)), unsigned(columnChunks(rows)), kThreads, s, args..., partial);
-  addColumnPartialsKernel<<<blocks(cols), kThreads, 0, s>>>(partial, columnChunks(rows), cols, dst);
+  addColumnPartials(partial, columnChunks(rows), cols, dst, s);
 }
 
 /// c[M,K] = a[M,N] b[K,N]^T. fp32 keeps the zero fill and accumulating

@@ -59,6 +59,7 @@ __device__ __forceinline__ void forwardTile(const uint32_t (&qf)[D / 16][4], flo
 
 /// One block: 128 query rows of one (sequence, head), key tiles 0 .. the diagonal, double-buffered.
 template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) forwardKernel(Params p) {
+  dependentPrologue();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sQ = reinterpret_cast<bf16 *>(smem);
   bf16 *sK = sQ + kBlockRows * D; // [2][kTile][D]

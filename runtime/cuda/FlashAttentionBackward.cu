@@ -15,6 +15,7 @@ using namespace flash;
 
 /// D[token, head] = sum over e of dO * O, in fp32: one warp per (token, head), a fixed butterfly sum.
 template <int D> __global__ void __launch_bounds__(kThreads) rowDotKernel(Params p, int64_t pairs) {
+  dependentPrologue();
   const int64_t pair = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (pair >= pairs)
@@ -58,6 +59,7 @@ __device__ __forceinline__ void dqTile(float (&dq)[D / 8][4], uint32_t qSm, uint
 
 /// One block: dQ of 128 query rows of one (sequence, head), key tiles 0 .. the diagonal, double-buffered.
 template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) dqKernel(Params p) {
+  dependentPrologue();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sQ = reinterpret_cast<bf16 *>(smem);
   bf16 *sdO = sQ + kBlockRows * D;
@@ -140,6 +142,7 @@ __device__ __forceinline__ void dkdvPass(float (&dk)[D / 8][4], float (&dv)[D / 
 /// One block: dK and dV of 128 keys of one (sequence, head), query tiles from the first key to the sequence's
 /// end, double-buffered with their lse and D.
 template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1) dkdvKernel(Params p) {
+  dependentPrologue();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *sK = reinterpret_cast<bf16 *>(smem);
   bf16 *sV = sK + kBlockRows * D;
@@ -219,8 +222,8 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
 
 template <int D> std::string backward(const Params &p, int64_t T, cudaStream_t stream) {
   const int64_t pairs = T * p.heads;
-  rowDotKernel<D><<<unsigned((pairs + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p, pairs);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launchDependent(rowDotKernel<D>, dim3(unsigned((pairs + kWarps - 1) / kWarps)), dim3(kThreads), 0,
+                                  stream, p, pairs);
   if (e == cudaSuccess && flashKernels() == FlashKernels::kWgmma)
     return flashAttentionBackwardWgmma(p, D, stream);
   if (e == cudaSuccess)

@@ -102,6 +102,7 @@ template <int D, bool kDocuments>
 __global__ void __launch_bounds__(kForwardThreads, 1)
     hopperForwardKernel(const __grid_constant__ CUtensorMap qkvMap, Params p) {
   extern __shared__ unsigned char smem[];
+  dependentPrologue();
   const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u; // the swizzle needs 1024-byte aligned tiles
   constexpr uint32_t kQBytes = kBlockRows * D * 2, kKVBytes = kKeyTile * D * 2;
   const uint32_t sK = sQ + kQBytes, sV = sK + 2 * kKVBytes; // [2] each

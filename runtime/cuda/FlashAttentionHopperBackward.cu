@@ -88,6 +88,7 @@ template <int D, bool kDocuments>
 __global__ void __launch_bounds__(tma::kSpecializedThreads, 1)
     hopperDkdvKernel(const __grid_constant__ CUtensorMap qkvMap, const __grid_constant__ CUtensorMap dOMap, Params p) {
   extern __shared__ unsigned char smem[];
+  dependentPrologue();
   const uint32_t sK = (smemAddr(smem) + 1023u) & ~1023u;
   constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
   const uint32_t sV = sK + kOwnBytes, sQ = sV + kOwnBytes, sdO = sQ + kStages * kStreamBytes; // [kStages] each
@@ -202,6 +203,7 @@ template <int D, bool kDocuments>
 __global__ void __launch_bounds__(tma::kSpecializedThreads, 1)
     hopperDqKernel(const __grid_constant__ CUtensorMap qkvMap, const __grid_constant__ CUtensorMap dOMap, Params p) {
   extern __shared__ unsigned char smem[];
+  dependentPrologue();
   const uint32_t sQ = (smemAddr(smem) + 1023u) & ~1023u;
   constexpr uint32_t kOwnBytes = kBlockRows * D * 2, kStreamBytes = kStream * D * 2;
   const uint32_t sdO = sQ + kOwnBytes, sK = sdO + kOwnBytes, sV = sK + kStages * kStreamBytes; // [kStages] each

@@ -43,6 +43,7 @@
 #ifndef MHCC_RUNTIME_CUDA_FLASHATTENTIONTILES_CUH
 #define MHCC_RUNTIME_CUDA_FLASHATTENTIONTILES_CUH
 
+#include "runtime/cuda/DependentLaunch.cuh"
 #include "runtime/cuda/FlashAttention.h"
 
 #include <cuda_bf16.h>
@@ -388,15 +389,15 @@ inline Params makeParams(int64_t T, int64_t C, int64_t heads, int64_t seq) {
 }
 
 /// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and launches it with `threads`
-/// threads a block on `args` (the warp-specialized kernels: their tensor maps, then Params).
+/// threads a block on `args` (the warp-specialized kernels: their tensor maps, then Params), as a
+/// dependent launch: every kernel launched here begins with dependentPrologue (DependentLaunch.cuh).
 template <typename Kernel, typename... Args>
 cudaError_t launchWith(Kernel kernel, unsigned threads, int64_t blocks, int smemBytes, cudaStream_t stream,
                        const Args &...args) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes);
   if (e != cudaSuccess)
     return e;
-  kernel<<<unsigned(blocks), threads, smemBytes, stream>>>(args...);
-  return cudaGetLastError();
+  return launchDependent(kernel, dim3(unsigned(blocks)), dim3(threads), size_t(smemBytes), stream, args...);
 }
 
 /// launchWith for the kernels of kThreads threads that take Params alone.

@@ -272,7 +272,7 @@ void addColumnSumsOf(const float *m, int64_t rows, int64_t cols, float *partial,
   if (!rows)
     return;
   columnPartialsKernel<<<dim3(blocks(cols), unsigned(columnChunks(rows))), kThreads, 0, s>>>(m, rows, cols, partial);
-  addColumnPartialsKernel<<<blocks(cols), kThreads, 0, s>>>(partial, columnChunks(rows), cols, dst, split, dst2);
+  addColumnPartials(partial, columnChunks(rows), cols, dst, s, split, dst2);
 }
 
 template <typename A> void roundLikeStorage(float *p, int64_t count, cudaStream_t s) {
@@ -440,8 +440,7 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
     const int64_t width = 3 * C;
     convWeightPartialsKernel<<<dim3(blocks(kGdnConvWidth * width), unsigned(columnChunks(rows))), kThreads, 0, s>>>(
         kept.dZ, aux.p, rows, width, seq, docs.firstKeys, partial);
-    addColumnPartialsKernel<<<blocks(kGdnConvWidth * width), kThreads, 0, s>>>(partial, columnChunks(rows),
-                                                                               kGdnConvWidth * width, dw.conv);
+    addColumnPartials(partial, columnChunks(rows), kGdnConvWidth * width, dw.conv, s);
     matmulTransAAcc<A, float>(g, x, kept.dP, dw.wqkv, rows, C, 3 * C);
   }
   return lastError("gated_delta_net backward");

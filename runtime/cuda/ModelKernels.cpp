@@ -2,12 +2,12 @@
 #include "runtime/cuda/ModelKernels.h"
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/cuda/DependentLaunch.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace mhcc::runtime::cuda {
 namespace {
@@ -89,8 +89,7 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
     return nullptr;
   }
   std::unique_ptr<ModelKernels> kernels(new ModelKernels());
-  const char *pdl = std::getenv("MHCC_PDL");
-  kernels->dependentLaunch_ = !(pdl && std::string(pdl) == "0");
+  kernels->dependentLaunch_ = dependentLaunchEnabled();
   if (CUresult status = d.moduleLoadData(&kernels->module_, code.image.data()); status != CUDA_SUCCESS) {
     kernels->module_ = nullptr;
     error = where + "cannot load the artifact's kernels (" + errorName(status) +

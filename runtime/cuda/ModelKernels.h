@@ -127,9 +127,8 @@ private:
 
   CUmodule module_ = nullptr;
   CUfunction functions_[int(ModelKernel::Count)] = {};
-  /// Programmatic dependent launch (ModelKernels.cu, kernelPrologue): on
-  /// unless MHCC_PDL=0, which launches each kernel after the one before it
-  /// has completed, as plain stream order does.
+  /// Programmatic dependent launch (ModelKernels.cu, kernelPrologue):
+  /// dependentLaunchEnabled() when loaded.
   bool dependentLaunch_ = true;
   mutable std::string firstError_;
   mutable std::map<std::pair<int64_t, int64_t>, float *> ropeTables_;
