@@ -61,6 +61,38 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
   EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
 }
 
+// The runtime launches every kernel of the library as a programmatic
+// dependent launch (ModelKernels::launchRaw): one that touched memory before
+// kernelPrologue's wait would read its predecessor's output while it is
+// still being written, a race no bitwise test is sure to catch. So every
+// extern "C" __global__ body opens with the prologue.
+TEST(CudaCodegen, EveryKernelOpensWithTheDependentLaunchPrologue) {
+  const std::string source = emitModelKernels(model(4, 20), "0x1234");
+  const std::string marker = "extern \"C\" __global__";
+  int kernels = 0;
+  for (size_t at = source.find(marker); at != std::string::npos; at = source.find(marker, at + 1)) {
+    // The parameter list's closing parenthesis (launch bounds may come before
+    // the name), then the body's brace.
+    size_t open = source.find('(', source.find(" mhcc_", at));
+    int depth = 0;
+    size_t close = open;
+    for (; close < source.size(); ++close) {
+      depth += source[close] == '(' ? 1 : source[close] == ')' ? -1 : 0;
+      if (depth == 0)
+        break;
+    }
+    const size_t brace = source.find('{', close);
+    const size_t name = source.find(" mhcc_", at);
+    const std::string kernel = source.substr(name + 1, open - name - 1);
+    ASSERT_NE(brace, std::string::npos) << kernel;
+    const size_t first = source.find_first_not_of(" \n", brace + 1);
+    EXPECT_EQ(source.compare(first, 17, "kernelPrologue();"), 0)
+        << kernel << " does not open with kernelPrologue()";
+    ++kernels;
+  }
+  EXPECT_EQ(kernels, int(std::size(kLaunched))) << "a kernel the launch table does not name, or the reverse";
+}
+
 class WithNvcc : public ::testing::Test {
 protected:
   void SetUp() override {
