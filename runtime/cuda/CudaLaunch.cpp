@@ -172,14 +172,15 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   cudaStream_t stream = compute_;
   const ModelKernels &k = *kernels_;
   // Fresh gradients: the post/res backward writes its three (its kernel's
-  // `fresh` bits: dx, dCoef, dy); every other one is zero-filled here.
+  // `fresh` bits: dx, dCoef, dy), the RMSNorm backward its input's; every
+  // other one is zero-filled here.
   int freshMask = 0;
   for (int id : fresh) {
     int bit = 0;
-    if (f.op == Prim::MhcPostRes && parts.inputs)
-      for (int j = 0; j < 3; ++j)
-        if (b.gradInputs[j] == id)
-          bit = 1 << j;
+    const int written = f.op == Prim::MhcPostRes ? 3 : f.op == Prim::RmsNorm ? 1 : 0;
+    for (int j = 0; parts.inputs && j < written; ++j)
+      if (b.gradInputs[j] == id)
+        bit = 1 << j;
     if (bit)
       freshMask |= bit;
     else
@@ -243,7 +244,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::RmsNorm:
     rmsNormBackward(k, in(0), w(0), aux, dOut, din(0), dw(0), scratch(rmsNormBackwardScratch(T, C)).data, T, C,
-                    parts, stream);
+                    parts, stream, freshMask & 1);
     break;
   case Prim::Attention:
     error = attentionBackward(

@@ -418,11 +418,13 @@ void rmsNormForward(const ModelKernels &k, const A *u, const A *gain, A *y, floa
 
 template <typename A>
 void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const float *aux, const A *dy, A *du,
-                     float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s) {
+                     float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s,
+                     bool freshDu) {
   if (parts.weights)
     addColumnSums(k, ModelKernel::RmsNormGainGradPartials, rows, C, scratch, dGain, s, u, aux, dy, rows, C);
   if (parts.inputs)
-    k.launch(ModelKernel::RmsNormBackwardRow, warpBlocks(rows), 1, kThreads, s, u, gain, aux, dy, du, rows, C);
+    k.launch(ModelKernel::RmsNormBackwardRow, warpBlocks(rows), 1, kThreads, s, u, gain, aux, dy, du,
+             int(freshDu), rows, C);
 }
 
 template <typename A>

@@ -161,10 +161,12 @@ void residualBackward(const ModelKernels &k, const A *dOut, A *dx, A *dy, int64_
 template <typename A>
 void rmsNormForward(const ModelKernels &k, const A *u, const A *gain, A *y, float *aux, int64_t rows, int64_t C,
                     double eps, cudaStream_t s);
-/// scratch: rmsNormBackwardScratch (partial column sums of dGain).
+/// scratch: rmsNormBackwardScratch (partial column sums of dGain). du is
+/// added into, or with freshDu written (unread: the bits of an add into zeros).
 template <typename A>
 void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const float *aux, const A *dy, A *du,
-                     float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s);
+                     float *dGain, float *scratch, int64_t rows, int64_t C, GradParts parts, cudaStream_t s,
+                     bool freshDu = false);
 
 /// aux layout: [rows, 3C] rotated q, k, v and [rows, C] output o (in A),
 /// then [rows, heads] fp32 log-sum-exp. bf16 models with head dim 64 or 128

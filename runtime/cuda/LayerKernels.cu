@@ -88,9 +88,12 @@ extern "C" __global__ void mhcc_rms_norm_forward(const act_t *u, const act_t *ga
     store(&out[c], load(row[c]) * s * load(gain[c]));
 }
 
-/// One warp per row (any block of whole warps up to kThreads).
+/// One warp per row (any block of whole warps up to kThreads). du += the
+/// row's gradient; with `fresh` du holds nothing yet and is not read: each
+/// element is stored as 0 + its gradient, the bits of an add into zeros.
 extern "C" __global__ void mhcc_rms_norm_backward_row(const act_t *u, const act_t *gain, const float *aux,
-                                                      const act_t *dy, act_t *du, int64_t rows, int64_t C) {
+                                                      const act_t *dy, act_t *du, int fresh, int64_t rows,
+                                                      int64_t C) {
   kernelPrologue();
   constexpr int kTiles = warpTiles<4>(), E = kTiles * 32 * kVec;
   __shared__ uint4 staged[kThreads / 32][4][E / kVec];
@@ -114,12 +117,13 @@ extern "C" __global__ void mhcc_rms_norm_backward_row(const act_t *u, const act_
   dot = warpSum(dot);
   float k = s * s * s / float(C) * dot;
   act_t *duRow = du + t * C, *bdu = buf[3];
-  warpStream<kTiles, 4>(src, buf, C, vec, lane, [&](int64_t base, int n) {
+  auto addRow = [&](int64_t base, int n) {
     for (int j = 0; j < E / 32; ++j) {
       const int c = lane + 32 * j;
       if (c < n) {
         const float g = s * load(buf[0][c]) * load(buf[1][c]) - k * load(buf[2][c]);
-        store(&bdu[c], load(bdu[c]) + g);
+        const float prior = fresh ? 0.0f : load(bdu[c]);
+        store(&bdu[c], prior + g);
       }
     }
     __syncwarp();
@@ -131,7 +135,11 @@ extern "C" __global__ void mhcc_rms_norm_backward_row(const act_t *u, const act_
       for (int c = lane; c < n; c += 32)
         duRow[base + c] = bdu[c];
     }
-  });
+  };
+  if (fresh) // du's tiles staged as scratch only
+    warpStream<kTiles, 3>(src, buf, C, vec, lane, addRow);
+  else
+    warpStream<kTiles, 4>(src, buf, C, vec, lane, addRow);
 }
 
 struct RmsNormGainGrad {

@@ -390,6 +390,39 @@ TEST_F(CudaBf16Kernels, RmsNormForwardPathsGiveTheSameBits) {
   }
 }
 
+// The RMSNorm backward into a fresh input gradient (never read: NaNs here)
+// gives the bits of the add into a zero-filled one it replaces, on the
+// vector path (C = 2048) and the element path (C = 60), and the add into a
+// gradient that holds something still adds.
+TEST_F(CudaBf16Kernels, RmsNormBackwardIntoAFreshGradientGivesTheBitsOfAnAddIntoZeros) {
+  for (int64_t width : {2048, 60}) {
+    SCOPED_TRACE("C " + std::to_string(width));
+    const int64_t rows = 70;
+    auto u = random(rows * width), gain = random(width, 0.5f), dy = random(rows * width), prior = random(rows * width);
+    bf16 *dU = uploadBf16(u), *dGain = uploadBf16(gain), *dDy = uploadBf16(dy);
+    float *aux = allocate<float>(rows);
+    cuda::rmsNormForward(*kernels_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(dGain),
+                         allocate<bf16>(rows * width), aux, rows, width, 1e-6f, nullptr);
+    const cuda::GradParts inputs{true, false};
+    auto run = [&](const std::vector<float> *start, bool fresh) {
+      bf16 *du = start ? uploadBf16(*start) : allocate<bf16>(rows * width);
+      if (!start)
+        cudaMemset(du, fresh ? 0xff : 0, rows * width * 2);
+      cuda::rmsNormBackward(*kernels_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(dGain), aux,
+                            static_cast<const bf16 *>(dDy), du, nullptr, nullptr, rows, width, inputs, nullptr, fresh);
+      noErrors("rms norm backward");
+      return downloadBf16(du, rows * width);
+    };
+    const std::vector<float> fresh = run(nullptr, true), zeros = run(nullptr, false);
+    EXPECT_EQ(std::memcmp(fresh.data(), zeros.data(), fresh.size() * 4), 0) << "fresh differs from adding into zeros";
+    const std::vector<float> added = run(&prior, false);
+    int64_t moved = 0;
+    for (size_t i = 0; i < added.size(); ++i)
+      moved += added[i] != fresh[i];
+    EXPECT_GT(moved, int64_t(added.size()) / 2) << "adding into a gradient that holds something ignored it";
+  }
+}
+
 // AdamW moves four parameters a thread where every array is 16-byte aligned
 // and one otherwise (and at a count's tail): the same bits either way.
 TEST_F(CudaBf16Kernels, AdamWQuadsAndSinglesGiveTheSameBits) {
