@@ -309,10 +309,15 @@ run)
       plan=static; [[ $name == *_pool ]] && plan=pool
       # shellcheck disable=SC2086
       attention=; [[ $name == *_ref ]] && attention=reference
+      # small_bf16 against the CPU at Adam's eps 1e-5: at Megatron's 1e-8 its
+      # noise-level gate gradients each take a full lr step whose sign is
+      # rounding noise, 2-3e-3 apart by step 2 (docs/precision.md); the
+      # layouts' bits are compared at that eps all the same.
+      eps=; note=; [[ $name == small_bf16* ]] && eps=1e-5 && note=", adam eps 1e-5"
       if MHCC_ATTENTION=$attention MHCC_TEST_MEMORY_PLAN=$plan MHCC_TEST_PACKED_DOCUMENTS=$packed \
-         timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
+         MHCC_TEST_ADAM_EPS=$eps timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
         r=PASS; else r=FAIL; fi
-      row "parity $name ($(echo $list | wc -w) layouts, x2)" $r \
+      row "parity $name ($(echo $list | wc -w) layouts, x2$note)" $r \
           "$(grep -E '^step [0-9]:|^\[  (PASSED|FAILED|SKIPPED) ' "$logs/parity_$name.log" | tr '\n' ' ' | cut -c1-220)"
     done
     # Fewer GPUs than ranks: one message, exit 1, no hang.

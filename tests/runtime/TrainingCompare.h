@@ -41,6 +41,11 @@ inline TrainingRun train(const std::string &path, const TokenDataset &data, int6
   // The GPU suite's packed-document parity cases (an indexed dataset).
   if (const char *packed = std::getenv("MHCC_TEST_PACKED_DOCUMENTS"); packed && std::string(packed) == "1")
     options.resetPositionIds = options.resetAttentionMask = true;
+  // Adam's epsilon for a GPU-against-CPU comparison where gradients at the
+  // level of bf16 rounding noise would otherwise each take a full lr step
+  // whose sign depends on the noise (docs/precision.md, small_bf16).
+  if (const char *eps = std::getenv("MHCC_TEST_ADAM_EPS"); eps && *eps)
+    options.adamEps = std::atof(eps);
   // A hung layout then fails in seconds instead of using up a GPU call.
   if (const char *timeout = std::getenv("MHCC_TEST_RECV_TIMEOUT"))
     options.recvTimeoutSeconds = std::atof(timeout);
