@@ -296,6 +296,7 @@ struct Role {
   std::string rankPrefix;   // "rank R: " in a multi-process run
   CheckpointShard shard;    // how the ranks split a checkpoint
   bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
+  bool joinsSaves = false;  // a CPU rank > 0 holding a distributed optimizer's shard: sends it at each save
   bool agreedStop = false;  // stops on the signal the step's collective agreed on
   std::string backend;      // "cpu" or "cuda": names a measured device profile
   std::optional<int64_t> processRank; // one process a rank: this one's (its --trace is a part)
@@ -370,8 +371,8 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
     return fail(error);
   std::unique_ptr<Checkpointer> saver;
-  if (!f.saveDir.empty() && role.writesFiles)
-    saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
+  if (!f.saveDir.empty() && (role.writesFiles || role.joinsSaves))
+    saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker, role.writesFiles);
   // The iteration's line and metrics (and the validation pass after it):
   // before a stop, so the last one is kept.
   auto printIteration = [&](const StepResult &r, const std::optional<StepResult> &validation) {
@@ -501,10 +502,10 @@ int runMhcrun(int argc, char **argv) {
       return fail(rankPrefix + "the artifact has " + name + " = " + std::to_string(size) + " " + ranks +
                   ", which run on the CPU backend for now (--backend cpu: threads, or one process per rank with "
                   "--processes, mpirun or srun); recompile with --" + name + " 1 for GPUs");
-  if (artifact->distributedOptimizer && (backend != "cpu" || placement || f.processes > 0))
+  if (artifact->distributedOptimizer && backend != "cpu")
     return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
-                " replicas (--distributed-optimizer), which runs on the CPU backend's threads for now (--backend "
-                "cpu, without --processes, mpirun or srun); recompile without --distributed-optimizer for those");
+                " replicas (--distributed-optimizer), which runs on the CPU backend for now (--backend cpu: threads, "
+                "or one process per rank); recompile without --distributed-optimizer for GPUs");
   if (!f.tracePath.empty() && backend != "cpu")
     return fail(rankPrefix + "--trace measures the CPU backend for now (on GPUs the host clock sees only when work "
                              "is issued); use --profile there for device time");
@@ -609,7 +610,10 @@ int runMhcrun(int argc, char **argv) {
   if (placement)
     role.processRank = placement->rank;
   if (placement && backend == "cpu") {
-    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment
+    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment (or gathers the shards')
+    const Artifact &a = trainer->artifact();
+    for (int64_t d = 1; a.distributedOptimizer && d < a.dp; ++d)
+      role.joinsSaves = role.joinsSaves || a.globalRank(0, d, 0, 0) == placement->rank;
   } else if (placement) {
     role.shard.rank = placement->rank;
     role.shard.size = placement->size;

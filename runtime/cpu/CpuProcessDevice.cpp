@@ -39,13 +39,25 @@ struct Unpacker {
   template <typename T> bool get(T &value) { return get(&value, 1); }
 };
 
+/// Under the distributed optimizer, the replica whose shard of every
+/// parameter this rank updates and holds the moments of: the replica's first
+/// rank (pipeline, context and tensor rank 0) does; -1 for the others.
+int64_t optimizerShard(const Artifact &a, int64_t rank) {
+  for (int64_t d = 0; a.distributedOptimizer && d < a.dp; ++d)
+    if (a.globalRank(0, d, 0, 0) == rank)
+      return d;
+  return -1;
+}
+
 class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
-      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank),
-        // The optimizer runs on rank 0: it alone holds the moments and the
-        // whole gradients of every stage, assembled from the ranks' blocks.
-        params_(a, rank == 0, [rank](int64_t) { return rank == 0; }),
+      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank), shard_(optimizerShard(a, rank)),
+        // Rank 0 reduces the whole gradients of every stage, assembled from
+        // the ranks' blocks, and takes the norm; it holds every moment, or
+        // under the distributed optimizer shard 0's, each replica's first
+        // rank holding (and updating) its replica's shard.
+        params_(a, rank == 0 || shard_ >= 0, [rank](int64_t) { return rank == 0; }, shard_),
         grads_(blockGrads(a, [&a, rank](int64_t s) { return a.rankOf(s) == a.pipelineRankOf(rank); })) {
     if (rank == 0)
       gathered_.assign(a.tp, blockGrads(a));
@@ -138,17 +150,22 @@ public:
     return true;
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = params_.weights; }
-  // Rank 0 holds the moments, so it alone saves; every rank loads the weights.
+  // Rank 0 saves, with the shards' moments sent to it under the
+  // distributed optimizer (every shard's rank takes part in the save);
+  // every rank loads the weights, the moments' holders their parts.
   bool saveState(ParameterState &state) override {
     if (rank_ != 0)
-      return true;
+      return shard_ <= 0 || sendMoments();
     state.weights = params_.weights;
-    state.adamM = params_.adamM;
-    state.adamV = params_.adamV;
-    return true;
+    if (!a_.distributedOptimizer) {
+      state.adamM = params_.adamM;
+      state.adamV = params_.adamV;
+      return true;
+    }
+    return gatherMoments(state);
   }
   bool loadState(const ParameterState &state) override {
-    params_.load(state, rank_ == 0);
+    params_.load(state, rank_ == 0 || shard_ >= 0);
     cutBlocks();
     return true;
   }
@@ -296,12 +313,34 @@ private:
 
   bool reduceAndUpdate(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &out);
   bool sendAndTake(const std::vector<std::vector<double>> &losses, StepResult &out);
+  // The distributed optimizer across processes (below).
+  bool shardsUpdates() const { return a_.distributedOptimizer && options_.optimizer != "sgd" && !evaluating(); }
+  bool updateOtherShards(int64_t step);
+  /// Rank 0: the next frame of `kind` from each other replica's first rank,
+  /// in replica order, read by read(d, in) (false, or bytes left: malformed).
+  template <typename Read> bool readShardFrames(int32_t kind, const std::string &what, Read read) {
+    for (int64_t d = 1; d < a_.dp; ++d) {
+      const int64_t from = a_.globalRank(0, d, 0, 0);
+      Frame frame;
+      if (!mesh_->receive(from, frame, error_))
+        return false;
+      Unpacker in{frame.bytes};
+      if (frame.kind != kind || !read(d, in) || in.at != frame.bytes.size())
+        return fail("rank " + std::to_string(from) + "'s " + what +
+                    " is malformed (the ranks run different artifacts?)");
+    }
+    return true;
+  }
+  bool updateOwnShard();
+  bool sendMoments();
+  bool gatherMoments(ParameterState &state);
 
   std::unique_ptr<SocketMesh> mesh_;
   const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
+  const int64_t shard_;     // optimizerShard: the distributed optimizer's shard this rank updates, or -1
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
-  HostParameters params_; // every weight on every rank; moments and whole gradients on rank 0
+  HostParameters params_; // every weight on every rank; moments (or a shard's) and whole gradients on rank 0
   SlotGrads grads_;       // this rank's stages' gradients: its tensor rank's blocks
   std::vector<SlotGrads> gathered_; // rank 0: the first reduce members' blocks, by tensor rank
   std::vector<std::vector<float>> blocks_; // tp > 1: this rank's blocks of the split weights
@@ -324,7 +363,8 @@ bool CpuProcessDevice::sendAndTake(const std::vector<std::vector<double>> &losse
   if (replica_ == 0 && contextRank_ == 0)
     packStageGrads(pack);
   Frame reply;
-  if (!mesh_->send(0, gather, error_) || !mesh_->receive(0, reply, error_))
+  if (!mesh_->send(0, gather, error_) || (shard_ > 0 && shardsUpdates() && !updateOwnShard()) ||
+      !mesh_->receive(0, reply, error_))
     return false;
   Unpacker in{reply.bytes};
   int32_t hasMtp = 0;
@@ -388,6 +428,8 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   if (!evaluating())
     assembleTensorParallel(a_, [this](int64_t t) -> const SlotGrads & { return gathered_[t]; }, params_.slotGrads);
   params_.update(a_, options_, sumContextLosses(a_, memberLosses), evaluating(), result);
+  if (shardsUpdates() && !updateOtherShards(step))
+    return false;
   cutBlocks();
   Frame reply{Frame::Reply, 0, 0, 0, 0, {}};
   Packer pack{reply.bytes};
@@ -413,6 +455,96 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
   out.stopSignal = stop;
   out.paramGrads = std::move(result.paramGrads);
   return true;
+}
+
+// ---- the distributed optimizer across processes ----------------------------------------
+// Rank 0 reduces the gradients and takes their norm as without it (the same
+// bits), and updates shard 0; it sends each other replica's first rank that
+// replica's shard of the reduced gradients, which updates it with the moments
+// it alone holds (the same arithmetic per element) and sends the weights'
+// shard back; rank 0 then sends every rank the whole weights, as always.
+
+/// Rank 0: shards 1.. of this step's update, by their ranks.
+bool CpuProcessDevice::updateOtherShards(int64_t step) {
+  const ReducedGradients &reduced = params_.reduced;
+  for (int64_t d = 1; d < a_.dp; ++d) {
+    Frame frame{Frame::Shard, 0, 0, a_.globalRank(0, d, 0, 0), step, {}};
+    Packer pack{frame.bytes};
+    pack.put(reduced.norm);
+    for (size_t p = 0; p < a_.params.size(); ++p) {
+      const auto [begin, end] = a_.shardOf(a_.params[p].count(), d);
+      pack.put(reduced.grads[p].data() + begin, size_t(end - begin));
+    }
+    if (!mesh_->send(frame.dst, frame, error_))
+      return false;
+  }
+  const bool ok = readShardFrames(Frame::ShardWeights, "updated shard", [this](int64_t d, Unpacker &in) {
+    for (size_t p = 0; p < a_.params.size(); ++p) {
+      const auto [begin, end] = a_.shardOf(a_.params[p].count(), d);
+      if (!in.get(params_.weights[p].data() + begin, size_t(end - begin)))
+        return false;
+    }
+    return true;
+  });
+  params_.working.refresh(params_.weights);
+  return ok;
+}
+
+/// A replica's first rank (d > 0): its shard of the step's update.
+bool CpuProcessDevice::updateOwnShard() {
+  Frame frame;
+  if (!mesh_->receive(0, frame, error_))
+    return false;
+  Unpacker in{frame.bytes};
+  ReducedGradients shard; // whole-sized (applyOptimizer indexes by element), filled on the shard
+  bool ok = frame.kind == Frame::Shard && in.get(shard.norm);
+  shard.grads.resize(a_.params.size());
+  for (size_t p = 0; ok && p < a_.params.size(); ++p) {
+    const auto [begin, end] = a_.shardOf(a_.params[p].count(), shard_);
+    shard.grads[p].assign(size_t(a_.params[p].count()), 0.0f);
+    ok = in.get(shard.grads[p].data() + begin, size_t(end - begin));
+  }
+  if (!ok || in.at != frame.bytes.size())
+    return fail("rank 0's gradient shard is malformed (the ranks run different artifacts?)");
+  applyOptimizer(a_, options_, frame.mb, shard, params_.weights, params_.shardMoments(a_));
+  Frame back{Frame::ShardWeights, 0, rank_, 0, frame.mb, {}};
+  Packer pack{back.bytes};
+  for (size_t p = 0; p < a_.params.size(); ++p) {
+    const auto [begin, end] = a_.shardOf(a_.params[p].count(), shard_);
+    pack.put(params_.weights[p].data() + begin, size_t(end - begin));
+  }
+  return mesh_->send(0, back, error_);
+}
+
+/// A replica's first rank (d > 0), at a save: its moments' shard to rank 0.
+bool CpuProcessDevice::sendMoments() {
+  Frame frame{Frame::Moments, 0, rank_, 0, 0, {}};
+  Packer pack{frame.bytes};
+  for (const auto *moments : {&params_.shardM[shard_], &params_.shardV[shard_]})
+    for (const std::vector<float> &m : *moments)
+      pack.put(m.data(), m.size());
+  return mesh_->send(0, frame, error_);
+}
+
+/// Rank 0, at a save: every shard's moments put together by parameter.
+bool CpuProcessDevice::gatherMoments(ParameterState &state) {
+  const bool ok = readShardFrames(Frame::Moments, "moments", [this](int64_t d, Unpacker &in) {
+    for (auto *moments : {&params_.shardM[d], &params_.shardV[d]})
+      for (size_t p = 0; p < a_.params.size(); ++p) {
+        const auto [begin, end] = a_.shardOf(a_.params[p].count(), d);
+        (*moments)[p].resize(size_t(end - begin));
+        if (!in.get((*moments)[p].data(), (*moments)[p].size()))
+          return false;
+      }
+    return true;
+  });
+  if (ok)
+    params_.wholeMoments(state);
+  for (int64_t d = 1; d < a_.dp; ++d) // held by their ranks only
+    for (auto *moments : {&params_.shardM[d], &params_.shardV[d]})
+      for (std::vector<float> &m : *moments)
+        std::vector<float>().swap(m);
+  return ok;
 }
 
 } // namespace

@@ -42,7 +42,7 @@ void WorkingWeights::refresh(const std::vector<std::vector<float>> &masters) {
 }
 
 HostParameters::HostParameters(const Artifact &a, bool withMoments,
-                               const std::function<bool(int64_t stage)> &holdsStage)
+                               const std::function<bool(int64_t stage)> &holdsStage, int64_t onlyShard)
     : working(a) {
   const bool whole = withMoments && !a.distributedOptimizer;
   for (const ParamInfo &info : a.params) {
@@ -52,10 +52,11 @@ HostParameters::HostParameters(const Artifact &a, bool withMoments,
   }
   if (withMoments && a.distributedOptimizer)
     for (int64_t d = 0; d < a.dp; ++d) {
+      heldShards.push_back(onlyShard < 0 || onlyShard == d);
       shardM.emplace_back();
       for (const ParamInfo &info : a.params) {
         const auto [begin, end] = a.shardOf(info.count(), d);
-        shardM.back().emplace_back(end - begin, 0.0f);
+        shardM.back().emplace_back(heldShards.back() ? end - begin : 0, 0.0f);
       }
       shardV.push_back(shardM.back());
     }
@@ -86,19 +87,23 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
     completeStep(a, options, losses, grads, weights, runtime::wholeMoments(adamM, adamV), reduced, result);
   } else {
     // Each replica updates its shard of every parameter (ZeRO-1): the same
-    // arithmetic per element, so the same bits as without sharding.
-    completeStep(a, options, losses, grads, weights,
-                 [&](size_t p) {
-                   std::vector<MomentRange> ranges;
-                   for (int64_t d = 0; d < a.dp; ++d) {
-                     const auto [begin, end] = a.shardOf(a.params[p].count(), d);
-                     ranges.push_back({begin, end, shardM[d][p].data(), shardV[d][p].data()});
-                   }
-                   return ranges;
-                 },
-                 reduced, result);
+    // arithmetic per element, so the same bits as without sharding. Shards
+    // held elsewhere (one CPU process a rank) are updated there.
+    completeStep(a, options, losses, grads, weights, shardMoments(a), reduced, result);
   }
   working.refresh(weights);
+}
+
+MomentRanges HostParameters::shardMoments(const Artifact &a) {
+  return [this, &a](size_t p) {
+    std::vector<MomentRange> ranges;
+    for (int64_t d = 0; d < a.dp; ++d)
+      if (heldShards[d]) {
+        const auto [begin, end] = a.shardOf(a.params[p].count(), d);
+        ranges.push_back({begin, end, shardM[d][p].data(), shardV[d][p].data()});
+      }
+    return ranges;
+  };
 }
 
 void HostParameters::wholeMoments(ParameterState &state) const {
@@ -119,15 +124,15 @@ void HostParameters::load(const ParameterState &state, bool withMoments) {
   for (size_t p = 0; p < weights.size(); ++p) {
     weights[p] = state.weights[p];
     if (withMoments && !shardM.empty()) {
-      // Each replica's shard of the whole moments (shards tile the parameter in replica order).
-      int64_t at = 0;
-      for (size_t d = 0; d < shardM.size(); ++d) {
-        const int64_t n = int64_t(shardM[d][p].size());
+      // Each held replica's shard of the whole moments (Artifact::shardOf:
+      // shards tile the parameter in replica order).
+      const int64_t count = int64_t(weights[p].size()), dp = int64_t(shardM.size());
+      for (int64_t d = 0; d < dp; ++d) {
+        const int64_t at = d * count / dp, n = int64_t(shardM[d][p].size());
         if (!state.adamM[p].empty())
           std::copy_n(state.adamM[p].begin() + at, n, shardM[d][p].begin());
         if (!state.adamV[p].empty())
           std::copy_n(state.adamV[p].begin() + at, n, shardV[d][p].begin());
-        at += n;
       }
       continue;
     }

@@ -44,14 +44,18 @@ private:
 struct HostParameters {
   std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
   /// The distributed optimizer's moments instead of adamM / adamV:
-  /// [replica][param], replica d's shard (Artifact::shardOf) of each.
+  /// [replica][param], replica d's shard (Artifact::shardOf) of each; a
+  /// shard this copy does not hold is empty (heldShards).
   std::vector<std::vector<std::vector<float>>> shardM, shardV;
+  std::vector<bool> heldShards; // by replica, under the distributed optimizer
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]; empty for stages not held
   WorkingWeights working;
   ReducedGradients reduced; // the optimizer's buffers, kept between steps
 
-  /// Initial values from the seed; moments sized only `withMoments`.
-  HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage);
+  /// Initial values from the seed; moments sized only `withMoments`, and
+  /// under the distributed optimizer only replica `onlyShard`'s (all when -1).
+  HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage,
+                 int64_t onlyShard = -1);
   float *weight(int param) { return working.at(weights, size_t(param)); }
   /// Reduces every stage's slot gradients and applies the optimizer
   /// (Optimizer.h's completeStep), then refreshes the working copies; a
@@ -61,9 +65,13 @@ struct HostParameters {
   void update(const Artifact &a, const TrainOptions &options,
               const std::vector<std::vector<std::vector<double>>> &replicaLosses, bool evaluateOnly,
               StepResult &result);
-  /// Masters from `state` (moments too where given and `withMoments`).
+  /// The held shards' moments, for completeStep / applyOptimizer.
+  MomentRanges shardMoments(const Artifact &a);
+  /// Masters from `state` (moments too where given and `withMoments`: the
+  /// held shards' parts of them).
   void load(const ParameterState &state, bool withMoments);
-  /// The moments by whole parameter (the shards put together), for checkpoints.
+  /// The moments by whole parameter (the shards put together, every one
+  /// held), for checkpoints.
   void wholeMoments(ParameterState &state) const;
 };
 

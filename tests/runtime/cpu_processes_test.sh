@@ -7,12 +7,16 @@
 #    tiny at dp 2 x pp 2 (four processes, the ALLREDUCE over sockets), at
 #    tp 2 + SP x dp 2 x pp 2, at tp 2 x cp 2 x pp 2 and at tp 2 + SP x cp 2
 #    x pp 2 (eight processes: the tensor-parallel reductions, gathers and
-#    reduce-scatters and the context gathers over sockets), and bf16 at
-#    tp 2 + SP x pp 2;
+#    reduce-scatters and the context gathers over sockets), bf16 at
+#    tp 2 + SP x pp 2, and dp 2 x pp 2 with the distributed optimizer (each
+#    replica's first rank updating its shard with the moments it alone holds);
 # 2. SIGTERM to the --processes parent: every rank stops after the same
 #    iteration, rank 0 saves it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
-#    exactly as an uninterrupted run.
+#    exactly as an uninterrupted run;
+# 3. the distributed optimizer across processes saves (rank 0 gathering the
+#    shards' moments) a checkpoint that resumes in one process exactly as an
+#    uninterrupted run.
 # Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4 BF16_PP2 DP2_PP2 [MESH ...]
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
@@ -77,3 +81,18 @@ test ! -e "${bootstrap}" || { echo "the bootstrap folder ${bootstrap} was left b
 same_metrics "${dir}/full.json" "${dir}/a.json" "${dir}/b.json"
 echo "ok: SIGTERM to the --processes parent: both ranks stopped after iteration ${n}, exit 143, saved," \
   "no process or folder left, resumed bit-exactly"
+
+# 3. The distributed optimizer's save across processes.
+for artifact in "$@"; do
+  [[ "$(basename "${artifact}")" == *zero1* ]] || continue
+  dir="${work}/zero1"
+  mkdir -p "${dir}"
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 2 --processes 4 \
+    --save "${dir}/ck" --metrics "${dir}/a.json" > "${dir}/a.log"
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 4 \
+    --metrics "${dir}/full.json" > /dev/null
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 4 --load "${dir}/ck" \
+    --metrics "${dir}/b.json" > /dev/null
+  same_metrics "${dir}/full.json" "${dir}/a.json" "${dir}/b.json"
+  echo "ok: $(basename "${artifact}" .mhcc): saved across 4 processes (shards gathered), resumed bit-exactly"
+done
