@@ -143,6 +143,15 @@ struct Artifact {
   /// The elements [begin, end) of a parameter of `count` elements that
   /// replica d holds under the distributed optimizer.
   std::pair<int64_t, int64_t> shardOf(int64_t count, int64_t d) const { return {d * count / dp, (d + 1) * count / dp}; }
+  /// With one process a rank, the replica whose shard (shardOf) a global rank
+  /// updates under the distributed optimizer: each replica's first rank
+  /// (pipeline, context and tensor rank 0) holds its replica's; -1 for the
+  /// others and without the distributed optimizer.
+  int64_t optimizerShardOf(int64_t global) const {
+    const bool first = distributedOptimizer && pipelineRankOf(global) == 0 && contextRankOf(global) == 0 &&
+                       tensorRankOf(global) == 0;
+    return first ? replicaOf(global) : -1;
+  }
   /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
   /// sampler: each group of dp consecutive microbatches goes one to a replica).
   int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }

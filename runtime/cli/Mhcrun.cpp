@@ -611,9 +611,7 @@ int runMhcrun(int argc, char **argv) {
     role.processRank = placement->rank;
   if (placement && backend == "cpu") {
     role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment (or gathers the shards')
-    const Artifact &a = trainer->artifact();
-    for (int64_t d = 1; a.distributedOptimizer && d < a.dp; ++d)
-      role.joinsSaves = role.joinsSaves || a.globalRank(0, d, 0, 0) == placement->rank;
+    role.joinsSaves = trainer->artifact().optimizerShardOf(placement->rank) > 0;
   } else if (placement) {
     role.shard.rank = placement->rank;
     role.shard.size = placement->size;

@@ -400,7 +400,7 @@ public:
   bool loadState(const ParameterState &state) override {
     if (rank_ != 0)
       return true;
-    world_->params.load(state, true);
+    world_->params.load(world_->a, state, true);
     world_->cutBlocks();
     return true;
   }

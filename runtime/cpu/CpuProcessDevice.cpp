@@ -39,20 +39,10 @@ struct Unpacker {
   template <typename T> bool get(T &value) { return get(&value, 1); }
 };
 
-/// Under the distributed optimizer, the replica whose shard of every
-/// parameter this rank updates and holds the moments of: the replica's first
-/// rank (pipeline, context and tensor rank 0) does; -1 for the others.
-int64_t optimizerShard(const Artifact &a, int64_t rank) {
-  for (int64_t d = 0; a.distributedOptimizer && d < a.dp; ++d)
-    if (a.globalRank(0, d, 0, 0) == rank)
-      return d;
-  return -1;
-}
-
 class CpuProcessDevice final : public CpuRankBase {
 public:
   CpuProcessDevice(const Artifact &a, const TrainOptions &options, std::unique_ptr<SocketMesh> mesh, int64_t rank)
-      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank), shard_(optimizerShard(a, rank)),
+      : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank), shard_(a.optimizerShardOf(rank)),
         // Rank 0 reduces the whole gradients of every stage, assembled from
         // the ranks' blocks, and takes the norm; it holds every moment, or
         // under the distributed optimizer shard 0's, each replica's first
@@ -165,7 +155,7 @@ public:
     return gatherMoments(state);
   }
   bool loadState(const ParameterState &state) override {
-    params_.load(state, rank_ == 0 || shard_ >= 0);
+    params_.load(a_, state, rank_ == 0 || shard_ >= 0);
     cutBlocks();
     return true;
   }
@@ -337,7 +327,7 @@ private:
 
   std::unique_ptr<SocketMesh> mesh_;
   const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
-  const int64_t shard_;     // optimizerShard: the distributed optimizer's shard this rank updates, or -1
+  const int64_t shard_;     // Artifact::optimizerShardOf: the distributed optimizer's shard this rank updates, or -1
   int64_t stepsRun_ = 0;
   bool exchanged_ = false;
   HostParameters params_; // every weight on every rank; moments (or a shard's) and whole gradients on rank 0

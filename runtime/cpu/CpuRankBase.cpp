@@ -120,15 +120,13 @@ void HostParameters::wholeMoments(ParameterState &state) const {
     }
 }
 
-void HostParameters::load(const ParameterState &state, bool withMoments) {
+void HostParameters::load(const Artifact &a, const ParameterState &state, bool withMoments) {
   for (size_t p = 0; p < weights.size(); ++p) {
     weights[p] = state.weights[p];
     if (withMoments && !shardM.empty()) {
-      // Each held replica's shard of the whole moments (Artifact::shardOf:
-      // shards tile the parameter in replica order).
-      const int64_t count = int64_t(weights[p].size()), dp = int64_t(shardM.size());
-      for (int64_t d = 0; d < dp; ++d) {
-        const int64_t at = d * count / dp, n = int64_t(shardM[d][p].size());
+      // Each held replica's shard of the whole moments.
+      for (int64_t d = 0; d < a.dp; ++d) {
+        const int64_t at = a.shardOf(int64_t(weights[p].size()), d).first, n = int64_t(shardM[d][p].size());
         if (!state.adamM[p].empty())
           std::copy_n(state.adamM[p].begin() + at, n, shardM[d][p].begin());
         if (!state.adamV[p].empty())

@@ -69,7 +69,7 @@ struct HostParameters {
   MomentRanges shardMoments(const Artifact &a);
   /// Masters from `state` (moments too where given and `withMoments`: the
   /// held shards' parts of them).
-  void load(const ParameterState &state, bool withMoments);
+  void load(const Artifact &a, const ParameterState &state, bool withMoments);
   /// The moments by whole parameter (the shards put together, every one
   /// held), for checkpoints.
   void wholeMoments(ParameterState &state) const;
