@@ -89,7 +89,6 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
     return nullptr;
   }
   std::unique_ptr<ModelKernels> kernels(new ModelKernels());
-  kernels->dependentLaunch_ = dependentLaunchEnabled();
   if (CUresult status = d.moduleLoadData(&kernels->module_, code.image.data()); status != CUDA_SUCCESS) {
     kernels->module_ = nullptr;
     error = where + "cannot load the artifact's kernels (" + errorName(status) +
@@ -176,7 +175,7 @@ void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY,
   if (gridX == 0 || gridY == 0)
     return;
   CUresult status;
-  if (dependentLaunch_) { // the image's kernels begin with kernelPrologue (ABI 12)
+  if (dependentLaunchEnabled()) { // the image's kernels begin with kernelPrologue (ABI 12 on)
     CUlaunchAttribute early{};
     early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     early.value.programmaticStreamSerializationAllowed = 1;

@@ -127,9 +127,6 @@ private:
 
   CUmodule module_ = nullptr;
   CUfunction functions_[int(ModelKernel::Count)] = {};
-  /// Programmatic dependent launch (ModelKernels.cu, kernelPrologue):
-  /// dependentLaunchEnabled() when loaded.
-  bool dependentLaunch_ = true;
   mutable std::string firstError_;
   mutable std::map<std::pair<int64_t, int64_t>, float *> ropeTables_;
 };
