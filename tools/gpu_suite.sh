@@ -21,7 +21,10 @@
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
 # "profiles": device profiles of 1b, small and hybrid_1b for mhcc --device-profile;
-# opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2),
+# opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2;
+# opt-in "trace": mhcrun --trace of GPU_SUITE_TRACE's artifacts, default
+# 1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2, checked against
+# mhcc's predicted trace, both into $OUT with span and bubble side by side),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168",
 # the bf16 and packed-document groups and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_BENCH_DATA (the
@@ -143,10 +146,10 @@ bundle)
     bazel-bin/compiler/mhcc --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
     peak_of "$name" > "$bundle/$name.peak"
     # shellcheck disable=SC2086
-    bazel-bin/compiler/mhcc --cuda-arch none ${ARTIFACT[$name]} --print-schedule 2>/dev/null |
-      sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
+    bazel-bin/compiler/mhcc --cuda-arch none ${ARTIFACT[$name]} --print-schedule --trace "$bundle/$name.trace.json" \
+      2>/dev/null | sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
   done
-  cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py "$bundle/"
+  cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py tests/runtime/check_trace.py "$bundle/"
   # The corpus as documents (one per line) for the packed-document cases.
   bazel-bin/tools/mhc-prep --input data/corpus.txt --output-prefix "$bundle/corpus_docs" > /dev/null || exit 1
   for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 hybrid_tiny; do
@@ -531,6 +534,25 @@ sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
         cp "$logs/fault_$kind.log" "$out/" 2>/dev/null
       done
     fi
+  fi
+
+  if [[ $parts == *" trace "* ]]; then
+    # The measured timeline (CUDA events on the streams that ran each
+    # instruction) names the predicted instructions step by step; the two
+    # spans and bubbles are computed alike from the slices (check_trace.py).
+    for name in ${GPU_SUITE_TRACE:-1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2}; do
+      case "$name" in
+        *_pp2*) [ "$gpus" -ge 2 ] || { row "trace $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
+      esac
+      if timeout 300 ./mhcrun "$name.mhcc" --data corpus.txt --steps 3 --no-progress --trace "$out/trace_$name.json" \
+           > "$logs/trace_$name.log" 2>&1 &&
+         python3 check_trace.py "$name.trace.json" "$out/trace_$name.json" 3 > "$logs/trace_$name.check" 2>&1; then
+        r=PASS
+      else r=FAIL; fi
+      cp "$name.trace.json" "$out/trace_${name}_predicted.json" 2>/dev/null
+      detail=$(tail -1 "$logs/trace_$name.check" 2>/dev/null || tail -1 "$logs/trace_$name.log")
+      row "trace $name" $r "$(echo "$detail" | cut -c1-220)"
+    done
   fi
 
   if [[ $parts == *" profiles "* ]]; then

@@ -506,9 +506,6 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
                 " replicas (--distributed-optimizer), which runs on the CPU backend for now (--backend cpu: threads, "
                 "or one process per rank); recompile without --distributed-optimizer for GPUs");
-  if (!f.tracePath.empty() && backend != "cpu")
-    return fail(rankPrefix + "--trace measures the CPU backend for now (on GPUs the host clock sees only when work "
-                             "is issued); use --profile there for device time");
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);

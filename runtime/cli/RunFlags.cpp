@@ -116,7 +116,8 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
                  "optimizer");
   app.add_option("--trace", f.tracePath,
                  "Write the measured per-rank timeline here, as Chrome trace events (Perfetto, chrome://tracing), "
-                 "with the names 'mhcc --trace' predicts; CPU backend, every rank in this process");
+                 "with the names 'mhcc --trace' predicts (GPUs: CUDA events on the streams that ran each instruction; "
+                 "one process a rank: rank 0 merges the parts)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

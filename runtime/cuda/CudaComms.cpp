@@ -136,6 +136,9 @@ bool CudaRank::exchange(std::vector<Transfer> &group) {
   for (const Transfer &t : group)
     if (t.instr->kind == OpKind::Send)
       follow(sendStream_.at(t.instr->peer), compute_);
+  // --trace: each message's stream starts its slice after that wait.
+  for (const Transfer &t : group)
+    timeline_.work(t.instr->kind == OpKind::Send ? sendStream_.at(t.instr->peer) : recvStream_.at(t.instr->peer));
   ncclGroupStart();
   for (Transfer &t : group) {
     const Instr &i = *t.instr;

@@ -37,11 +37,13 @@ template <typename A> const A *CudaRank::param(int64_t s, const ForwardInstr &f,
 float *CudaRank::paramGrad(int64_t s, const ForwardInstr &f, size_t k) { return slotGrads_[{s, f.params[k]}]; }
 
 bool CudaRank::forward(int64_t s, int64_t mb, size_t index, StageState &st) {
+  timeline_.work(compute_);
   return bf16_ ? forwardAs<bf16>(s, mb, index, st) : forwardAs<float>(s, mb, index, st);
 }
 
 bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
                         const std::vector<int> &fresh) {
+  timeline_.work(compute_);
   return bf16_ ? backwardAs<bf16>(s, mb, index, part, st, fresh) : backwardAs<float>(s, mb, index, part, st, fresh);
 }
 

@@ -339,6 +339,7 @@ void CudaRank::release(Buffer &buffer, Queue queue) {
 }
 
 void CudaRank::copy(Buffer dst, const Buffer &src) {
+  timeline_.work(compute_);
   cudaMemcpyAsync(dst.data, src.data, std::min(dst.bytes(), src.bytes()), cudaMemcpyDeviceToDevice, compute_);
 }
 
@@ -427,6 +428,8 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
     cudaMemsetAsync(g, 0, a_.params[a_.stages[key.first].params[key.second].param].count() * 4, compute_);
   prepareCsrs(inputs);
   recording_ = options_.staticMemoryPlan && !planner_.planned();
+  if (options_.trace && !timeline_.startStep(compute_))
+    return check("the trace's clock event");
   return check("start of step");
 }
 
@@ -460,9 +463,22 @@ void CudaRank::markEnd(const std::string &name, cudaEvent_t start) {
   timings_.emplace_back("rank " + std::to_string(rank_) + " " + name, start, end);
 }
 
-void CudaRank::beginInstruction(const std::string &name) { nvtxRangePushA(name.c_str()); }
+void CudaRank::beginInstruction(const std::string &name) {
+  nvtxRangePushA(name.c_str());
+  if (options_.trace)
+    timeline_.openBracket();
+}
 
-void CudaRank::endInstruction() { nvtxRangePop(); }
+void CudaRank::endInstruction() {
+  if (options_.trace)
+    timeline_.closeBracket(compute_);
+  nvtxRangePop();
+}
+
+bool CudaRank::instructionTimes(std::vector<DeviceInterval> &intervals) {
+  std::string why;
+  return timeline_.read(intervals, why) || fail(why);
+}
 
 void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
   for (auto &[name, ms] : profileMs_)

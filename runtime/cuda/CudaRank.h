@@ -15,6 +15,7 @@
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
+#include "runtime/cuda/StreamTimeline.h"
 #include "runtime/memory/MemoryPlan.h"
 #include "runtime/program/MixGroups.h"
 
@@ -99,9 +100,12 @@ public:
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
-  /// NVTX ranges (nvtx3, header-only: free when no profiler is attached).
+  /// NVTX ranges (nvtx3, header-only: free when no profiler is attached)
+  /// and, with --trace, the brackets StreamTimeline times.
   void beginInstruction(const std::string &name) override;
   void endInstruction() override;
+  bool timesInstructions() const override { return options_.trace; }
+  bool instructionTimes(std::vector<DeviceInterval> &intervals) override;
   void downloadParameters(std::vector<std::vector<float>> &weights) override;
   bool saveState(ParameterState &state) override;
   bool loadState(const ParameterState &state) override;
@@ -209,6 +213,7 @@ private:
   std::vector<Buffer> scratch_; // of the running primitive
   /// With profiling: events around each primitive, read after the step.
   std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> timings_;
+  StreamTimeline timeline_; // with --trace: each instruction's interval on its streams
   std::map<std::string, double> profileMs_;
   /// Progress marks (--recv-timeout), by stream in record order, and done
   /// ones kept for reuse.

@@ -180,6 +180,14 @@ public:
   /// by default.
   virtual void beginInstruction(const std::string &name) {}
   virtual void endInstruction() {}
+  /// With TrainOptions::trace: true where the device runs its work
+  /// asynchronously and times each bracket itself (the GPU: events on its
+  /// streams); false where the host's clock around each bracket is the
+  /// measurement (the CPU backends run an instruction when it is issued).
+  virtual bool timesInstructions() const { return false; }
+  /// After finishPipeline, where timesInstructions(): one interval per
+  /// bracket of the step, in order; false with error() when unreadable.
+  virtual bool instructionTimes(std::vector<DeviceInterval> &intervals) { return false; }
   /// Adds this step's time per "rank R fwd|bwd|bwd-weight PRIM" (ms) and clears it.
   virtual void takeProfile(std::map<std::string, double> &profileMs) = 0;
   /// Parameter values in table order; a device fills the ones it owns.

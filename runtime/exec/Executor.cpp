@@ -276,6 +276,8 @@ bool Executor::runPipeline() {
   reads_.clear();
   taps_.clear();
   trace_.clear();
+  traceBracket_.clear();
+  size_t brackets = 0; // with trace: instructions and communication groups issued
   using Clock = std::chrono::steady_clock;
   auto sinceEpoch = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - epoch_).count(); };
   losses_.assign(artifact_.microbatches, std::vector<double>(artifact_.stages.back().losses.size(), 0.0));
@@ -318,12 +320,35 @@ bool Executor::runPipeline() {
       // A communication group's instructions share the group's interval.
       const double start = sinceEpoch(started), end = sinceEpoch(Clock::now());
       for (size_t k = first; k <= index; ++k)
-        if (list[k].kind != OpKind::Collective) // inside the compute step's slice
+        if (list[k].kind != OpKind::Collective) { // inside the compute step's slice
           trace_.push_back({globalRank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
+          traceBracket_.push_back(brackets);
+        }
+      ++brackets;
     }
   }
   where_ = "end of step";
-  return collectResults();
+  return collectResults() && (!options_.trace || deviceTimes(brackets));
+}
+
+bool Executor::deviceTimes(size_t brackets) {
+  if (!device_.timesInstructions())
+    return true;
+  std::vector<DeviceInterval> intervals;
+  if (!device_.instructionTimes(intervals))
+    return fail("--trace: " + device_.error());
+  if (intervals.size() != brackets)
+    return fail("--trace: the device timed " + std::to_string(intervals.size()) + " instructions of " +
+                std::to_string(brackets));
+  auto sinceEpoch = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t - epoch_).count();
+  };
+  for (size_t k = 0; k < trace_.size(); ++k) {
+    const DeviceInterval &interval = intervals[traceBracket_[k]];
+    trace_[k].startUs = sinceEpoch(interval.start);
+    trace_[k].durationUs = std::max(0.0, sinceEpoch(interval.end) - trace_[k].startUs);
+  }
+  return true;
 }
 
 bool Executor::collectResults() {

@@ -51,6 +51,9 @@ private:
   bool communicate(const std::vector<const Instr *> &group);
   bool freeOutput(const Instr &instr);
   bool collectResults();
+  /// With trace, on a device that times its own work: each slice's interval
+  /// replaced by the one the device measured for its bracket.
+  bool deviceTimes(size_t brackets);
 
   void tap(const ValueInfo &info, const Buffer &buffer, int64_t mb);
   void tapGradients(const StageProgram &program, const StageState &state, int64_t mb);
@@ -83,6 +86,7 @@ private:
   std::map<std::string, std::vector<float>> taps_;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::vector<TraceSlice> trace_;
+  std::vector<size_t> traceBracket_; // by slice: its beginInstruction bracket in the step
 };
 
 } // namespace mhcc::runtime

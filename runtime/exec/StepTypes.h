@@ -9,6 +9,7 @@
 
 #include "runtime/program/Trace.h"
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -47,9 +48,16 @@ struct TrainOptions {
   /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
   /// nothing; false: the stream-ordered pool in every step.
   bool staticMemoryPlan = true;
-  /// Record each instruction's start and end (host clock) for mhcrun
-  /// --trace: exact on the CPU backend, whose instructions run when issued.
+  /// Record each instruction's start and end for mhcrun --trace: the host
+  /// clock on the CPU backend, whose instructions run when issued; events on
+  /// the streams that ran them on the GPU (Device::instructionTimes).
   bool trace = false;
+};
+
+/// When a device ran one instruction (or communication group), on the
+/// host's steady clock.
+struct DeviceInterval {
+  std::chrono::steady_clock::time_point start, end;
 };
 
 /// The token ids of one step, by microbatch: every rank gets all of them

@@ -1,7 +1,8 @@
 """Compares a predicted (mhcc --trace) and a measured (mhcrun --trace) timeline.
 
 usage: check_trace.py PREDICTED.json MEASURED.json STEPS
-Exits 1 with a message when they do not describe the same instructions.
+Exits 1 with a message when they do not describe the same instructions;
+else prints each timeline's span and bubble, computed alike from its slices.
 """
 import collections
 import json
@@ -44,6 +45,24 @@ def main(predicted_path, measured_path, steps):
     count = sum(len(v) for v in per_rank.values())
     print(f"{len(per_rank)} ranks, {count} instructions per step: the measured slices of each of {steps} steps "
           f"are the predicted ones")
+    ranks = len(per_rank)
+    step_ms, bubble = timing(predicted, ranks)
+    line = f"predicted: step {step_ms:.3f} ms, bubble {bubble:.4f}; measured:"
+    for step in range(1, steps + 1):
+        step_ms, bubble = timing([e for e in measured if e["args"]["step"] == step], ranks)
+        line += f" step {step} {step_ms:.3f} ms, bubble {bubble:.4f};"
+    print(line.rstrip(";") + " (pipeline span, idle / (ranks x span), compute slices as busy)")
+
+
+def timing(events, ranks):
+    """The pipeline's span (first slice's start to last slice's end) in ms and
+    its bubble: the time no compute slice ran, over ranks x span."""
+    if not events:
+        return 0.0, 0.0
+    start = min(e["ts"] for e in events)
+    span = max(e["ts"] + e["dur"] for e in events) - start
+    busy = sum(e["dur"] for e in events if e["cat"] == "compute")
+    return span / 1e3, (1 - busy / (ranks * span)) if span > 0 else 0.0
 
 
 if __name__ == "__main__":
