@@ -152,7 +152,7 @@ template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
                               float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              DeviceDocuments docs, cudaStream_t s) {
+                              DeviceDocuments docs, cudaStream_t s, bool freshInput) {
   std::string error;
   const A *qkv = reinterpret_cast<const A *>(aux), *o = qkv + rows * 3 * C;
   const float *lse = reinterpret_cast<const float *>(o + rows * C);
@@ -173,7 +173,7 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
       toBf16(dQkv32, dQkv, rows * 3 * C, s);
     }
     rope(k, dQkv, docs.positions, rows, C, heads, seq, true, s);
-    matmulTransBAcc(g, dQkv, wqkv, dx, rows, 3 * C, C);
+    intoTransB(g, dQkv, wqkv, dx, rows, 3 * C, C, freshInput);
   }
   if (parts.weights) {
     matmulTransAAcc(g, o, dy, dWo, rows, C, C);

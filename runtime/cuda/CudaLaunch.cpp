@@ -174,12 +174,15 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   cudaStream_t stream = compute_;
   const ModelKernels &k = *kernels_;
   // Fresh gradients: the post/res backward writes its three (its kernel's
-  // `fresh` bits: dx, dCoef, dy), the RMSNorm backward its input's; every
-  // other one is zero-filled here.
+  // `fresh` bits: dx, dCoef, dy), the RMSNorm backward its input's, and in
+  // bf16 attention's and SwiGLU's first input-gradient product its own
+  // (beta = 0); every other one is zero-filled here.
+  constexpr bool lowPrecision = std::is_same_v<A, bf16>;
+  const bool firstProductWrites = lowPrecision && (f.op == Prim::Attention || f.op == Prim::SwiGlu);
   int freshMask = 0;
   for (int id : fresh) {
     int bit = 0;
-    const int written = f.op == Prim::MhcPostRes ? 3 : f.op == Prim::RmsNorm ? 1 : 0;
+    const int written = f.op == Prim::MhcPostRes ? 3 : f.op == Prim::RmsNorm || firstProductWrites ? 1 : 0;
     for (int j = 0; parts.inputs && j < written; ++j)
       if (b.gradInputs[j] == id)
         bit = 1 << j;
@@ -252,12 +255,13 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     error = attentionBackward(
         k, g, in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), stash(attentionBackwardStash(T, C)),
         scratch(parts.inputs ? attentionBackwardScratch(T, C, f.heads, f.seqLen, sizeof(A)) : 0).data, T, C,
-        f.heads, f.seqLen, parts, documents(mb), stream);
+        f.heads, f.seqLen, parts, documents(mb), stream, freshMask & 1);
     break;
   case Prim::SwiGlu:
     swigluBackward(k, g, in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1), dw(2),
                    stash(swigluBackwardStash(T, f.ffn)),
-                   scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream);
+                   scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream,
+                   freshMask & 1);
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16>) {

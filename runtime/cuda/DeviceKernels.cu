@@ -441,14 +441,15 @@ void swigluForward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, con
 template <typename A>
 void swigluBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, const A *wu, const A *wd,
                     const float *aux, const A *dy, A *dx, float *dWg, float *dWu, float *dWd, float *stash,
-                    float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts, cudaStream_t s) {
+                    float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts, cudaStream_t s,
+                    bool freshInput) {
   const int64_t count = rows * F;
   const A *a = reinterpret_cast<const A *>(aux), *b = a + count, *hsw = b + count;
   A *dh = reinterpret_cast<A *>(scratch), *da = reinterpret_cast<A *>(stash), *db = da + count;
   if (parts.inputs) {
     overwriteTransB(g, dy, wd, dh, rows, C, F, s); // dh = dy Wd^T
     k.launch(ModelKernel::SwigluBackwardGate, vecBlocks<A>(count), 1, kThreads, s, a, b, dh, da, db, count);
-    matmulTransBAcc(g, da, wg, dx, rows, F, C);
+    intoTransB(g, da, wg, dx, rows, F, C, freshInput);
     matmulTransBAcc(g, db, wu, dx, rows, F, C);
   }
   if (parts.weights) {

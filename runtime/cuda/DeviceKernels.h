@@ -176,7 +176,8 @@ void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const flo
 /// strided-batched GEMMs, the causal softmax one block per row. scratch:
 /// attention{Forward,Backward}Scratch; stash (backward):
 /// attentionBackwardStash, the gradient of q, k, v (in A).
-/// Both return "" or flash attention's launch error.
+/// Both return "" or flash attention's launch error. `freshInput` (bf16):
+/// dx holds nothing yet and is written, not added into (see swigluBackward).
 /// Packed documents (runtime/cpu/AttentionKernels.h's Documents, on the
 /// device): per token of the microbatch, its RoPE position and its
 /// document's start in its sequence; null: one document per sequence.
@@ -191,7 +192,7 @@ template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
                               float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              DeviceDocuments docs, cudaStream_t s);
+                              DeviceDocuments docs, cudaStream_t s, bool freshInput = false);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
 /// bf16 rounding points; GdnKernels.cu, GdnWy.cu): the recurrence runs in the
@@ -225,7 +226,11 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
                         int64_t heads, int64_t seq, GradParts parts, DeviceDocuments docs, cudaStream_t s);
 
 /// aux: the gate and up projections and silu(a) b, each [rows, F] in A.
-/// Backward: stash swigluBackwardStash (the gate and up gradients),
+/// Backward: `freshInput` (bf16): dx holds nothing yet, so its first
+/// product writes it (beta = 0) instead of adding into zeros: the same
+/// algorithm, so the same bits (a sum of exactly -0 aside, which +0 would
+/// have made +0); fp32 keeps its add into zeros, as overwriteTransB does.
+/// Stash swigluBackwardStash (the gate and up gradients),
 /// scratch swigluBackwardScratch.
 template <typename A>
 void swigluForward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, const A *wu, const A *wd, A *y,
@@ -233,7 +238,8 @@ void swigluForward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, con
 template <typename A>
 void swigluBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, const A *wu, const A *wd,
                     const float *aux, const A *dy, A *dx, float *dWg, float *dWu, float *dWd, float *stash,
-                    float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts, cudaStream_t s);
+                    float *scratch, int64_t rows, int64_t C, int64_t F, GradParts parts, cudaStream_t s,
+                    bool freshInput = false);
 
 template <typename A>
 void concatProjForward(Gemms &g, const A *a, const A *b, const A *w, A *z, int64_t rows, int64_t C, int64_t N);

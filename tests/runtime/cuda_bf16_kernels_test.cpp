@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 
 namespace mhcc::runtime {
@@ -421,6 +422,70 @@ TEST_F(CudaBf16Kernels, RmsNormBackwardIntoAFreshGradientGivesTheBitsOfAnAddInto
       moved += added[i] != fresh[i];
     EXPECT_GT(moved, int64_t(added.size()) / 2) << "adding into a gradient that holds something ignored it";
   }
+}
+
+// Attention's and SwiGLU's backwards into a fresh input gradient (NaNs
+// here: never read) write it with their first product (beta = 0) and give
+// the bits of the add into a zero-filled one they replace; adding into a
+// gradient that holds something still adds. Attention on the flash path
+// (head dim 64), SwiGLU with its two products into dx.
+TEST_F(CudaBf16Kernels, AttentionAndSwigluBackwardsIntoAFreshGradientGiveTheBitsOfAnAddIntoZeros) {
+  const int64_t rows = 128, width = 128, heads = 2, seq = 128, F = 192;
+  const cuda::GradParts inputs{true, false};
+  auto u = random(rows * width), dy = random(rows * width), prior = random(rows * width);
+  bf16 *dU = uploadBf16(u), *dDy = uploadBf16(dy);
+  // into(fill, start, run): dx NaN-filled (0xff) or zero-filled, or `start`.
+  auto into = [&](int fill, const std::vector<float> *start, const std::function<void(bf16 *)> &run) {
+    bf16 *dx = start ? uploadBf16(*start) : allocate<bf16>(rows * width);
+    if (!start)
+      cudaMemset(dx, fill, rows * width * 2);
+    run(dx);
+    return downloadBf16(dx, rows * width);
+  };
+  auto compare = [&](const char *what, const std::function<void(bf16 *, bool)> &backward) {
+    SCOPED_TRACE(what);
+    const std::vector<float> fresh = into(0xff, nullptr, [&](bf16 *dx) { backward(dx, true); });
+    const std::vector<float> zeros = into(0, nullptr, [&](bf16 *dx) { backward(dx, false); });
+    const std::vector<float> added = into(0, &prior, [&](bf16 *dx) { backward(dx, false); });
+    noErrors(what);
+    EXPECT_EQ(std::memcmp(fresh.data(), zeros.data(), fresh.size() * 4), 0) << "fresh differs from adding into zeros";
+    int64_t moved = 0;
+    for (size_t i = 0; i < added.size(); ++i)
+      moved += added[i] != fresh[i];
+    EXPECT_GT(moved, int64_t(added.size()) / 2) << "adding into a gradient that holds something ignored it";
+  };
+
+  bf16 *wqkv = uploadBf16(random(width * 3 * width, 0.05f)), *wo = uploadBf16(random(width * width, 0.05f));
+  float *attnAux = allocate<float>(cuda::attentionAuxFloats(rows, width, heads, 2));
+  ASSERT_EQ(cuda::attentionForward(*kernels_, *gemms_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(wqkv),
+                                   static_cast<const bf16 *>(wo), allocate<bf16>(rows * width), attnAux,
+                                   allocate<float>(cuda::attentionForwardScratch(rows, width, heads, seq, 2)), rows,
+                                   width, heads, seq, cuda::DeviceDocuments{}, nullptr),
+            "");
+  float *attnStash = allocate<float>(cuda::attentionBackwardStash(rows, width));
+  float *attnScratch = allocate<float>(cuda::attentionBackwardScratch(rows, width, heads, seq, 2));
+  compare("attention", [&](bf16 *dx, bool fresh) {
+    EXPECT_EQ(cuda::attentionBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dU),
+                                      static_cast<const bf16 *>(wqkv), static_cast<const bf16 *>(wo), attnAux,
+                                      static_cast<const bf16 *>(dDy), dx, nullptr, nullptr, attnStash, attnScratch,
+                                      rows, width, heads, seq, inputs, cuda::DeviceDocuments{}, nullptr, fresh),
+              "");
+  });
+
+  bf16 *wg = uploadBf16(random(width * F, 0.1f)), *wu = uploadBf16(random(width * F, 0.1f)),
+       *wd = uploadBf16(random(F * width, 0.1f));
+  float *mlpAux = allocate<float>(cuda::swigluAuxFloats(rows, F, 2));
+  cuda::swigluForward(*kernels_, *gemms_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(wg),
+                      static_cast<const bf16 *>(wu), static_cast<const bf16 *>(wd), allocate<bf16>(rows * width),
+                      mlpAux, rows, width, F, nullptr);
+  float *mlpStash = allocate<float>(cuda::swigluBackwardStash(rows, F));
+  float *mlpScratch = allocate<float>(cuda::swigluBackwardScratch(rows, F));
+  compare("swiglu", [&](bf16 *dx, bool fresh) {
+    cuda::swigluBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(wg),
+                         static_cast<const bf16 *>(wu), static_cast<const bf16 *>(wd), mlpAux,
+                         static_cast<const bf16 *>(dDy), dx, nullptr, nullptr, nullptr, mlpStash, mlpScratch, rows,
+                         width, F, inputs, nullptr, fresh);
+  });
 }
 
 // AdamW moves four parameters a thread where every array is 16-byte aligned
