@@ -121,7 +121,7 @@ int emitOutput(ModuleOp module, const DriverOptions &options, const SimulationOp
       return 1;
     if (!runtime::writeArtifact(options.output, *artifact, writeError))
       return fail(writeError);
-    return 0;
+    return options.trace.empty() || succeeded(writePredictedTrace(module, simulation, options.trace)) ? 0 : 1;
   }
   std::string message;
   std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(options.output, &message);
@@ -134,6 +134,8 @@ int emitOutput(ModuleOp module, const DriverOptions &options, const SimulationOp
   else if (options.emit == EmitKind::Cuda)
     out->os() << codegen::emitModelKernels(artifact->model, artifact->modelHash);
   else if (failed(printSummary(module, options, simulation, out->os())))
+    return 1;
+  if (!options.trace.empty() && failed(writePredictedTrace(module, simulation, options.trace)))
     return 1;
   out->keep();
   return 0;

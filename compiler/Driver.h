@@ -112,9 +112,14 @@ std::optional<SimulationOptions> simulationOptions(const DriverOptions &options,
                                                    const std::string &residualStorage, std::string &error);
 
 /// The summary: the model's sizes and costs, and what the pipeline decided
-/// (with --print-schedule the per-rank timeline, with --trace the trace file).
+/// (with --print-schedule the per-rank timeline).
 mlir::LogicalResult printSummary(mlir::ModuleOp module, const DriverOptions &options,
                                  const SimulationOptions &simulation, llvm::raw_ostream &os);
+
+/// --trace: the simulator's per-rank timeline of the module's schedule as
+/// Chrome trace events at `path`, whatever --emit writes beside it.
+mlir::LogicalResult writePredictedTrace(mlir::ModuleOp module, const SimulationOptions &simulation,
+                                        const std::string &path);
 
 /// The simulator's step time and bubble for the module's schedule, as the
 /// artifact records them; nullopt without a schedule.

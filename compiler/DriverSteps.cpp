@@ -40,8 +40,7 @@ namespace {
 /// schedule's predicted bubble and memory (with --print-schedule, the full
 /// per-rank timeline).
 LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
-                                   const SimulationOptions &simulation, bool timeline,
-                                   const std::string &tracePath, llvm::raw_ostream &os) {
+                                   const SimulationOptions &simulation, bool timeline, llvm::raw_ostream &os) {
   if (!func->hasAttr(pipe::kLayoutAttr))
     return success();
   FailureOr<pipeline::Layout> layout = layoutOf(func);
@@ -120,16 +119,6 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
             "either way), each collective priced as a ring over the link\n";
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
-    if (!tracePath.empty()) {
-      std::error_code error;
-      llvm::raw_fd_ostream trace(tracePath, error);
-      if (error)
-        return func.emitError() << "--trace: cannot write '" << tracePath << "': " << error.message();
-      trace << pipeline::predictedTrace(schedule, result);
-      trace.close();
-      if (trace.has_error())
-        return func.emitError() << "--trace: writing '" << tracePath << "' failed";
-    }
   }
   return success();
 }
@@ -288,7 +277,26 @@ LogicalResult printSummary(ModuleOp module, const DriverOptions &options, const 
   if (failed(model))
     return failure();
   os << formatModelSummary(*model);
-  return printPipelineSummary(module, *func, simulation, options.printSchedule, options.trace, os);
+  return printPipelineSummary(module, *func, simulation, options.printSchedule, os);
+}
+
+LogicalResult writePredictedTrace(ModuleOp module, const SimulationOptions &simulation, const std::string &path) {
+  auto scheduleOps = module.getOps<pipe::ScheduleOp>();
+  if (scheduleOps.empty())
+    return module.emitError() << "--trace: the module has no pipeline schedule to trace (compile it to the "
+                                 "schedule: drop --compile-to or use --compile-to=schedule)";
+  FailureOr<pipeline::SimulationResult> result = simulateModuleSchedule(module, simulation);
+  if (failed(result))
+    return failure();
+  std::error_code error;
+  llvm::raw_fd_ostream trace(path, error);
+  if (error)
+    return module.emitError() << "--trace: cannot write '" << path << "': " << error.message();
+  trace << pipeline::predictedTrace(readSchedule(*scheduleOps.begin()), *result);
+  trace.close();
+  if (trace.has_error())
+    return module.emitError() << "--trace: writing '" << path << "' failed";
+  return success();
 }
 
 } // namespace mhcc

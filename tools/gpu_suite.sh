@@ -143,11 +143,14 @@ bundle)
   for a in "${TINY[@]}"; do cp "bazel-bin/tests/$a.mhcc" "$bundle/"; done
   for name in "${!ARTIFACT[@]}"; do
     # shellcheck disable=SC2086
-    bazel-bin/compiler/mhcc --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" || exit 1
+    bazel-bin/compiler/mhcc --cuda-arch sm_90 ${ARTIFACT[$name]} --emit=artifact -o "$bundle/$name.mhcc" \
+      --trace "$bundle/$name.trace.json" || exit 1
     peak_of "$name" > "$bundle/$name.peak"
+    # The H200 profile of the model's dtype, as the artifact's own prediction.
+    profile=$([ "$(cat "$bundle/$name.peak")" = $PEAK_BF16 ] && echo h200-bf16 || echo h200-fp32)
     # shellcheck disable=SC2086
-    bazel-bin/compiler/mhcc --cuda-arch none ${ARTIFACT[$name]} --print-schedule --trace "$bundle/$name.trace.json" \
-      2>/dev/null | sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
+    bazel-bin/compiler/mhcc --cuda-arch none --device-profile $profile ${ARTIFACT[$name]} --print-schedule 2>/dev/null |
+      sed -n 's/^predicted bubble fraction[^:]*: \([0-9.]*\);.*/\1/p' > "$bundle/$name.bubble"
   done
   cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py tests/runtime/check_trace.py "$bundle/"
   # The corpus as documents (one per line) for the packed-document cases.

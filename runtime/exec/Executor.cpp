@@ -331,6 +331,14 @@ bool Executor::runPipeline() {
   return collectResults() && (!options_.trace || deviceTimes(brackets));
 }
 
+void Executor::traceOptimizer(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
+  for (TraceSlice &slice : trace_)
+    if (slice.category == traceCategory(OpKind::Optimizer)) {
+      slice.startUs = std::chrono::duration<double, std::micro>(start - epoch_).count();
+      slice.durationUs = std::chrono::duration<double, std::micro>(end - start).count();
+    }
+}
+
 bool Executor::deviceTimes(size_t brackets) {
   if (!device_.timesInstructions())
     return true;

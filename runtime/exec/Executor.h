@@ -36,6 +36,10 @@ public:
   /// With TrainOptions::trace: this step's instructions, timed from `epoch`.
   void setTraceEpoch(std::chrono::steady_clock::time_point epoch) { epoch_ = epoch; }
   std::vector<TraceSlice> takeTrace() { return std::move(trace_); }
+  /// With trace: the OPTIM slice spans the optimizer step the trainer ran
+  /// after the list, from `start` to `end` (host clock: the step returns once
+  /// its work is done, on the GPU too).
+  void traceOptimizer(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
   const std::string &error() const { return error_; }
 
 private:

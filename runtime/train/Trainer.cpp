@@ -59,11 +59,15 @@ bool Trainer::runRanks(const std::vector<StepInputs> &inputs, int64_t stepNumber
       errors_[k] = rank + " start of step: " + device.error();
     else if (!executor.runPipeline())
       errors_[k] = executor.error();
-    else if (pipelineMs[k] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-             !device.optimizerStep(stepNumber, executor.losses(), results[k]))
-      errors_[k] = rank + " optimizer: " + device.error();
-    else
-      ok = true;
+    else {
+      const auto optimizerStart = Clock::now();
+      pipelineMs[k] = std::chrono::duration<double, std::milli>(optimizerStart - start).count();
+      ok = device.optimizerStep(stepNumber, executor.losses(), results[k]);
+      if (!ok)
+        errors_[k] = rank + " optimizer: " + device.error();
+      else if (options_.trace)
+        executor.traceOptimizer(optimizerStart, Clock::now());
+    }
     if (!ok)
       failed_ = true;
     return ok;

@@ -35,6 +35,8 @@ def main(predicted_path, measured_path, steps):
     for e in predicted + measured:
         if e["dur"] < 0 or e["ts"] < 0:
             sys.exit(f"negative time in {e}")
+        if e["cat"] == "optimizer" and e["dur"] <= 0:
+            sys.exit(f"an optimizer slice without a duration: {e}")
     for rank in per_rank:
         ends = 0.0
         for e in sorted((e for e in measured if e["tid"] == rank), key=lambda e: e["ts"]):

@@ -1,7 +1,8 @@
 // The executor's side of `mhcrun --trace` on a device that times its own
 // work (the GPU, whose host only issues it): every slice takes the interval
 // the device measured for its bracket, a communication group's slices share
-// one, the names and order are the host-timed run's, and a device that
+// one, the names and order are the host-timed run's (OPTIM spans the
+// optimizer step, on the host's clock), and a device that
 // times the wrong number of brackets fails the step naming both counts.
 // The device here is the CPU backend behind a wrapper that reports each
 // bracket k of a step as [t0 + k ms, t0 + k ms + 250 us].
@@ -128,6 +129,10 @@ TEST(DeviceTrace, SlicesTakeTheDevicesIntervals) {
     const TraceSlice &s = timed[k];
     EXPECT_EQ(s.name, host[k].name);
     EXPECT_EQ(s.rank, host[k].rank);
+    if (s.category == "optimizer") { // the trainer's host clock around the optimizer step
+      EXPECT_GT(s.durationUs, 0.0);
+      continue;
+    }
     EXPECT_NEAR(s.durationUs, 250.0, 1e-3) << s.name;
     if (!first.count(s.rank))
       first[s.rank] = s.startUs;
