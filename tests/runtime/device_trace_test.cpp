@@ -20,7 +20,8 @@
 namespace mhcc::runtime {
 namespace {
 
-std::string gData, gArtifact;
+std::string gArtifact;
+std::optional<TokenDataset> gData;
 using Clock = std::chrono::steady_clock;
 
 /// The CPU device, claiming to time each bracket itself.
@@ -94,23 +95,13 @@ DeviceFactory selfTimed(bool dropOne) {
   };
 }
 
-const TokenDataset &data() {
-  static std::optional<TokenDataset> d = [] {
-    std::string error;
-    auto opened = TokenDataset::open(gData, error);
-    EXPECT_TRUE(opened) << error;
-    return opened;
-  }();
-  return *d;
-}
-
 /// One traced step's slices, or the step's error.
 std::vector<TraceSlice> tracedStep(const DeviceFactory &devices, std::string &error) {
   std::optional<Artifact> artifact = readArtifact(gArtifact, error);
   EXPECT_TRUE(artifact) << error;
   TrainOptions options;
   options.trace = true;
-  auto trainer = Trainer::create(std::move(*artifact), data(), options, devices, error);
+  auto trainer = Trainer::create(std::move(*artifact), *gData, options, devices, error);
   EXPECT_TRUE(trainer) << error;
   std::optional<StepResult> result = trainer->step(error);
   return result ? result->trace : std::vector<TraceSlice>();
@@ -166,7 +157,12 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "usage: device_trace_test DATA PP2_VPP2\n");
     return 2;
   }
-  mhcc::runtime::gData = argv[1];
+  std::string error;
+  mhcc::runtime::gData = mhcc::runtime::TokenDataset::open(argv[1], error);
+  if (!mhcc::runtime::gData) {
+    std::fprintf(stderr, "device_trace_test: %s\n", error.c_str());
+    return 2;
+  }
   mhcc::runtime::gArtifact = argv[2];
   return RUN_ALL_TESTS();
 }
