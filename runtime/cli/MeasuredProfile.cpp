@@ -172,6 +172,17 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &a, const std::m
   return j.dump(1) + "\n";
 }
 
+/// "; predicted ... (ratio ...)" for a measured step of `stepMs`.
+static std::string predictionBeside(const Artifact &a, double stepMs) {
+  if (!a.prediction)
+    return "; the artifact records no prediction (compiled before mhcc recorded one)";
+  char line[512];
+  std::snprintf(line, sizeof line, "; predicted %.3f ms, %.4f with %s (ratio %.2f)", a.prediction->stepMs,
+                a.prediction->bubbleFraction, a.prediction->profile.c_str(),
+                a.prediction->stepMs > 0 ? stepMs / a.prediction->stepMs : 0.0);
+  return line;
+}
+
 std::string measuredStepLine(const Artifact &a, const std::map<std::string, double> &profileMs,
                              int64_t iterations) {
   auto wall = profileMs.find("host: pipeline (all ranks, wall)");
@@ -196,16 +207,29 @@ std::string measuredStepLine(const Artifact &a, const std::map<std::string, doub
                 "mhcrun: measured step %.3f ms (pipeline and optimizer, wall), bubble fraction %.4f (idle / "
                 "(ranks x step), %lld rank(s) profiled)",
                 stepMs, bubble, (long long)busyMs.size());
-  std::string text = line;
-  if (a.prediction) {
-    std::snprintf(line, sizeof line, "; predicted %.3f ms, %.4f with %s (ratio %.2f)", a.prediction->stepMs,
-                  a.prediction->bubbleFraction, a.prediction->profile.c_str(),
-                  a.prediction->stepMs > 0 ? stepMs / a.prediction->stepMs : 0.0);
-    text += line;
-  } else {
-    text += "; the artifact records no prediction (compiled before mhcc recorded one)";
-  }
-  return text;
+  return line + predictionBeside(a, stepMs);
+}
+
+std::string tracedStepLine(const Artifact &a, const std::vector<TraceSlice> &slices) {
+  std::vector<StepTiming> timings = stepTimings(slices, a.worldSize());
+  if (timings.empty())
+    return "mhcrun: the trace holds no step";
+  if (timings.size() > 1) // the first step records the memory plan and loads the kernels
+    timings.erase(timings.begin());
+  auto median = [&](double StepTiming::*field) {
+    std::vector<double> v;
+    for (const StepTiming &t : timings)
+      v.push_back(t.*field);
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const double stepMs = median(&StepTiming::spanMs);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "mhcrun: traced step %.3f ms, bubble fraction %.4f (idle / (ranks x step), medians of steps %lld-%lld "
+                "from --trace's slices)",
+                stepMs, median(&StepTiming::bubble), (long long)timings.front().step, (long long)timings.back().step);
+  return line + predictionBeside(a, stepMs);
 }
 
 } // namespace mhcc::runtime

@@ -16,6 +16,7 @@
 #define MHCC_RUNTIME_CLI_MEASUREDPROFILE_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/program/Trace.h"
 
 #include <map>
 #include <optional>
@@ -43,6 +44,12 @@ std::optional<std::string> measuredDeviceProfile(const Artifact &artifact,
 /// artifact's prediction beside it when it has one.
 std::string measuredStepLine(const Artifact &artifact, const std::map<std::string, double> &profileMs,
                              int64_t iterations);
+
+/// "mhcrun: traced step ... bubble ...; predicted ..." from --trace's slices
+/// (Trace.h's stepTimings: the medians over the steps after the first, or
+/// the one step): unlike --profile's, nothing is timed inside an
+/// instruction, so the step runs as it does untraced.
+std::string tracedStepLine(const Artifact &artifact, const std::vector<TraceSlice> &slices);
 
 } // namespace mhcc::runtime
 

@@ -442,7 +442,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     const double epochUs =
         std::chrono::duration<double, std::micro>(trainer.traceEpoch().time_since_epoch()).count();
     if (!writeTracePart(f.tracePath, *role.processRank, trace, epochUs, error) ||
-        (*role.processRank == 0 && !mergeTraceParts(f.tracePath, a.worldSize(), 120, error)))
+        (*role.processRank == 0 && !mergeTraceParts(f.tracePath, a.worldSize(), 120, trace, error)))
       return fail(rankPrefix + error);
   } else if (!f.tracePath.empty()) {
     std::ofstream out(f.tracePath, std::ios::trunc);
@@ -462,6 +462,8 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     printProfile(profileMs, profiled);
     std::printf("%s\n", measuredStepLine(a, profileMs, profiled).c_str());
   }
+  if (!f.tracePath.empty() && (!role.processRank || *role.processRank == 0)) // rank 0 holds every rank's slices
+    std::printf("%s\n", tracedStepLine(a, trace).c_str());
   if (!f.deviceProfileOut.empty() && !writeDeviceProfile(a, profileMs, profiled, role.backend, f, error))
     return fail(error);
   std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)trained, *first, *last);

@@ -35,8 +35,9 @@ bool writeTracePart(const std::string &path, int64_t rank, const std::vector<Tra
   return true;
 }
 
-bool mergeTraceParts(const std::string &path, int64_t world, double waitSeconds, std::string &error) {
-  std::vector<TraceSlice> slices;
+bool mergeTraceParts(const std::string &path, int64_t world, double waitSeconds, std::vector<TraceSlice> &slices,
+                     std::string &error) {
+  slices.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(waitSeconds);
   for (int64_t rank = 0; rank < world; ++rank) {
     const std::string part = partPath(path, rank);

@@ -25,9 +25,11 @@ bool writeTracePart(const std::string &path, int64_t rank, const std::vector<Tra
                     std::string &error);
 
 /// Rank 0: waits up to `waitSeconds` for the parts of ranks 0 .. world - 1,
-/// writes the merged trace to `path` and removes the parts. False and
-/// `error` naming a part that did not come or does not read.
-bool mergeTraceParts(const std::string &path, int64_t world, double waitSeconds, std::string &error);
+/// writes the merged trace to `path` (its slices also to `merged`) and
+/// removes the parts. False and `error` naming a part that did not come or
+/// does not read.
+bool mergeTraceParts(const std::string &path, int64_t world, double waitSeconds, std::vector<TraceSlice> &merged,
+                     std::string &error);
 
 } // namespace mhcc::runtime
 

@@ -1,7 +1,10 @@
 //===- Trace.cpp - timelines in the Chrome trace-event format ---------------===//
 #include "runtime/program/Trace.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
+#include <map>
 
 namespace mhcc::runtime {
 namespace {
@@ -43,6 +46,27 @@ const char *traceCategory(OpKind kind) {
     return "optimizer";
   }
   return "other";
+}
+
+std::vector<StepTiming> stepTimings(const std::vector<TraceSlice> &slices, int64_t ranks) {
+  struct Extent {
+    double start = std::numeric_limits<double>::infinity(), end = -std::numeric_limits<double>::infinity();
+    double busy = 0;
+  };
+  std::map<int64_t, Extent> byStep;
+  for (const TraceSlice &s : slices) {
+    Extent &e = byStep[s.step];
+    e.start = std::min(e.start, s.startUs);
+    e.end = std::max(e.end, s.startUs + s.durationUs);
+    if (s.category == traceCategory(OpKind::Forward)) // every compute kind shares it
+      e.busy += s.durationUs;
+  }
+  std::vector<StepTiming> timings;
+  for (const auto &[step, e] : byStep) {
+    const double span = e.end - e.start;
+    timings.push_back({step, span / 1e3, span > 0 && ranks > 0 ? std::max(0.0, 1 - e.busy / (ranks * span)) : 0.0});
+  }
+  return timings;
 }
 
 std::string chromeTrace(const std::vector<TraceSlice> &slices, int64_t ranks, const std::string &title) {

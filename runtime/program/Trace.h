@@ -29,6 +29,17 @@ struct TraceSlice {
 /// "compute" for FWD / BWD / B / W, "comm" for SEND / RECV, "free", "optimizer".
 const char *traceCategory(OpKind kind);
 
+/// One measured step as its slices show it: the span from the first slice's
+/// start to the last one's end (the optimizer included) and the bubble, the
+/// time no compute slice of a rank ran over ranks x span: the simulator's
+/// idle / (ranks x step), and tests/runtime/check_trace.py's.
+struct StepTiming {
+  int64_t step = 0;
+  double spanMs = 0, bubble = 0;
+};
+/// Each step's timing, by step, from measured slices of `ranks` ranks.
+std::vector<StepTiming> stepTimings(const std::vector<TraceSlice> &slices, int64_t ranks);
+
 /// The trace-event JSON of `slices`, their ranks named "rank R" under one
 /// process called `title` (e.g. "predicted" or "measured").
 std::string chromeTrace(const std::vector<TraceSlice> &slices, int64_t ranks, const std::string &title);
