@@ -58,7 +58,8 @@ std::vector<StepTiming> stepTimings(const std::vector<TraceSlice> &slices, int64
     Extent &e = byStep[s.step];
     e.start = std::min(e.start, s.startUs);
     e.end = std::max(e.end, s.startUs + s.durationUs);
-    if (s.category == traceCategory(OpKind::Forward)) // every compute kind shares it
+    // Busy as the simulator counts it: compute, and the optimizer every rank runs.
+    if (s.category == traceCategory(OpKind::Forward) || s.category == traceCategory(OpKind::Optimizer))
       e.busy += s.durationUs;
   }
   std::vector<StepTiming> timings;

@@ -31,8 +31,8 @@ const char *traceCategory(OpKind kind);
 
 /// One measured step as its slices show it: the span from the first slice's
 /// start to the last one's end (the optimizer included) and the bubble, the
-/// time no compute slice of a rank ran over ranks x span: the simulator's
-/// idle / (ranks x step), and tests/runtime/check_trace.py's.
+/// time a rank ran neither compute nor the optimizer, over ranks x span: the
+/// simulator's idle / (ranks x step), and tests/runtime/check_trace.py's.
 struct StepTiming {
   int64_t step = 0;
   double spanMs = 0, bubble = 0;

@@ -53,17 +53,19 @@ def main(predicted_path, measured_path, steps):
     for step in range(1, steps + 1):
         step_ms, bubble = timing([e for e in measured if e["args"]["step"] == step], ranks)
         line += f" step {step} {step_ms:.3f} ms, bubble {bubble:.4f};"
-    print(line.rstrip(";") + " (pipeline span, idle / (ranks x span), compute slices as busy)")
+    print(line.rstrip(";") + " (step span, idle / (ranks x span), compute and optimizer slices as busy)")
 
 
 def timing(events, ranks):
-    """The pipeline's span (first slice's start to last slice's end) in ms and
-    its bubble: the time no compute slice ran, over ranks x span."""
+    """The step's span (first slice's start to last slice's end, the
+    optimizer's) in ms and its bubble: the time a rank ran neither compute
+    nor the optimizer, over ranks x span (the simulator's definition; mhcrun's
+    traced-step line, runtime/program/Trace.h, computes the same)."""
     if not events:
         return 0.0, 0.0
     start = min(e["ts"] for e in events)
     span = max(e["ts"] + e["dur"] for e in events) - start
-    busy = sum(e["dur"] for e in events if e["cat"] == "compute")
+    busy = sum(e["dur"] for e in events if e["cat"] in ("compute", "optimizer"))
     return span / 1e3, (1 - busy / (ranks * span)) if span > 0 else 0.0
 
 
