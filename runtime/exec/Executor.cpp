@@ -279,7 +279,6 @@ bool Executor::runPipeline() {
   traceBracket_.clear();
   size_t brackets = 0; // with trace: instructions and communication groups issued
   using Clock = std::chrono::steady_clock;
-  auto sinceEpoch = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - epoch_).count(); };
   losses_.assign(artifact_.microbatches, std::vector<double>(artifact_.stages.back().losses.size(), 0.0));
   const std::vector<Instr> &list = artifact_.ranks[rank_];
   for (size_t index = 0; index < list.size(); ++index) {
@@ -318,7 +317,7 @@ bool Executor::runPipeline() {
       return false;
     if (options_.trace) {
       // A communication group's instructions share the group's interval.
-      const double start = sinceEpoch(started), end = sinceEpoch(Clock::now());
+      const double start = sinceEpochUs(started), end = sinceEpochUs(Clock::now());
       for (size_t k = first; k <= index; ++k)
         if (list[k].kind != OpKind::Collective) { // inside the compute step's slice
           trace_.push_back({globalRank_, list[k].describe(), traceCategory(list[k].kind), start, end - start, 0});
@@ -334,8 +333,8 @@ bool Executor::runPipeline() {
 void Executor::traceOptimizer(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
   for (TraceSlice &slice : trace_)
     if (slice.category == traceCategory(OpKind::Optimizer)) {
-      slice.startUs = std::chrono::duration<double, std::micro>(start - epoch_).count();
-      slice.durationUs = std::chrono::duration<double, std::micro>(end - start).count();
+      slice.startUs = sinceEpochUs(start);
+      slice.durationUs = sinceEpochUs(end) - slice.startUs;
     }
 }
 
@@ -348,13 +347,10 @@ bool Executor::deviceTimes(size_t brackets) {
   if (intervals.size() != brackets)
     return fail("--trace: the device timed " + std::to_string(intervals.size()) + " instructions of " +
                 std::to_string(brackets));
-  auto sinceEpoch = [&](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::micro>(t - epoch_).count();
-  };
   for (size_t k = 0; k < trace_.size(); ++k) {
     const DeviceInterval &interval = intervals[traceBracket_[k]];
-    trace_[k].startUs = sinceEpoch(interval.start);
-    trace_[k].durationUs = std::max(0.0, sinceEpoch(interval.end) - trace_[k].startUs);
+    trace_[k].startUs = sinceEpochUs(interval.start);
+    trace_[k].durationUs = std::max(0.0, sinceEpochUs(interval.end) - trace_[k].startUs);
   }
   return true;
 }

@@ -58,6 +58,9 @@ private:
   /// With trace, on a device that times its own work: each slice's interval
   /// replaced by the one the device measured for its bracket.
   bool deviceTimes(size_t brackets);
+  double sinceEpochUs(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - epoch_).count();
+  }
 
   void tap(const ValueInfo &info, const Buffer &buffer, int64_t mb);
   void tapGradients(const StageProgram &program, const StageState &state, int64_t mb);
