@@ -9,6 +9,11 @@
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
+#   tools/gpu_suite.sh prune GPUS
+#                               (here, after bundle) fits .gpu_bundle into the
+#                               device tool's 64 MiB carry for a machine of
+#                               GPUS (1 or 2) H200s: drops the artifacts it
+#                               cannot run or the call will not use
 #   tools/gpu_suite.sh adopt-goldens DIR
 #                               (here) copies golden_values_h200_*.json from
 #                               an unpacked suite_logs.tgz into goldens/: the
@@ -161,6 +166,25 @@ bundle)
   git rev-parse HEAD > "$bundle/COMMIT"
   git status --porcelain | grep -q . && echo "(with uncommitted changes)" >> "$bundle/COMMIT"
   echo "bundled into $bundle ($(du -sh $bundle | cut -f1), commit $(head -1 $bundle/COMMIT))"
+  ;;
+prune)
+  gpus=${2:?usage: tools/gpu_suite.sh prune GPUS (1 or 2)}
+  [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
+  cd "$bundle"
+  # Four GPUs are not lent: the PP4 artifacts and the 4-microbatch models they compare against.
+  rm -f ./*_pp4* ./*_m4_*
+  if [ "$gpus" -ge 2 ]; then
+    # Two GPUs: every PP2 artifact stays (parity, traces, goldens, the
+    # PP2 / PP2-VPP2 / ZB-H1 benchmarks); the one-GPU kernel studies go.
+    rm -f ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./1b_f32_pp1* ./attention_bench
+  else
+    # One GPU: the large PP2 artifacts go (the tiny and small_bf16 layouts
+    # stay for the one-GPU checks).
+    rm -f ./1b_pp2* ./c4096_pp2* ./c7168_pp2* ./c7168_bf16_pp2* ./c4096_bf16_pp2* ./small_m2_pp2* ./small_pp2*
+  fi
+  size=$(du -sb . | cut -f1)
+  echo "pruned $bundle for $gpus GPU(s): $((size / 1048576)) MiB (the carry holds 64)"
+  [ "$size" -le $((64 * 1048576)) ] || { echo "gpu_suite: still over 64 MiB: prune more"; exit 1; }
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
