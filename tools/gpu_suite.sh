@@ -29,7 +29,8 @@
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2;
 # opt-in "trace": mhcrun --trace of GPU_SUITE_TRACE's artifacts, default
 # 1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2, checked against
-# mhcc's predicted trace, both into $OUT with span and bubble side by side),
+# mhcc's predicted trace, both into suite_logs.tgz, spans and bubbles side
+# by side in the table),
 # GPU_SUITE_PARITY (parity groups, default "tiny tiny_pool small c4096 c7168",
 # the bf16 and packed-document groups and the PP4 groups),
 # GPU_SUITE_BENCH (benchmark names, default all), GPU_SUITE_BENCH_DATA (the
@@ -571,12 +572,13 @@ sys.exit(0 if abs(bf - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
       case "$name" in
         *_pp2*) [ "$gpus" -ge 2 ] || { row "trace $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
       esac
-      if timeout 300 ./mhcrun "$name.mhcc" --data corpus.txt --steps 3 --no-progress --trace "$out/trace_$name.json" \
+      # Into the logs' archive: the device brings back few files a call.
+      if timeout 300 ./mhcrun "$name.mhcc" --data corpus.txt --steps 3 --no-progress --trace "$logs/trace_$name.json" \
            > "$logs/trace_$name.log" 2>&1 &&
-         python3 check_trace.py "$name.trace.json" "$out/trace_$name.json" 3 > "$logs/trace_$name.check" 2>&1; then
+         python3 check_trace.py "$name.trace.json" "$logs/trace_$name.json" 3 > "$logs/trace_$name.check" 2>&1; then
         r=PASS
       else r=FAIL; fi
-      cp "$name.trace.json" "$out/trace_${name}_predicted.json" 2>/dev/null
+      cp "$name.trace.json" "$logs/trace_${name}_predicted.json" 2>/dev/null
       detail=$(tail -1 "$logs/trace_$name.check" 2>/dev/null || tail -1 "$logs/trace_$name.log")
       row "trace $name" $r "$(echo "$detail" | cut -c1-220)"
     done
