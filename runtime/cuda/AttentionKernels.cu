@@ -173,7 +173,7 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
       toBf16(dQkv32, dQkv, rows * 3 * C, s);
     }
     rope(k, dQkv, docs.positions, rows, C, heads, seq, true, s);
-    intoTransB(g, dQkv, wqkv, dx, rows, 3 * C, C, freshInput);
+    intoTransB(g, dQkv, wqkv, dx, rows, 3 * C, C, freshInput, s);
   }
   if (parts.weights) {
     matmulTransAAcc(g, o, dy, dWo, rows, C, C);

@@ -449,7 +449,7 @@ void swigluBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wg, co
   if (parts.inputs) {
     overwriteTransB(g, dy, wd, dh, rows, C, F, s); // dh = dy Wd^T
     k.launch(ModelKernel::SwigluBackwardGate, vecBlocks<A>(count), 1, kThreads, s, a, b, dh, da, db, count);
-    intoTransB(g, da, wg, dx, rows, F, C, freshInput);
+    intoTransB(g, da, wg, dx, rows, F, C, freshInput, s);
     matmulTransBAcc(g, db, wu, dx, rows, F, C);
   }
   if (parts.weights) {

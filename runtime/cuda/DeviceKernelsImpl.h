@@ -89,13 +89,15 @@ void overwriteTransB(Gemms &g, const A *a, const A *b, A *c, int64_t M, int64_t 
   }
 }
 
-/// c[M,K] (+)= a[M,N] b[K,N]^T: written when `fresh` (bf16; beta = 0 with
-/// the plan's algorithm, so the bits of adding into zeros), else added into.
+/// c[M,K] (+)= a[M,N] b[K,N]^T: written when c is `fresh` (overwriteTransB:
+/// in bf16 beta = 0 with the plan's algorithm, so the bits of adding into
+/// zeros), else added into.
 template <typename A>
-void intoTransB(Gemms &g, const A *a, const A *b, A *c, int64_t M, int64_t N, int64_t K, bool fresh) {
-  if constexpr (std::is_same_v<A, float>)
-    fresh = false; // the caller zero-filled c: fp32 keeps its goldens' add
-  g.run({false, true, M, K, N, N, N, K, dtypeFor<A>(), dtypeFor<A>()}, a, b, c, 1.0f, fresh ? 0.0f : 1.0f);
+void intoTransB(Gemms &g, const A *a, const A *b, A *c, int64_t M, int64_t N, int64_t K, bool fresh, cudaStream_t s) {
+  if (fresh)
+    overwriteTransB(g, a, b, c, M, N, K, s);
+  else
+    matmulTransBAcc(g, a, b, c, M, N, K);
 }
 
 } // namespace
