@@ -19,8 +19,6 @@ struct Driver {
   CUresult (*moduleUnload)(CUmodule) = nullptr;
   CUresult (*moduleGetFunction)(CUfunction *, CUmodule, const char *) = nullptr;
   CUresult (*moduleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *) = nullptr;
-  CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                           CUstream, void **, void **) = nullptr;
   CUresult (*launchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **) = nullptr;
   CUresult (*getErrorName)(CUresult, const char **) = nullptr;
   std::string error;
@@ -45,7 +43,6 @@ const Driver &driver() {
     resolve("cuModuleUnload", d.moduleUnload, d.error);
     resolve("cuModuleGetFunction", d.moduleGetFunction, d.error);
     resolve("cuModuleGetGlobal", d.moduleGetGlobal, d.error);
-    resolve("cuLaunchKernel", d.launchKernel, d.error);
     resolve("cuLaunchKernelEx", d.launchKernelEx, d.error);
     resolve("cuGetErrorName", d.getErrorName, d.error);
     return d;
@@ -174,26 +171,22 @@ void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY,
                              cudaStream_t stream, void **params) const {
   if (gridX == 0 || gridY == 0)
     return;
-  CUresult status;
-  if (dependentLaunchEnabled()) { // the image's kernels begin with kernelPrologue (ABI 12 on)
-    CUlaunchAttribute early{};
-    early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    early.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = gridX;
-    config.gridDimY = gridY;
-    config.gridDimZ = 1;
-    config.blockDimX = block;
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.hStream = reinterpret_cast<CUstream>(stream);
-    config.attrs = &early;
-    config.numAttrs = 1;
-    status = driver().launchKernelEx(&config, functions_[int(kernel)], params, nullptr);
-  } else {
-    status = driver().launchKernel(functions_[int(kernel)], gridX, gridY, 1, block, 1, 1, 0,
-                                   reinterpret_cast<CUstream>(stream), params, nullptr);
-  }
+  // The image's kernels begin with kernelPrologue (ABI 12 on), so each may
+  // start while the one before it drains, unless MHCC_PDL=0.
+  CUlaunchAttribute early{};
+  early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  early.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = gridX;
+  config.gridDimY = gridY;
+  config.gridDimZ = 1;
+  config.blockDimX = block;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  config.attrs = &early;
+  config.numAttrs = dependentLaunchEnabled() ? 1 : 0;
+  const CUresult status = driver().launchKernelEx(&config, functions_[int(kernel)], params, nullptr);
   if (status != CUDA_SUCCESS && firstError_.empty())
     firstError_ = std::string("launch of ") + kKernelNames[int(kernel)] + ": " + errorName(status);
 }
