@@ -462,7 +462,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     printProfile(profileMs, profiled);
     std::printf("%s\n", measuredStepLine(a, profileMs, profiled).c_str());
   }
-  if (!f.tracePath.empty() && (!role.processRank || *role.processRank == 0)) // rank 0 holds every rank's slices
+  if (!f.tracePath.empty()) // the speaker is rank 0, which holds every rank's slices (merged above)
     std::printf("%s\n", tracedStepLine(a, trace).c_str());
   if (!f.deviceProfileOut.empty() && !writeDeviceProfile(a, profileMs, profiled, role.backend, f, error))
     return fail(error);
