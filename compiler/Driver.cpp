@@ -67,18 +67,11 @@ void hideUnrelatedOptions() {
 }
 
 /// Compiles the model's CUDA kernels into the artifact for --cuda-arch (auto:
-/// sm_90 when nvcc is found, else a CPU-only artifact with a note; none, with
-/// a note, for a model the CUDA backend does not run: runtime::cudaBackendGap).
+/// sm_90 when nvcc is found, else a CPU-only artifact with a note).
 LogicalResult addDeviceCode(runtime::Artifact &artifact, const DriverOptions &options) {
   const std::string &arch = options.cudaArch;
   if (arch == "none")
     return success();
-  if (std::string gap = runtime::cudaBackendGap(artifact.model.dtype, artifact.model.residualStorage());
-      !gap.empty()) {
-    llvm::errs() << "mhcc: note: " << gap << ": the artifact carries no CUDA kernels and trains on the CPU "
-                 << "backend; --cuda-arch none silences this\n";
-    return success();
-  }
   std::string nvccError;
   std::optional<std::string> nvcc = codegen::findNvcc(options.nvcc, nvccError);
   if (!nvcc && (arch != "auto" || !options.nvcc.empty()))

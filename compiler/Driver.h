@@ -104,12 +104,11 @@ mlir::OwningOpRef<mlir::ModuleOp> compileModel(mlir::MLIRContext &context, const
 
 /// The simulator's rates for a model of `dtype`: --device-profile, else
 /// --sim-tflops / --sim-link-gbps when given, else the built-in profile of
-/// the target (cpu for --cuda-arch none or a model the CUDA backend does not
-/// run, else h200-bf16 / h200-fp32); --sim-link-gbps given with a profile
-/// replaces its link bandwidth. nullopt and `error` when the profile cannot
-/// be read.
+/// the target (cpu for --cuda-arch none, else h200-bf16 / h200-fp32);
+/// --sim-link-gbps given with a profile replaces its link bandwidth. nullopt
+/// and `error` when the profile cannot be read.
 std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
-                                                   const std::string &residualStorage, std::string &error);
+                                                   std::string &error);
 
 /// The summary: the model's sizes and costs, and what the pipeline decided
 /// (with --print-schedule the per-rank timeline).

@@ -158,7 +158,7 @@ std::optional<std::string> checkFlags(const DriverOptions &options,
 }
 
 std::optional<SimulationOptions> simulationOptions(const DriverOptions &options, const std::string &dtype,
-                                                   const std::string &residualStorage, std::string &error) {
+                                                   std::string &error) {
   const bool flatRate = options.simTflops.getNumOccurrences() > 0;
   const bool link = options.simLinkGBps.getNumOccurrences() > 0;
   SimulationOptions simulation;
@@ -168,9 +168,7 @@ std::optional<SimulationOptions> simulationOptions(const DriverOptions &options,
   }
   std::string name = options.deviceProfile;
   if (name.empty())
-    name = options.cudaArch == "none" || !runtime::cudaBackendGap(dtype, residualStorage).empty() ? "cpu"
-           : dtype == "bf16"                                                            ? "h200-bf16"
-                                                                                        : "h200-fp32";
+    name = options.cudaArch == "none" ? "cpu" : dtype == "bf16" ? "h200-bf16" : "h200-fp32";
   std::optional<DeviceProfile> profile = loadDeviceProfile(name, error);
   if (!profile) {
     error = "--device-profile: " + error;
@@ -230,7 +228,7 @@ OwningOpRef<ModuleOp> compileModel(MLIRContext &context, const std::string &inpu
   }
   std::string profileError;
   std::optional<SimulationOptions> rates =
-      simulationOptions(options, graph->config.dtype, graph->config.residualStorage(), profileError);
+      simulationOptions(options, graph->config.dtype, profileError);
   if (!rates) {
     fail(profileError);
     return nullptr;

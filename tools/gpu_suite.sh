@@ -54,10 +54,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu_bundle
-GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test //tests:gpu_training_test)
+GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
+           //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
       tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb
-      hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb tiny_bf16_fp32_residual_pp1)
+      hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb
+      tiny_bf16_fp32_residual_pp1 tiny_bf16_fp32_residual_pp2 tiny_bf16_fp32_residual_pp2_vpp2
+      tiny_bf16_fp32_residual_edge_chunks tiny_bf16_fp32_residual_pp2_zb
+      tiny_n1_bf16_fp32_residual_pp1 tiny_n1_bf16_fp32_residual_pp2_vpp2 tiny_n1_bf16_fp32_residual_pp2_zb)
 # name -> "model mhcc-flags"
 declare -A ARTIFACT=(
   # Refusal: an artifact without kernels. (Kernels for another architecture
@@ -104,6 +108,8 @@ declare -A ARTIFACT=(
   [1b_m1_pp1]="models/1b.json --microbatches 1 --pp 1"
   [1b_f32_pp1]="models/1b_f32.json --microbatches 8 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
+  # The fp32 residual stream's cost (its kernels take their one-type paths).
+  [1b_fp32_residual_pp1]="models/1b_fp32_residual.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
   [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"
   [small_pp4]="models/small.json --microbatches 8 --pp 4"
@@ -161,7 +167,7 @@ bundle)
   cp data/corpus.txt tools/metrics_to_golden.py tools/kernel_table.py tests/runtime/check_trace.py "$bundle/"
   # The corpus as documents (one per line) for the packed-document cases.
   bazel-bin/tools/mhc-prep --input data/corpus.txt --output-prefix "$bundle/corpus_docs" > /dev/null || exit 1
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 hybrid_tiny; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 tiny_bf16_fp32_residual hybrid_tiny; do
     [ -f "goldens/$recipe/golden_values_h200.json" ] && cp "goldens/$recipe/golden_values_h200.json" "$bundle/golden_h200_$recipe.json"
   done
   git rev-parse HEAD > "$bundle/COMMIT"
@@ -189,7 +195,7 @@ prune)
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
-  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 hybrid_tiny; do
+  for recipe in tiny tiny_pp2_vpp2 tiny_pp4_vpp2 tiny_bf16 tiny_bf16_pp2_vpp2 tiny_bf16_fp32_residual hybrid_tiny; do
     src="$dir/golden_values_h200_$recipe.json"
     [ -f "$src" ] || { echo "no $src (not run: fewer GPUs?)"; continue; }
     mkdir -p "goldens/$recipe"
@@ -258,9 +264,10 @@ run)
       [gdn_kernels]="./cuda_kernels_test tiny_pp1.mhcc --gtest_filter=*GatedDeltaNet*"
       [bf16_kernels]="./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc"
       [tiny_bf16_step]="./mhcrun tiny_bf16_pp1.mhcc --data corpus.txt --steps 1 --no-progress"
+      [fp32_residual_kernels]="./cuda_fp32_residual_kernels_test tiny_bf16_fp32_residual_pp1.mhcc"
     )
-    sanitized="attention kernels gdn_kernels bf16_kernels tiny_bf16_step"
-    # The fifteen runs at once (the GPU and 16 cores have room; the tools slow
+    sanitized="attention kernels gdn_kernels bf16_kernels tiny_bf16_step fp32_residual_kernels"
+    # The eighteen runs at once (the GPU and 16 cores have room; the tools slow
     # kernels 10-100x), each with its own log and exit status.
     for tool in memcheck racecheck synccheck; do
       for name in $sanitized; do
@@ -289,8 +296,9 @@ run)
 
   if [[ $parts == *" checks "* ]]; then
     declare -A CHECK_ARGS=([gpu_test]="" [cuda_kernels_test]="tiny_pp1.mhcc"
-                           [cuda_bf16_kernels_test]="tiny_bf16_pp1.mhcc")
-    for name in gpu_test cuda_kernels_test cuda_bf16_kernels_test; do
+                           [cuda_bf16_kernels_test]="tiny_bf16_pp1.mhcc"
+                           [cuda_fp32_residual_kernels_test]="tiny_bf16_fp32_residual_pp1.mhcc")
+    for name in gpu_test cuda_kernels_test cuda_bf16_kernels_test cuda_fp32_residual_kernels_test; do
       # shellcheck disable=SC2086
       if timeout 300 "./$name" ${CHECK_ARGS[$name]} > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
       row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
@@ -301,6 +309,9 @@ run)
       [small]="small_m2_pp1:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
       # bf16: against the CPU within 1e-3 (the GPU's roundings differ, docs/precision.md).
       [tiny_bf16]="tiny_bf16_pp1:tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb"
+      # bf16 with an fp32 residual stream (the fp32 stream's kernels), n = 4 and n = 1.
+      [tiny_bf16_fp32_residual]="tiny_bf16_fp32_residual_pp1:tiny_bf16_fp32_residual_pp1 tiny_bf16_fp32_residual_pp2 tiny_bf16_fp32_residual_pp2_vpp2 tiny_bf16_fp32_residual_edge_chunks tiny_bf16_fp32_residual_pp2_zb"
+      [tiny_n1_bf16_fp32_residual]="tiny_n1_bf16_fp32_residual_pp1:tiny_n1_bf16_fp32_residual_pp1 tiny_n1_bf16_fp32_residual_pp2_vpp2 tiny_n1_bf16_fp32_residual_pp2_zb"
       [small_bf16]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2 small_bf16_m2_pp2_vpp2 small_bf16_m2_pp2_zb"
       # Opt-in: small_bf16 on the reference attention core (MHCC_ATTENTION=reference).
       [small_bf16_ref]="small_bf16_m2_pp1:small_bf16_m2_pp1 small_bf16_m2_pp2"
@@ -328,7 +339,7 @@ run)
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
       [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -356,20 +367,16 @@ run)
     rc=$?
     if [ $rc = 1 ] && grep -q "needs one GPU each, but 1 GPU(s) are visible" "$logs/too_few_gpus.log"; then r=PASS; else r=FAIL; fi
     row "too few GPUs refused" $r "exit $rc: $(tail -1 "$logs/too_few_gpus.log" | cut -c1-150)"
-    # No kernels, or an fp32 residual in a bf16 model (not on the GPU yet): one message, exit 1.
-    for case in "tiny_no_kernels:carries no CUDA kernels" \
-                "tiny_bf16_fp32_residual_pp1:which the CUDA backend does not run yet"; do
-      name=${case%%:*}; expect=${case#*:}
-      timeout 60 ./mhcrun "$name.mhcc" --backend cuda --data corpus.txt --steps 1 > "$logs/$name.log" 2>&1
-      rc=$?
-      if [ $rc = 1 ] && grep -q "$expect" "$logs/$name.log"; then r=PASS; else r=FAIL; fi
-      row "$name refused" $r "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-150)"
-    done
-    # Without --backend, an fp32 residual trains on the CPU backend, saying so.
+    # No kernels: one message, exit 1.
+    timeout 60 ./mhcrun tiny_no_kernels.mhcc --backend cuda --data corpus.txt --steps 1 > "$logs/tiny_no_kernels.log" 2>&1
+    rc=$?
+    if [ $rc = 1 ] && grep -q "carries no CUDA kernels" "$logs/tiny_no_kernels.log"; then r=PASS; else r=FAIL; fi
+    row "tiny_no_kernels refused" $r "exit $rc: $(tail -1 "$logs/tiny_no_kernels.log" | cut -c1-150)"
+    # Without --backend, an fp32 residual trains on the GPU like any model.
     timeout 120 ./mhcrun tiny_bf16_fp32_residual_pp1.mhcc --data corpus.txt --steps 1 --no-progress \
       > "$logs/fp32_residual_auto.log" 2>&1
     rc=$?
-    if [ $rc = 0 ] && grep -q "runs on the CPU backend in this release: using it" "$logs/fp32_residual_auto.log"; then
+    if [ $rc = 0 ] && grep -q "backend cuda" "$logs/fp32_residual_auto.log"; then
       r=PASS; else r=FAIL; fi
     row "fp32 residual, automatic backend" $r "exit $rc: $(head -1 "$logs/fp32_residual_auto.log" | cut -c1-150)"
     # Validation passes (--eval-interval) leave training unchanged on the GPU:
@@ -440,6 +447,10 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
       row "golden tiny_bf16 PP2/VPP2 (--gpus 2)" $r "$detail"
     fi
     cp "$logs"/golden_values_h200_tiny_bf16.json "$logs"/golden_values_h200_tiny_bf16_pp2_vpp2.json "$out/" 2>/dev/null
+    # bf16 with an fp32 residual stream (its layouts are bit-identical: parity tiny_bf16_fp32_residual).
+    if golden tiny_bf16_fp32_residual tiny_bf16_fp32_residual_pp1 &&
+       detail=$(check_golden tiny_bf16_fp32_residual tiny_bf16_fp32_residual); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
+    row "golden tiny_bf16_fp32_residual (PP1)" $r "$detail; $(tail -1 "$logs/golden_tiny_bf16_fp32_residual.1.log" | cut -c1-80)"
     if [ "$gpus" -ge 4 ]; then
       detail=
       if golden tiny_pp4_vpp2 tiny_pp4_vpp2 env && detail=$(check_golden tiny_pp4_vpp2 tiny_pp4_vpp2) &&

@@ -55,13 +55,16 @@ std::string emitModelKernels(const runtime::ModelInfo &model, const std::string 
      << "// stream count and Sinkhorn iterations are compiled in (loops unrolled, per-token matrices sized exactly).\n"
      << "constexpr int kStreams = " << model.streams << ";\n"
      << "constexpr int kSinkhornIterations = " << model.sinkhornIterations << ";\n";
-  // The activation storage type (docs/precision.md): bf16 models store
-  // activations, their gradients and the weights the kernels read in bf16.
-  const bool bf16 = model.dtype == "bf16";
+  // The storage types (docs/precision.md): bf16 models store activations,
+  // their gradients and the weights the kernels read in bf16, and the
+  // residual stream as residual_dtype says (bf16 unless f32 is asked for).
+  const bool bf16 = model.dtype == "bf16", residualBf16 = model.residualStorage() == "bf16";
   os << "// dtype " << model.dtype << ": activations are stored as "
-     << (bf16 ? "bf16 (__nv_bfloat16), computed in fp32" : "fp32") << ".\n"
+     << (bf16 ? "bf16 (__nv_bfloat16), computed in fp32" : "fp32") << "; the residual stream as "
+     << model.residualStorage() << ".\n"
      << "#include <cuda_bf16.h>\n"
-     << "using act_t = " << (bf16 ? "__nv_bfloat16" : "float") << ";\n\n"
+     << "using act_t = " << (bf16 ? "__nv_bfloat16" : "float") << ";\n"
+     << "using res_t = " << (residualBf16 ? "__nv_bfloat16" : "float") << ";\n\n"
      << kKernelLibrary;
   return out;
 }

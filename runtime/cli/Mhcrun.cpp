@@ -144,11 +144,6 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     std::cerr << "mhcrun: " << kind << " parallelism (" << size << ") runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
-  if (!cudaBackendGap(a.model.dtype, a.model.residualStorage()).empty() && !gpus.gpus.empty()) {
-    std::cerr << "mhcrun: an " << a.model.residualStorage() << " residual stream beside " << a.model.dtype
-              << " activations (residual_dtype) runs on the CPU backend in this release: using it\n";
-    return "cpu";
-  }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
   if (backend == "cpu" && !gpus.gpus.empty())
     std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.pp

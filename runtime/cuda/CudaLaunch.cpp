@@ -38,13 +38,18 @@ float *CudaRank::paramGrad(int64_t s, const ForwardInstr &f, size_t k) { return 
 
 bool CudaRank::forward(int64_t s, int64_t mb, size_t index, StageState &st) {
   timeline_.work(compute_);
-  return bf16_ ? forwardAs<bf16>(s, mb, index, st) : forwardAs<float>(s, mb, index, st);
+  if (!bf16_)
+    return forwardAs<float, float>(s, mb, index, st);
+  return wideResidual_ ? forwardAs<bf16, float>(s, mb, index, st) : forwardAs<bf16, bf16>(s, mb, index, st);
 }
 
 bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
                         const std::vector<int> &fresh) {
   timeline_.work(compute_);
-  return bf16_ ? backwardAs<bf16>(s, mb, index, part, st, fresh) : backwardAs<float>(s, mb, index, part, st, fresh);
+  if (!bf16_)
+    return backwardAs<float, float>(s, mb, index, part, st, fresh);
+  return wideResidual_ ? backwardAs<bf16, float>(s, mb, index, part, st, fresh)
+                       : backwardAs<bf16, bf16>(s, mb, index, part, st, fresh);
 }
 
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
@@ -57,16 +62,20 @@ size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   return pair && mhcFusedForwardApplies(a_.model.hidden, coeffs.streams) ? 2 : 1;
 }
 
-template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
+template <typename A, typename R>
+bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
   const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
   const ForwardInstr &f = p.forward[index];
   const Buffer &output = st.values[f.output];
-  // Values are A but for the mHC coefficients and losses (fp32).
+  // Values are A but for the mHC coefficients and losses (fp32) and the
+  // residual stream (R: what expand, post-res and the residual add write).
   A *out = output.as<A>();
+  R *outR = output.as<R>();
   float *out32 = output.data, *aux = st.aux[index].data;
   auto in = [&](size_t j) { return st.values[f.inputs[j]].template as<A>(); };
+  auto inR = [&](size_t j) { return st.values[f.inputs[j]].template as<R>(); };
   auto in32 = [&](size_t j) { return st.values[f.inputs[j]].data; };
   auto w = [&](size_t j) { return param<A>(s, f, j); };
   const int64_t n = f.streams;
@@ -84,10 +93,10 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     embedForward(k, tokens_[mb], w(0), out, T, C, f.shift, f.seqLen, stream);
     break;
   case Prim::Expand:
-    expandForward(k, in(0), out, T, C, n, stream);
+    expandForward(k, in(0), outR, T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
-    if constexpr (std::is_same_v<A, bf16>) {
+    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
       if (forwardSpan(s, index) == 2) { // and the pre-mix after it (forwardSpan)
         mhcCoeffsPreForward(k, in(0), w(0), w(1), w(2), out32, aux, st.values[p.forward[index + 1].output].as<A>(),
                             T, C, n, stream);
@@ -95,10 +104,11 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
         break;
       }
     }
-    mhcCoeffsForward(k, g, in(0), w(0), w(1), w(2), out32, aux, T, C, n, stream);
+    mhcCoeffsForward(k, g, inR(0), w(0), w(1), w(2), out32, aux, T, C, n, stream,
+                     std::is_same_v<A, R> ? nullptr : scratch(mhcCoeffsWideScratch(T, C, n)).data);
     break;
   case Prim::MhcPre:
-    mhcPreForward(k, in(0), in32(1), out, T, C, n, stream);
+    mhcPreForward(k, inR(0), in32(1), out, T, C, n, stream);
     break;
   case Prim::RmsNorm:
     rmsNormForward(k, in(0), w(0), out, aux, T, C, f.eps, stream);
@@ -112,13 +122,13 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
     swigluForward(k, g, in(0), w(0), w(1), w(2), out, aux, T, C, f.ffn, stream);
     break;
   case Prim::MhcPostRes:
-    mhcPostResForward(k, in(0), in32(1), in(2), out, T, C, n, stream);
+    mhcPostResForward(k, inR(0), in32(1), in(2), outR, T, C, n, stream);
     break;
   case Prim::Residual:
-    residualForward(k, in(0), in(1), out, T * C, stream);
+    residualForward(k, inR(0), in(1), outR, T * C, stream);
     break;
   case Prim::Contract:
-    contractForward(k, in(0), out, T, C, n, stream);
+    contractForward(k, inR(0), out, T, C, n, stream);
     break;
   case Prim::LmHead:
     matmul(g, in(0), w(0), out, T, C, V, false);
@@ -142,7 +152,7 @@ template <typename A> bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t ind
   return error_.empty() && check(primName(f.op));
 }
 
-template <typename A>
+template <typename A, typename R>
 bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
                           const std::vector<int> &fresh) {
   const StageProgram &p = a_.stages[s];
@@ -152,13 +162,16 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   const ForwardInstr &f = p.forward[b.forward];
   const GradParts parts{part != BackwardPart::Weight, part != BackwardPart::Input};
   auto in = [&](size_t j) { return st.values[f.inputs[j]].template as<A>(); };
+  auto inR = [&](size_t j) { return st.values[f.inputs[j]].template as<R>(); }; // the residual stream
   auto in32 = [&](size_t j) { return st.values[f.inputs[j]].data; };
   auto din = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].template as<A>() : nullptr; };
+  auto dinR = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].template as<R>() : nullptr; };
   auto din32 = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].data : nullptr; };
   auto w = [&](size_t j) { return param<A>(s, f, j); };
   auto dw = [&](size_t j) { return parts.weights ? paramGrad(s, f, j) : nullptr; };
   const Buffer *gradOut = b.gradOutput >= 0 ? &st.values[b.gradOutput] : nullptr;
   const A *dOut = gradOut ? gradOut->as<A>() : nullptr;
+  const R *dOutR = gradOut ? gradOut->as<R>() : nullptr; // of the residual stream
   const float *dOut32 = gradOut ? gradOut->data : nullptr;
   const float *aux = st.aux[b.forward].data;
   // What B leaves for W: allocated by B (or by BWD for itself), released by
@@ -231,21 +244,22 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     }
     break;
   case Prim::Expand:
-    expandBackward(k, dOut, din(0), T, C, n, stream);
+    expandBackward(k, dOutR, din(0), T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
-    mhcCoeffsBackward(k, g, in(0), w(0), w(2), aux, dOut32, din(0), dw(0), dw(1), dw(2),
+    mhcCoeffsBackward(k, g, inR(0), w(0), w(2), aux, dOut32, dinR(0), dw(0), dw(1), dw(2),
                       stash(mhcCoeffsBackwardStash(T, n)), scratch(mhcCoeffsBackwardScratch(T, n)).data, T, C, n,
-                      parts, stream, deferred ? &mix : nullptr);
+                      parts, stream, deferred ? &mix : nullptr,
+                      std::is_same_v<A, R> ? nullptr : scratch(mhcCoeffsWideScratch(T, C, n)).data);
     break;
   case Prim::MhcPre:
-    if constexpr (std::is_same_v<A, bf16>) {
+    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
       if (deferred) { // pass B
         mhcMixBackwardDots(k, in(0), mix.dOut, mix.du, din32(1), T, C, stream);
         break;
       }
     }
-    mhcPreBackward(k, in(0), in32(1), dOut, din(0), din32(1), T, C, n, stream);
+    mhcPreBackward(k, inR(0), in32(1), dOut, dinR(0), din32(1), T, C, n, stream);
     break;
   case Prim::RmsNorm:
     rmsNormBackward(k, in(0), w(0), aux, dOut, din(0), dw(0), scratch(rmsNormBackwardScratch(T, C)).data, T, C,
@@ -264,19 +278,19 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                    freshMask & 1);
     break;
   case Prim::MhcPostRes:
-    if constexpr (std::is_same_v<A, bf16>) {
+    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
       if (deferred) { // pass A
         mhcPostBackward(k, in32(1), in(2), dOut, din32(1), din(2), freshMask, T, C, stream);
         break;
       }
     }
-    mhcPostResBackward(k, in(0), in32(1), in(2), dOut, din(0), din32(1), din(2), freshMask, T, C, n, stream);
+    mhcPostResBackward(k, inR(0), in32(1), in(2), dOutR, dinR(0), din32(1), din(2), freshMask, T, C, n, stream);
     break;
   case Prim::Residual:
-    residualBackward(k, dOut, din(0), din(1), T * C, stream);
+    residualBackward(k, dOutR, dinR(0), din(1), T * C, stream);
     break;
   case Prim::Contract:
-    contractBackward(k, dOut, din(0), T, C, n, stream);
+    contractBackward(k, dOut, dinR(0), T, C, n, stream);
     break;
   case Prim::LmHead:
     if (parts.weights)

@@ -27,8 +27,11 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
     : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
-      fuseMhcForward_(!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused"),
-      mixBackward_(bf16_ && (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")) {
+      wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
+      fuseMhcForward_(!wideResidual_ &&
+                      (!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused")),
+      mixBackward_(bf16_ && !wideResidual_ &&
+                   (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")) {
   for (const StageProgram &p : artifact.stages)
     mixGroups_.push_back(mixBackward_ ? findMixGroups(p) : std::vector<MixGroup>{});
 }
@@ -98,8 +101,6 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
 }
 
 bool CudaRank::setupDevice() {
-  if (std::string gap = cudaBackendGap(a_.model.dtype, a_.model.residualStorage()); !gap.empty())
-    return fail(gap + "; train it with --backend cpu, or remove residual_dtype from the model's config");
   for (const StageProgram &p : a_.stages)
     for (const ForwardInstr &f : p.forward)
       if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))
@@ -121,7 +122,8 @@ bool CudaRank::setupDevice() {
     return fail("the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc was not "
                 "found); recompile it with 'mhcc --cuda-arch sm_90', or run it with --backend cpu");
   std::string loadError;
-  if (!(kernels_ = ModelKernels::load(*a_.deviceCode, gpu_, int(a_.model.dtypeBytes()), loadError)))
+  if (!(kernels_ = ModelKernels::load(*a_.deviceCode, gpu_, int(a_.model.dtypeBytes()),
+                                            int(a_.model.residualBytes()), loadError)))
     return fail(loadError);
   for (size_t param = 0; param < a_.params.size(); ++param) {
     const ParamPlan &plan = plans_[param];

@@ -139,8 +139,10 @@ private:
   /// The weights the kernels read: the fp32 masters, or their bf16 copies.
   template <typename A> const A *param(int64_t stage, const ForwardInstr &f, size_t k);
   float *paramGrad(int64_t stage, const ForwardInstr &f, size_t k);
-  template <typename A> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
-  template <typename A>
+  /// A: the activations' storage, R: the residual stream's (A, or float
+  /// beside bf16 activations: wideResidual_).
+  template <typename A, typename R> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
+  template <typename A, typename R>
   bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                   const std::vector<int> &fresh);
   /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
@@ -169,6 +171,10 @@ private:
 
   cudaStream_t compute_ = nullptr;
   const bool bf16_;                // activations, GEMM operands and the kernels' weights in bf16
+  /// An fp32 residual stream beside bf16 activations (residual_dtype f32):
+  /// the stream's kernels read and write it as fp32 (the image's res_t), the
+  /// fused entry and the three-pass backward mixing (bf16 stream) stay off.
+  const bool wideResidual_;
   const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
   /// bf16: one sublayer's backward mixing in three passes where it applies
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written

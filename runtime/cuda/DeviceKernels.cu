@@ -248,6 +248,12 @@ template <typename A> int vecBlocks(int64_t count) {
   constexpr int64_t perThread = 16 / sizeof(A);
   return blocks((count + perThread - 1) / perThread);
 }
+/// The grid of a kernel over the residual stream (R): vecBlocks where it
+/// takes the 16-byte paths (R = A), one thread a quad of four elements
+/// otherwise (an fp32 stream beside bf16 activations, ModelKernels.cu).
+template <typename A, typename R> int streamBlocks(int64_t count) {
+  return std::is_same_v<A, R> ? vecBlocks<A>(count) : blocks((count + 3) / 4);
+}
 } // namespace
 
 template <typename A>
@@ -262,24 +268,24 @@ void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t 
   k.launch(ModelKernel::EmbedBackward, blocks(vocab * C), 1, kThreads, s, offsets, positions, vocab, dOut, dTable, C);
 }
 
-template <typename A>
-void expandForward(const ModelKernels &k, const A *h, A *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::ExpandForward, vecBlocks<A>(rows * C), 1, kThreads, s, h, x, rows, C);
+template <typename A, typename R>
+void expandForward(const ModelKernels &k, const A *h, R *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::ExpandForward, streamBlocks<A, R>(rows * C), 1, kThreads, s, h, x, rows, C);
 }
 
-template <typename A>
-void expandBackward(const ModelKernels &k, const A *dx, A *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::ExpandBackward, vecBlocks<A>(rows * C), 1, kThreads, s, dx, dh, rows, C);
+template <typename A, typename R>
+void expandBackward(const ModelKernels &k, const R *dx, A *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::ExpandBackward, streamBlocks<A, R>(rows * C), 1, kThreads, s, dx, dh, rows, C);
 }
 
-template <typename A>
-void contractForward(const ModelKernels &k, const A *x, A *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::ContractForward, vecBlocks<A>(rows * C), 1, kThreads, s, x, h, rows, C);
+template <typename A, typename R>
+void contractForward(const ModelKernels &k, const R *x, A *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::ContractForward, streamBlocks<A, R>(rows * C), 1, kThreads, s, x, h, rows, C);
 }
 
-template <typename A>
-void contractBackward(const ModelKernels &k, const A *dh, A *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::ContractBackward, vecBlocks<A>(rows * C), 1, kThreads, s, dh, dx, rows, C);
+template <typename A, typename R>
+void contractBackward(const ModelKernels &k, const A *dh, R *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::ContractBackward, streamBlocks<A, R>(rows * C), 1, kThreads, s, dh, dx, rows, C);
 }
 
 /// The coefficient kernels spread a token's n x n matrix over a group of
@@ -292,31 +298,52 @@ inline unsigned coeffBlocks(int64_t rows, int64_t n) {
   return unsigned((rows + tokensPerBlock - 1) / tokensPerBlock);
 }
 
-template <typename A>
-void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
-                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+template <typename A, typename R>
+void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap, const A *bias, const A *alpha,
+                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s, float *wide) {
   const int64_t K = n * n + 2 * n, width = n * C;
   float *p = aux + rows * (K + 1), *squares = p + rows * K; // kept for the backward
-  matmul(g, x, wmap, p, rows, width, K, false);
+  if constexpr (std::is_same_v<A, R>) {
+    matmul(g, x, wmap, p, rows, width, K, false);
+  } else { // an fp32 stream: the product in fp32 of it and the bf16 weights, as the CPU computes it
+    toFloat(wmap, wide, width * K, s);
+    matmul(g, x, static_cast<const float *>(wide), p, rows, width, K, false);
+  }
   k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
   k.launch(ModelKernel::MhcCoeffsForward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, bias, alpha,
            coef, aux, rows, C);
 }
 
-template <typename A>
-void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
-                       const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
+template <typename A, typename R>
+void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap, const A *alpha, const float *aux,
+                       const float *dCoef, R *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
                        float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s,
-                       const MixBackwardTerms *mix) {
+                       const MixBackwardTerms *mix, float *wide) {
   const int64_t K = n * n + 2 * n, width = n * C;
   const float *p = aux + rows * (K + 1), *squares = p + rows * K; // the forward's
   float *dh = stash;
   A *dp = reinterpret_cast<A *>(stash + rows * K);
   float *rScale = scratch, *partial = scratch + rows;
+  // An fp32 stream: dp (stored as A by the Sinkhorn backward) and the
+  // weights widened, for the products with the stream in fp32.
+  constexpr bool kWide = !std::is_same_v<A, R>;
+  float *wideWmap = wide, *wideDp = wide + width * K;
+  auto widen = [&] {
+    if constexpr (kWide) {
+      toFloat(dp, wideDp, rows * K, s);
+      toFloat(wmap, wideWmap, width * K, s);
+    }
+  };
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
-    if (mix) {
+    if constexpr (kWide) {
+      widen();
+      matmulTransBAcc(g, static_cast<const float *>(wideDp), static_cast<const float *>(wideWmap), dx, rows, K,
+                      width);
+      k.launch(ModelKernel::RowScaleAdd, streamBlocks<A, R>(rows * width), 1, kThreads, s, x, rScale, dx, rows,
+               width);
+    } else if (mix) {
       // Pass C (bf16 only: the caller checked mhcMixBackwardApplies): the
       // post/res and pre backwards' terms too, into a fresh dx.
       const unsigned columnTiles = unsigned(C / kMixColumns);
@@ -324,7 +351,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
       k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
                static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
                rows, C);
-    } else if (std::is_same_v<A, bf16> && n <= 8) {
+    } else if (std::is_same_v<A, bf16> && n <= 8) { // (R = A here)
       // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
       // its shared memory holds wmap's slice up to n = 8).
       const unsigned columnTiles = unsigned((width + kInputGradColumns - 1) / kInputGradColumns);
@@ -345,7 +372,12 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wma
       addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
       addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
     }
-    matmulTransAAcc(g, x, dp, dWmap, rows, width, K);
+    if constexpr (kWide) {
+      widen(); // again: W may run apart from B
+      matmulTransAAcc(g, x, static_cast<const float *>(wideDp), dWmap, rows, width, K);
+    } else {
+      matmulTransAAcc(g, x, dp, dWmap, rows, width, K);
+    }
   }
 }
 
@@ -366,10 +398,10 @@ void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, 
   k.launch(ModelKernel::MhcMixBackwardDots, warpBlocks(rows), 1, kThreads, s, x, dOut, du, dCoef, rows, C);
 }
 
-template <typename A>
-void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
+template <typename A, typename R>
+void mhcPreForward(const ModelKernels &k, const R *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s) {
-  k.launch(ModelKernel::MhcPreForward, vecBlocks<A>(rows * C), 1, kThreads, s, x, coef, u, rows, C);
+  k.launch(ModelKernel::MhcPreForward, streamBlocks<A, R>(rows * C), 1, kThreads, s, x, coef, u, rows, C);
 }
 
 bool mhcFusedForwardApplies(int64_t C, int64_t n) { return n % 2 == 0 && n <= 8 && (n * C) % 64 == 0 && C % 8 == 0; }
@@ -381,33 +413,33 @@ void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap,
            x, wmap, bias, alpha, coef, aux, u, rows, C);
 }
 
-template <typename A>
-void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
+template <typename A, typename R>
+void mhcPreBackward(const ModelKernels &k, const R *x, const float *coef, const A *du, R *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
   k.launch(ModelKernel::MhcPreBackward, warpBlocks(rows), 1, kThreads, s, x, coef, du, dx, dCoef, rows, C);
 }
 
-template <typename A>
-void mhcPostResForward(const ModelKernels &k, const A *x, const float *coef, const A *y, A *out, int64_t rows,
+template <typename A, typename R>
+void mhcPostResForward(const ModelKernels &k, const R *x, const float *coef, const A *y, R *out, int64_t rows,
                        int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::MhcPostResForward, vecBlocks<A>(rows * C), 1, kThreads, s, x, coef, y, out, rows, C);
+  k.launch(ModelKernel::MhcPostResForward, streamBlocks<A, R>(rows * C), 1, kThreads, s, x, coef, y, out, rows, C);
 }
 
-template <typename A>
-void mhcPostResBackward(const ModelKernels &k, const A *x, const float *coef, const A *y, const A *dOut, A *dx,
+template <typename A, typename R>
+void mhcPostResBackward(const ModelKernels &k, const R *x, const float *coef, const A *y, const R *dOut, R *dx,
                         float *dCoef, A *dy, int fresh, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
   k.launch(ModelKernel::MhcPostResBackward, warpBlocks(rows), 1, kThreads, s, x, coef, y, dOut, dx, dCoef, dy, fresh,
            rows, C);
 }
 
-template <typename A>
-void residualForward(const ModelKernels &k, const A *x, const A *y, A *out, int64_t count, cudaStream_t s) {
-  k.launch(ModelKernel::ResidualForward, vecBlocks<A>(count), 1, kThreads, s, x, y, out, count);
+template <typename A, typename R>
+void residualForward(const ModelKernels &k, const R *x, const A *y, R *out, int64_t count, cudaStream_t s) {
+  k.launch(ModelKernel::ResidualForward, streamBlocks<A, R>(count), 1, kThreads, s, x, y, out, count);
 }
 
-template <typename A>
-void residualBackward(const ModelKernels &k, const A *dOut, A *dx, A *dy, int64_t count, cudaStream_t s) {
-  k.launch(ModelKernel::ResidualBackward, vecBlocks<A>(count), 1, kThreads, s, dOut, dx, dy, count);
+template <typename A, typename R>
+void residualBackward(const ModelKernels &k, const R *dOut, R *dx, A *dy, int64_t count, cudaStream_t s) {
+  k.launch(ModelKernel::ResidualBackward, streamBlocks<A, R>(count), 1, kThreads, s, dOut, dx, dy, count);
 }
 
 template <typename A>
@@ -502,6 +534,7 @@ void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t 
 int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n) { return 2 * rows * (n * n + 2 * n); }
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n) { return rows + columnChunks(rows) * (n * n + 2 * n + 3); }
+int64_t mhcCoeffsWideScratch(int64_t rows, int64_t C, int64_t n) { return (n * C + rows) * (n * n + 2 * n); }
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C) { return columnChunks(rows) * C; }
 int64_t swigluAuxFloats(int64_t rows, int64_t F, int actBytes) { return (3 * rows * F * actBytes + 3) / 4; }
 int64_t swigluBackwardStash(int64_t rows, int64_t F) { return 2 * rows * F; }
@@ -516,18 +549,18 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
   INSTANTIATE(addInto<A>)                                                                                      \
   INSTANTIATE(embedForward<A>)                                                                                 \
   INSTANTIATE(embedBackward<A>)                                                                                \
-  INSTANTIATE(expandForward<A>)                                                                                \
-  INSTANTIATE(expandBackward<A>)                                                                               \
-  INSTANTIATE(contractForward<A>)                                                                              \
-  INSTANTIATE(contractBackward<A>)                                                                             \
-  INSTANTIATE(mhcCoeffsForward<A>)                                                                             \
-  INSTANTIATE(mhcCoeffsBackward<A>)                                                                            \
-  INSTANTIATE(mhcPreForward<A>)                                                                                \
-  INSTANTIATE(mhcPreBackward<A>)                                                                               \
-  INSTANTIATE(mhcPostResForward<A>)                                                                            \
-  INSTANTIATE(mhcPostResBackward<A>)                                                                           \
-  INSTANTIATE(residualForward<A>)                                                                              \
-  INSTANTIATE(residualBackward<A>)                                                                             \
+  INSTANTIATE(expandForward<A, A>)                                                                                \
+  INSTANTIATE(expandBackward<A, A>)                                                                               \
+  INSTANTIATE(contractForward<A, A>)                                                                              \
+  INSTANTIATE(contractBackward<A, A>)                                                                             \
+  INSTANTIATE(mhcCoeffsForward<A, A>)                                                                             \
+  INSTANTIATE(mhcCoeffsBackward<A, A>)                                                                            \
+  INSTANTIATE(mhcPreForward<A, A>)                                                                                \
+  INSTANTIATE(mhcPreBackward<A, A>)                                                                               \
+  INSTANTIATE(mhcPostResForward<A, A>)                                                                            \
+  INSTANTIATE(mhcPostResBackward<A, A>)                                                                           \
+  INSTANTIATE(residualForward<A, A>)                                                                              \
+  INSTANTIATE(residualBackward<A, A>)                                                                             \
   INSTANTIATE(rmsNormForward<A>)                                                                               \
   INSTANTIATE(rmsNormBackward<A>)                                                                              \
   INSTANTIATE(swigluForward<A>)                                                                                \
@@ -538,6 +571,19 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
   INSTANTIATE(crossEntropyBackward<A>)
 INSTANTIATE_FOR(float)
 INSTANTIATE_FOR(bf16)
+// An fp32 residual stream beside bf16 activations (residual_dtype f32).
+INSTANTIATE(expandForward<bf16, float>)
+INSTANTIATE(expandBackward<bf16, float>)
+INSTANTIATE(contractForward<bf16, float>)
+INSTANTIATE(contractBackward<bf16, float>)
+INSTANTIATE(mhcCoeffsForward<bf16, float>)
+INSTANTIATE(mhcCoeffsBackward<bf16, float>)
+INSTANTIATE(mhcPreForward<bf16, float>)
+INSTANTIATE(mhcPreBackward<bf16, float>)
+INSTANTIATE(mhcPostResForward<bf16, float>)
+INSTANTIATE(mhcPostResBackward<bf16, float>)
+INSTANTIATE(residualForward<bf16, float>)
+INSTANTIATE(residualBackward<bf16, float>)
 INSTANTIATE(matmul<bf16, float>)
 INSTANTIATE(matmulTransBAcc<bf16, float>) // Gated DeltaNet: an fp32 gradient from bf16 operands
 

@@ -61,14 +61,16 @@ template <typename A>
 void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t *positions, int64_t vocab,
                    const A *dOut, float *dTable, int64_t C, cudaStream_t s);
 
-template <typename A>
-void expandForward(const ModelKernels &k, const A *h, A *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void expandBackward(const ModelKernels &k, const A *dx, A *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void contractForward(const ModelKernels &k, const A *x, A *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void contractBackward(const ModelKernels &k, const A *dh, A *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+// The residual stream (x, out, their gradients) is R: A, or float beside
+// bf16 activations (residual_dtype f32; the image's res_t, ModelKernels.cu).
+template <typename A, typename R>
+void expandForward(const ModelKernels &k, const A *h, R *x, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A, typename R>
+void expandBackward(const ModelKernels &k, const R *dx, A *dh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A, typename R>
+void contractForward(const ModelKernels &k, const R *x, A *h, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+template <typename A, typename R>
+void contractBackward(const ModelKernels &k, const A *dh, R *dx, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 
 /// Which gradients a backward call computes. The zero-bubble split runs
 /// `inputs` (B: the input gradients, leaving in `stash` what the weight
@@ -86,6 +88,10 @@ struct GradParts {
 int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardStash(int64_t rows, int64_t n);
 int64_t mhcCoeffsBackwardScratch(int64_t rows, int64_t n);
+/// With an fp32 stream beside bf16 activations the coefficient projection's
+/// products run in fp32 (SGEMM) on the bf16 weights (and the backward's dp)
+/// widened: the `wide` scratch of mhcCoeffsForward and mhcCoeffsBackward.
+int64_t mhcCoeffsWideScratch(int64_t rows, int64_t C, int64_t n);
 int64_t rmsNormBackwardScratch(int64_t rows, int64_t C);
 /// The floats of the aux layouts below (for 4-byte activations, the
 /// artifact's auxSize; bf16 pieces take half).
@@ -99,9 +105,11 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 
 /// aux: [rows, K+1] (the logits h and 1/rms, as on the CPU), then
 /// mhcCoeffsAuxExtra (p and the squares, which the backward reuses).
-template <typename A>
-void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *bias, const A *alpha,
-                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// `wide`: mhcCoeffsWideScratch floats where R is wider than A, else unused.
+template <typename A, typename R>
+void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap, const A *bias, const A *alpha,
+                      float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s,
+                      float *wide = nullptr);
 /// The post/res and pre backwards' deferred terms of dx (pass C of the
 /// backward's mixing in three passes, below): the coefficients, dOut, du.
 struct MixBackwardTerms {
@@ -110,12 +118,13 @@ struct MixBackwardTerms {
 };
 /// stash: mhcCoeffsBackwardStash (dh in fp32, dp in A); scratch:
 /// mhcCoeffsBackwardScratch. With `mix` (bf16, mhcMixBackwardApplies), dx
-/// is fresh and gets the three backwards' terms at once (pass C).
-template <typename A>
-void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wmap, const A *alpha, const float *aux,
-                       const float *dCoef, A *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
+/// is fresh and gets the three backwards' terms at once (pass C). `wide`:
+/// as mhcCoeffsForward's.
+template <typename A, typename R>
+void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap, const A *alpha, const float *aux,
+                       const float *dCoef, R *dx, float *dWmap, float *dBias, float *dAlpha, float *stash,
                        float *scratch, int64_t rows, int64_t C, int64_t n, GradParts parts, cudaStream_t s,
-                       const MixBackwardTerms *mix = nullptr);
+                       const MixBackwardTerms *mix = nullptr, float *wide = nullptr);
 /// One sublayer's backward mixing in three passes (MhcBackwardKernels.cu),
 /// the same bits as mhcPostResBackward, mhcPreBackward and mhcCoeffsBackward:
 /// pass A (mhcPostBackward) where the post/res backward runs, pass B
@@ -132,8 +141,8 @@ void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, co
 /// entries (added).
 void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
                         int64_t rows, int64_t C, cudaStream_t s);
-template <typename A>
-void mhcPreForward(const ModelKernels &k, const A *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
+template <typename A, typename R>
+void mhcPreForward(const ModelKernels &k, const R *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);
 /// Whether mhcCoeffsPreForward takes these shapes (bf16 models only): an
 /// even n, n C a multiple of 64 and C of 8.
@@ -142,21 +151,22 @@ bool mhcFusedForwardApplies(int64_t C, int64_t n);
 /// the same outputs and aux layout; its sums run in its own fixed order.
 void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha,
                          float *coef, float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void mhcPreBackward(const ModelKernels &k, const A *x, const float *coef, const A *du, A *dx, float *dCoef,
+template <typename A, typename R>
+void mhcPreBackward(const ModelKernels &k, const R *x, const float *coef, const A *du, R *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void mhcPostResForward(const ModelKernels &k, const A *x, const float *coef, const A *y, A *out, int64_t rows,
+template <typename A, typename R>
+void mhcPostResForward(const ModelKernels &k, const R *x, const float *coef, const A *y, R *out, int64_t rows,
                        int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
 /// `fresh` bits (1: dx, 2: dCoef, 4: dy): gradients whose contents are
 /// undefined and taken as zero (written, not added to: the same bits).
-void mhcPostResBackward(const ModelKernels &k, const A *x, const float *coef, const A *y, const A *dOut, A *dx,
+template <typename A, typename R>
+void mhcPostResBackward(const ModelKernels &k, const R *x, const float *coef, const A *y, const R *dOut, R *dx,
                         float *dCoef, A *dy, int fresh, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
-template <typename A>
-void residualForward(const ModelKernels &k, const A *x, const A *y, A *out, int64_t count, cudaStream_t s);
-template <typename A>
-void residualBackward(const ModelKernels &k, const A *dOut, A *dx, A *dy, int64_t count, cudaStream_t s);
+/// The n = 1 residual add (x and out the stream, y the sublayer's output).
+template <typename A, typename R>
+void residualForward(const ModelKernels &k, const R *x, const A *y, R *out, int64_t count, cudaStream_t s);
+template <typename A, typename R>
+void residualBackward(const ModelKernels &k, const R *dOut, R *dx, A *dy, int64_t count, cudaStream_t s);
 
 template <typename A>
 void rmsNormForward(const ModelKernels &k, const A *u, const A *gain, A *y, float *aux, int64_t rows, int64_t C,

@@ -655,27 +655,47 @@ extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
   }
 }
 
-extern "C" __global__ void mhcc_row_scale_add(const act_t *x, const float *scale, act_t *dx, int64_t rows,
-                                              int64_t width) {
-  kernelPrologue();
-  if (width % kVec == 0 && aligned16(x) && aligned16(dx)) {
-    for (int64_t i = gridThread() * kVec; i < rows * width; i += gridThreads() * kVec) {
+/// dx += scale[t] x (the RMS term of the mHC entry's input gradient; x and
+/// dx the residual stream).
+template <typename R>
+__device__ __forceinline__ void rowScaleAdd(const R *x, const float *scale, R *dx, int64_t rows, int64_t width) {
+  if constexpr (residualAsActivations<R>()) {
+    if (width % kVec == 0 && aligned16(x) && aligned16(dx)) {
+      for (int64_t i = gridThread() * kVec; i < rows * width; i += gridThreads() * kVec) {
+        const float sc = scale[i / width];
+        float xv[kVec], dv[kVec];
+        loadVec(x + i, xv);
+        loadVec(dx + i, dv);
+        for (int k = 0; k < kVec; ++k) {
+          const float g = sc * xv[k];
+          dv[k] = dv[k] + g;
+        }
+        storeVec(dx + i, dv);
+      }
+      return;
+    }
+  } else if (width % 4 == 0 && alignedQuad(x) && alignedQuad(dx)) {
+    for (int64_t i = gridThread() * 4; i < rows * width; i += gridThreads() * 4) {
       const float sc = scale[i / width];
-      float xv[kVec], dv[kVec];
-      loadVec(x + i, xv);
-      loadVec(dx + i, dv);
-      for (int k = 0; k < kVec; ++k) {
+      float xv[4], dv[4];
+      loadQuad(x + i, xv);
+      loadQuad(dx + i, dv);
+      for (int k = 0; k < 4; ++k) {
         const float g = sc * xv[k];
         dv[k] = dv[k] + g;
       }
-      storeVec(dx + i, dv);
+      storeQuad(dx + i, dv);
     }
-  } else {
-    for (int64_t i = gridThread(); i < rows * width; i += gridThreads()) {
-      const float g = scale[i / width] * load(x[i]);
-      store(&dx[i], load(dx[i]) + g);
-    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * width; i += gridThreads()) {
+    const float g = scale[i / width] * load(x[i]);
+    store(&dx[i], load(dx[i]) + g);
   }
 }
 
-/// kVec columns of a row per thread where possible (x read once).
+extern "C" __global__ void mhcc_row_scale_add(const res_t *x, const float *scale, res_t *dx, int64_t rows,
+                                              int64_t width) {
+  kernelPrologue();
+  rowScaleAdd(x, scale, dx, rows, width);
+}

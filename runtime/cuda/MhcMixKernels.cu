@@ -33,14 +33,32 @@ struct PreMixVector {
   }
 };
 
-extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coef, act_t *u, int64_t rows, int64_t C) {
-  kernelPrologue();
+template <typename R>
+__device__ __forceinline__ void preForward(const R *x, const float *coef, act_t *u, int64_t rows, int64_t C) {
   const int K = kCoefficients;
-  if (C % kVec == 0 && aligned16(x) && aligned16(u)) {
-    for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
-      PreMixVector v;
-      v.fetch(x, coef, i / C, i % C, C);
-      v.finish(u, i / C, i % C, C);
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(x) && aligned16(u)) {
+      for (int64_t i = gridThread() * kVec; i < rows * C; i += gridThreads() * kVec) {
+        PreMixVector v;
+        v.fetch(x, coef, i / C, i % C, C);
+        v.finish(u, i / C, i % C, C);
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(x) && alignedQuad(u)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
+      int64_t t = q / C, c = q % C;
+      float h[kStreams], xs[kStreams][4], out[4];
+      loadCoefs(coef + t * K, 0, h);
+      for (int s = 0; s < kStreams; ++s)
+        loadQuad(x + (t * kStreams + s) * C + c, xs[s]);
+      for (int e = 0; e < 4; ++e) {
+        float sum = 0;
+        for (int s = 0; s < kStreams; ++s)
+          sum += h[s] * xs[s][e];
+        out[e] = sum;
+      }
+      storeQuad(u + q, out);
     }
     return;
   }
@@ -53,6 +71,11 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coe
   }
 }
 
+extern "C" __global__ void mhcc_mhc_pre_forward(const res_t *x, const float *coef, act_t *u, int64_t rows, int64_t C) {
+  kernelPrologue();
+  preForward(x, coef, u, rows, C);
+}
+
 /// The pre-mix backward in one pass over du and x, one warp per row t:
 /// dCoef[t, s] += <du[t], x[t, s]> (lane l adding its elements c = l + 32 k in
 /// order, then warpSum) and dx[t, s, c] += h[t, s] du[t, c] for each element.
@@ -60,12 +83,13 @@ extern "C" __global__ void mhcc_mhc_pre_forward(const act_t *x, const float *coe
 /// so the next stage's loads of all three are in flight while a stage is
 /// read; the lane's own 16-byte vectors of the stage give the dx update, so
 /// du is read once.
-extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *coef, const act_t *du, act_t *dx,
-                                                 float *dCoef, int64_t rows, int64_t C) {
-  kernelPrologue();
+template <typename R>
+__device__ __forceinline__ void preBackward(const R *x, const float *coef, const act_t *du, R *dx, float *dCoef,
+                                            int64_t rows, int64_t C) {
   constexpr bool kStageDx = warpTiles<2 * kStreams + 1>() > 0;
   constexpr int A = kStageDx ? 2 * kStreams + 1 : kStreams + 1; // du, x's streams, dx's streams
-  constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
+  // Staged, or else straight from global memory (always for an fp32 stream).
+  constexpr bool kStaged = warpTiles<A>() > 0 && residualAsActivations<R>();
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
@@ -80,7 +104,7 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
   // dx[t, s, c] = dx + h[s] du[c]: one element's expression, whatever the access width.
   auto updateDx = [&](int64_t c, float g) {
     for (int s = 0; s < kStreams; ++s) {
-      act_t *d = dx + (t * kStreams + s) * C + c;
+      R *d = dx + (t * kStreams + s) * C + c;
       const float v = load(*d) + h[s] * g;
       store(d, v);
     }
@@ -126,11 +150,32 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
       }
     });
   } else {
-    for (int64_t c = lane; c < C; c += 32) {
-      const float g = load(du[t * C + c]);
-      for (int s = 0; s < kStreams; ++s)
-        dot[s] += g * load(x[(t * kStreams + s) * C + c]);
-      updateDx(c, g);
+    if (!residualAsActivations<R>() && C % 4 == 0 && alignedQuad(x) && alignedQuad(du) && alignedQuad(dx)) {
+      // An fp32 stream: a lane's quads, its dots added in their order.
+      for (int64_t c = 4 * lane; c < C; c += 128) {
+        float g[4], xs[kStreams][4];
+        loadQuad(du + t * C + c, g);
+        for (int s = 0; s < kStreams; ++s)
+          loadQuad(x + (t * kStreams + s) * C + c, xs[s]);
+        for (int e = 0; e < 4; ++e)
+          for (int s = 0; s < kStreams; ++s)
+            dot[s] += g[e] * xs[s][e];
+        for (int s = 0; s < kStreams; ++s) {
+          R *d = dx + (t * kStreams + s) * C + c;
+          float v[4];
+          loadQuad(d, v);
+          for (int e = 0; e < 4; ++e)
+            v[e] = v[e] + h[s] * g[e];
+          storeQuad(d, v);
+        }
+      }
+    } else {
+      for (int64_t c = lane; c < C; c += 32) {
+        const float g = load(du[t * C + c]);
+        for (int s = 0; s < kStreams; ++s)
+          dot[s] += g * load(x[(t * kStreams + s) * C + c]);
+        updateDx(c, g);
+      }
     }
   }
   for (int s = 0; s < kStreams; ++s) {
@@ -140,30 +185,59 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const act_t *x, const float *co
   }
 }
 
+extern "C" __global__ void mhcc_mhc_pre_backward(const res_t *x, const float *coef, const act_t *du, res_t *dx,
+                                                 float *dCoef, int64_t rows, int64_t C) {
+  kernelPrologue();
+  preBackward(x, coef, du, dx, dCoef, rows, C);
+}
+
 /// kVec columns of a row, all n output streams, per thread where possible
 /// (x and y read once).
-extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float *coef, const act_t *y, act_t *out,
-                                                     int64_t rows, int64_t C) {
-  kernelPrologue();
+template <typename R>
+__device__ __forceinline__ void postResForward(const R *x, const float *coef, const act_t *y, R *out, int64_t rows,
+                                               int64_t C) {
   const int K = kCoefficients;
-  if (C % kVec == 0 && aligned16(x) && aligned16(y) && aligned16(out)) {
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(x) && aligned16(y) && aligned16(out)) {
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+        int64_t t = q / C, c = q % C;
+        float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
+        loadCoefs(coef + t * K, kStreams, hpost);
+        loadCoefs(coef + t * K, 2 * kStreams, hres);
+        for (int j = 0; j < kStreams; ++j)
+          loadVec(x + (t * kStreams + j) * C + c, xs[j]);
+        loadVec(y + q, ys);
+        for (int i = 0; i < kStreams; ++i) {
+          float o[kVec];
+          for (int e = 0; e < kVec; ++e) {
+            float sum = 0;
+            for (int j = 0; j < kStreams; ++j)
+              sum += hres[i * kStreams + j] * xs[j][e];
+            o[e] = sum + hpost[i] * ys[e];
+          }
+          storeVec(out + (t * kStreams + i) * C + c, o);
+        }
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(x) && alignedQuad(y) && alignedQuad(out)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
       int64_t t = q / C, c = q % C;
-      float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
+      float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][4], ys[4];
       loadCoefs(coef + t * K, kStreams, hpost);
       loadCoefs(coef + t * K, 2 * kStreams, hres);
       for (int j = 0; j < kStreams; ++j)
-        loadVec(x + (t * kStreams + j) * C + c, xs[j]);
-      loadVec(y + q, ys);
+        loadQuad(x + (t * kStreams + j) * C + c, xs[j]);
+      loadQuad(y + q, ys);
       for (int i = 0; i < kStreams; ++i) {
-        float o[kVec];
-        for (int e = 0; e < kVec; ++e) {
+        float o[4];
+        for (int e = 0; e < 4; ++e) {
           float sum = 0;
           for (int j = 0; j < kStreams; ++j)
             sum += hres[i * kStreams + j] * xs[j][e];
           o[e] = sum + hpost[i] * ys[e];
         }
-        storeVec(out + (t * kStreams + i) * C + c, o);
+        storeQuad(out + (t * kStreams + i) * C + c, o);
       }
     }
     return;
@@ -176,6 +250,12 @@ extern "C" __global__ void mhcc_mhc_post_res_forward(const act_t *x, const float
       sum += hres[i * kStreams + j] * load(x[(t * kStreams + j) * C + c]);
     store(&out[e], sum + hpost[i] * load(y[t * C + c]));
   }
+}
+
+extern "C" __global__ void mhcc_mhc_post_res_forward(const res_t *x, const float *coef, const act_t *y, res_t *out,
+                                                     int64_t rows, int64_t C) {
+  kernelPrologue();
+  postResForward(x, coef, y, out, rows, C);
 }
 
 /// v[e] += sum_i weight(i) element(i, e) for kVec columns, summed over i in
@@ -222,12 +302,12 @@ __device__ __forceinline__ void addPostVector(act_t *const *buf, int o, const fl
 /// without reading them: the sums start from +0, the bits a zero-filled
 /// buffer gives (a fresh dCoef's pre entries, not this kernel's, get +0).
 /// Two blocks an SM (at most 128 registers; a few bytes spill at n = 4).
-extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_backward(const act_t *x, const float *coef, const act_t *y,
-                                                      const act_t *dOut, act_t *dx, float *dCoef, act_t *dy,
-                                                      int fresh, int64_t rows, int64_t C) {
-  kernelPrologue();
+template <typename R>
+__device__ __forceinline__ void postResBackward(const R *x, const float *coef, const act_t *y, const R *dOut, R *dx,
+                                                float *dCoef, act_t *dy, int fresh, int64_t rows, int64_t C) {
   constexpr int A = 2 * kStreams + 1;
-  constexpr bool kStaged = warpTiles<A>() > 0; // else straight from global memory
+  // Staged, or else straight from global memory (always for an fp32 stream).
+  constexpr bool kStaged = warpTiles<A>() > 0 && residualAsActivations<R>();
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
@@ -251,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
       acc += hpost[i] * g[i];
     store(&dy[t * C + c], acc);
     for (int j = 0; j < kStreams; ++j) {
-      act_t *d = dx + (t * kStreams + j) * C + c;
+      R *d = dx + (t * kStreams + j) * C + c;
       float v = freshDx ? 0.0f : load(*d);
       for (int i = 0; i < kStreams; ++i)
         v += hres[i * kStreams + j] * g[i];
@@ -303,6 +383,49 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
         }
       }
     });
+  } else if (!residualAsActivations<R>() && C % 4 == 0 && alignedQuad(x) && alignedQuad(y) && alignedQuad(dOut) &&
+             alignedQuad(dx) && alignedQuad(dy)) {
+    // An fp32 stream: a lane's quads, its dots added in their order; dy
+    // and dx from each element's n values of dOut as updateValues does.
+    for (int64_t c = 4 * lane; c < C; c += 128) {
+      float g[kStreams][4], xs[kStreams][4], ys[4], v[4];
+      for (int i = 0; i < kStreams; ++i)
+        loadQuad(dOut + (t * kStreams + i) * C + c, g[i]);
+      for (int j = 0; j < kStreams; ++j)
+        loadQuad(x + (t * kStreams + j) * C + c, xs[j]);
+      loadQuad(y + t * C + c, ys);
+      for (int e = 0; e < 4; ++e)
+        for (int i = 0; i < kStreams; ++i) {
+          dotY[i] += g[i][e] * ys[e];
+          for (int j = 0; j < kStreams; ++j)
+            dot[i][j] += g[i][e] * xs[j][e];
+        }
+      if (freshDy)
+        v[0] = v[1] = v[2] = v[3] = 0.0f;
+      else
+        loadQuad(dy + t * C + c, v);
+      for (int e = 0; e < 4; ++e) {
+        float acc = v[e];
+        for (int i = 0; i < kStreams; ++i)
+          acc += hpost[i] * g[i][e];
+        v[e] = acc;
+      }
+      storeQuad(dy + t * C + c, v);
+      for (int j = 0; j < kStreams; ++j) {
+        R *d = dx + (t * kStreams + j) * C + c;
+        if (freshDx)
+          v[0] = v[1] = v[2] = v[3] = 0.0f;
+        else
+          loadQuad(d, v);
+        for (int e = 0; e < 4; ++e) {
+          float acc = v[e];
+          for (int i = 0; i < kStreams; ++i)
+            acc += hres[i * kStreams + j] * g[i][e];
+          v[e] = acc;
+        }
+        storeQuad(d, v);
+      }
+    }
   } else {
     for (int64_t c = lane; c < C; c += 32) {
       float g[kStreams];
@@ -334,47 +457,102 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) mhcc_mhc_post_res_back
   }
 }
 
-extern "C" __global__ void mhcc_residual_forward(const act_t *x, const act_t *y, act_t *out, int64_t count) {
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mhcc_mhc_post_res_backward(const res_t *x, const float *coef, const act_t *y, const res_t *dOut, res_t *dx,
+                               float *dCoef, act_t *dy, int fresh, int64_t rows, int64_t C) {
   kernelPrologue();
-  const int64_t vecs = aligned16(x) && aligned16(y) && aligned16(out) ? count / kVec : 0;
-  for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
-    float xv[kVec], yv[kVec];
-    loadVec(x + q * kVec, xv);
-    loadVec(y + q * kVec, yv);
-    for (int k = 0; k < kVec; ++k) {
-      const float v = xv[k] + yv[k];
-      xv[k] = v;
+  postResBackward(x, coef, y, dOut, dx, dCoef, dy, fresh, rows, C);
+}
+
+/// The n = 1 residual add: out = x + y (x and out the stream, y the
+/// sublayer's output). Vectors (kVec, or quads for an fp32 stream) where the
+/// pointers allow, then the remaining elements one at a time.
+template <typename R>
+__device__ __forceinline__ void residualForward(const R *x, const act_t *y, R *out, int64_t count) {
+  int64_t done = 0; // elements the vectors cover
+  if constexpr (residualAsActivations<R>()) {
+    const int64_t vecs = aligned16(x) && aligned16(y) && aligned16(out) ? count / kVec : 0;
+    for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
+      float xv[kVec], yv[kVec];
+      loadVec(x + q * kVec, xv);
+      loadVec(y + q * kVec, yv);
+      for (int k = 0; k < kVec; ++k) {
+        const float v = xv[k] + yv[k];
+        xv[k] = v;
+      }
+      storeVec(out + q * kVec, xv);
     }
-    storeVec(out + q * kVec, xv);
+    done = vecs * kVec;
+  } else {
+    const int64_t quads = alignedQuad(x) && alignedQuad(y) && alignedQuad(out) ? count / 4 : 0;
+    for (int64_t q = gridThread(); q < quads; q += gridThreads()) {
+      float xv[4], yv[4];
+      loadQuad(x + q * 4, xv);
+      loadQuad(y + q * 4, yv);
+      for (int k = 0; k < 4; ++k) {
+        const float v = xv[k] + yv[k];
+        xv[k] = v;
+      }
+      storeQuad(out + q * 4, xv);
+    }
+    done = quads * 4;
   }
-  for (int64_t i = vecs * kVec + gridThread(); i < count; i += gridThreads()) {
+  for (int64_t i = done + gridThread(); i < count; i += gridThreads()) {
     const float v = load(x[i]) + load(y[i]);
     store(&out[i], v);
   }
 }
 
-extern "C" __global__ void mhcc_residual_backward(const act_t *dOut, act_t *dx, act_t *dy, int64_t count) {
+extern "C" __global__ void mhcc_residual_forward(const res_t *x, const act_t *y, res_t *out, int64_t count) {
   kernelPrologue();
-  const int64_t vecs = aligned16(dOut) && aligned16(dx) && aligned16(dy) ? count / kVec : 0;
-  for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
-    // dx's sum stored before dOut and dy are read again, as one element a
-    // step did (the same bits even were dx and dy one buffer).
-    float g[kVec], v[kVec];
-    loadVec(dOut + q * kVec, g);
-    loadVec(dx + q * kVec, v);
-    for (int k = 0; k < kVec; ++k)
-      v[k] = v[k] + g[k];
-    storeVec(dx + q * kVec, v);
-    loadVec(dOut + q * kVec, g);
-    loadVec(dy + q * kVec, v);
-    for (int k = 0; k < kVec; ++k)
-      v[k] = v[k] + g[k];
-    storeVec(dy + q * kVec, v);
+  residualForward(x, y, out, count);
+}
+
+template <typename R> __device__ __forceinline__ void residualBackward(const R *dOut, R *dx, act_t *dy, int64_t count) {
+  int64_t done = 0;
+  if constexpr (residualAsActivations<R>()) {
+    const int64_t vecs = aligned16(dOut) && aligned16(dx) && aligned16(dy) ? count / kVec : 0;
+    for (int64_t q = gridThread(); q < vecs; q += gridThreads()) {
+      // dx's sum stored before dOut and dy are read again, as one element a
+      // step did (the same bits even were dx and dy one buffer).
+      float g[kVec], v[kVec];
+      loadVec(dOut + q * kVec, g);
+      loadVec(dx + q * kVec, v);
+      for (int k = 0; k < kVec; ++k)
+        v[k] = v[k] + g[k];
+      storeVec(dx + q * kVec, v);
+      loadVec(dOut + q * kVec, g);
+      loadVec(dy + q * kVec, v);
+      for (int k = 0; k < kVec; ++k)
+        v[k] = v[k] + g[k];
+      storeVec(dy + q * kVec, v);
+    }
+    done = vecs * kVec;
+  } else {
+    const int64_t quads = alignedQuad(dOut) && alignedQuad(dx) && alignedQuad(dy) ? count / 4 : 0;
+    for (int64_t q = gridThread(); q < quads; q += gridThreads()) {
+      float g[4], v[4];
+      loadQuad(dOut + q * 4, g);
+      loadQuad(dx + q * 4, v);
+      for (int k = 0; k < 4; ++k)
+        v[k] = v[k] + g[k];
+      storeQuad(dx + q * 4, v);
+      loadQuad(dy + q * 4, v);
+      for (int k = 0; k < 4; ++k)
+        v[k] = v[k] + g[k];
+      storeQuad(dy + q * 4, v);
+    }
+    done = quads * 4;
   }
-  for (int64_t i = vecs * kVec + gridThread(); i < count; i += gridThreads()) {
+  for (int64_t i = done + gridThread(); i < count; i += gridThreads()) {
     const float gx = load(dOut[i]);
     store(&dx[i], load(dx[i]) + gx);
     const float gy = load(dOut[i]);
     store(&dy[i], load(dy[i]) + gy);
   }
+}
+
+extern "C" __global__ void mhcc_residual_backward(const res_t *dOut, res_t *dx, act_t *dy, int64_t count) {
+  kernelPrologue();
+  residualBackward(dOut, dx, dy, count);
 }

@@ -66,7 +66,7 @@ const char *const kKernelNames[] = {
 } // namespace
 
 std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int device, int activationBytes,
-                                                 std::string &error) {
+                                                 int residualBytes, std::string &error) {
   const std::string where = "GPU " + std::to_string(device) + ": ";
   const Driver &d = driver();
   if (!d.error.empty()) {
@@ -129,17 +129,24 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
       return nullptr;
     }
   }
-  // The activation storage type (act_t) the image was compiled for.
-  int imageActivationBytes = 0;
-  if (!readGlobal("mhcc_abi_activation_bytes", imageActivationBytes) || imageActivationBytes != activationBytes) {
-    auto describe = [](int bytes) {
-      return bytes == 4 ? std::string("fp32 (4 bytes)")
-                        : bytes == 2 ? std::string("bf16 (2 bytes)") : std::to_string(bytes) + " bytes";
-    };
-    error = where + "the artifact's kernels store activations as " + describe(imageActivationBytes) +
-            ", but this model's activations are " + describe(activationBytes) +
-            " (mhcc_abi_activation_bytes); recompile the artifact with this mhcc";
-    return nullptr;
+  // The storage types the image was compiled for: act_t and res_t.
+  auto describe = [](int bytes) {
+    return bytes == 4 ? std::string("fp32 (4 bytes)")
+                      : bytes == 2 ? std::string("bf16 (2 bytes)") : std::to_string(bytes) + " bytes";
+  };
+  struct Storage {
+    const char *global, *what;
+    int bytes;
+  } storages[] = {{"mhcc_abi_activation_bytes", "activations", activationBytes},
+                  {"mhcc_abi_residual_bytes", "residual stream", residualBytes}};
+  for (const Storage &storage : storages) {
+    int imageBytes = 0;
+    if (!readGlobal(storage.global, imageBytes) || imageBytes != storage.bytes) {
+      error = where + "the artifact's kernels store the " + storage.what + " as " + describe(imageBytes) +
+              ", but this model's " + storage.what + " is " + describe(storage.bytes) + " (" + storage.global +
+              "); recompile the artifact with this mhcc";
+      return nullptr;
+    }
   }
   return kernels;
 }

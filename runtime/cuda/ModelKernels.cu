@@ -1,8 +1,9 @@
 //===- ModelKernels.cu - the model's CUDA kernels, specialized by mhcc ------===//
 //
-// mhcc prepends the model's constants (kStreams, kSinkhornIterations) and its
+// mhcc prepends the model's constants (kStreams, kSinkhornIterations), its
 // activation storage type (act_t: float, or __nv_bfloat16 for a bf16 model)
-// and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu,
+// and its residual stream's (res_t: act_t, or float for a bf16 model with
+// residual_dtype f32) and compiles this file, followed by MhcKernels.cu, MhcMixKernels.cu,
 // MhcFusedKernels.cu, MhcBackwardKernels.cu and LayerKernels.cu, with nvcc into the artifact; the runtime loads the image
 // through the CUDA driver API and launches these extern "C" kernels by name
 // (runtime/cuda/ModelKernels.h lists them with their parameters). Every
@@ -49,12 +50,56 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 13;
+extern "C" __device__ const int mhcc_abi_version = 14;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
 extern "C" __device__ const int mhcc_abi_chunk_rows = int(kChunkRows);
 extern "C" __device__ const int mhcc_abi_activation_bytes = int(sizeof(act_t));
+extern "C" __device__ const int mhcc_abi_residual_bytes = int(sizeof(res_t));
+
+// ---- the residual stream's storage ----------------------------------------------------
+// The kernels that read or write the stream (expand, contract, the row
+// squares of the mHC entry, pre-mix, post-res, the n = 1 residual add, their
+// backwards, the RMS term of the entry's input gradient) take it as res_t
+// and run their bodies as templates over it: with res_t = act_t (every fp32
+// model, and bf16 models by default) the body is the one they always ran,
+// bits included. An fp32 stream beside bf16 activations takes quad paths
+// instead (four consecutive columns a thread or lane: 16 bytes of the
+// stream, 8 of activations, where widths and pointers allow; one element a
+// step otherwise, the same expressions): the elementwise kernels compute
+// each element as their one-element paths do; the per-row sums (row
+// squares, the pre and post/res backwards' dots) add a lane's quads in
+// order, their own fixed order. The fused entry and the backward's three
+// mixing passes read the stream as act_t and are not launched for such
+// models (runtime/cuda/CudaLaunch.cpp).
+template <typename R> constexpr bool residualAsActivations() { return sizeof(R) == sizeof(act_t); }
+
+/// Quads: four consecutive elements, widened from and rounded to either
+/// storage type (bf16 pairs packed as packVec packs them).
+__device__ __forceinline__ bool alignedQuad(const float *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__device__ __forceinline__ bool alignedQuad(const __nv_bfloat16 *p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+__device__ __forceinline__ void loadQuad(const float *p, float (&v)[4]) {
+  const float4 f = *reinterpret_cast<const float4 *>(p);
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ __forceinline__ void loadQuad(const __nv_bfloat16 *p, float (&v)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2 *>(p);
+  __nv_bfloat162 low, high;
+  memcpy(&low, &raw.x, 4);
+  memcpy(&high, &raw.y, 4);
+  v[0] = __low2float(low), v[1] = __high2float(low), v[2] = __low2float(high), v[3] = __high2float(high);
+}
+__device__ __forceinline__ void storeQuad(float *p, const float (&v)[4]) {
+  *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void storeQuad(__nv_bfloat16 *p, const float (&v)[4]) {
+  const __nv_bfloat162 low = __floats2bfloat162_rn(v[0], v[1]), high = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 raw;
+  memcpy(&raw.x, &low, 4);
+  memcpy(&raw.y, &high, 4);
+  *reinterpret_cast<uint2 *>(p) = raw;
+}
 
 // ---- activation storage --------------------------------------------------------------
 // Reads widen exactly to fp32; writes round to nearest even (the CPU's Bf16.h).
@@ -294,30 +339,46 @@ __device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const
   }
 }
 
-/// One warp per row: out[t] = sum of squares of row t. Any block of whole
-/// warps up to kThreads.
-extern "C" __global__ void mhcc_row_squares(const act_t *x, float *out, int64_t rows, int64_t width) {
-  kernelPrologue();
-  constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
-  __shared__ uint4 staged[kThreads / 32][E / kVec];
+/// One warp per row: out[t] = sum of squares of row t (of the residual
+/// stream: the mHC entry's RMS). Any block of whole warps up to kThreads.
+template <typename R> __device__ __forceinline__ void rowSquares(const R *x, float *out, int64_t rows, int64_t width) {
   int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (t >= rows)
     return;
-  const act_t *row = x + t * width;
-  act_t *const buf = reinterpret_cast<act_t *>(staged[threadIdx.x / 32]);
-  const bool vec = width % kVec == 0 && aligned16(x);
+  const R *row = x + t * width;
   float sq = 0;
-  warpStream<kTiles, 1>(&row, &buf, width, vec, lane, [&](int64_t, int n) {
-    for (int j = 0; j < E / 32; ++j) {
-      const int k = lane + 32 * j;
-      if (k < n)
-        sq += load(buf[k]) * load(buf[k]);
+  if constexpr (residualAsActivations<R>()) {
+    constexpr int kTiles = warpTiles<1>(), E = kTiles * 32 * kVec;
+    __shared__ uint4 staged[kThreads / 32][E / kVec];
+    act_t *const buf = reinterpret_cast<act_t *>(staged[threadIdx.x / 32]);
+    const bool vec = width % kVec == 0 && aligned16(x);
+    warpStream<kTiles, 1>(&row, &buf, width, vec, lane, [&](int64_t, int n) {
+      for (int j = 0; j < E / 32; ++j) {
+        const int k = lane + 32 * j;
+        if (k < n)
+          sq += load(buf[k]) * load(buf[k]);
+      }
+    });
+  } else if (width % 4 == 0 && alignedQuad(x)) {
+    for (int64_t c = 4 * lane; c < width; c += 128) {
+      float v[4];
+      loadQuad(row + c, v);
+      for (int e = 0; e < 4; ++e)
+        sq += v[e] * v[e];
     }
-  });
+  } else {
+    for (int64_t c = lane; c < width; c += 32)
+      sq += load(row[c]) * load(row[c]);
+  }
   sq = warpSum(sq);
   if (lane == 0)
     out[t] = sq;
+}
+
+extern "C" __global__ void mhcc_row_squares(const res_t *x, float *out, int64_t rows, int64_t width) {
+  kernelPrologue();
+  rowSquares(x, out, rows, width);
 }
 
 /// First stage of a column sum: partial[chunk, c] = sum over the chunk's
@@ -361,16 +422,26 @@ extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int
   dTable[i] = acc;
 }
 
-extern "C" __global__ void mhcc_expand_forward(const act_t *h, act_t *x, int64_t rows, int64_t C) {
-  kernelPrologue();
-  if (C % kVec == 0 && aligned16(h) && aligned16(x)) {
-    // kVec columns of a row, every stream, a thread.
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+template <typename R> __device__ __forceinline__ void expandForward(const act_t *h, R *x, int64_t rows, int64_t C) {
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(h) && aligned16(x)) {
+      // kVec columns of a row, every stream, a thread.
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+        int64_t t = q / C, c = q % C;
+        float v[kVec];
+        loadVec(h + q, v);
+        for (int s = 0; s < kStreams; ++s)
+          storeVec(x + (t * kStreams + s) * C + c, v);
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(h) && alignedQuad(x)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
       int64_t t = q / C, c = q % C;
-      float v[kVec];
-      loadVec(h + q, v);
+      float v[4];
+      loadQuad(h + q, v);
       for (int s = 0; s < kStreams; ++s)
-        storeVec(x + (t * kStreams + s) * C + c, v);
+        storeQuad(x + (t * kStreams + s) * C + c, v);
     }
     return;
   }
@@ -381,19 +452,38 @@ extern "C" __global__ void mhcc_expand_forward(const act_t *h, act_t *x, int64_t
   }
 }
 
-extern "C" __global__ void mhcc_expand_backward(const act_t *dx, act_t *dh, int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_expand_forward(const act_t *h, res_t *x, int64_t rows, int64_t C) {
   kernelPrologue();
-  if (C % kVec == 0 && aligned16(dx) && aligned16(dh)) {
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+  expandForward(h, x, rows, C);
+}
+
+template <typename R> __device__ __forceinline__ void expandBackward(const R *dx, act_t *dh, int64_t rows, int64_t C) {
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(dx) && aligned16(dh)) {
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+        int64_t t = q / C, c = q % C;
+        float acc[kVec], g[kStreams][kVec];
+        loadVec(dh + q, acc);
+        for (int s = 0; s < kStreams; ++s)
+          loadVec(dx + (t * kStreams + s) * C + c, g[s]);
+        for (int e = 0; e < kVec; ++e)
+          for (int s = 0; s < kStreams; ++s)
+            acc[e] += g[s][e];
+        storeVec(dh + q, acc);
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(dx) && alignedQuad(dh)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
       int64_t t = q / C, c = q % C;
-      float acc[kVec], g[kStreams][kVec];
-      loadVec(dh + q, acc);
+      float acc[4], g[kStreams][4];
+      loadQuad(dh + q, acc);
       for (int s = 0; s < kStreams; ++s)
-        loadVec(dx + (t * kStreams + s) * C + c, g[s]);
-      for (int e = 0; e < kVec; ++e)
+        loadQuad(dx + (t * kStreams + s) * C + c, g[s]);
+      for (int e = 0; e < 4; ++e)
         for (int s = 0; s < kStreams; ++s)
           acc[e] += g[s][e];
-      storeVec(dh + q, acc);
+      storeQuad(dh + q, acc);
     }
     return;
   }
@@ -406,21 +496,42 @@ extern "C" __global__ void mhcc_expand_backward(const act_t *dx, act_t *dh, int6
   }
 }
 
-extern "C" __global__ void mhcc_contract_forward(const act_t *x, act_t *h, int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_expand_backward(const res_t *dx, act_t *dh, int64_t rows, int64_t C) {
   kernelPrologue();
-  if (C % kVec == 0 && aligned16(x) && aligned16(h)) {
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+  expandBackward(dx, dh, rows, C);
+}
+
+template <typename R> __device__ __forceinline__ void contractForward(const R *x, act_t *h, int64_t rows, int64_t C) {
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(x) && aligned16(h)) {
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+        int64_t t = q / C, c = q % C;
+        float xs[kStreams][kVec], out[kVec];
+        for (int s = 0; s < kStreams; ++s)
+          loadVec(x + (t * kStreams + s) * C + c, xs[s]);
+        for (int e = 0; e < kVec; ++e) {
+          float sum = 0;
+          for (int s = 0; s < kStreams; ++s)
+            sum += xs[s][e];
+          out[e] = sum / float(kStreams);
+        }
+        storeVec(h + q, out);
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(x) && alignedQuad(h)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
       int64_t t = q / C, c = q % C;
-      float xs[kStreams][kVec], out[kVec];
+      float xs[kStreams][4], out[4];
       for (int s = 0; s < kStreams; ++s)
-        loadVec(x + (t * kStreams + s) * C + c, xs[s]);
-      for (int e = 0; e < kVec; ++e) {
+        loadQuad(x + (t * kStreams + s) * C + c, xs[s]);
+      for (int e = 0; e < 4; ++e) {
         float sum = 0;
         for (int s = 0; s < kStreams; ++s)
           sum += xs[s][e];
         out[e] = sum / float(kStreams);
       }
-      storeVec(h + q, out);
+      storeQuad(h + q, out);
     }
     return;
   }
@@ -433,21 +544,42 @@ extern "C" __global__ void mhcc_contract_forward(const act_t *x, act_t *h, int64
   }
 }
 
-extern "C" __global__ void mhcc_contract_backward(const act_t *dh, act_t *dx, int64_t rows, int64_t C) {
+extern "C" __global__ void mhcc_contract_forward(const res_t *x, act_t *h, int64_t rows, int64_t C) {
   kernelPrologue();
-  if (C % kVec == 0 && aligned16(dh) && aligned16(dx)) {
-    for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
-      int64_t t = q / C, c = q % C;
-      float g[kVec], v[kStreams][kVec];
-      loadVec(dh + q, g);
-      for (int e = 0; e < kVec; ++e)
-        g[e] = g[e] / float(kStreams);
-      for (int s = 0; s < kStreams; ++s)
-        loadVec(dx + (t * kStreams + s) * C + c, v[s]);
-      for (int s = 0; s < kStreams; ++s) {
+  contractForward(x, h, rows, C);
+}
+
+template <typename R> __device__ __forceinline__ void contractBackward(const act_t *dh, R *dx, int64_t rows, int64_t C) {
+  if constexpr (residualAsActivations<R>()) {
+    if (C % kVec == 0 && aligned16(dh) && aligned16(dx)) {
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
+        int64_t t = q / C, c = q % C;
+        float g[kVec], v[kStreams][kVec];
+        loadVec(dh + q, g);
         for (int e = 0; e < kVec; ++e)
-          v[s][e] = v[s][e] + g[e];
-        storeVec(dx + (t * kStreams + s) * C + c, v[s]);
+          g[e] = g[e] / float(kStreams);
+        for (int s = 0; s < kStreams; ++s)
+          loadVec(dx + (t * kStreams + s) * C + c, v[s]);
+        for (int s = 0; s < kStreams; ++s) {
+          for (int e = 0; e < kVec; ++e)
+            v[s][e] = v[s][e] + g[e];
+          storeVec(dx + (t * kStreams + s) * C + c, v[s]);
+        }
+      }
+      return;
+    }
+  } else if (C % 4 == 0 && alignedQuad(dh) && alignedQuad(dx)) {
+    for (int64_t q = gridThread() * 4; q < rows * C; q += gridThreads() * 4) {
+      int64_t t = q / C, c = q % C;
+      float g[4], v[4];
+      loadQuad(dh + q, g);
+      for (int e = 0; e < 4; ++e)
+        g[e] = g[e] / float(kStreams);
+      for (int s = 0; s < kStreams; ++s) {
+        loadQuad(dx + (t * kStreams + s) * C + c, v);
+        for (int e = 0; e < 4; ++e)
+          v[e] = v[e] + g[e];
+        storeQuad(dx + (t * kStreams + s) * C + c, v);
       }
     }
     return;
@@ -457,4 +589,9 @@ extern "C" __global__ void mhcc_contract_backward(const act_t *dh, act_t *dx, in
     const float g = load(dh[t * C + c]) / float(kStreams);
     store(&dx[i], load(dx[i]) + g);
   }
+}
+
+extern "C" __global__ void mhcc_contract_backward(const act_t *dh, res_t *dx, int64_t rows, int64_t C) {
+  kernelPrologue();
+  contractBackward(dh, dx, rows, C);
 }

@@ -76,7 +76,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 13;
+inline constexpr int kModelKernelsAbi = 14;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
@@ -91,13 +91,14 @@ inline constexpr int fusedWarps(int64_t streams) { return (streams * streams + 2
 
 class ModelKernels {
 public:
-  /// Loads `code` into the current device's context. `activationBytes` is the
-  /// model's activation storage size (2 for bf16, 4 for fp32); the image must
-  /// have been compiled for it. On failure, `error` is one line naming the
-  /// device and the fix (a wrong GPU architecture, an image from another model
-  /// or dtype, a driver that cannot load it).
+  /// Loads `code` into the current device's context. `activationBytes` and
+  /// `residualBytes` are the model's activation and residual-stream storage
+  /// sizes (2 for bf16, 4 for fp32); the image must have been compiled for
+  /// them. On failure, `error` is one line naming the device and the fix (a
+  /// wrong GPU architecture, an image from another model or dtype, a driver
+  /// that cannot load it).
   static std::unique_ptr<ModelKernels> load(const DeviceCode &code, int device, int activationBytes,
-                                            std::string &error);
+                                            int residualBytes, std::string &error);
   ~ModelKernels();
   ModelKernels(const ModelKernels &) = delete;
   ModelKernels &operator=(const ModelKernels &) = delete;

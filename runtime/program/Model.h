@@ -42,19 +42,6 @@ struct ModelInfo {
   bool roundsSublayerInput() const { return streams == 1 && residualStorage() != dtype; }
 };
 
-/// Why the CUDA backend cannot train a model stored as `dtype` with its
-/// residual stream in `residualStorage` (empty: it can). Its kernels are
-/// compiled for one activation type and read the stream in it, so an f32
-/// stream beside bf16 activations needs mixed-type kernels
-/// (docs/precision.md). One rule for mhcc (no kernels, the cpu profile),
-/// mhcrun's automatic backend and the CUDA backend's refusal.
-inline std::string cudaBackendGap(const std::string &dtype, const std::string &residualStorage) {
-  if (residualStorage == dtype)
-    return "";
-  return "the model keeps its residual stream in " + residualStorage + " beside " + dtype +
-         " activations (residual_dtype), which the CUDA backend does not run yet";
-}
-
 } // namespace mhcc::runtime
 
 #endif // MHCC_RUNTIME_PROGRAM_MODEL_H

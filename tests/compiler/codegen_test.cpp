@@ -61,6 +61,21 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
   EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
 }
 
+// The storage types come first: an fp32 model stores both activations and
+// the residual stream as float, a bf16 model both as bf16 unless its
+// residual_dtype asks for an fp32 stream (res_t, ModelKernels.cu).
+TEST(CudaCodegen, SourceDeclaresTheActivationAndResidualStorage) {
+  runtime::ModelInfo m = model(4, 20);
+  auto declares = [](const std::string &source, const char *act, const char *res) {
+    return source.find(std::string("using act_t = ") + act + ";\nusing res_t = " + res + ";\n") != std::string::npos;
+  };
+  EXPECT_TRUE(declares(emitModelKernels(m, "0x1"), "float", "float"));
+  m.dtype = "bf16";
+  EXPECT_TRUE(declares(emitModelKernels(m, "0x1"), "__nv_bfloat16", "__nv_bfloat16"));
+  m.residualDtype = "f32";
+  EXPECT_TRUE(declares(emitModelKernels(m, "0x1"), "__nv_bfloat16", "float"));
+}
+
 // The runtime launches every kernel of the library as a programmatic
 // dependent launch (ModelKernels::launchRaw): one that touched memory before
 // kernelPrologue's wait would read its predecessor's output while it is
@@ -122,7 +137,8 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
   for (const char *global : {"mhcc_abi_version", "mhcc_abi_streams", "mhcc_abi_sinkhorn_iterations",
                              "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
                              "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps",
-                             "mhcc_abi_mix_columns", "mhcc_abi_mix_tokens"})
+                             "mhcc_abi_mix_columns", "mhcc_abi_mix_tokens", "mhcc_abi_activation_bytes",
+                             "mhcc_abi_residual_bytes"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 
@@ -139,6 +155,21 @@ TEST_F(WithNvcc, CompilesForStreamCountsBeyondTheFusedKernels) {
           compileModelKernels(m, emitModelKernels(m, "0x1"), nvcc, kCudaArch, error);
       EXPECT_TRUE(code) << dtype << ", n = " << streams << ": " << error;
     }
+}
+
+// An fp32 residual stream beside bf16 activations: the stream's kernels take
+// their element-at-a-time bodies (the 16-byte paths pack one type), at the
+// plain residual's n = 1 as at n = 3 (tiny_bf16_fp32_residual's artifacts
+// compile n = 4).
+TEST_F(WithNvcc, CompilesAnFp32StreamBesideBf16Activations) {
+  for (int64_t streams : {1, 3}) {
+    runtime::ModelInfo m = model(streams, 4);
+    m.dtype = "bf16";
+    m.residualDtype = "f32";
+    std::string error;
+    std::optional<runtime::DeviceCode> code = compileModelKernels(m, emitModelKernels(m, "0x1"), nvcc, kCudaArch, error);
+    EXPECT_TRUE(code) << "n = " << streams << ": " << error;
+  }
 }
 
 TEST_F(WithNvcc, NvccErrorsComeBackAsOneLineWithTheSourceKept) {

@@ -26,10 +26,12 @@ inline const char *gArtifact = nullptr; // from main: an artifact with the model
 
 class ModelKernelsTest : public ::testing::Test {
 protected:
-  /// The artifact's kernels must be for `activationBytes` (4: fp32, 2: bf16)
-  /// and `streams`; `sinkhornIterations` is checked unless 0.
-  ModelKernelsTest(int activationBytes, int64_t streams, int64_t sinkhornIterations)
-      : activationBytes_(activationBytes), streams_(streams), sinkhornIterations_(sinkhornIterations) {}
+  /// The artifact's kernels must be for `activationBytes` (4: fp32, 2: bf16),
+  /// a residual stream of `residualBytes` (0: as the activations) and
+  /// `streams`; `sinkhornIterations` is checked unless 0.
+  ModelKernelsTest(int activationBytes, int64_t streams, int64_t sinkhornIterations, int residualBytes = 0)
+      : activationBytes_(activationBytes), residualBytes_(residualBytes ? residualBytes : activationBytes),
+        streams_(streams), sinkhornIterations_(sinkhornIterations) {}
 
   void SetUp() override {
     GpuInventory gpus = queryGpus();
@@ -46,7 +48,7 @@ protected:
     if (sinkhornIterations_ != 0) {
       ASSERT_EQ(artifact->deviceCode->sinkhornIterations, sinkhornIterations_);
     }
-    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, activationBytes_, error);
+    kernels_ = cuda::ModelKernels::load(*artifact->deviceCode, 0, activationBytes_, residualBytes_, error);
     ASSERT_TRUE(kernels_) << error << (activationBytes_ == 2 ? " (the test wants a bf16 model's artifact)" : "");
   }
   void TearDown() override {
@@ -67,7 +69,7 @@ protected:
   std::unique_ptr<cuda::ModelKernels> kernels_;
 
 private:
-  int activationBytes_;
+  int activationBytes_, residualBytes_;
   int64_t streams_, sinkhornIterations_;
   std::vector<void *> allocations_;
 };
