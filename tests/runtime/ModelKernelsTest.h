@@ -1,19 +1,22 @@
 // The fixture of the CUDA kernel tests: the model kernels mhcc generated into
 // the artifact named on the command line, loaded on GPU 0 beside cuBLASLt;
 // skips cleanly where no GPU is visible. Device memory from allocate() is
-// freed after each test.
+// freed after each test; the helpers move values to and from the device.
 #ifndef MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
 #define MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/Gpus.h"
 #include "runtime/cuda/ModelKernels.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -63,6 +66,53 @@ protected:
     EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(D)), cudaSuccess);
     allocations_.push_back(p);
     return static_cast<D *>(p);
+  }
+
+  /// `host` on the device (rounded to bf16, or as fp32), `offset` elements
+  /// into a fresh allocation (an offset of 1 misaligns it, for the kernels'
+  /// element paths).
+  __nv_bfloat16 *uploadBf16(const std::vector<float> &host, size_t offset = 0) {
+    std::vector<__nv_bfloat16> b(host.size());
+    for (size_t i = 0; i < host.size(); ++i)
+      b[i] = __float2bfloat16_rn(host[i]);
+    __nv_bfloat16 *p = allocate<__nv_bfloat16>(host.size() + offset) + offset;
+    cudaMemcpy(p, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+    return p;
+  }
+  float *uploadF32(const std::vector<float> &host, size_t offset = 0) {
+    float *p = allocate<float>(host.size() + offset) + offset;
+    cudaMemcpy(p, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
+    return p;
+  }
+  /// `count` device values, widened, after the device's work so far.
+  std::vector<float> downloadBf16(const __nv_bfloat16 *p, size_t count) {
+    std::vector<__nv_bfloat16> b(count);
+    cudaDeviceSynchronize();
+    cudaMemcpy(b.data(), p, count * 2, cudaMemcpyDeviceToHost);
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i)
+      v[i] = __bfloat162float(b[i]);
+    return v;
+  }
+  std::vector<float> downloadF32(const float *p, size_t count) {
+    std::vector<float> v(count);
+    cudaDeviceSynchronize();
+    cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost);
+    return v;
+  }
+  /// No launch failed since the last check.
+  void noErrors(const char *what) {
+    ASSERT_EQ(kernels_->takeError(), "") << what;
+    ASSERT_EQ(cuda::lastError(what), "") << what;
+  }
+  /// The largest difference over the largest reference value.
+  static double relativeError(const std::vector<float> &got, const std::vector<float> &want) {
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff = std::max(diff, double(std::abs(got[i] - want[i])));
+      ref = std::max(ref, double(std::abs(want[i])));
+    }
+    return diff / std::max(ref, 1e-30);
   }
 
   std::unique_ptr<cuda::Gemms> gemms_;

@@ -45,49 +45,6 @@ protected:
       x = roundToBf16(normal(rng_));
     return v;
   }
-  /// `host` on the device, `offset` elements into a fresh allocation (an
-  /// offset of 1 misaligns it, for the kernels' element paths).
-  bf16 *uploadBf16(const std::vector<float> &host, size_t offset = 0) {
-    std::vector<bf16> b(host.size());
-    for (size_t i = 0; i < host.size(); ++i)
-      b[i] = __float2bfloat16_rn(host[i]);
-    bf16 *p = allocate<bf16>(host.size() + offset) + offset;
-    cudaMemcpy(p, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
-    return p;
-  }
-  float *uploadF32(const std::vector<float> &host, size_t offset = 0) {
-    float *p = allocate<float>(host.size() + offset) + offset;
-    cudaMemcpy(p, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
-    return p;
-  }
-  std::vector<float> downloadBf16(const bf16 *p, size_t count) {
-    std::vector<bf16> b(count);
-    cudaDeviceSynchronize();
-    cudaMemcpy(b.data(), p, count * 2, cudaMemcpyDeviceToHost);
-    std::vector<float> v(count);
-    for (size_t i = 0; i < count; ++i)
-      v[i] = __bfloat162float(b[i]);
-    return v;
-  }
-  std::vector<float> downloadF32(const float *p, size_t count) {
-    std::vector<float> v(count);
-    cudaDeviceSynchronize();
-    cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost);
-    return v;
-  }
-  void noErrors(const char *what) {
-    ASSERT_EQ(kernels_->takeError(), "") << what;
-    ASSERT_EQ(cuda::lastError(what), "") << what;
-  }
-  static double relativeError(const std::vector<float> &got, const std::vector<float> &want) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      diff = std::max(diff, double(std::abs(got[i] - want[i])));
-      ref = std::max(ref, double(std::abs(want[i])));
-    }
-    return diff / std::max(ref, 1e-30);
-  }
-
   void checkFusedForward(int64_t T, int64_t C);
   void checkMixBackward(int64_t T, int64_t C, int freshDy);
 

@@ -44,46 +44,6 @@ protected:
     return v;
   }
   std::vector<float> stream(size_t count, float scale = 1.0f) { return random(count, scale, false); }
-  bf16 *uploadBf16(const std::vector<float> &host) {
-    std::vector<bf16> b(host.size());
-    for (size_t i = 0; i < host.size(); ++i)
-      b[i] = __float2bfloat16_rn(host[i]);
-    bf16 *p = allocate<bf16>(host.size());
-    cudaMemcpy(p, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
-    return p;
-  }
-  float *uploadF32(const std::vector<float> &host) {
-    float *p = allocate<float>(host.size());
-    cudaMemcpy(p, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
-    return p;
-  }
-  std::vector<float> downloadBf16(const bf16 *p, size_t count) {
-    std::vector<bf16> b(count);
-    cudaDeviceSynchronize();
-    cudaMemcpy(b.data(), p, count * 2, cudaMemcpyDeviceToHost);
-    std::vector<float> v(count);
-    for (size_t i = 0; i < count; ++i)
-      v[i] = __bfloat162float(b[i]);
-    return v;
-  }
-  std::vector<float> downloadF32(const float *p, size_t count) {
-    std::vector<float> v(count);
-    cudaDeviceSynchronize();
-    cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost);
-    return v;
-  }
-  void noErrors(const char *what) {
-    ASSERT_EQ(kernels_->takeError(), "") << what;
-    ASSERT_EQ(cuda::lastError(what), "") << what;
-  }
-  static double relativeError(const std::vector<float> &got, const std::vector<float> &want) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      diff = std::max(diff, double(std::abs(got[i] - want[i])));
-      ref = std::max(ref, double(std::abs(want[i])));
-    }
-    return diff / std::max(ref, 1e-30);
-  }
   static std::vector<float> rounded(std::vector<float> v) {
     for (float &x : v)
       x = roundToBf16(x);
