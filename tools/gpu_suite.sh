@@ -109,7 +109,7 @@ declare -A ARTIFACT=(
   [1b_m1_pp1]="models/1b.json --microbatches 1 --pp 1"
   [1b_f32_pp1]="models/1b_f32.json --microbatches 8 --pp 1"
   [1b_n1_pp1]="models/1b_n1.json --microbatches 8 --pp 1"
-  # The fp32 residual stream's cost (its kernels take their one-type paths).
+  # The fp32 residual stream's cost (its kernels move it in quads, unfused).
   [1b_fp32_residual_pp1]="models/1b_fp32_residual.json --microbatches 8 --pp 1"
   [1b_pp2]="models/1b.json --microbatches 8 --pp 2"
   [1b_pp2_vpp2]="models/1b.json --microbatches 8 --pp 2 --vpp 2"

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <cmath>
 
 namespace mhcc::runtime::cuda {
@@ -324,21 +325,23 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
   float *dh = stash;
   A *dp = reinterpret_cast<A *>(stash + rows * K);
   float *rScale = scratch, *partial = scratch + rows;
-  // An fp32 stream: dp (stored as A by the Sinkhorn backward) and the
-  // weights widened, for the products with the stream in fp32.
+  // An fp32 stream: dp (stored as A by the Sinkhorn backward) and, for the
+  // input gradient, the weights widened, for the products with the stream
+  // in fp32 (once a call: B and W in one call share them).
   constexpr bool kWide = !std::is_same_v<A, R>;
   float *wideWmap = wide, *wideDp = wide + width * K;
-  auto widen = [&] {
-    if constexpr (kWide) {
-      toFloat(dp, wideDp, rows * K, s);
-      toFloat(wmap, wideWmap, width * K, s);
-    }
+  bool widenedDp = false;
+  auto widenDp = [&] {
+    if constexpr (kWide)
+      if (!std::exchange(widenedDp, true))
+        toFloat(dp, wideDp, rows * K, s);
   };
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
     if constexpr (kWide) {
-      widen();
+      widenDp();
+      toFloat(wmap, wideWmap, width * K, s);
       matmulTransBAcc(g, static_cast<const float *>(wideDp), static_cast<const float *>(wideWmap), dx, rows, K,
                       width);
       k.launch(ModelKernel::RowScaleAdd, streamBlocks<A, R>(rows * width), 1, kThreads, s, x, rScale, dx, rows,
@@ -373,7 +376,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
       addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
     }
     if constexpr (kWide) {
-      widen(); // again: W may run apart from B
+      widenDp(); // W may run apart from B
       matmulTransAAcc(g, x, static_cast<const float *>(wideDp), dWmap, rows, width, K);
     } else {
       matmulTransAAcc(g, x, dp, dWmap, rows, width, K);

@@ -5,10 +5,11 @@
 // activation storage type A: float for fp32 models, bf16 for bf16 models
 // (docs/precision.md: activations, their gradients and the weights the
 // kernels read are A; mHC coefficients, statistics, losses and the weights'
-// main gradients are fp32). Products go through Gemms (Gemm.h: cuBLAS SGEMM
-// for fp32, cuBLASLt with fp32 accumulation for bf16); the artifact's
-// generated kernels (`k`, ModelKernels.h, compiled for the model's A) do the
-// rest; fills, additions, conversions and the optimizer are here.
+// main gradients are fp32), and those touching the residual stream over its
+// type R too (A, or float beside bf16: residual_dtype f32). Products go
+// through Gemms (Gemm.h: cuBLAS SGEMM for fp32, cuBLASLt with fp32
+// accumulation for bf16); the artifact's generated kernels (`k`,
+// ModelKernels.h, compiled for the model's A and R) do the rest; fills, additions, conversions and the optimizer are here.
 // Deterministic: no atomics; every reduction runs in a fixed order (weight
 // gradients over tokens ascending, as on the CPU), products use algorithms
 // fixed per shape. All pointers are device pointers; every launch is on `s`.

@@ -143,7 +143,7 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
     int imageBytes = 0;
     if (!readGlobal(storage.global, imageBytes) || imageBytes != storage.bytes) {
       error = where + "the artifact's kernels store the " + storage.what + " as " + describe(imageBytes) +
-              ", but this model's " + storage.what + " is " + describe(storage.bytes) + " (" + storage.global +
+              ", where this model asks for " + describe(storage.bytes) + " (" + storage.global +
               "); recompile the artifact with this mhcc";
       return nullptr;
     }

@@ -72,7 +72,8 @@ extern "C" __device__ const int mhcc_abi_residual_bytes = int(sizeof(res_t));
 // squares, the pre and post/res backwards' dots) add a lane's quads in
 // order, their own fixed order. The fused entry and the backward's three
 // mixing passes read the stream as act_t and are not launched for such
-// models (runtime/cuda/CudaLaunch.cpp).
+// models (CudaRank's wideResidual_), nor is the coefficients' tensor-core
+// input gradient (DeviceKernels.cu takes SGEMMs and the row scale instead).
 template <typename R> constexpr bool residualAsActivations() { return sizeof(R) == sizeof(act_t); }
 
 /// Quads: four consecutive elements, widened from and rounded to either

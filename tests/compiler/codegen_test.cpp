@@ -158,7 +158,7 @@ TEST_F(WithNvcc, CompilesForStreamCountsBeyondTheFusedKernels) {
 }
 
 // An fp32 residual stream beside bf16 activations: the stream's kernels take
-// their element-at-a-time bodies (the 16-byte paths pack one type), at the
+// their quad and element-at-a-time bodies (the 16-byte paths pack one type), at the
 // plain residual's n = 1 as at n = 3 (tiny_bf16_fp32_residual's artifacts
 // compile n = 4).
 TEST_F(WithNvcc, CompilesAnFp32StreamBesideBf16Activations) {

@@ -68,7 +68,7 @@ TEST_F(CudaFp32ResidualKernels, ImageOfAnFp32StreamRefusesABf16Model) {
   std::optional<Artifact> artifact = readArtifact(gArtifact, error);
   ASSERT_TRUE(artifact && artifact->deviceCode) << error;
   EXPECT_FALSE(cuda::ModelKernels::load(*artifact->deviceCode, 0, 2, 2, error));
-  EXPECT_NE(error.find("store the residual stream as fp32 (4 bytes), but this model's residual stream is bf16"),
+  EXPECT_NE(error.find("store the residual stream as fp32 (4 bytes), where this model asks for bf16"),
             std::string::npos)
       << error;
   EXPECT_NE(error.find("mhcc_abi_residual_bytes"), std::string::npos) << error;
@@ -155,6 +155,71 @@ TEST_F(CudaFp32ResidualKernels, StreamKernelsAgainstTheCpu) {
   for (float v : got[0][3])
     unrounded += v != roundToBf16(v);
   EXPECT_GT(unrounded, T * W / 2) << "the post-res output looks rounded to bf16";
+}
+
+/// The post/res backward into fresh gradients (NaN-filled: taken as zero,
+/// written), and the element-at-a-time fallbacks (a misaligned stream, a
+/// residual add whose count is not a multiple of 4): each element the same
+/// bits as the quad paths give, the dots within fp32 rounding.
+TEST_F(CudaFp32ResidualKernels, FreshGradientsAndElementPaths) {
+  auto x = stream(T * W), y = random(T * C), du = random(T * C), dOut = stream(T * W);
+  std::vector<float> coef(T * K);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (float &c : coef)
+    c = unit(rng_);
+  std::vector<float> dx(T * W), dc(T * K), dy(T * C);
+  k::mhcPostResBackward(x.data(), coef.data(), y.data(), dOut.data(), dx.data(), dc.data(), dy.data(), T, C, N);
+  const bf16 *dY = uploadBf16(y), *dDu = uploadBf16(du);
+  const float *dCoef = uploadF32(coef);
+  // [aligned, misaligned by one element]
+  std::vector<float> fresh[2][3], mixed[2], u[2], expanded[2], added[2], preDx[2], preDc[2];
+  for (int misaligned = 0; misaligned < 2; ++misaligned) {
+    const size_t o = misaligned;
+    const float *dX = uploadF32(x, o), *dDOut = uploadF32(dOut, o);
+    float *gDx = allocate<float>(T * W + o) + o, *gDc = allocate<float>(T * K);
+    bf16 *gDy = allocate<bf16>(T * C + o) + o;
+    cudaMemset(gDx, 0xff, T * W * 4);
+    cudaMemset(gDc, 0xff, T * K * 4);
+    cudaMemset(gDy, 0xff, T * C * 2);
+    cuda::mhcPostResBackward(*kernels_, dX, dCoef, dY, dDOut, gDx, gDc, gDy, 1 | 2 | 4, T, C, N, nullptr);
+    float *mixOut = allocate<float>(T * W + o) + o, *xOut = allocate<float>(T * W + o) + o;
+    float *addOut = allocate<float>(T * C + o) + o, *pDx = uploadF32(std::vector<float>(T * W), o);
+    float *pDc = uploadF32(std::vector<float>(T * K));
+    bf16 *uOut = allocate<bf16>(T * C);
+    cuda::mhcPostResForward(*kernels_, dX, dCoef, dY, mixOut, T, C, N, nullptr);
+    cuda::mhcPreForward(*kernels_, dX, dCoef, uOut, T, C, N, nullptr);
+    cuda::expandForward(*kernels_, dY, xOut, T, C, N, nullptr);
+    cuda::residualForward(*kernels_, dX, dY, addOut, T * C - 3, nullptr); // a tail of 1 after the quads
+    cuda::mhcPreBackward(*kernels_, dX, dCoef, dDu, pDx, pDc, T, C, N, nullptr);
+    noErrors(misaligned ? "misaligned" : "aligned");
+    fresh[o][0] = downloadF32(gDx, T * W);
+    fresh[o][1] = downloadF32(gDc, T * K);
+    fresh[o][2] = downloadBf16(gDy, T * C);
+    mixed[o] = downloadF32(mixOut, T * W);
+    u[o] = downloadBf16(uOut, T * C);
+    expanded[o] = downloadF32(xOut, T * W);
+    added[o] = downloadF32(addOut, T * C - 3);
+    preDx[o] = downloadF32(pDx, T * W);
+    preDc[o] = downloadF32(pDc, T * K);
+  }
+  const std::vector<float> *want[3] = {&dx, &dc, &dy};
+  const double tolerance[3] = {1e-5, 1e-5, 8e-3};
+  const char *names[3] = {"fresh dx", "fresh dCoef", "fresh dy"};
+  for (int i = 0; i < 3; ++i)
+    for (int o = 0; o < 2; ++o)
+      EXPECT_LT(relativeError(fresh[o][i], i == 2 ? rounded(*want[i]) : *want[i]), tolerance[i])
+          << names[i] << (o ? ", misaligned" : "");
+  // The elementwise kernels: one expression an element on either path.
+  EXPECT_TRUE(sameBits(fresh[0][0], fresh[1][0])) << "post/res dx, quads against elements";
+  EXPECT_TRUE(sameBits(fresh[0][2], fresh[1][2])) << "post/res dy, quads against elements";
+  EXPECT_TRUE(sameBits(mixed[0], mixed[1])) << "post-res forward, quads against elements";
+  EXPECT_TRUE(sameBits(u[0], u[1])) << "pre-mix, quads against elements";
+  EXPECT_TRUE(sameBits(expanded[0], expanded[1])) << "expand, quads against elements";
+  EXPECT_TRUE(sameBits(added[0], added[1])) << "residual add, quads and tail against elements";
+  EXPECT_TRUE(sameBits(preDx[0], preDx[1])) << "pre backward dx, quads against elements";
+  EXPECT_LT(relativeError(preDc[1], preDc[0]), 1e-5) << "pre backward dots, quads against elements";
+  for (int64_t i = 0; i < T * C - 3; ++i)
+    ASSERT_EQ(added[0][i], x[i] + y[i]) << "residual add at " << i;
 }
 
 TEST_F(CudaFp32ResidualKernels, CoefficientsForwardAndBackwardAgainstTheCpu) {
