@@ -54,6 +54,7 @@
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+tools=$PWD/tools # the opt-in parts live in tools/gpu_suite_optin.sh
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
            //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
@@ -222,6 +223,8 @@ run)
   printf '%-34s %-6s %s\n' check result detail > "$table"
   row() { printf '%-34s %-6s %s\n' "$1" "$2" "$3" >> "$table"; [ "$2" = PASS ] || [ "$2" = SKIP ] || failed=$((failed + 1)); }
   same_json() { python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])) else 1)" "$1" "$2"; }
+  # shellcheck source=tools/gpu_suite_optin.sh
+  source "$tools/gpu_suite_optin.sh"
 
   if [[ $parts == *" ceilings "* ]]; then
     # Copy bandwidth and every 1b GEMM shape in bf16 (cuBLASLt) and fp32: the
@@ -248,53 +251,7 @@ run)
     row "kernel table (ncu, 1b step)" $r "copy ${copy:-?} GB/s; $(head -3 "$out/kernel_table.txt" 2>/dev/null | tail -1 | cut -c1-120)"
   fi
 
-  if [[ $parts == *" sanitizers "* ]]; then
-    # compute-sanitizer over the GPU code (opt-in part): memcheck (invalid and
-    # misaligned accesses, leaks of device memory), racecheck (shared-memory
-    # hazards: flash attention's tiles, the Sinkhorn lanes, the reductions)
-    # and synccheck (barriers in divergent code), each over flash attention's
-    # short-sequence checks, the kernel tests and one tiny bf16 training step
-    # (every model kernel, cuBLASLt). API errors are not reported: NCCL probes
-    # kernel images with cudaFuncGetAttributes inside ncclCommInitRank and
-    # catches the error itself.
-    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    # The kernel tests in two runs: the Gated DeltaNet cases alone take
-    # minutes under racecheck (session 16: all ten together ran past 280 s).
-    declare -A SANITIZED=(
-      [attention]="./attention_bench --small"
-      [kernels]="./cuda_kernels_test tiny_pp1.mhcc --gtest_filter=-*GatedDeltaNet*"
-      [gdn_kernels]="./cuda_kernels_test tiny_pp1.mhcc --gtest_filter=*GatedDeltaNet*"
-      [bf16_kernels]="./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc"
-      [tiny_bf16_step]="./mhcrun tiny_bf16_pp1.mhcc --data corpus.txt --steps 1 --no-progress"
-      [fp32_residual_kernels]="./cuda_fp32_residual_kernels_test tiny_bf16_fp32_residual_pp1.mhcc"
-    )
-    sanitized="attention kernels gdn_kernels bf16_kernels tiny_bf16_step fp32_residual_kernels"
-    # The eighteen runs at once (the GPU and 16 cores have room; the tools slow
-    # kernels 10-100x), each with its own log and exit status.
-    for tool in memcheck racecheck synccheck; do
-      for name in $sanitized; do
-        (
-          log="$logs/sanitizer_${tool}_$name.log" start=$SECONDS
-          extra=() && [ $tool = memcheck ] && extra=(--leak-check full)
-          # shellcheck disable=SC2086
-          timeout "${GPU_SUITE_SANITIZER_TIMEOUT:-400}" "$cs" --tool $tool "${extra[@]}" --report-api-errors no \
-            --error-exitcode 99 ${SANITIZED[$name]} > "$log" 2>&1
-          echo "$? $((SECONDS - start))" > "$log.rc"
-        ) &
-      done
-    done
-    wait
-    for tool in memcheck racecheck synccheck; do
-      for name in $sanitized; do
-        log="$logs/sanitizer_${tool}_$name.log"
-        read -r rc secs < "$log.rc"
-        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
-        case $rc in 0) r=PASS ;; 124) r=TIME ;; *) r=FAIL ;; esac
-        row "$tool $name" $r "rc $rc, $secs s; ${summary:-no summary}"
-        cp "$log" "$out/" 2>/dev/null
-      done
-    done
-  fi
+  [[ $parts == *" sanitizers "* ]] && run_sanitizers
 
   if [[ $parts == *" checks "* ]]; then
     declare -A CHECK_ARGS=([gpu_test]="" [cuda_kernels_test]="tiny_pp1.mhcc"
@@ -530,76 +487,9 @@ PY
     cp -r ck_pp2/iter_0000010/meta.json "$logs/ck_pp2_meta.json" 2>/dev/null
   fi
 
-  if [[ $parts == *" convergence "* ]]; then
-    # Each of GPU_SUITE_CONVERGENCE (default "1b_pp1 1b_f32_pp1") over
-    # GPU_SUITE_CONVERGENCE_STEPS (default 100) iterations on the shipped
-    # text; each bf16 run's final lm loss against fp32's, within 1% (opt-in).
-    # Without 1b_f32_pp1 in the list, fp32's curve is the recorded one
-    # (docs/data/convergence_1b_fp32_h200.jsonl; fp32 keeps its bits), and a
-    # 10-iteration fp32 run must reproduce its start exactly.
-    steps=${GPU_SUITE_CONVERGENCE_STEPS:-100}
-    names=${GPU_SUITE_CONVERGENCE:-1b_pp1 1b_f32_pp1}
-    reference=$logs/convergence_1b_f32_pp1.jsonl
-    if [[ " $names " != *" 1b_f32_pp1 "* ]]; then
-      timeout 120 ./mhcrun 1b_f32_pp1.mhcc --data corpus.txt --steps 10 --no-progress \
-        --metrics "$logs/convergence_1b_f32_start.jsonl" > "$logs/convergence_1b_f32_start.log" 2>&1
-      detail=$(python3 -c "
-import json, sys
-run = [json.loads(l)['lm_loss'] for l in open('$logs/convergence_1b_f32_start.jsonl')]
-recorded = [json.loads(l)['lm_loss'] for l in open('convergence_1b_fp32_h200.jsonl')][:10]
-print('10 iterations, %s the recorded curve' % ('equal to' if run == recorded else 'DIFFERENT from'))
-sys.exit(0 if run == recorded else 1)") && r=PASS || r=FAIL
-      row "convergence fp32 reference" $r "${detail:-run failed}"
-      reference=convergence_1b_fp32_h200.jsonl
-    fi
-    for name in $names; do
-      timeout 400 ./mhcrun "$name.mhcc" --data corpus.txt --steps "$steps" --no-progress \
-        --metrics "$logs/convergence_$name.jsonl" > "$logs/convergence_$name.log" 2>&1
-    done
-    for name in $names; do
-      [ "$name" = 1b_f32_pp1 ] && continue
-      detail=$(python3 -c "
-import json, sys
-rows = [[json.loads(l) for l in open(path)] for path in ('$logs/convergence_$name.jsonl', '$reference')]
-if min(len(r) for r in rows) < $steps: print('a run stopped early'); sys.exit(1)
-rows = [r[:$steps] for r in rows]
-low, fp = rows[0][-1]['lm_loss'], rows[1][-1]['lm_loss']
-last10 = [sum(x['lm_loss'] for x in r[-10:]) / 10 for r in rows]
-every = ' '.join('%d:%.4f/%.4f' % (a['iteration'], a['lm_loss'], b['lm_loss']) for a, b in zip(*rows) if a['iteration'] % 10 == 0)
-print('final lm loss %.5f fp32 %.5f (relative %.2e), last 10 mean %.2e; every 10 (run/fp32) %s' %
-      (low, fp, abs(low - fp) / fp, abs(last10[0] - last10[1]) / last10[1], every))
-sys.exit(0 if abs(low - fp) / fp <= 0.01 else 1)") && r=PASS || r=FAIL
-      row "convergence $name vs fp32 ($steps it)" $r "${detail:-run failed}"
-    done
-    cp "$logs"/convergence_*.jsonl "$out/" 2>/dev/null # for tools/plot_metrics.py
-  fi
+  [[ $parts == *" convergence "* ]] && run_convergence
 
-  if [[ $parts == *" faults "* ]]; then
-    # Issue 15 on GPUs (opt-in): rank 1 of a --gpus 2 run SIGKILLed, or stuck,
-    # in its first exchange of iteration 3 (runtime/exec/TestFaults.h). The
-    # survivor and the parent must exit non-zero within 60 s (the stuck case
-    # with the default --recv-timeout), naming rank 1 and iteration 3, and
-    # leave no mhcrun process behind.
-    if [ "$gpus" -lt 2 ]; then
-      row "faults (--gpus 2)" SKIP "needs 2 GPUs, $gpus visible"
-    else
-      for kind in KILL HANG; do
-        start=$SECONDS
-        env "MHCC_TEST_${kind}_RANK_AT=1:3" timeout 120 ./mhcrun tiny_pp2.mhcc --data corpus.txt --steps 8 \
-          --no-progress --gpus 2 > "$logs/fault_$kind.log" 2>&1
-        rc=$? secs=$((SECONDS - start))
-        sleep 1
-        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 60 ] && grep -q "rank 1" "$logs/fault_$kind.log" &&
-           grep -q "iteration 3" "$logs/fault_$kind.log" && ! pgrep -f "mhcrun tiny_pp2.mhcc" > /dev/null; then
-          r=PASS
-        else
-          r=FAIL
-        fi
-        row "fault: rank 1 $kind, iteration 3" $r "exit $rc after $secs s; $(grep -m1 -E 'rank 1|lost|stuck' "$logs/fault_$kind.log" | cut -c1-140)"
-        cp "$logs/fault_$kind.log" "$out/" 2>/dev/null
-      done
-    fi
-  fi
+  [[ $parts == *" faults "* ]] && run_faults
 
   if [[ $parts == *" trace "* ]]; then
     # The measured timeline (CUDA events on the streams that ran each
