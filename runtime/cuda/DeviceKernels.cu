@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#include <utility>
 #include <cmath>
 
 namespace mhcc::runtime::cuda {
@@ -327,20 +326,14 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
   float *rScale = scratch, *partial = scratch + rows;
   // An fp32 stream: dp (stored as A by the Sinkhorn backward) and, for the
   // input gradient, the weights widened, for the products with the stream
-  // in fp32 (once a call: B and W in one call share them).
+  // in fp32 (dp once a call: B widens it, W alone from the stash).
   constexpr bool kWide = !std::is_same_v<A, R>;
   float *wideWmap = wide, *wideDp = wide + width * K;
-  bool widenedDp = false;
-  auto widenDp = [&] {
-    if constexpr (kWide)
-      if (!std::exchange(widenedDp, true))
-        toFloat(dp, wideDp, rows * K, s);
-  };
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
              dCoef, dh, dp, rScale, rows, C);
     if constexpr (kWide) {
-      widenDp();
+      toFloat(dp, wideDp, rows * K, s);
       toFloat(wmap, wideWmap, width * K, s);
       matmulTransBAcc(g, static_cast<const float *>(wideDp), static_cast<const float *>(wideWmap), dx, rows, K,
                       width);
@@ -376,7 +369,8 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
       addColumnSums(k, ModelKernel::MhcAlphaGradPartials, rows, 3, partial, dAlpha, s, dh, p, aux, rows);
     }
     if constexpr (kWide) {
-      widenDp(); // W may run apart from B
+      if (!parts.inputs) // W apart from B
+        toFloat(dp, wideDp, rows * K, s);
       matmulTransAAcc(g, x, static_cast<const float *>(wideDp), dWmap, rows, width, K);
     } else {
       matmulTransAAcc(g, x, dp, dWmap, rows, width, K);
