@@ -54,12 +54,24 @@ bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, 
 
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   const std::vector<ForwardInstr> &list = a_.stages[s].forward;
-  if (!bf16_ || !fuseMhcForward_ || index + 1 >= list.size())
+  if (!bf16_ || mhcForwardFusion_ == 0)
     return 1;
-  const ForwardInstr &coeffs = list[index], &pre = list[index + 1];
-  const bool pair = coeffs.op == Prim::MhcCoeffs && pre.op == Prim::MhcPre && pre.inputs.size() == 2 &&
-                    pre.inputs[0] == coeffs.inputs[0] && pre.inputs[1] == coeffs.output;
-  return pair && mhcFusedForwardApplies(a_.model.hidden, coeffs.streams) ? 2 : 1;
+  // An entry: the coefficients of x and the pre-mix of x by them.
+  auto entryAt = [&](size_t i) {
+    if (i + 1 >= list.size())
+      return false;
+    const ForwardInstr &coeffs = list[i], &pre = list[i + 1];
+    return coeffs.op == Prim::MhcCoeffs && pre.op == Prim::MhcPre && pre.inputs.size() == 2 &&
+           pre.inputs[0] == coeffs.inputs[0] && pre.inputs[1] == coeffs.output &&
+           mhcFusedForwardApplies(a_.model.hidden, coeffs.streams);
+  };
+  if (entryAt(index))
+    return 2;
+  // The post-res mix writing the x of the entry after it.
+  const ForwardInstr &post = list[index];
+  const bool postRes = post.op == Prim::MhcPostRes && post.inputs.size() == 3 && entryAt(index + 1) &&
+                       list[index + 1].inputs[0] == post.output && list[index + 1].streams == post.streams;
+  return postRes && mhcForwardFusion_ >= 2 ? 3 : 1;
 }
 
 template <typename A, typename R>
@@ -122,6 +134,16 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     swigluForward(k, g, in(0), w(0), w(1), w(2), out, aux, T, C, f.ffn, stream);
     break;
   case Prim::MhcPostRes:
+    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
+      if (forwardSpan(s, index) == 3) { // and the entry after it (forwardSpan)
+        const ForwardInstr &coeffs = p.forward[index + 1];
+        mhcPostResCoeffsPreForward(k, in(0), in32(1), in(2), out, param<A>(s, coeffs, 0), param<A>(s, coeffs, 1),
+                                   param<A>(s, coeffs, 2), st.values[coeffs.output].data, st.aux[index + 1].data,
+                                   st.values[p.forward[index + 2].output].as<A>(), T, C, n, stream);
+        label = "fwd mhc_post_res+coeffs+pre";
+        break;
+      }
+    }
     mhcPostResForward(k, inR(0), in32(1), in(2), outR, T, C, n, stream);
     break;
   case Prim::Residual:

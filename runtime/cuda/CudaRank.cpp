@@ -17,6 +17,16 @@
 #include <thread>
 
 namespace mhcc::runtime::cuda {
+namespace {
+
+/// MHCC_MHC_FORWARD: "unfused" 0, "entry" 1, else (unset) 2; see mhcForwardFusion_.
+int mhcForwardFusionFromEnvironment() {
+  const char *value = std::getenv("MHCC_MHC_FORWARD");
+  const std::string mode = value ? value : "";
+  return mode == "unfused" ? 0 : mode == "entry" ? 1 : 2;
+}
+
+} // namespace
 
 std::string cudaWhat(cudaError_t status) {
   return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
@@ -28,8 +38,7 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
-      fuseMhcForward_(!wideResidual_ &&
-                      (!std::getenv("MHCC_MHC_FORWARD") || std::string(std::getenv("MHCC_MHC_FORWARD")) != "unfused")),
+      mhcForwardFusion_(wideResidual_ ? 0 : mhcForwardFusionFromEnvironment()),
       mixBackward_(bf16_ && !wideResidual_ &&
                    (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")) {
   for (const StageProgram &p : artifact.stages)

@@ -91,8 +91,9 @@ public:
   void copy(Buffer dst, const Buffer &src) override;
   bool download(const Buffer &buffer, float *host) override;
   /// 2 where an mHC coefficient instruction and the pre-mix reading its
-  /// input and output run as one kernel (bf16, mhcFusedForwardApplies;
-  /// MHCC_MHC_FORWARD=unfused turns it off), else 1.
+  /// input and output run as one kernel (bf16, mhcFusedForwardApplies), 3
+  /// where the post-res mix writing that input runs in it too, else 1
+  /// (MHCC_MHC_FORWARD=entry keeps to 2, =unfused to 1).
   size_t forwardSpan(int64_t stage, size_t index) const override;
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
@@ -175,7 +176,10 @@ private:
   /// the stream's kernels read and write it as fp32 (the image's res_t), the
   /// fused entry and the three-pass backward mixing (bf16 stream) stay off.
   const bool wideResidual_;
-  const bool fuseMhcForward_;      // forwardSpan may fuse (MHCC_MHC_FORWARD is not "unfused")
+  /// How much of the mHC forward forwardSpan fuses: 0 nothing
+  /// (MHCC_MHC_FORWARD=unfused), 1 the entry (=entry), 2 the post-res mix
+  /// before it too (the default).
+  const int mhcForwardFusion_;
   /// bf16: one sublayer's backward mixing in three passes where it applies
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
   /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.

@@ -410,6 +410,13 @@ void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap,
            x, wmap, bias, alpha, coef, aux, u, rows, C);
 }
 
+void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const float *coefPrev, const bf16 *y,
+                                bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha, float *coef,
+                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
+  k.launch(ModelKernel::MhcPostResCoeffsPreForward, unsigned((rows + kFusedTokens - 1) / kFusedTokens), 1,
+           unsigned(32 * fusedWarps(n)), s, xPrev, coefPrev, y, x, wmap, bias, alpha, coef, aux, u, rows, C);
+}
+
 template <typename A, typename R>
 void mhcPreBackward(const ModelKernels &k, const R *x, const float *coef, const A *du, R *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s) {

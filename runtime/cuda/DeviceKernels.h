@@ -152,6 +152,12 @@ bool mhcFusedForwardApplies(int64_t C, int64_t n);
 /// the same outputs and aux layout; its sums run in its own fixed order.
 void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha,
                          float *coef, float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// The previous sublayer's post-res mix (xPrev, coefPrev, y into x: the
+/// bits of mhcPostResForward) and then mhcCoeffsPreForward on x, in one
+/// kernel (MhcFusedKernels.cu); where mhcFusedForwardApplies.
+void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const float *coefPrev, const bf16 *y,
+                                bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha, float *coef,
+                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
 template <typename A, typename R>
 void mhcPreBackward(const ModelKernels &k, const R *x, const float *coef, const A *du, R *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);

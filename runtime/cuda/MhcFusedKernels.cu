@@ -84,11 +84,11 @@ __device__ __forceinline__ void fusedMma(float (&acc)[4], const uint4 &xg, const
                  "r"(b1));
 }
 
-/// Launch: block 32 kFusedWarps threads, grid ceil(rows / kFusedTokens).
-extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
-    mhcc_mhc_coeffs_pre_forward(const act_t *x, const act_t *wmap, const act_t *bias, const act_t *alpha,
-                                float *coef, float *aux, act_t *u, int64_t rows, int64_t C) {
-  kernelPrologue();
+/// The entry for this block's kFusedTokens tokens (the section comment):
+/// the body of both kernels below.
+__device__ __forceinline__ void coeffsPreEntry(const act_t *x, const act_t *wmap, const act_t *bias,
+                                               const act_t *alpha, float *coef, float *aux, act_t *u, int64_t rows,
+                                               int64_t C) {
   if constexpr (kFusedSupported) {
     constexpr int K = kCoefficients;
     __shared__ __align__(16) unsigned char shared[kFusedSharedBytes]; // the stages, then the warps' partial p
@@ -228,5 +228,41 @@ extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
       if (second)
         b.finish(u, tj, int64_t(j % vectors) * kVec, C);
     }
+  }
+}
+
+/// Launch: block 32 kFusedWarps threads, grid ceil(rows / kFusedTokens).
+extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
+    mhcc_mhc_coeffs_pre_forward(const act_t *x, const act_t *wmap, const act_t *bias, const act_t *alpha,
+                                float *coef, float *aux, act_t *u, int64_t rows, int64_t C) {
+  kernelPrologue();
+  coeffsPreEntry(x, wmap, bias, alpha, coef, aux, u, rows, C);
+}
+
+// ---- the previous sublayer's post-res mix and this entry in one kernel ----------------
+// The post-res mix of sublayer L writes the residual x' that the entry of
+// L + 1 reads right after; as two kernels x' goes to DRAM and comes back
+// (32 MiB each way a 1b sublayer). Here each block first writes x' for its
+// own kFusedTokens tokens with mhcc_mhc_post_res_forward's expression
+// (postResVector: the same bits), reading the previous x and y once with
+// the evict-first hint so that x' stays in L2, then runs the entry on its
+// x' (coeffsPreEntry: the same walk, the same sums), which the barrier
+// makes visible to every warp of the block. Outputs: x' and the entry's.
+// Taken where the entry kernel is (mhcFusedForwardApplies).
+
+/// Launch: as mhcc_mhc_coeffs_pre_forward.
+extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
+    mhcc_mhc_post_res_coeffs_pre_forward(const act_t *xPrev, const float *coefPrev, const act_t *y, act_t *x,
+                                         const act_t *wmap, const act_t *bias, const act_t *alpha, float *coef,
+                                         float *aux, act_t *u, int64_t rows, int64_t C) {
+  kernelPrologue();
+  if constexpr (kFusedSupported) {
+    const int64_t t0 = int64_t(blockIdx.x) * kFusedTokens;
+    const int vectors = int(C / kVec);
+    const int count = int(min(int64_t(kFusedTokens), rows - t0)) * vectors;
+    for (int i = threadIdx.x; i < count; i += blockDim.x)
+      postResVector<true>(xPrev, coefPrev, y, x, t0 + i / vectors, int64_t(i % vectors) * kVec, C);
+    __syncthreads(); // x' of the block's tokens is written and visible to the block
+    coeffsPreEntry(x, wmap, bias, alpha, coef, aux, u, rows, C);
   }
 }

@@ -191,6 +191,40 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const res_t *x, const float *co
   preBackward(x, coef, du, dx, dCoef, rows, C);
 }
 
+/// The post-res mix of kVec consecutive columns c.. of token t, every
+/// output stream i: out[t, i, c + e] = sum_j h_res[t, i, j] x[t, j, c + e]
+/// (over j in order from +0) + h_post[t, i] y[t, c + e]. The one expression
+/// of the bf16 stream's forward, shared by mhcc_mhc_post_res_forward and the
+/// fused post-res and entry (MhcFusedKernels.cu), so that both give these
+/// bits. kStreaming reads x and y with the evict-first hint (read once).
+template <bool kStreaming = false>
+__device__ __forceinline__ void postResVector(const act_t *x, const float *coef, const act_t *y, act_t *out,
+                                              int64_t t, int64_t c, int64_t C) {
+  const int K = kCoefficients;
+  float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
+  loadCoefs(coef + t * K, kStreams, hpost);
+  loadCoefs(coef + t * K, 2 * kStreams, hres);
+  auto fetch = [](const act_t *p, float *v) {
+    if constexpr (kStreaming)
+      unpackVec(__ldcs(reinterpret_cast<const uint4 *>(p)), v);
+    else
+      loadVec(p, v);
+  };
+  for (int j = 0; j < kStreams; ++j)
+    fetch(x + (t * kStreams + j) * C + c, xs[j]);
+  fetch(y + t * C + c, ys);
+  for (int i = 0; i < kStreams; ++i) {
+    float o[kVec];
+    for (int e = 0; e < kVec; ++e) {
+      float sum = 0;
+      for (int j = 0; j < kStreams; ++j)
+        sum += hres[i * kStreams + j] * xs[j][e];
+      o[e] = sum + hpost[i] * ys[e];
+    }
+    storeVec(out + (t * kStreams + i) * C + c, o);
+  }
+}
+
 /// kVec columns of a row, all n output streams, per thread where possible
 /// (x and y read once).
 template <typename R>
@@ -199,25 +233,8 @@ __device__ __forceinline__ void postResForward(const R *x, const float *coef, co
   const int K = kCoefficients;
   if constexpr (residualAsActivations<R>()) {
     if (C % kVec == 0 && aligned16(x) && aligned16(y) && aligned16(out)) {
-      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec) {
-        int64_t t = q / C, c = q % C;
-        float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
-        loadCoefs(coef + t * K, kStreams, hpost);
-        loadCoefs(coef + t * K, 2 * kStreams, hres);
-        for (int j = 0; j < kStreams; ++j)
-          loadVec(x + (t * kStreams + j) * C + c, xs[j]);
-        loadVec(y + q, ys);
-        for (int i = 0; i < kStreams; ++i) {
-          float o[kVec];
-          for (int e = 0; e < kVec; ++e) {
-            float sum = 0;
-            for (int j = 0; j < kStreams; ++j)
-              sum += hres[i * kStreams + j] * xs[j][e];
-            o[e] = sum + hpost[i] * ys[e];
-          }
-          storeVec(out + (t * kStreams + i) * C + c, o);
-        }
-      }
+      for (int64_t q = gridThread() * kVec; q < rows * C; q += gridThreads() * kVec)
+        postResVector(x, coef, y, out, q / C, q % C, C);
       return;
     }
   } else if (C % 4 == 0 && alignedQuad(x) && alignedQuad(y) && alignedQuad(out)) {

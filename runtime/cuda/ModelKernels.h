@@ -47,6 +47,7 @@ namespace mhcc::runtime::cuda {
   X(RowScaleAdd, "mhcc_row_scale_add")                                                            \
   X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
   X(MhcCoeffsPreForward, "mhcc_mhc_coeffs_pre_forward")                                           \
+  X(MhcPostResCoeffsPreForward, "mhcc_mhc_post_res_coeffs_pre_forward")                           \
   X(MhcPreBackward, "mhcc_mhc_pre_backward")                                                      \
   X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
   X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
@@ -76,7 +77,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 14;
+inline constexpr int kModelKernelsAbi = 15;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.

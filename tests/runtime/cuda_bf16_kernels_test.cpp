@@ -5,7 +5,8 @@
 // within an fp32 rounding of a bf16 tie), the one-pass pre and post/res
 // backwards against the CPU kernels, and the one-kernel forward entry
 // (projection, squares, coefficients, pre-mix) against its definition and
-// its unfused parts; the backward's mixing in three passes bit for bit
+// its unfused parts, and with the post-res mix before it bit for bit
+// against the two kernels; the backward's mixing in three passes bit for bit
 // against the three kernels it replaces; every GPU result bit-identical
 // when run twice. Skips
 // cleanly where no GPU is visible (ModelKernelsTest.h).
@@ -46,6 +47,7 @@ protected:
     return v;
   }
   void checkFusedForward(int64_t T, int64_t C);
+  void checkPostResEntry(int64_t T, int64_t C);
   void checkMixBackward(int64_t T, int64_t C, int freshDy);
 
   std::mt19937 rng_{7};
@@ -313,6 +315,60 @@ void CudaBf16Kernels::checkFusedForward(int64_t T, int64_t C) {
 TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
   checkFusedForward(T, C);    // a partial token tile; warps 4..7 take no columns
   checkFusedForward(40, 1024); // eight steps a warp
+}
+
+/// mhcPostResCoeffsPreForward at T tokens of width N C: x', the
+/// coefficients, aux and u bit for bit what mhcPostResForward and then
+/// mhcCoeffsPreForward write, every output written (NaN-filled before), the
+/// same bits when run twice.
+void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C));
+  const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
+  auto xPrev = random(T * W), coefPrev = random(T * K, 0.5f), y = random(T * C);
+  auto wmap = random(W * K, 0.05f), bias = random(K, 0.3f), alpha = random(3);
+  bf16 *dXPrev = uploadBf16(xPrev), *dY = uploadBf16(y), *dWmap = uploadBf16(wmap), *dBias = uploadBf16(bias);
+  bf16 *dAlpha = uploadBf16(alpha);
+  float *dCoefPrev = uploadF32(coefPrev);
+  // [0]: the two kernels; [1], [2]: the fused kernel twice.
+  std::vector<float> x[3], coef[3], aux[3], u[3];
+  bf16 *dX = allocate<bf16>(T * W), *dU = allocate<bf16>(T * C);
+  float *dCoef = allocate<float>(T * K), *dAux = allocate<float>(auxFloats);
+  for (int run = 0; run < 3; ++run) {
+    cudaMemset(dX, 0xff, T * W * 2); // NaNs: every output must be written
+    cudaMemset(dU, 0xff, T * C * 2);
+    cudaMemset(dCoef, 0xff, T * K * 4);
+    cudaMemset(dAux, 0xff, auxFloats * 4);
+    if (run == 0) {
+      cuda::mhcPostResForward(*kernels_, static_cast<const bf16 *>(dXPrev), static_cast<const float *>(dCoefPrev),
+                              static_cast<const bf16 *>(dY), dX, T, C, N, nullptr);
+      cuda::mhcCoeffsPreForward(*kernels_, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU, T, C, N, nullptr);
+    } else {
+      cuda::mhcPostResCoeffsPreForward(*kernels_, dXPrev, dCoefPrev, dY, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU,
+                                       T, C, N, nullptr);
+    }
+    noErrors(run == 0 ? "post-res, then the entry" : "post-res and the entry in one kernel");
+    x[run] = downloadBf16(dX, T * W);
+    coef[run] = downloadF32(dCoef, T * K);
+    aux[run] = downloadF32(dAux, auxFloats);
+    u[run] = downloadBf16(dU, T * C);
+  }
+  for (int run : {1, 2}) {
+    SCOPED_TRACE(run == 1 ? "first fused run" : "second fused run");
+    EXPECT_EQ(std::memcmp(x[run].data(), x[0].data(), x[0].size() * 4), 0) << "x' is not the post-res kernel's";
+    EXPECT_EQ(std::memcmp(coef[run].data(), coef[0].data(), coef[0].size() * 4), 0) << "coef differs";
+    EXPECT_EQ(std::memcmp(aux[run].data(), aux[0].data(), aux[0].size() * 4), 0) << "aux differs";
+    EXPECT_EQ(std::memcmp(u[run].data(), u[0].data(), u[0].size() * 4), 0) << "u differs";
+  }
+  // Not vacuous: x' is the mix, neither zero nor the previous stream.
+  int64_t moved = 0;
+  for (int64_t i = 0; i < T * W; ++i)
+    moved += x[0][i] != xPrev[i] && std::isfinite(x[0][i]);
+  EXPECT_GT(moved, T * W / 2) << "x' barely differs from the previous stream";
+}
+
+TEST_F(CudaBf16Kernels, OneKernelPostResAndEntryGivesItsPartsBits) {
+  checkPostResEntry(T, C);     // a partial token tile
+  checkPostResEntry(40, 1024); // eight steps a warp
 }
 
 // RMSNorm's forward takes three paths: a row of up to 2048 bf16 values
