@@ -10,6 +10,7 @@
 #include "runtime/cuda/CudaRank.h"
 #include "runtime/cuda/DeviceKernels.h"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace mhcc::runtime::cuda {
@@ -46,10 +47,52 @@ bool CudaRank::forward(int64_t s, int64_t mb, size_t index, StageState &st) {
 bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
                         const std::vector<int> &fresh) {
   timeline_.work(compute_);
-  if (!bf16_)
-    return backwardAs<float, float>(s, mb, index, part, st, fresh);
-  return wideResidual_ ? backwardAs<bf16, float>(s, mb, index, part, st, fresh)
-                       : backwardAs<bf16, bf16>(s, mb, index, part, st, fresh);
+  const StageProgram &p = a_.stages[s];
+  const size_t span = part == BackwardPart::Weight ? 1 : backwardSpan(s, index);
+  // Each instruction of the span takes the fresh gradients it writes first.
+  std::vector<int> claimed;
+  std::vector<std::vector<int>> own(span);
+  for (size_t j = 0; j < span; ++j) {
+    const BackwardInstr &b = p.backward[index + j];
+    for (int id : fresh) {
+      const bool listed = id == b.gradOutput || std::count(b.gradInputs.begin(), b.gradInputs.end(), id) > 0;
+      if (listed && !std::count(claimed.begin(), claimed.end(), id)) {
+        own[j].push_back(id);
+        claimed.push_back(id);
+      }
+    }
+  }
+  bool passABefore = false;
+  if (span == 2) { // the post/res backward after it: its three gradients start here
+    const MixGroup *before = groupBefore(s, index);
+    auto starts = [&](int id) { return std::count(own[1].begin(), own[1].end(), id) > 0; };
+    passABefore = before && starts(before->dx) && starts(before->dCoef) && starts(before->dy);
+  }
+  for (size_t j = 0; j < span; ++j) {
+    const size_t i = index + j;
+    const bool joined = j == 0 && passABefore;
+    const bool ok = !bf16_         ? backwardAs<float, float>(s, mb, i, part, st, own[j], joined)
+                    : wideResidual_ ? backwardAs<bf16, float>(s, mb, i, part, st, own[j], joined)
+                                    : backwardAs<bf16, bf16>(s, mb, i, part, st, own[j], joined);
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
+size_t CudaRank::backwardSpan(int64_t s, size_t index) const {
+  return passAInPassC_ && groupBefore(s, index) ? 2 : 1;
+}
+
+const MixGroup *CudaRank::groupBefore(int64_t s, size_t index) const {
+  const MixGroup *group = nullptr, *before = nullptr;
+  for (const MixGroup &g : mixGroups_[s]) {
+    if (g.coeffs == index)
+      group = &g;
+    if (g.postRes == index + 1)
+      before = &g;
+  }
+  return group && before && before->dOut == group->dx ? before : nullptr;
 }
 
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
@@ -176,7 +219,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
 
 template <typename A, typename R>
 bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
-                          const std::vector<int> &fresh) {
+                          const std::vector<int> &fresh, bool passABefore) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
   const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
@@ -230,8 +273,10 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   // pass A here at its post/res backward decides it for the group; B and C
   // follow at its pre and coefficient backwards.
   const MixGroup *group = parts.inputs ? mixGroup(s, index) : nullptr;
+  // Pass A of this post/res backward already ran inside the pass C before it.
+  const bool passADone = group && index == group->postRes && postPartials_.count({s, mb, index}) > 0;
   bool deferred = false;
-  if (group && index == group->postRes) {
+  if (group && index == group->postRes && !passADone) {
     const ForwardInstr &coeffs = p.forward[p.backward[group->coeffs].forward];
     deferred = mixBackward_ && (freshMask & 3) == 3 && // dx and dCoef start here
                mhcMixBackwardApplies(C, n, {in(0), in(2), dOut, din(0), param<A>(s, coeffs, 0)});
@@ -249,6 +294,25 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   }
   if (deferred && index == group->coeffs)
     deferredMix_.erase({s, mb, group->postRes});
+  const MixGroup *before = deferred && index == group->coeffs && passABefore ? groupBefore(s, index) : nullptr;
+  if (before) {
+    // Pass A of the sublayer before, in this pass C: its dy and post partials.
+    const Buffer &y = st.values[before->y], &dy = st.values[before->dy];
+    const ForwardInstr &coeffsBefore = p.forward[p.backward[before->coeffs].forward];
+    if (mhcMixBackwardApplies(C, n, {st.values[before->x].data, y.data, st.values[before->dOut].data,
+                                     st.values[before->dx].data, dy.data,
+                                     param<A>(s, coeffsBefore, 0)})) {
+      Buffer partials = allocate(mhcPostPartialsCount(T, C, n), Dtype::F32, Queue::compute(), false);
+      if (!partials)
+        return false; // allocate set the error
+      mix.postCoef = st.values[before->coef].data;
+      mix.postY = y.template as<bf16>();
+      mix.postDy = dy.template as<bf16>();
+      mix.postPartials = partials.data;
+      postPartials_[{s, mb, before->postRes}] = partials;
+      deferredMix_.insert({s, mb, before->postRes});
+    }
+  }
   std::string error;
   cudaEvent_t started = nullptr;
   markStart(started);
@@ -276,8 +340,15 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::MhcPre:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
-      if (deferred) { // pass B
-        mhcMixBackwardDots(k, in(0), mix.dOut, mix.du, din32(1), T, C, stream);
+      if (deferred) { // pass B (with the partials of a pass A done by the next pass C)
+        auto partials = postPartials_.find({s, mb, group->postRes});
+        const bool joined = partials != postPartials_.end();
+        mhcMixBackwardDots(k, in(0), mix.dOut, mix.du, din32(1), joined ? partials->second.data : nullptr, T, C,
+                           stream);
+        if (joined) {
+          release(partials->second, Queue::compute());
+          postPartials_.erase(partials);
+        }
         break;
       }
     }
@@ -301,6 +372,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
+      if (passADone) // in the pass C before
+        break;
       if (deferred) { // pass A
         mhcPostBackward(k, in32(1), in(2), dOut, din32(1), din(2), freshMask, T, C, stream);
         break;

@@ -40,7 +40,9 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
       mhcForwardFusion_(wideResidual_ ? 0 : mhcForwardFusionFromEnvironment()),
       mixBackward_(bf16_ && !wideResidual_ &&
-                   (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")) {
+                   (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")),
+      passAInPassC_(mixBackward_ &&
+                    (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "passes")) {
   for (const StageProgram &p : artifact.stages)
     mixGroups_.push_back(mixBackward_ ? findMixGroups(p) : std::vector<MixGroup>{});
 }
@@ -426,6 +428,9 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
   exchanged_ = false;
   evaluating_ = inputs.evaluateOnly;
   deferredMix_.clear(); // a failed step's leftovers
+  for (auto &[key, partials] : postPartials_)
+    release(partials, Queue::compute());
+  postPartials_.clear();
   live_ = peak_ = staticBytes_;
   for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
     cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);

@@ -98,6 +98,10 @@ public:
   bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override;
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                 const std::vector<int> &fresh) override;
+  /// 2 where a coefficient backward (a three-pass group's pass C) is
+  /// followed by the post/res backward of the sublayer before (groupBefore),
+  /// whose pass A then runs inside that pass C, else 1.
+  size_t backwardSpan(int64_t stage, size_t index) const override;
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
@@ -143,12 +147,19 @@ private:
   /// A: the activations' storage, R: the residual stream's (A, or float
   /// beside bf16 activations: wideResidual_).
   template <typename A, typename R> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
+  /// `passABefore`: backward[index + 1] is the post/res backward of the
+  /// sublayer before, its gradients fresh, and backwardSpan joined it to
+  /// this one (pass A in pass C where this is a deferred pass C).
   template <typename A, typename R>
   bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
-                  const std::vector<int> &fresh);
+                  const std::vector<int> &fresh, bool passABefore);
   /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
   /// backward is stage s's backward[index], or null.
   const MixGroup *mixGroup(int64_t stage, size_t index) const;
+  /// The group whose coefficient backward is backward[index], when the
+  /// next instruction is the post/res backward of another group whose
+  /// output gradient is this one's dx (the sublayer before): that group.
+  const MixGroup *groupBefore(int64_t stage, size_t index) const;
   // CudaOptimizer.cpp
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
@@ -184,8 +195,14 @@ private:
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
   /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.
   const bool mixBackward_;
+  /// And pass A of the sublayer before inside pass C (backwardSpan);
+  /// MHCC_MHC_BACKWARD=passes keeps pass A apart.
+  const bool passAInPassC_;
   std::vector<std::vector<MixGroup>> mixGroups_;                // by stage
   std::set<std::tuple<int64_t, int64_t, size_t>> deferredMix_; // (stage, mb, postRes) whose pass A ran
+  /// Post dots' partials a pass C left for the pass B of the group
+  /// (stage, mb, postRes) whose pass A it did.
+  std::map<std::tuple<int64_t, int64_t, size_t>, Buffer> postPartials_;
   std::unique_ptr<Gemms> gemms_;
   std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
   std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters

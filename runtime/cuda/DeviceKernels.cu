@@ -344,9 +344,14 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
       // post/res and pre backwards' terms too, into a fresh dx.
       const unsigned columnTiles = unsigned(C / kMixColumns);
       const unsigned tokenTiles = unsigned((rows + kMixTokens - 1) / kMixTokens);
-      k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
-               static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
-               rows, C);
+      if (mix->postDy)
+        k.launch(ModelKernel::MhcMixBackwardInputPost, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
+                 static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
+                 mix->postCoef, mix->postY, mix->postDy, mix->postPartials, rows, C);
+      else
+        k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
+                 static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
+                 rows, C);
     } else if (std::is_same_v<A, bf16> && n <= 8) { // (R = A here)
       // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
       // its shared memory holds wmap's slice up to n = 8).
@@ -390,9 +395,12 @@ void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, co
   k.launch(ModelKernel::MhcPostBackward, warpBlocks(rows), 1, kThreads, s, coef, y, dOut, dCoef, dy, fresh, rows, C);
 }
 
+int64_t mhcPostPartialsCount(int64_t rows, int64_t C, int64_t n) { return rows * (C / kMixColumns) * n; }
+
 void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
-                        int64_t rows, int64_t C, cudaStream_t s) {
-  k.launch(ModelKernel::MhcMixBackwardDots, warpBlocks(rows), 1, kThreads, s, x, dOut, du, dCoef, rows, C);
+                        const float *postPartials, int64_t rows, int64_t C, cudaStream_t s) {
+  k.launch(ModelKernel::MhcMixBackwardDots, warpBlocks(rows), 1, kThreads, s, x, dOut, du, dCoef, postPartials,
+           int64_t(C / kMixColumns), rows, C);
 }
 
 template <typename A, typename R>

@@ -113,10 +113,20 @@ void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap
                       float *wide = nullptr);
 /// The post/res and pre backwards' deferred terms of dx (pass C of the
 /// backward's mixing in three passes, below): the coefficients, dOut, du.
+/// With postDy, pass C also does pass A of the sublayer before, whose
+/// output gradient dx is: that sublayer's coefficients and y, its dy
+/// (fresh) and its post dots' partials (mhcPostPartialsCount floats, for
+/// its pass B).
 struct MixBackwardTerms {
   const float *coef = nullptr;
   const bf16 *dOut = nullptr, *du = nullptr;
+  const float *postCoef = nullptr;
+  const bf16 *postY = nullptr;
+  bf16 *postDy = nullptr;
+  float *postPartials = nullptr;
 };
+/// Floats of the post dots' partials pass C leaves for the pass B before it.
+int64_t mhcPostPartialsCount(int64_t rows, int64_t C, int64_t n);
 /// stash: mhcCoeffsBackwardStash (dh in fp32, dp in A); scratch:
 /// mhcCoeffsBackwardScratch. With `mix` (bf16, mhcMixBackwardApplies), dx
 /// is fresh and gets the three backwards' terms at once (pass C). `wide`:
@@ -139,9 +149,10 @@ bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const voi
 void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, const bf16 *dOut, float *dCoef,
                      bf16 *dy, int fresh, int64_t rows, int64_t C, cudaStream_t s);
 /// Pass B: dCoef's res entries (written: dCoef was fresh at pass A) and pre
-/// entries (added).
+/// entries (added). With postPartials (pass A done by the next sublayer's
+/// pass C), dCoef is fresh: its post entries from the partials too.
 void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
-                        int64_t rows, int64_t C, cudaStream_t s);
+                        const float *postPartials, int64_t rows, int64_t C, cudaStream_t s);
 template <typename A, typename R>
 void mhcPreForward(const ModelKernels &k, const R *x, const float *coef, A *u, int64_t rows, int64_t C, int64_t n,
                    cudaStream_t s);

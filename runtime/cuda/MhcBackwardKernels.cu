@@ -24,11 +24,50 @@
 //      and the products (224 MiB in all).
 // The bits are the three kernels': each dot is the same expression summed in
 // the same order (lane l's elements c = l + 32 k, then warpSum), and pass C
-// rounds dx to bf16 at each point where one of the three kernels stored it.
+// rounds dx to bf16 at each point where one of the three kernels stored it;
+// but for dCoef's post entries, which pass A sums in tile order (below).
+// Where the sublayer before (L - 1) ends in a post-res mix whose output
+// gradient is this dx, pass C of L does pass A of L - 1 as well
+// (mhcc_mhc_mix_backward_input_post: its dy, the bits of pass A, and its
+// post dots by column tiles, which pass B of L - 1 sums in tile order: a
+// different order from pass A's, so other bits for those entries), and dx
+// is not read back (32 MiB less a 1b sublayer).
 
-/// Pass A: mhcc_mhc_post_res_backward's dy and post entries of dCoef (the
-/// same expressions and orders), its res entries and dx left to passes B
-/// and C. `fresh` bits as there (2: dCoef, 4: dy); with dCoef fresh its pre
+// Pass C's tiles (below): kMixColumns columns of kMixTokens tokens.
+constexpr int kMixColumns = 64;
+constexpr int kMixTokens = 16;
+constexpr int kMixThreads = 128;
+constexpr int kMixMaxStreams = 4; // a warp a stream's products; 42 KiB shared at n = 4
+constexpr bool kMixSupported = kInputGradSupported && kStreams <= kMixMaxStreams;
+constexpr int kMixRowVectors = kMixColumns / kVec, kMixPitch = kMixColumns + 8;
+static_assert(kMixTokens * (kMixColumns / 8) == kMixThreads, "one bf16 vector of one token a thread");
+static_assert(kMixRowVectors <= 16 && 32 % kMixRowVectors == 0, "a tile's vectors are lanes of one warp");
+extern "C" __device__ const int mhcc_abi_mix_columns = kMixColumns;
+extern "C" __device__ const int mhcc_abi_mix_tokens = kMixTokens;
+
+// The post dots <dOut[t, i], y[t]> in tile order, as pass A computes them
+// where C % kMixColumns == 0 and pass C of the next sublayer computes them
+// when it does that pass A: a 16-byte vector's kVec products summed in order
+// from +0 (postVectorDot), a tile's kMixRowVectors vectors (consecutive
+// lanes) by butterfly (postTileSum), the tiles in order from +0. The same
+// bits either way, so pipeline layouts (a stage's first sublayer cannot
+// join) agree.
+__device__ __forceinline__ float postVectorDot(const float (&g)[kVec], const float (&y)[kVec]) {
+  float dot = 0.0f;
+  for (int e = 0; e < kVec; ++e)
+    dot += g[e] * y[e];
+  return dot;
+}
+__device__ __forceinline__ float postTileSum(float v, unsigned lanes) {
+  for (int offset = 1; offset < kMixRowVectors; offset *= 2)
+    v += __shfl_xor_sync(lanes, v, offset);
+  return v;
+}
+
+/// Pass A: mhcc_mhc_post_res_backward's dy (the same expression) and post
+/// entries of dCoef (in tile order where C % kMixColumns == 0 and the arrays
+/// take 16-byte vectors, as always where the three passes run; else that
+/// kernel's order), its res entries and dx left to passes B and C. `fresh` bits as there (2: dCoef, 4: dy); with dCoef fresh its pre
 /// entries get +0 and its res entries nothing yet.
 extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t *y, const act_t *dOut, float *dCoef,
                                                   act_t *dy, int fresh, int64_t rows, int64_t C) {
@@ -64,7 +103,33 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
     }
     const bool vec = C % kVec == 0 && aligned16(y) && aligned16(dOut);
     const bool vecOut = vec && aligned16(dy);
+    const bool tileOrder = vecOut && C % kMixColumns == 0; // then every chunk holds whole tiles
+    static_assert(E % kMixColumns == 0, "a staged chunk holds whole tiles");
     warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t base, int n) {
+      if (tileOrder) {
+        for (int u = 0; u < kTiles; ++u) {
+          const int o = (u * 32 + lane) * kVec;
+          float dots[kStreams] = {};
+          if (o + kVec <= n) {
+            uint4 g[kStreams];
+            addPostVector(buf, o, hpost, dy + t * C + base + o, freshDy, g);
+            float ys[kVec];
+            unpackVec(*reinterpret_cast<const uint4 *>(buf[kStreams] + o), ys);
+            for (int i = 0; i < kStreams; ++i) {
+              float gi[kVec];
+              unpackVec(g[i], gi);
+              dots[i] = postVectorDot(gi, ys);
+            }
+          }
+          for (int i = 0; i < kStreams; ++i)
+            dots[i] = postTileSum(dots[i], 0xffffffffu);
+          for (int first = 0; first < 32; first += kMixRowVectors) // the tiles in order
+            if ((u * 32 + first) * kVec < n)
+              for (int i = 0; i < kStreams; ++i)
+                dotY[i] += __shfl_sync(0xffffffffu, dots[i], first);
+        }
+        return;
+      }
       for (int jj = 0; jj < E / 32; ++jj) {
         const int c = lane + 32 * jj;
         if (c < n)
@@ -100,8 +165,9 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
   if (freshCoef && lane == 0)
     for (int i = 0; i < kStreams; ++i)
       dCoef[t * K + i] = 0.0f;
+  const bool tileOrder = kStaged && C % kMixColumns == 0 && aligned16(y) && aligned16(dOut) && aligned16(dy);
   for (int i = 0; i < kStreams; ++i) {
-    const float dY = warpSum(dotY[i]);
+    const float dY = tileOrder ? dotY[i] : warpSum(dotY[i]); // tile order: every lane holds the sum
     float *out = dCoef + t * K + kStreams + i;
     if (lane == 0)
       *out = (freshCoef ? 0.0f : *out) + dY;
@@ -111,9 +177,13 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
 /// Pass B: dCoef's res entries <dOut[t, i], x[t, j]> (written, as
 /// mhcc_mhc_post_res_backward writes them into a fresh dCoef) and pre
 /// entries <du[t], x[t, s]> (added, as mhcc_mhc_pre_backward adds them), one
-/// warp per row, each dot in those kernels' order. Reads only.
+/// warp per row, each dot in those kernels' order. Reads only. Where the
+/// next sublayer's pass C did pass A (postPartials, [rows][tiles][n]), dCoef
+/// is fresh here: the post entries are the partials summed over the tiles
+/// in order from +0, the pre entries +0 + the dot.
 extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_t *dOut, const act_t *du,
-                                                      float *dCoef, int64_t rows, int64_t C) {
+                                                      float *dCoef, const float *postPartials, int64_t tiles,
+                                                      int64_t rows, int64_t C) {
   kernelPrologue();
   constexpr int A = 2 * kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0;
@@ -170,7 +240,13 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
     }
     const float d = warpSum(dotPre[i]);
     if (lane == 0)
-      dCoef[t * K + i] += d;
+      dCoef[t * K + i] = (postPartials ? 0.0f : dCoef[t * K + i]) + d;
+  }
+  if (postPartials && lane < kStreams) { // as pass A: the tiles in order, onto a fresh +0
+    float sum = 0.0f;
+    for (int64_t tile = 0; tile < tiles; ++tile)
+      sum += postPartials[(t * tiles + tile) * kStreams + lane];
+    dCoef[t * K + kStreams + lane] = 0.0f + sum;
   }
 }
 
@@ -184,15 +260,6 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
 // 16-byte vector (kVec columns) of one token in every stream: the n dOut
 // vectors it mixes are widened once for the n streams it writes, and a
 // row's 128 bytes go to kMixRowVectors consecutive threads.
-constexpr int kMixColumns = 64;
-constexpr int kMixTokens = 16;
-constexpr int kMixThreads = 128;
-constexpr int kMixMaxStreams = 4; // a warp a stream's products; 42 KiB shared at n = 4
-constexpr bool kMixSupported = kInputGradSupported && kStreams <= kMixMaxStreams;
-constexpr int kMixRowVectors = kMixColumns / kVec, kMixPitch = kMixColumns + 8;
-static_assert(kMixTokens * (kMixColumns / 8) == kMixThreads, "one bf16 vector of one token a thread");
-extern "C" __device__ const int mhcc_abi_mix_columns = kMixColumns;
-extern "C" __device__ const int mhcc_abi_mix_tokens = kMixTokens;
 
 /// 16 bytes global -> shared without registers (cp.async; waitCopies before reading).
 __device__ __forceinline__ void copyAsync16(void *dst, const void *src) {
@@ -211,17 +278,31 @@ __device__ __forceinline__ uint4 loadShared16(const uint4 *p) {
   return v;
 }
 
+/// The previous sublayer's pass A, done by pass C (kPost): that sublayer's
+/// output gradient is the dx pass C writes, so a thread forms its dy from
+/// the n rounded dx vectors it holds (addPostVector's expression: the bits
+/// of pass A) and its post dots' partial over the tile's kMixColumns
+/// columns (its kVec elements in order, then the token's kMixRowVectors
+/// threads by butterfly), which pass B of that sublayer adds over the
+/// column tiles in order. coef and y are that sublayer's; dy is fresh.
+struct PostTerms {
+  const float *coef;
+  const act_t *y;
+  act_t *dy;
+  float *partials; // [rows][C / kMixColumns][n]
+};
+
 /// Pass C: dx[t, s, c] for a fresh dx, as the three kernels left it:
 /// bf16(sum_i hres[i, s] dOut[t, i, c]) (the post/res backward's sum from
 /// +0), + h_pre[t, s] du[t, c] rounded (the pre backward's), then the
 /// product's and the RMS term's two roundings (inputGradElement). Needs C %
 /// kMixColumns == 0, n <= 4 and 16-byte aligned x, dOut, du, dx and wmap
-/// (the host checks: mhcMixBackwardApplies).
-extern "C" __global__ void __launch_bounds__(kMixThreads)
-    mhcc_mhc_mix_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
-                                const float *coef, const act_t *dOut, const act_t *du, act_t *dx, int64_t rows,
-                                int64_t C) {
-  kernelPrologue();
+/// (the host checks: mhcMixBackwardApplies). kPost: post's terms too.
+template <bool kPost>
+__device__ __forceinline__ void mixBackwardInput(const act_t *x, const act_t *wmap, const act_t *dp,
+                                                 const float *rScale, const float *coef, const act_t *dOut,
+                                                 const act_t *du, act_t *dx, int64_t rows, int64_t C,
+                                                 const PostTerms &post) {
   if constexpr (kMixSupported) {
     constexpr int K = kCoefficients;
     // A token's vectors of dOut (streams 0..n-1), then of du.
@@ -270,6 +351,7 @@ extern "C" __global__ void __launch_bounds__(kMixThreads)
     unpackVec(loadShared16(&staged[r][kStreams][vector]), duV);
     const float *row = coefs + r * K;
     const float sc = scales[r];
+    float rounded[kPost ? kStreams : 1][kVec]; // dx as stored: the next pass A's dOut
 #pragma unroll
     for (int s = 0; s < kStreams; ++s) {
       float weight[kStreams]; // hres[i, s]
@@ -293,7 +375,47 @@ extern "C" __global__ void __launch_bounds__(kMixThreads)
       roundedVec(v);
       for (int e = 0; e < kVec; ++e)
         v[e] = addRmsTerm(v[e], sc, xv[e]);
+      if constexpr (kPost) {
+        roundedVec(v);
+        for (int e = 0; e < kVec; ++e)
+          rounded[s][e] = v[e];
+      }
       storeVecUnsplit(dx + (t * kStreams + s) * C + c, v);
     }
+    if constexpr (kPost) {
+      float hpost[kStreams], ys[kVec], dy[kVec], dots[kStreams];
+      loadCoefs(post.coef + t * K, kStreams, hpost);
+      loadVec(post.y + t * C + c, ys);
+      for (int e = 0; e < kVec; ++e)
+        dy[e] = 0.0f; // fresh, as pass A's loadOrZero
+      addMixedTerms(dy, [&](int i, int e) { return rounded[i][e]; }, [&](int i) { return hpost[i]; });
+      storeVec(post.dy + t * C + c, dy);
+      // The token's kMixRowVectors threads are consecutive lanes, all valid.
+      const unsigned group = ((1u << kMixRowVectors) - 1) << (lane & ~(kMixRowVectors - 1));
+      for (int i = 0; i < kStreams; ++i)
+        dots[i] = postTileSum(postVectorDot(rounded[i], ys), group);
+      if (vector == 0)
+        for (int i = 0; i < kStreams; ++i)
+          post.partials[(t * gridDim.x + blockIdx.x) * kStreams + i] = dots[i];
+    }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(kMixThreads)
+    mhcc_mhc_mix_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
+                                const float *coef, const act_t *dOut, const act_t *du, act_t *dx, int64_t rows,
+                                int64_t C) {
+  kernelPrologue();
+  mixBackwardInput<false>(x, wmap, dp, rScale, coef, dOut, du, dx, rows, C, PostTerms{});
+}
+
+/// Launch: as mhcc_mhc_mix_backward_input (grid.x = C / kMixColumns).
+extern "C" __global__ void __launch_bounds__(kMixThreads)
+    mhcc_mhc_mix_backward_input_post(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
+                                     const float *coef, const act_t *dOut, const act_t *du, act_t *dx,
+                                     const float *postCoef, const act_t *postY, act_t *postDy, float *postPartials,
+                                     int64_t rows, int64_t C) {
+  kernelPrologue();
+  mixBackwardInput<true>(x, wmap, dp, rScale, coef, dOut, du, dx, rows, C,
+                         PostTerms{postCoef, postY, postDy, postPartials});
 }

@@ -50,7 +50,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 15;
+extern "C" __device__ const int mhcc_abi_version = 16;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;

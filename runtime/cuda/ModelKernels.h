@@ -54,6 +54,7 @@ namespace mhcc::runtime::cuda {
   X(MhcPostBackward, "mhcc_mhc_post_backward")                                                    \
   X(MhcMixBackwardDots, "mhcc_mhc_mix_backward_dots")                                             \
   X(MhcMixBackwardInput, "mhcc_mhc_mix_backward_input")                                           \
+  X(MhcMixBackwardInputPost, "mhcc_mhc_mix_backward_input_post")                                  \
   X(ResidualForward, "mhcc_residual_forward")                                                     \
   X(ResidualBackward, "mhcc_residual_backward")                                                   \
   X(RmsNormForward, "mhcc_rms_norm_forward")                                                      \
@@ -77,7 +78,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 15;
+inline constexpr int kModelKernelsAbi = 16;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.

@@ -152,6 +152,12 @@ public:
   /// that a gradient's first writer saves a fill and a read of it.
   virtual bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                         const std::vector<int> &fresh) = 0;
+  /// How many backward instructions from `index` on the device computes in
+  /// one backward() call (input gradients: B or both parts; W runs one at a
+  /// time), at least 1. The executor checks and allocates the gradients of
+  /// all of them first (`fresh` then lists those of every one) and calls
+  /// backward() once, for `index`.
+  virtual size_t backwardSpan(int64_t stage, size_t index) const { return 1; }
 
   /// The tensor- and context-parallel collectives the next compute
   /// instruction issues from inside its kernels: the COLLECTIVE

@@ -150,30 +150,39 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
   } else if (p.gradOutput >= 0 && !takeOutputGradient(s, mb, st)) {
     return false;
   }
-  for (size_t index = 0; index < p.backward.size(); ++index) {
-    const BackwardInstr &b = p.backward[index];
-    const ForwardInstr &f = p.forward[b.forward];
-    if (part == BackwardPart::Weight && f.params.empty())
+  for (size_t index = 0; index < p.backward.size();) {
+    if (part == BackwardPart::Weight && p.forward[p.backward[index].forward].params.empty()) {
+      ++index;
       continue; // W: only instructions with weights
-    for (int input : f.inputs)
-      if (!st.values[input])
-        return fail(std::string("the backward of ") + primName(f.op) + " reads a freed value");
-    // The gradients it adds into; an output gradient nothing produced is
-    // zero. Those allocated here are fresh: the device writes or fills them.
-    std::vector<int> written, fresh;
-    if (part != BackwardPart::Weight)
-      written = b.gradInputs;
-    written.push_back(b.gradOutput);
-    for (int id : written) {
-      if (id < 0 || st.values[id])
-        continue;
-      if (!(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols, dtypeOf(p.values[id].dtype),
-                                             Queue::compute(), false)))
-        return fail(device_.error());
-      fresh.push_back(id);
+    }
+    const size_t span = part == BackwardPart::Weight
+                            ? 1
+                            : std::clamp<size_t>(device_.backwardSpan(s, index), 1, p.backward.size() - index);
+    std::vector<int> fresh;
+    for (size_t j = index; j < index + span; ++j) {
+      const BackwardInstr &b = p.backward[j];
+      const ForwardInstr &f = p.forward[b.forward];
+      for (int input : f.inputs)
+        if (!st.values[input])
+          return fail(std::string("the backward of ") + primName(f.op) + " reads a freed value");
+      // The gradients it adds into; an output gradient nothing produced is
+      // zero. Those allocated here are fresh: the device writes or fills them.
+      std::vector<int> written;
+      if (part != BackwardPart::Weight)
+        written = b.gradInputs;
+      written.push_back(b.gradOutput);
+      for (int id : written) {
+        if (id < 0 || st.values[id])
+          continue;
+        if (!(st.values[id] = device_.allocate(p.values[id].rows * p.values[id].cols,
+                                               dtypeOf(p.values[id].dtype), Queue::compute(), false)))
+          return fail(device_.error());
+        fresh.push_back(id);
+      }
     }
     if (!device_.backward(s, mb, index, part, st, fresh))
       return fail(device_.error());
+    index += span;
   }
   if (part == BackwardPart::Input) {
     // B leaves everything W needs: inputs, aux, output gradients, the stash.

@@ -49,6 +49,7 @@ protected:
   void checkFusedForward(int64_t T, int64_t C);
   void checkPostResEntry(int64_t T, int64_t C);
   void checkMixBackward(int64_t T, int64_t C, int freshDy);
+  void checkPassABefore(int64_t T, int64_t C);
 
   std::mt19937 rng_{7};
 };
@@ -162,8 +163,10 @@ TEST_F(CudaBf16Kernels, OnePassPreAndPostResBackwards) {
 
 /// The backward's mixing in three passes (MhcBackwardKernels.cu) against
 /// the three kernels it replaces, run as the CUDA rank runs them (dx and
-/// dCoef fresh at the post/res backward; dy fresh or not): dx, dCoef, dy
-/// and the Sinkhorn backward's dh and dp bit for bit, and the same on rerun.
+/// dCoef fresh at the post/res backward; dy fresh or not): dx, dy and
+/// dCoef's pre and res entries bit for bit, its post entries (pass A sums
+/// them in tile order) within fp32 rounding, and the same on rerun. dh and
+/// dp follow from the post entries: bit for bit where those agree.
 void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
   SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C) + ", fresh dy " + std::to_string(freshDy));
   const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
@@ -201,7 +204,7 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
                                 nullptr, nullptr, nullptr, stash, scratch, T, C, N, inputs, nullptr);
       } else { // passes A, B and C
         cuda::mhcPostBackward(*kernels_, coef, dY, dDOut, dCoef, dy, fresh, T, C, nullptr);
-        cuda::mhcMixBackwardDots(*kernels_, dX, dDOut, dDu, dCoef, T, C, nullptr);
+        cuda::mhcMixBackwardDots(*kernels_, dX, dDOut, dDu, dCoef, nullptr, T, C, nullptr);
         const cuda::MixBackwardTerms mix{coef, dDOut, dDu};
         cuda::mhcCoeffsBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dX),
                                 static_cast<const bf16 *>(dWmap), static_cast<const bf16 *>(dAlpha), aux, dCoef, dx,
@@ -214,22 +217,111 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
       got[path][run][3] = downloadF32(stash, stashFloats);
     }
   const char *names[4] = {"dx", "dCoef", "dy", "dh and dp"};
+  // dCoef's post entries: tile order in pass A, lane order in the kernel.
+  auto postEntry = [&](int v, size_t i) { return v == 1 && int64_t(i % K) >= N && int64_t(i % K) < 2 * N; };
+  std::vector<float> postKernels, postPasses;
   for (int v = 0; v < 4; ++v) {
     const size_t bytes = got[0][0][v].size() * 4;
     EXPECT_EQ(std::memcmp(got[0][0][v].data(), got[0][1][v].data(), bytes), 0) << names[v] << ": kernels, rerun";
     EXPECT_EQ(std::memcmp(got[1][0][v].data(), got[1][1][v].data(), bytes), 0) << names[v] << ": passes, rerun";
+    if (v == 3)
+      continue; // dh and dp: from the post entries, which may differ in their last bits
     int64_t differing = 0, first = -1;
-    for (size_t i = 0; i < got[0][0][v].size(); ++i)
-      if (std::memcmp(&got[0][0][v][i], &got[1][0][v][i], 4) != 0 && differing++ == 0)
+    for (size_t i = 0; i < got[0][0][v].size(); ++i) {
+      if (postEntry(v, i)) {
+        postKernels.push_back(got[0][0][v][i]);
+        postPasses.push_back(got[1][0][v][i]);
+      } else if (std::memcmp(&got[0][0][v][i], &got[1][0][v][i], 4) != 0 && differing++ == 0) {
         first = int64_t(i);
+      }
+    }
     EXPECT_EQ(differing, 0) << names[v] << ": the passes differ from the kernels at " << differing
                             << " elements, first " << first;
   }
+  EXPECT_LT(relativeError(postPasses, postKernels), 1e-5) << "dCoef's post entries";
+  EXPECT_LT(relativeError(got[1][0][3], got[0][0][3]), 1e-2) << "dh and dp"; // dp in bf16: a rounding
   // Not vacuous: dx holds all three terms (the RMS term's scale is nonzero).
   double largest = 0;
   for (float v : got[1][0][0])
     largest = std::max(largest, double(std::abs(v)));
   EXPECT_GT(largest, 1e-2) << "dx is too small to test";
+}
+
+/// Pass C of a sublayer doing pass A of the sublayer before (whose output
+/// gradient its dx is), then that sublayer's pass B summing the post
+/// partials, against pass C, pass A and pass B apart: dx, dy and dCoef bit
+/// for bit (both sum the post dots in tile order: a stage's first sublayer,
+/// whose pass A runs apart, must agree with the others for pipeline
+/// layouts to agree), every output written (NaN-filled before), the same
+/// bits on rerun.
+void CudaBf16Kernels::checkPassABefore(int64_t T, int64_t C) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C));
+  const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
+  const int64_t stashFloats = cuda::mhcCoeffsBackwardStash(T, N), scratchFloats = cuda::mhcCoeffsBackwardScratch(T, N);
+  // This sublayer: x, wmap, its coefficients' gradient, dOut and du.
+  auto x = random(T * W), wmap = random(W * K, 0.05f), bias = random(K, 0.3f), alpha = random(3);
+  auto dCoefNext = random(T * K, 0.1f), du = random(T * C), dOut = random(T * W);
+  // The sublayer before: its coefficients, y, x and du.
+  auto coefBefore = random(T * K, 0.5f), yBefore = random(T * C), xBefore = random(T * W), duBefore = random(T * C);
+  bf16 *dX = uploadBf16(x), *dWmap = uploadBf16(wmap), *dBias = uploadBf16(bias), *dAlpha = uploadBf16(alpha);
+  bf16 *dDu = uploadBf16(du), *dDOut = uploadBf16(dOut), *dYBefore = uploadBf16(yBefore);
+  bf16 *dXBefore = uploadBf16(xBefore), *dDuBefore = uploadBf16(duBefore);
+  float *dDCoefNext = uploadF32(dCoefNext), *dCoefBefore = uploadF32(coefBefore);
+  float *coef = allocate<float>(T * K), *aux = allocate<float>(auxFloats);
+  cuda::mhcCoeffsForward(*kernels_, *gemms_, static_cast<const bf16 *>(dX), static_cast<const bf16 *>(dWmap),
+                         static_cast<const bf16 *>(dBias), static_cast<const bf16 *>(dAlpha), coef, aux, T, C, N,
+                         nullptr);
+  ASSERT_TRUE(cuda::mhcMixBackwardApplies(C, N, {dX, dDu, dDOut, dWmap, dYBefore, dXBefore, dDuBefore}));
+  // [path][run]: dx, dy before, dCoef before
+  std::vector<float> got[2][2][3];
+  for (int path = 0; path < 2; ++path)
+    for (int run = 0; run < 2; ++run) {
+      bf16 *dx = allocate<bf16>(T * W), *dy = allocate<bf16>(T * C);
+      float *dCoef = allocate<float>(T * K), *stash = allocate<float>(stashFloats);
+      float *scratch = allocate<float>(scratchFloats);
+      float *partials = allocate<float>(cuda::mhcPostPartialsCount(T, C, N));
+      cudaMemset(dx, 0xff, T * W * 2); // NaNs: what fresh gradients may hold
+      cudaMemset(dy, 0xff, T * C * 2);
+      cudaMemset(dCoef, 0xff, T * K * 4);
+      cuda::MixBackwardTerms mix{coef, dDOut, dDu};
+      if (path == 1)
+        mix = {coef, dDOut, dDu, dCoefBefore, dYBefore, dy, partials};
+      const cuda::GradParts inputs{true, false};
+      cuda::mhcCoeffsBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dX), static_cast<const bf16 *>(dWmap),
+                              static_cast<const bf16 *>(dAlpha), aux, dDCoefNext, dx, nullptr, nullptr, nullptr,
+                              stash, scratch, T, C, N, inputs, nullptr, &mix);
+      if (path == 0) // pass A apart, on the dx just written
+        cuda::mhcPostBackward(*kernels_, dCoefBefore, dYBefore, dx, dCoef, dy, 1 | 2 | 4, T, C, nullptr);
+      cuda::mhcMixBackwardDots(*kernels_, dXBefore, dx, dDuBefore, dCoef, path == 1 ? partials : nullptr, T, C,
+                               nullptr);
+      noErrors(path == 0 ? "pass C, then pass A and B" : "pass C with pass A, then pass B");
+      got[path][run][0] = downloadBf16(dx, T * W);
+      got[path][run][1] = downloadBf16(dy, T * C);
+      got[path][run][2] = downloadF32(dCoef, T * K);
+    }
+  const char *names[3] = {"dx", "dy before", "dCoef before"};
+  for (int v = 0; v < 3; ++v) {
+    const size_t bytes = got[0][0][v].size() * 4;
+    EXPECT_EQ(std::memcmp(got[1][0][v].data(), got[1][1][v].data(), bytes), 0) << names[v] << ": joined, rerun";
+  }
+  for (int v = 0; v < 3; ++v) {
+    int64_t differing = 0, first = -1;
+    for (size_t i = 0; i < got[0][0][v].size(); ++i)
+      if (std::memcmp(&got[0][0][v][i], &got[1][0][v][i], 4) != 0 && differing++ == 0)
+        first = int64_t(i);
+    EXPECT_EQ(differing, 0) << names[v] << ": the joined pass differs from pass A apart at " << differing
+                            << " elements, first " << first;
+  }
+  double largest = 0; // not vacuous: the post entries (written by pass B from the partials)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = N; e < 2 * N; ++e)
+      largest = std::max(largest, double(std::abs(got[1][0][2][t * K + e])));
+  EXPECT_GT(largest, 1e-2) << "the post entries are too small to test";
+}
+
+TEST_F(CudaBf16Kernels, PassCDoesPassAOfTheSublayerBefore) {
+  checkPassABefore(T, C);     // a partial token tile, one column tile
+  checkPassABefore(40, 1024); // sixteen column tiles
 }
 
 TEST_F(CudaBf16Kernels, BackwardMixingInThreePassesGivesTheSameBits) {

@@ -10,6 +10,7 @@
 // usage: device_trace_test DATA PP2_VPP2
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/train/Trainer.h"
+#include "tests/runtime/ForwardingDevice.h"
 
 #include <gtest/gtest.h>
 
@@ -25,45 +26,16 @@ std::optional<TokenDataset> gData;
 using Clock = std::chrono::steady_clock;
 
 /// The CPU device, claiming to time each bracket itself.
-class SelfTimedDevice final : public Device {
+class SelfTimedDevice final : public ForwardingDevice {
 public:
-  SelfTimedDevice(std::unique_ptr<Device> inner, bool dropOne) : inner_(std::move(inner)), dropOne_(dropOne) {}
-  int64_t rank() const override { return inner_->rank(); }
-  int64_t pipelineRank() const override { return inner_->pipelineRank(); }
-  int64_t replica() const override { return inner_->replica(); }
-  const std::string &error() const override { return inner_->error(); }
+  SelfTimedDevice(std::unique_ptr<Device> inner, bool dropOne) : ForwardingDevice(std::move(inner)), dropOne_(dropOne) {}
   bool beginStep(const StepInputs &inputs) override {
     brackets_ = 0;
     origin_ = Clock::now();
     return inner_->beginStep(inputs);
   }
-  bool finishPipeline() override { return inner_->finishPipeline(); }
-  bool allReduceGradients(const Instr &i) override { return inner_->allReduceGradients(i); }
-  bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
-    return inner_->optimizerStep(step, losses, result);
-  }
-  Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override {
-    return inner_->allocate(count, dtype, queue, zeroed);
-  }
-  int64_t auxCount(int64_t stage, size_t index) const override { return inner_->auxCount(stage, index); }
-  void release(Buffer &buffer, Queue queue) override { inner_->release(buffer, queue); }
-  void copy(Buffer dst, const Buffer &src) override { inner_->copy(dst, src); }
-  bool download(const Buffer &buffer, float *host) override { return inner_->download(buffer, host); }
-  size_t forwardSpan(int64_t stage, size_t index) const override { return inner_->forwardSpan(stage, index); }
-  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
-    return inner_->forward(stage, mb, index, state);
-  }
-  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
-                const std::vector<int> &fresh) override {
-    return inner_->backward(stage, mb, index, part, state, fresh);
-  }
-  bool expectCollectives(const Instr *first, size_t count) override {
-    return inner_->expectCollectives(first, count);
-  }
-  bool collectivesIssued() override { return inner_->collectivesIssued(); }
-  bool exchange(std::vector<Transfer> &group) override { return inner_->exchange(group); }
-  void waitFor(Transfer &arrival) override { inner_->waitFor(arrival); }
   void beginInstruction(const std::string &name) override { ++brackets_; }
+  void endInstruction() override {}
   bool timesInstructions() const override { return true; }
   bool instructionTimes(std::vector<DeviceInterval> &intervals) override {
     intervals.clear();
@@ -73,14 +45,8 @@ public:
     }
     return true;
   }
-  void takeProfile(std::map<std::string, double> &profileMs) override { inner_->takeProfile(profileMs); }
-  void downloadParameters(std::vector<std::vector<float>> &weights) override { inner_->downloadParameters(weights); }
-  bool saveState(ParameterState &state) override { return inner_->saveState(state); }
-  bool loadState(const ParameterState &state) override { return inner_->loadState(state); }
-  void abort() override { inner_->abort(); }
 
 private:
-  std::unique_ptr<Device> inner_;
   const bool dropOne_;
   int64_t brackets_ = 0;
   Clock::time_point origin_;

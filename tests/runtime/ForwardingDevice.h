@@ -1,0 +1,70 @@
+//===- ForwardingDevice.h - a Device that passes every call to another -*- C++ -*-===//
+//
+// Tests wrap the CPU backend's devices to give them a property a real
+// device has (timing its own work, computing several instructions at once)
+// and override only that; everything else goes to the wrapped device.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
+#define MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
+
+#include "runtime/exec/Device.h"
+
+#include <memory>
+
+namespace mhcc::runtime {
+
+class ForwardingDevice : public Device {
+public:
+  explicit ForwardingDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
+  int64_t rank() const override { return inner_->rank(); }
+  int64_t pipelineRank() const override { return inner_->pipelineRank(); }
+  int64_t replica() const override { return inner_->replica(); }
+  const std::string &error() const override { return inner_->error(); }
+  bool beginStep(const StepInputs &inputs) override { return inner_->beginStep(inputs); }
+  bool finishPipeline() override { return inner_->finishPipeline(); }
+  bool allReduceGradients(const Instr &i) override { return inner_->allReduceGradients(i); }
+  bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override {
+    return inner_->optimizerStep(step, losses, result);
+  }
+  Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override {
+    return inner_->allocate(count, dtype, queue, zeroed);
+  }
+  int64_t auxCount(int64_t stage, size_t index) const override { return inner_->auxCount(stage, index); }
+  void release(Buffer &buffer, Queue queue) override { inner_->release(buffer, queue); }
+  void copy(Buffer dst, const Buffer &src) override { inner_->copy(dst, src); }
+  bool download(const Buffer &buffer, float *host) override { return inner_->download(buffer, host); }
+  size_t forwardSpan(int64_t stage, size_t index) const override { return inner_->forwardSpan(stage, index); }
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    return inner_->forward(stage, mb, index, state);
+  }
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override {
+    return inner_->backward(stage, mb, index, part, state, fresh);
+  }
+  size_t backwardSpan(int64_t stage, size_t index) const override { return inner_->backwardSpan(stage, index); }
+  bool expectCollectives(const Instr *first, size_t count) override {
+    return inner_->expectCollectives(first, count);
+  }
+  bool collectivesIssued() override { return inner_->collectivesIssued(); }
+  bool exchange(std::vector<Transfer> &group) override { return inner_->exchange(group); }
+  void waitFor(Transfer &arrival) override { inner_->waitFor(arrival); }
+  void beginInstruction(const std::string &name) override { inner_->beginInstruction(name); }
+  void endInstruction() override { inner_->endInstruction(); }
+  bool timesInstructions() const override { return inner_->timesInstructions(); }
+  bool instructionTimes(std::vector<DeviceInterval> &intervals) override {
+    return inner_->instructionTimes(intervals);
+  }
+  void takeProfile(std::map<std::string, double> &profileMs) override { inner_->takeProfile(profileMs); }
+  void downloadParameters(std::vector<std::vector<float>> &weights) override { inner_->downloadParameters(weights); }
+  bool saveState(ParameterState &state) override { return inner_->saveState(state); }
+  bool loadState(const ParameterState &state) override { return inner_->loadState(state); }
+  void abort() override { inner_->abort(); }
+
+protected:
+  std::unique_ptr<Device> inner_;
+};
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
