@@ -145,7 +145,9 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
 /// array 16-byte aligned.
 bool mhcMixBackwardApplies(int64_t C, int64_t n, std::initializer_list<const void *> arrays);
 /// Pass A: dy and dCoef's post entries (`fresh` bits 2: dCoef, 4: dy, as
-/// mhcPostResBackward's); a fresh dCoef's pre entries get +0.
+/// mhcPostResBackward's; the post dots summed in tile order where C is a
+/// multiple of kMixColumns, as a joined pass C and pass B sum them); a
+/// fresh dCoef's pre entries get +0.
 void mhcPostBackward(const ModelKernels &k, const float *coef, const bf16 *y, const bf16 *dOut, float *dCoef,
                      bf16 *dy, int fresh, int64_t rows, int64_t C, cudaStream_t s);
 /// Pass B: dCoef's res entries (written: dCoef was fresh at pass A) and pre
