@@ -59,7 +59,7 @@ bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
            //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
-      tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb
+      tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb tiny_bf16_pp1_vpp2
       hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb
       tiny_bf16_fp32_residual_pp1 tiny_bf16_fp32_residual_pp2 tiny_bf16_fp32_residual_pp2_vpp2
       tiny_bf16_fp32_residual_edge_chunks tiny_bf16_fp32_residual_pp2_zb
@@ -267,7 +267,7 @@ run)
       [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
       [small]="small_m2_pp1:small_m2_pp1 small_m2_pp2 small_m2_pp2_vpp2"
       # bf16: against the CPU within 1e-3 (the GPU's roundings differ, docs/precision.md).
-      [tiny_bf16]="tiny_bf16_pp1:tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb"
+      [tiny_bf16]="tiny_bf16_pp1:tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb tiny_bf16_pp1_vpp2"
       # bf16 with an fp32 residual stream (the fp32 stream's kernels), n = 4 and n = 1.
       [tiny_bf16_fp32_residual]="tiny_bf16_fp32_residual_pp1:tiny_bf16_fp32_residual_pp1 tiny_bf16_fp32_residual_pp2 tiny_bf16_fp32_residual_pp2_vpp2 tiny_bf16_fp32_residual_edge_chunks tiny_bf16_fp32_residual_pp2_zb"
       [tiny_n1_bf16_fp32_residual]="tiny_n1_bf16_fp32_residual_pp1:tiny_n1_bf16_fp32_residual_pp1 tiny_n1_bf16_fp32_residual_pp2_vpp2 tiny_n1_bf16_fp32_residual_pp2_zb"
