@@ -252,7 +252,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   cudaStream_t stream = compute_;
   const ModelKernels &k = *kernels_;
   // Fresh gradients: the post/res backward writes its three (its kernel's
-  // `fresh` bits: dx, dCoef, dy), the RMSNorm backward its input's, and in
+  // `fresh` bits: dx, dCoef, dy; where its pass A ran in the pass C before,
+  // passes B and C write them), the RMSNorm backward its input's, and in
   // bf16 attention's and SwiGLU's first input-gradient product its own
   // (beta = 0); every other one is zero-filled here.
   constexpr bool lowPrecision = std::is_same_v<A, bf16>;
@@ -269,50 +270,12 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     else
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
-  // One sublayer's backward mixing in three passes (MhcBackwardKernels.cu):
-  // pass A here at its post/res backward decides it for the group; B and C
-  // follow at its pre and coefficient backwards.
-  const MixGroup *group = parts.inputs ? mixGroup(s, index) : nullptr;
-  // Pass A of this post/res backward already ran inside the pass C before it.
-  const bool passADone = group && index == group->postRes && postPartials_.count({s, mb, index}) > 0;
-  bool deferred = false;
-  if (group && index == group->postRes && !passADone) {
-    const ForwardInstr &coeffs = p.forward[p.backward[group->coeffs].forward];
-    deferred = mixBackward_ && (freshMask & 3) == 3 && // dx and dCoef start here
-               mhcMixBackwardApplies(C, n, {in(0), in(2), dOut, din(0), param<A>(s, coeffs, 0)});
-    if (deferred)
-      deferredMix_.insert({s, mb, group->postRes});
-  } else if (group) {
-    deferred = deferredMix_.count({s, mb, group->postRes}) > 0;
-  }
-  MixBackwardTerms mix;
-  if (deferred && index != group->postRes) {
-    mix = {st.values[group->coef].data, st.values[group->dOut].template as<bf16>(),
-           st.values[group->du].template as<bf16>()};
-    if (!mhcMixBackwardApplies(C, n, {mix.du})) // every buffer here is 256-byte aligned
-      return fail("internal: the pre-mix's output gradient is not 16-byte aligned");
-  }
-  if (deferred && index == group->coeffs)
-    deferredMix_.erase({s, mb, group->postRes});
-  const MixGroup *before = deferred && index == group->coeffs && passABefore ? groupBefore(s, index) : nullptr;
-  if (before) {
-    // Pass A of the sublayer before, in this pass C: its dy and post partials.
-    const Buffer &y = st.values[before->y], &dy = st.values[before->dy];
-    const ForwardInstr &coeffsBefore = p.forward[p.backward[before->coeffs].forward];
-    if (mhcMixBackwardApplies(C, n, {st.values[before->x].data, y.data, st.values[before->dOut].data,
-                                     st.values[before->dx].data, dy.data,
-                                     param<A>(s, coeffsBefore, 0)})) {
-      Buffer partials = allocate(mhcPostPartialsCount(T, C, n), Dtype::F32, Queue::compute(), false);
-      if (!partials)
-        return false; // allocate set the error
-      mix.postCoef = st.values[before->coef].data;
-      mix.postY = y.template as<bf16>();
-      mix.postDy = dy.template as<bf16>();
-      mix.postPartials = partials.data;
-      postPartials_[{s, mb, before->postRes}] = partials;
-      deferredMix_.insert({s, mb, before->postRes});
-    }
-  }
+  MixStep mixing;
+  if (parts.inputs && !planMixing(s, mb, index, st, freshMask, passABefore, mixing))
+    return false;
+  const MixGroup *group = mixing.group;
+  const bool deferred = mixing.deferred, passADone = mixing.passADone;
+  const MixBackwardTerms &mix = mixing.terms;
   std::string error;
   cudaEvent_t started = nullptr;
   markStart(started);
@@ -412,13 +375,65 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   }
   }
-  markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op), started);
+  markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op) +
+              (mix.postDy ? "+post_res" : ""), // pass A of the sublayer before inside
+          started);
   releaseScratch();
   if (part != BackwardPart::Input)
     release(kept, Queue::compute()); // W, or BWD, was its last reader
   if (!error.empty())
     return fail(error);
   return error_.empty() && check(primName(f.op));
+}
+
+bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, int freshMask, bool passABefore,
+                          MixStep &step) {
+  const StageProgram &p = a_.stages[s];
+  const BackwardInstr &b = p.backward[index];
+  const ForwardInstr &f = p.forward[b.forward];
+  const int64_t T = a_.model.tokens(), C = a_.model.hidden, n = f.streams;
+  const MixGroup *group = step.group = mixGroup(s, index);
+  if (!group)
+    return true;
+  auto data = [&](int id) -> const void * { return st.values[id].data; };
+  // Pass A of this post/res backward already ran inside the pass C before it.
+  step.passADone = index == group->postRes && postPartials_.count({s, mb, index}) > 0;
+  if (index == group->postRes && !step.passADone) {
+    const ForwardInstr &coeffs = p.forward[p.backward[group->coeffs].forward];
+    step.deferred = mixBackward_ && (freshMask & 3) == 3 && // dx and dCoef start here
+                    mhcMixBackwardApplies(C, n, {data(group->x), data(group->y), data(group->dOut),
+                                                 data(group->dx), data(group->dy), param<bf16>(s, coeffs, 0)});
+    if (step.deferred)
+      deferredMix_.insert({s, mb, group->postRes});
+  } else {
+    step.deferred = deferredMix_.count({s, mb, group->postRes}) > 0;
+  }
+  if (!step.deferred || index == group->postRes)
+    return true;
+  step.terms = {st.values[group->coef].data, st.values[group->dOut].as<bf16>(), st.values[group->du].as<bf16>()};
+  if (!mhcMixBackwardApplies(C, n, {step.terms.du})) // every buffer here is 256-byte aligned
+    return fail("internal: the pre-mix's output gradient is not 16-byte aligned");
+  if (index != group->coeffs)
+    return true;
+  deferredMix_.erase({s, mb, group->postRes});
+  const MixGroup *before = passABefore ? groupBefore(s, index) : nullptr;
+  if (!before)
+    return true;
+  // Pass A of the sublayer before, in this pass C: its dy and post partials.
+  const ForwardInstr &coeffsBefore = p.forward[p.backward[before->coeffs].forward];
+  if (!mhcMixBackwardApplies(C, n, {data(before->x), data(before->y), data(before->dOut), data(before->dx),
+                                    data(before->dy), param<bf16>(s, coeffsBefore, 0)}))
+    return true;
+  Buffer partials = allocate(mhcPostPartialsCount(T, C, n), Dtype::F32, Queue::compute(), false);
+  if (!partials)
+    return false; // allocate set the error
+  step.terms.postCoef = st.values[before->coef].data;
+  step.terms.postY = st.values[before->y].as<bf16>();
+  step.terms.postDy = st.values[before->dy].as<bf16>();
+  step.terms.postPartials = partials.data;
+  postPartials_[{s, mb, before->postRes}] = partials;
+  deferredMix_.insert({s, mb, before->postRes});
+  return true;
 }
 
 const MixGroup *CudaRank::mixGroup(int64_t s, size_t index) const {

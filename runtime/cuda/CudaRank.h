@@ -156,6 +156,18 @@ private:
   /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
   /// backward is stage s's backward[index], or null.
   const MixGroup *mixGroup(int64_t stage, size_t index) const;
+  /// One backward instruction's part in its group's three passes.
+  struct MixStep {
+    const MixGroup *group = nullptr; // the group it belongs to, if any
+    bool deferred = false;           // the group runs as passes A, B, C this microbatch
+    bool passADone = false;          // a post/res backward whose pass A ran in the pass C before it
+    MixBackwardTerms terms;          // pass C's: the deferred terms (and pass A before it, where joined)
+  };
+  /// Decides and records that part for backward[index] of stage s,
+  /// microbatch mb (the group's pass A decides it, or the pass C before
+  /// that joins it; passABefore as backwardAs's); false on failure.
+  bool planMixing(int64_t stage, int64_t mb, size_t index, StageState &state, int freshMask, bool passABefore,
+                  MixStep &step);
   /// The group whose coefficient backward is backward[index], when the
   /// next instruction is the post/res backward of another group whose
   /// output gradient is this one's dx (the sublayer before): that group.

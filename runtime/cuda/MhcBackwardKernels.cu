@@ -29,9 +29,9 @@
 // Where the sublayer before (L - 1) ends in a post-res mix whose output
 // gradient is this dx, pass C of L does pass A of L - 1 as well
 // (mhcc_mhc_mix_backward_input_post: its dy, the bits of pass A, and its
-// post dots by column tiles, which pass B of L - 1 sums in tile order: a
-// different order from pass A's, so other bits for those entries), and dx
-// is not read back (32 MiB less a 1b sublayer).
+// post dots by column tiles, which pass B of L - 1 sums in tile order, the
+// order pass A apart uses: the same bits), and dx is not read back (32 MiB
+// less a 1b sublayer).
 
 // Pass C's tiles (below): kMixColumns columns of kMixTokens tokens.
 constexpr int kMixColumns = 64;
@@ -50,8 +50,8 @@ extern "C" __device__ const int mhcc_abi_mix_tokens = kMixTokens;
 // when it does that pass A: a 16-byte vector's kVec products summed in order
 // from +0 (postVectorDot), a tile's kMixRowVectors vectors (consecutive
 // lanes) by butterfly (postTileSum), the tiles in order from +0. The same
-// bits either way, so pipeline layouts (a stage's first sublayer cannot
-// join) agree.
+// bits either way, so pipeline layouts agree (a stage's last sublayer
+// cannot join: the pass C after it runs on the next stage).
 __device__ __forceinline__ float postVectorDot(const float (&g)[kVec], const float (&y)[kVec]) {
   float dot = 0.0f;
   for (int e = 0; e < kVec; ++e)
@@ -67,8 +67,9 @@ __device__ __forceinline__ float postTileSum(float v, unsigned lanes) {
 /// Pass A: mhcc_mhc_post_res_backward's dy (the same expression) and post
 /// entries of dCoef (in tile order where C % kMixColumns == 0 and the arrays
 /// take 16-byte vectors, as always where the three passes run; else that
-/// kernel's order), its res entries and dx left to passes B and C. `fresh` bits as there (2: dCoef, 4: dy); with dCoef fresh its pre
-/// entries get +0 and its res entries nothing yet.
+/// kernel's order), its res entries and dx left to passes B and C. `fresh`
+/// bits as there (2: dCoef, 4: dy); with dCoef fresh its pre entries get +0
+/// and its res entries nothing yet.
 extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t *y, const act_t *dOut, float *dCoef,
                                                   act_t *dy, int fresh, int64_t rows, int64_t C) {
   kernelPrologue();
@@ -92,6 +93,8 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
       acc += hpost[i] * g[i];
     store(&dy[t * C + c], acc);
   };
+  // The post dots in tile order: 16-byte vectors, every staged chunk whole tiles.
+  const bool tileOrder = kStaged && C % kMixColumns == 0 && aligned16(y) && aligned16(dOut) && aligned16(dy);
   if constexpr (kStaged) {
     // Arrays: dOut[t, i] (i < n), y[t] (n).
     __shared__ uint4 staged[kThreads / 32][kStaged ? A : 1][E / kVec];
@@ -103,7 +106,6 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
     }
     const bool vec = C % kVec == 0 && aligned16(y) && aligned16(dOut);
     const bool vecOut = vec && aligned16(dy);
-    const bool tileOrder = vecOut && C % kMixColumns == 0; // then every chunk holds whole tiles
     static_assert(E % kMixColumns == 0, "a staged chunk holds whole tiles");
     warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t base, int n) {
       if (tileOrder) {
@@ -165,7 +167,6 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
   if (freshCoef && lane == 0)
     for (int i = 0; i < kStreams; ++i)
       dCoef[t * K + i] = 0.0f;
-  const bool tileOrder = kStaged && C % kMixColumns == 0 && aligned16(y) && aligned16(dOut) && aligned16(dy);
   for (int i = 0; i < kStreams; ++i) {
     const float dY = tileOrder ? dotY[i] : warpSum(dotY[i]); // tile order: every lane holds the sum
     float *out = dCoef + t * K + kStreams + i;

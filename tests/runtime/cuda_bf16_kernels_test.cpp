@@ -165,8 +165,8 @@ TEST_F(CudaBf16Kernels, OnePassPreAndPostResBackwards) {
 /// the three kernels it replaces, run as the CUDA rank runs them (dx and
 /// dCoef fresh at the post/res backward; dy fresh or not): dx, dy and
 /// dCoef's pre and res entries bit for bit, its post entries (pass A sums
-/// them in tile order) within fp32 rounding, and the same on rerun. dh and
-/// dp follow from the post entries: bit for bit where those agree.
+/// them in tile order) within fp32 rounding, and the same on rerun; pass C
+/// then runs on the kernels' dCoef, so that dx, dh and dp compare bit for bit.
 void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
   SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C) + ", fresh dy " + std::to_string(freshDy));
   const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
@@ -205,6 +205,9 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
       } else { // passes A, B and C
         cuda::mhcPostBackward(*kernels_, coef, dY, dDOut, dCoef, dy, fresh, T, C, nullptr);
         cuda::mhcMixBackwardDots(*kernels_, dX, dDOut, dDu, dCoef, nullptr, T, C, nullptr);
+        // Pass C on the kernels' dCoef (post entries in lane order): dx, dh, dp comparable bit for bit.
+        got[path][run][1] = downloadF32(dCoef, T * K);
+        cudaMemcpy(dCoef, got[0][0][1].data(), T * K * 4, cudaMemcpyHostToDevice);
         const cuda::MixBackwardTerms mix{coef, dDOut, dDu};
         cuda::mhcCoeffsBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dX),
                                 static_cast<const bf16 *>(dWmap), static_cast<const bf16 *>(dAlpha), aux, dCoef, dx,
@@ -212,7 +215,8 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
       }
       noErrors(path == 0 ? "the three kernels" : "the three passes");
       got[path][run][0] = downloadBf16(dx, T * W);
-      got[path][run][1] = downloadF32(dCoef, T * K);
+      if (path == 0)
+        got[path][run][1] = downloadF32(dCoef, T * K);
       got[path][run][2] = downloadBf16(dy, T * C);
       got[path][run][3] = downloadF32(stash, stashFloats);
     }
@@ -224,8 +228,6 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
     const size_t bytes = got[0][0][v].size() * 4;
     EXPECT_EQ(std::memcmp(got[0][0][v].data(), got[0][1][v].data(), bytes), 0) << names[v] << ": kernels, rerun";
     EXPECT_EQ(std::memcmp(got[1][0][v].data(), got[1][1][v].data(), bytes), 0) << names[v] << ": passes, rerun";
-    if (v == 3)
-      continue; // dh and dp: from the post entries, which may differ in their last bits
     int64_t differing = 0, first = -1;
     for (size_t i = 0; i < got[0][0][v].size(); ++i) {
       if (postEntry(v, i)) {
@@ -239,7 +241,6 @@ void CudaBf16Kernels::checkMixBackward(int64_t T, int64_t C, int freshDy) {
                             << " elements, first " << first;
   }
   EXPECT_LT(relativeError(postPasses, postKernels), 1e-5) << "dCoef's post entries";
-  EXPECT_LT(relativeError(got[1][0][3], got[0][0][3]), 1e-2) << "dh and dp"; // dp in bf16: a rounding
   // Not vacuous: dx holds all three terms (the RMS term's scale is nonzero).
   double largest = 0;
   for (float v : got[1][0][0])

@@ -28,7 +28,8 @@ using Clock = std::chrono::steady_clock;
 /// The CPU device, claiming to time each bracket itself.
 class SelfTimedDevice final : public ForwardingDevice {
 public:
-  SelfTimedDevice(std::unique_ptr<Device> inner, bool dropOne) : ForwardingDevice(std::move(inner)), dropOne_(dropOne) {}
+  SelfTimedDevice(std::unique_ptr<Device> inner, bool dropOne)
+      : ForwardingDevice(std::move(inner)), dropOne_(dropOne) {}
   bool beginStep(const StepInputs &inputs) override {
     brackets_ = 0;
     origin_ = Clock::now();
