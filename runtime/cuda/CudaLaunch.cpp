@@ -97,7 +97,7 @@ const MixGroup *CudaRank::groupBefore(int64_t s, size_t index) const {
 
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   const std::vector<ForwardInstr> &list = a_.stages[s].forward;
-  if (!bf16_ || mhcForwardFusion_ == 0)
+  if (!bf16_ || mhcForwardFusion_ == MhcForwardFusion::Unfused)
     return 1;
   // An entry: the coefficients of x and the pre-mix of x by them.
   auto entryAt = [&](size_t i) {
@@ -114,7 +114,7 @@ size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   const ForwardInstr &post = list[index];
   const bool postRes = post.op == Prim::MhcPostRes && post.inputs.size() == 3 && entryAt(index + 1) &&
                        list[index + 1].inputs[0] == post.output && list[index + 1].streams == post.streams;
-  return postRes && mhcForwardFusion_ >= 2 ? 3 : 1;
+  return postRes && mhcForwardFusion_ == MhcForwardFusion::PostResAndEntry ? 3 : 1;
 }
 
 template <typename A, typename R>

@@ -19,11 +19,13 @@
 namespace mhcc::runtime::cuda {
 namespace {
 
-/// MHCC_MHC_FORWARD: "unfused" 0, "entry" 1, else (unset) 2; see mhcForwardFusion_.
-int mhcForwardFusionFromEnvironment() {
+/// MHCC_MHC_FORWARD: "unfused", "entry", else (unset) both fusions.
+MhcForwardFusion mhcForwardFusionFromEnvironment() {
   const char *value = std::getenv("MHCC_MHC_FORWARD");
   const std::string mode = value ? value : "";
-  return mode == "unfused" ? 0 : mode == "entry" ? 1 : 2;
+  return mode == "unfused" ? MhcForwardFusion::Unfused
+         : mode == "entry" ? MhcForwardFusion::Entry
+                           : MhcForwardFusion::PostResAndEntry;
 }
 
 } // namespace
@@ -38,7 +40,7 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
-      mhcForwardFusion_(wideResidual_ ? 0 : mhcForwardFusionFromEnvironment()),
+      mhcForwardFusion_(wideResidual_ ? MhcForwardFusion::Unfused : mhcForwardFusionFromEnvironment()),
       mixBackward_(bf16_ && !wideResidual_ &&
                    (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")),
       passAInPassC_(mixBackward_ &&

@@ -35,6 +35,9 @@ namespace mhcc::runtime::cuda {
 
 using Pair = std::pair<int64_t, int64_t>; // (sending rank, receiving rank)
 
+/// What CudaRank::forwardSpan may join of the mHC forward (bf16 models).
+enum class MhcForwardFusion { Unfused, Entry, PostResAndEntry };
+
 /// One use of a parameter: its gradient slot (stage, slot) on `rank`.
 struct ParamUse {
   int64_t useOrder = 0, rank = 0, stage = 0;
@@ -199,10 +202,10 @@ private:
   /// the stream's kernels read and write it as fp32 (the image's res_t), the
   /// fused entry and the three-pass backward mixing (bf16 stream) stay off.
   const bool wideResidual_;
-  /// How much of the mHC forward forwardSpan fuses: 0 nothing
-  /// (MHCC_MHC_FORWARD=unfused), 1 the entry (=entry), 2 the post-res mix
+  /// How much of the mHC forward forwardSpan fuses: nothing
+  /// (MHCC_MHC_FORWARD=unfused), the entry (=entry), or the post-res mix
   /// before it too (the default).
-  const int mhcForwardFusion_;
+  const MhcForwardFusion mhcForwardFusion_;
   /// bf16: one sublayer's backward mixing in three passes where it applies
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
   /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.
