@@ -13,7 +13,8 @@
 #                       PROBE_N1=1 adds 1b_n1 under the first variant,
 #                       PROBE_N1=all under every one
 #   PROBE_VARIANTS      "name=ENV ..." (default "new= kernels=MHCC_MHC_BACKWARD=kernels";
-#                       an empty ENV is the default runtime)
+#                       an empty ENV is the default runtime; several variables
+#                       separated by commas: "off=MHCC_MHC_FORWARD=entry,MHCC_MHC_BACKWARD=passes")
 #   PROBE_NCU=1         ncu's per-kernel time and DRAM bytes over one 1b_m1
 #                       step (kernel_table.py against gemm_bench's copy
 #                       bandwidth of the same call), for PROBE_NCU_VARIANTS
@@ -33,7 +34,7 @@ for v in ${PROBE_VARIANTS:-new= kernels=MHCC_MHC_BACKWARD=kernels}; do
   ORDER+=("${v%%=*}")
   ENVS[${v%%=*}]=${v#*=}
 done
-variantEnv() { [ -n "${ENVS[$1]}" ] && echo "${ENVS[$1]}"; }
+variantEnv() { [ -n "${ENVS[$1]}" ] && echo "${ENVS[$1]//,/ }"; }
 
 if [ -n "${PROBE_TESTS:-}" ]; then
   timeout 200 ./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc > "$R/bf16_kernels.log" 2>&1
