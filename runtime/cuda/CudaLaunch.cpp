@@ -47,33 +47,21 @@ bool CudaRank::forward(int64_t s, int64_t mb, size_t index, StageState &st) {
 bool CudaRank::backward(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
                         const std::vector<int> &fresh) {
   timeline_.work(compute_);
-  const StageProgram &p = a_.stages[s];
   const size_t span = part == BackwardPart::Weight ? 1 : backwardSpan(s, index);
-  // Each instruction of the span takes the fresh gradients it writes first.
-  std::vector<int> claimed;
-  std::vector<std::vector<int>> own(span);
-  for (size_t j = 0; j < span; ++j) {
-    const BackwardInstr &b = p.backward[index + j];
-    for (int id : fresh) {
-      const bool listed = id == b.gradOutput || std::count(b.gradInputs.begin(), b.gradInputs.end(), id) > 0;
-      if (listed && !std::count(claimed.begin(), claimed.end(), id)) {
-        own[j].push_back(id);
-        claimed.push_back(id);
-      }
-    }
-  }
-  bool passABefore = false;
-  if (span == 2) { // the post/res backward after it: its three gradients start here
+  const std::vector<std::vector<int>> own = freshByInstruction(a_.stages[s], index, span, fresh);
+  const MixGroup *joined = nullptr; // the post/res backward after it, its three gradients starting here
+  if (span == 2) {
     const MixGroup *before = groupBefore(s, index);
     auto starts = [&](int id) { return std::count(own[1].begin(), own[1].end(), id) > 0; };
-    passABefore = before && starts(before->dx) && starts(before->dCoef) && starts(before->dy);
+    if (before && starts(before->dx) && starts(before->dCoef) && starts(before->dy))
+      joined = before;
   }
   for (size_t j = 0; j < span; ++j) {
     const size_t i = index + j;
-    const bool joined = j == 0 && passABefore;
-    const bool ok = !bf16_         ? backwardAs<float, float>(s, mb, i, part, st, own[j], joined)
-                    : wideResidual_ ? backwardAs<bf16, float>(s, mb, i, part, st, own[j], joined)
-                                    : backwardAs<bf16, bf16>(s, mb, i, part, st, own[j], joined);
+    const MixGroup *before = j == 0 ? joined : nullptr;
+    const bool ok = !bf16_         ? backwardAs<float, float>(s, mb, i, part, st, own[j], before)
+                    : wideResidual_ ? backwardAs<bf16, float>(s, mb, i, part, st, own[j], before)
+                                    : backwardAs<bf16, bf16>(s, mb, i, part, st, own[j], before);
     if (!ok)
       return false;
   }
@@ -219,7 +207,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
 
 template <typename A, typename R>
 bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
-                          const std::vector<int> &fresh, bool passABefore) {
+                          const std::vector<int> &fresh, const MixGroup *joinedBefore) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
   const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
@@ -271,7 +259,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
   MixStep mixing;
-  if (parts.inputs && !planMixing(s, mb, index, st, freshMask, passABefore, mixing))
+  if (parts.inputs && !planMixing(s, mb, index, st, freshMask, joinedBefore, mixing))
     return false;
   const MixGroup *group = mixing.group;
   const bool deferred = mixing.deferred, passADone = mixing.passADone;
@@ -386,8 +374,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   return error_.empty() && check(primName(f.op));
 }
 
-bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, int freshMask, bool passABefore,
-                          MixStep &step) {
+bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, int freshMask,
+                          const MixGroup *joinedBefore, MixStep &step) {
   const StageProgram &p = a_.stages[s];
   const BackwardInstr &b = p.backward[index];
   const ForwardInstr &f = p.forward[b.forward];
@@ -416,7 +404,7 @@ bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, i
   if (index != group->coeffs)
     return true;
   deferredMix_.erase({s, mb, group->postRes});
-  const MixGroup *before = passABefore ? groupBefore(s, index) : nullptr;
+  const MixGroup *before = joinedBefore;
   if (!before)
     return true;
   // Pass A of the sublayer before, in this pass C: its dy and post partials.

@@ -28,6 +28,12 @@ MhcForwardFusion mhcForwardFusionFromEnvironment() {
                            : MhcForwardFusion::PostResAndEntry;
 }
 
+/// MHCC_MHC_BACKWARD: "kernels", "passes" or "" (unset: the default).
+std::string mhcBackwardMode() {
+  const char *value = std::getenv("MHCC_MHC_BACKWARD");
+  return value ? value : "";
+}
+
 } // namespace
 
 std::string cudaWhat(cudaError_t status) {
@@ -41,10 +47,8 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
       mhcForwardFusion_(wideResidual_ ? MhcForwardFusion::Unfused : mhcForwardFusionFromEnvironment()),
-      mixBackward_(bf16_ && !wideResidual_ &&
-                   (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "kernels")),
-      passAInPassC_(mixBackward_ &&
-                    (!std::getenv("MHCC_MHC_BACKWARD") || std::string(std::getenv("MHCC_MHC_BACKWARD")) != "passes")) {
+      mixBackward_(bf16_ && !wideResidual_ && mhcBackwardMode() != "kernels"),
+      passAInPassC_(mixBackward_ && mhcBackwardMode() != "passes") {
   for (const StageProgram &p : artifact.stages)
     mixGroups_.push_back(mixBackward_ ? findMixGroups(p) : std::vector<MixGroup>{});
 }

@@ -150,12 +150,13 @@ private:
   /// A: the activations' storage, R: the residual stream's (A, or float
   /// beside bf16 activations: wideResidual_).
   template <typename A, typename R> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
-  /// `passABefore`: backward[index + 1] is the post/res backward of the
-  /// sublayer before, its gradients fresh, and backwardSpan joined it to
-  /// this one (pass A in pass C where this is a deferred pass C).
+  /// `joinedBefore`: the group of the sublayer before, whose post/res
+  /// backward is backward[index + 1], its gradients fresh, joined to this
+  /// one by backwardSpan (pass A in pass C where this is a deferred pass
+  /// C), else null.
   template <typename A, typename R>
   bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
-                  const std::vector<int> &fresh, bool passABefore);
+                  const std::vector<int> &fresh, const MixGroup *joinedBefore);
   /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
   /// backward is stage s's backward[index], or null.
   const MixGroup *mixGroup(int64_t stage, size_t index) const;
@@ -168,9 +169,9 @@ private:
   };
   /// Decides and records that part for backward[index] of stage s,
   /// microbatch mb (the group's pass A decides it, or the pass C before
-  /// that joins it; passABefore as backwardAs's); false on failure.
-  bool planMixing(int64_t stage, int64_t mb, size_t index, StageState &state, int freshMask, bool passABefore,
-                  MixStep &step);
+  /// that joins it; joinedBefore as backwardAs's); false on failure.
+  bool planMixing(int64_t stage, int64_t mb, size_t index, StageState &state, int freshMask,
+                  const MixGroup *joinedBefore, MixStep &step);
   /// The group whose coefficient backward is backward[index], when the
   /// next instruction is the post/res backward of another group whose
   /// output gradient is this one's dx (the sublayer before): that group.

@@ -17,6 +17,7 @@
 #include "runtime/program/Dtype.h"
 #include "runtime/exec/StepTypes.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -216,6 +217,28 @@ public:
 /// Empty and `error` on failure.
 using DeviceFactory = std::function<std::vector<std::unique_ptr<Device>>(
     const Artifact &artifact, const TrainOptions &options, std::atomic<bool> &failed, std::string &error)>;
+
+/// A backward span's `fresh` gradients by instruction: entry j lists those
+/// backward[index + j] writes (its input gradients or its output
+/// gradient), each id under the first instruction that lists it, as the
+/// executor allocated them; what a device that runs the span one
+/// instruction at a time hands each one.
+inline std::vector<std::vector<int>> freshByInstruction(const StageProgram &p, size_t index, size_t span,
+                                                        const std::vector<int> &fresh) {
+  std::vector<std::vector<int>> own(span);
+  std::vector<int> claimed;
+  for (size_t j = 0; j < span; ++j) {
+    const BackwardInstr &b = p.backward[index + j];
+    for (int id : fresh) {
+      const bool listed = id == b.gradOutput || std::count(b.gradInputs.begin(), b.gradInputs.end(), id) > 0;
+      if (listed && !std::count(claimed.begin(), claimed.end(), id)) {
+        own[j].push_back(id);
+        claimed.push_back(id);
+      }
+    }
+  }
+  return own;
+}
 
 } // namespace mhcc::runtime
 

@@ -6,8 +6,9 @@
 // half (W under ZB-H1) still runs one instruction at a time. The device
 // here is the CPU backend behind a wrapper that joins every other pair of
 // backward instructions and runs them one by one, each with the fresh
-// gradients it writes (as CudaRank::backward splits them): training must
-// give the plain CPU run's bits, with fewer backward calls.
+// gradients it writes (freshByInstruction, as CudaRank::backward splits
+// them): training must give the plain CPU run's bits, with fewer backward
+// calls.
 //
 // usage: backward_span_test DATA PP2_VPP2 PP2_ZB
 #include "runtime/cpu/CpuDevice.h"
@@ -16,7 +17,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -39,27 +39,21 @@ public:
     ++gCalls;
     const size_t span = part == BackwardPart::Weight ? 1 : backwardSpan(stage, index);
     gJoined += span == 2;
-    std::vector<int> claimed;
+    const std::vector<std::vector<int>> own = freshByInstruction(a_.stages[stage], index, span, fresh);
+    size_t claimed = 0;
     for (size_t i = index; i < index + span; ++i) {
       const BackwardInstr &b = a_.stages[stage].backward[i];
-      std::vector<int> own;
-      for (int id : fresh) {
-        const bool listed = id == b.gradOutput || std::count(b.gradInputs.begin(), b.gradInputs.end(), id);
-        if (listed && !std::count(claimed.begin(), claimed.end(), id)) {
-          own.push_back(id);
-          claimed.push_back(id);
-        }
-      }
+      claimed += own[i - index].size();
       // Every gradient the second one writes exists before the first runs.
       for (int id : b.gradInputs)
         if (part != BackwardPart::Weight && id >= 0 && !state.values[id]) {
           ADD_FAILURE() << "backward " << i << " of stage " << stage << ": gradient " << id << " not allocated";
           return false;
         }
-      if (!inner_->backward(stage, mb, i, part, state, own))
+      if (!inner_->backward(stage, mb, i, part, state, own[i - index]))
         return false;
     }
-    EXPECT_EQ(claimed.size(), fresh.size()) << "a fresh gradient no instruction of the span writes";
+    EXPECT_EQ(claimed, fresh.size()) << "a fresh gradient no instruction of the span writes";
     return true;
   }
 
