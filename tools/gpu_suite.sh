@@ -188,9 +188,12 @@ prune)
     # PP2 / PP2-VPP2 / ZB-H1 benchmarks); the one-GPU kernel studies go.
     rm -f ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./1b_f32_pp1* ./attention_bench
   else
-    # One GPU: the large PP2 artifacts go (the tiny and small_bf16 layouts
-    # stay for the one-GPU checks).
-    rm -f ./1b_pp2* ./c4096_pp2* ./c7168_pp2* ./c7168_bf16_pp2* ./c4096_bf16_pp2* ./small_m2_pp2* ./small_pp2*
+    # One GPU: the parity groups' PP2 layouts stay (their ranks share the
+    # GPU: gpu_training_test, runtime/cuda/RankLinks.h); the PP2 benchmarks,
+    # the fp32 transport layouts (shown on two GPUs, session 4) and the
+    # fp32 1b studies go.
+    rm -f ./1b_pp2* ./c4096_pp2* ./c7168_pp2* ./small_pp2* ./small_m2_pp2* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
+      ./hybrid_1b_m1_pp1*
   fi
   size=$(du -sb . | cut -f1)
   echo "pruned $bundle for $gpus GPU(s): $((size / 1048576)) MiB (the carry holds 64)"
@@ -365,7 +368,7 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
       local name=$1 artifact=$2; shift 2
       for k in 1 2; do
         # shellcheck disable=SC2086
-        timeout 300 "$@" ./mhcrun "$artifact.mhcc" --data corpus.txt --steps 20 --no-progress ${GPU_SUITE_MHCRUN_FLAGS:-} \
+        timeout 300 "$@" ./mhcrun "$artifact.mhcc" --data corpus.txt --steps 20 --no-progress ${GOLDEN_FLAGS:-} ${GPU_SUITE_MHCRUN_FLAGS:-} \
           --metrics "$logs/$name.$k.jsonl" > "$logs/golden_$name.$k.log" 2>&1 || return 1
         python3 metrics_to_golden.py "$logs/$name.$k.jsonl" > "$logs/golden_values_h200_$name.$k.json" || return 1
       done
@@ -384,13 +387,17 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     # hybrid_tiny at PP1 (its layouts are bit-identical: parity hybrid).
     if golden hybrid_tiny hybrid_pp1 && detail=$(check_golden hybrid_tiny hybrid_tiny); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
     row "golden hybrid_tiny (PP1)" $r "$detail; $(tail -1 "$logs/golden_hybrid_tiny.1.log" | cut -c1-80)"
+    # The PP2/VPP2 goldens: one process a GPU on two, else both ranks on one
+    # GPU (--ranks-per-gpu 2: device copies for NCCL, the same bits).
+    share=; how="--gpus 2"
+    [ "$gpus" -lt 2 ] && share="--ranks-per-gpu 2" && how="one GPU, --ranks-per-gpu 2"
+    detail=
+    if GOLDEN_FLAGS=$share golden tiny_pp2_vpp2 tiny_pp2_vpp2 env && detail=$(check_golden tiny_pp2_vpp2 tiny_pp2_vpp2) &&
+       same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json"; then
+      r=PASS; detail+="; equal to PP1's"
+    else r=FAIL; detail="${detail:-run failed}; PP1 vs PP2/VPP2 $(same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json" 2>/dev/null && echo equal || echo differ)"; fi
+    row "golden tiny PP2/VPP2 ($how)" $r "$detail"
     if [ "$gpus" -ge 2 ]; then
-      detail=
-      if golden tiny_pp2_vpp2 tiny_pp2_vpp2 env && detail=$(check_golden tiny_pp2_vpp2 tiny_pp2_vpp2) &&
-         same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json"; then
-        r=PASS; detail+="; equal to PP1's"
-      else r=FAIL; detail="${detail:-run failed}; PP1 vs PP2/VPP2 $(same_json "$logs/golden_values_h200_tiny.json" "$logs/golden_values_h200_tiny_pp2_vpp2.json" 2>/dev/null && echo equal || echo differ)"; fi
-      row "golden tiny PP2/VPP2 (--gpus 2)" $r "$detail"
       # The same model under mpirun: MPI bootstrap, one process per GPU.
       detail=
       if golden tiny_pp2_mpirun tiny_pp2 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH &&
@@ -402,14 +409,13 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     # bf16 (tiny's reference attention core, cuBLASLt): PP1 and PP2/VPP2 equal.
     if golden tiny_bf16 tiny_bf16_pp1 && detail=$(check_golden tiny_bf16 tiny_bf16); then r=PASS; else r=FAIL; detail=${detail:-run failed}; fi
     row "golden tiny_bf16 (PP1)" $r "$detail; $(tail -1 "$logs/golden_tiny_bf16.1.log" | cut -c1-80)"
-    if [ "$gpus" -ge 2 ]; then
-      detail=
-      if golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2 env && detail=$(check_golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2) &&
-         same_json "$logs/golden_values_h200_tiny_bf16.json" "$logs/golden_values_h200_tiny_bf16_pp2_vpp2.json"; then
-        r=PASS; detail+="; equal to PP1's"
-      else r=FAIL; detail="${detail:-run failed}"; fi
-      row "golden tiny_bf16 PP2/VPP2 (--gpus 2)" $r "$detail"
-    fi
+    detail=
+    if GOLDEN_FLAGS=$share golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2 env &&
+       detail=$(check_golden tiny_bf16_pp2_vpp2 tiny_bf16_pp2_vpp2) &&
+       same_json "$logs/golden_values_h200_tiny_bf16.json" "$logs/golden_values_h200_tiny_bf16_pp2_vpp2.json"; then
+      r=PASS; detail+="; equal to PP1's"
+    else r=FAIL; detail="${detail:-run failed}; PP1 vs PP2/VPP2 $(same_json "$logs/golden_values_h200_tiny_bf16.json" "$logs/golden_values_h200_tiny_bf16_pp2_vpp2.json" 2>/dev/null && echo equal || echo differ)"; fi
+    row "golden tiny_bf16 PP2/VPP2 ($how)" $r "$detail"
     cp "$logs"/golden_values_h200_tiny_bf16.json "$logs"/golden_values_h200_tiny_bf16_pp2_vpp2.json "$out/" 2>/dev/null
     # bf16 with an fp32 residual stream (its layouts are bit-identical: parity tiny_bf16_fp32_residual).
     if golden tiny_bf16_fp32_residual tiny_bf16_fp32_residual_pp1 &&

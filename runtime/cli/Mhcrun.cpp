@@ -132,8 +132,14 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
       error = "--gpus starts one process per GPU for the CUDA backend; drop --backend cpu or --gpus";
       return "";
     }
+    if (f.ranksPerGpu > 1) {
+      error = "--gpus starts one process per GPU, --ranks-per-gpu runs every rank in this process; drop one";
+      return "";
+    }
     backend = "cuda";
   }
+  if (f.ranksPerGpu > 1 && backend == "auto")
+    backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
   if (a.dp > 1 || a.cp > 1 || a.tp > 1) {
@@ -517,8 +523,17 @@ int runMhcrun(int argc, char **argv) {
     return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has pp = " + std::to_string(artifact->pp) +
                 " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
                 " or recompile with --pp " + std::to_string(f.gpus));
+  if (f.ranksPerGpu > 1) {
+    if (placement)
+      return fail(rankPrefix + "--ranks-per-gpu shares GPUs between the ranks of one process; run without " +
+                  placement->launcher);
+    if (backend != "cuda")
+      return fail("--ranks-per-gpu " + std::to_string(f.ranksPerGpu) +
+                  " shares GPUs between CUDA ranks; the CPU backend runs every rank on the host already");
+    f.inProcess = true;
+  }
   if (backend == "cuda" && !placement) {
-    if (std::string missing = missingGpus(gpus, artifact->pp); !missing.empty())
+    if (std::string missing = missingGpus(gpus, artifact->pp, f.ranksPerGpu); !missing.empty())
       return fail(missing);
     if (artifact->pp > 1 && !f.inProcess && !f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
@@ -584,7 +599,7 @@ int runMhcrun(int argc, char **argv) {
     devices = backend == "cpu" ? cpuProcessDevice(placement->rank, placement->size, sockets->path)
                                : cudaRankDevice(*placement, *bootstrap);
   } else {
-    devices = backend == "cuda" ? cudaDevices() : cpuDevices();
+    devices = backend == "cuda" ? cudaDevices(int(f.ranksPerGpu)) : cpuDevices();
   }
   // SIGTERM / SIGINT stop at an iteration boundary. The ranks of a
   // multi-process run agree on it through the step's collective (the CPU

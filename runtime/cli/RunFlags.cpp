@@ -80,6 +80,11 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   app.add_flag("--in-process", f.inProcess,
                "CUDA backend: every rank in this process, one host thread each, instead of one process per GPU "
                "(debugging)");
+  app.add_option("--ranks-per-gpu", f.ranksPerGpu,
+                 "CUDA backend, implies --in-process: N pipeline ranks share each GPU (rank r on GPU r / N), their "
+                 "messages device copies instead of NCCL (which needs a GPU a rank): the same bits, for layouts "
+                 "with more ranks than GPUs (testing, debugging; not for speed)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--profile", o.profile,
                "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
                "on the CUDA backend, thread time on the CPU) and the host phases");

@@ -20,6 +20,7 @@ struct RunFlags {
   std::string saveDir, loadDir, exportPath, initFrom, tracePath;
   std::string deviceProfileOut; // --device-profile-out: implies --profile
   int64_t steps = 20, gpus = -1, saveInterval = 0, processes = 0;
+  int64_t ranksPerGpu = 1; // --ranks-per-gpu: in-process ranks sharing a GPU
   std::string split;                    // --split TRAIN,VALID (Megatron's weights); empty: no validation part
   int64_t evalInterval = 0, evalIters = 2; // validation every evalInterval iterations (0: never)
   int64_t splitTrain = 100, splitValid = 0; // --split, parsed

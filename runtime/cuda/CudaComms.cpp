@@ -83,45 +83,116 @@ std::string CommIds::make(size_t pairCount, CommIds &ids) {
   return status == ncclSuccess ? "" : std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(status);
 }
 
-/// Pairs are joined in the same global order on every rank, so the blocking
-/// joins cannot wait on each other in a cycle; then each pair is connected
-/// with one message, so that no lazy connection blocks a step.
-bool CudaRank::setupComms(const CommIds &ids) {
-  cudaSetDevice(gpu_);
-  ncclResult_t status = ncclCommInitRank(&world_, int(a_.pp), ids.world, int(rank_));
-  if (status != ncclSuccess)
-    return fail(std::string("ncclCommInitRank (world of ") + std::to_string(a_.pp) + "): " + ncclGetErrorString(status));
-  comms_.push_back(world_);
-  for (size_t k = 0; k < pairs_.size(); ++k) {
-    auto [from, to] = pairs_[k];
+namespace {
+
+ncclDataType_t ncclType(Dtype dtype) { return dtype == Dtype::BF16 ? ncclBfloat16 : ncclFloat; }
+
+/// RankLinks over NCCL: the world's communicator and one per directed pair
+/// this rank is in.
+class NcclLinks final : public RankLinks {
+public:
+  ~NcclLinks() override {
+    for (ncclComm_t comm : comms_)
+      ncclCommDestroy(comm);
+  }
+
+  /// Pairs are joined in the same global order on every rank, so the
+  /// blocking joins cannot wait on each other in a cycle.
+  std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, int64_t worldSize) {
+    ncclResult_t status = ncclCommInitRank(&world_, int(worldSize), ids.world, int(rank));
+    if (status != ncclSuccess)
+      return std::string("ncclCommInitRank (world of ") + std::to_string(worldSize) + "): " + ncclGetErrorString(status);
+    comms_.push_back(world_);
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      auto [from, to] = pairs[k];
+      if (from != rank && to != rank)
+        continue;
+      ncclComm_t comm;
+      status = ncclCommInitRank(&comm, 2, ids.pairs[k], from == rank ? 0 : 1);
+      if (status != ncclSuccess)
+        return "ncclCommInitRank (ranks " + std::to_string(from) + " -> " + std::to_string(to) +
+               "): " + ncclGetErrorString(status);
+      comms_.push_back(comm);
+      (from == rank ? sendComm_[to] : recvComm_[from]) = comm;
+    }
+    return "";
+  }
+
+  void groupStart() override { ncclGroupStart(); }
+  void send(const void *data, int64_t count, Dtype dtype, int64_t peer, cudaStream_t stream) override {
+    ncclSend(data, count, ncclType(dtype), 1, sendComm_.at(peer), stream);
+  }
+  void recv(void *data, int64_t count, Dtype dtype, int64_t peer, cudaStream_t stream) override {
+    ncclRecv(data, count, ncclType(dtype), 0, recvComm_.at(peer), stream);
+  }
+  std::string groupEnd() override {
+    ncclResult_t status = ncclGroupEnd();
+    return status == ncclSuccess ? "" : std::string("NCCL group: ") + ncclGetErrorString(status);
+  }
+  std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) override {
+    ncclResult_t status = ncclAllReduce(data, data, count, ncclDouble, ncclSum, world_, stream);
+    return status == ncclSuccess ? "" : std::string("ncclAllReduce: ") + ncclGetErrorString(status);
+  }
+  void abort() override {
+    for (ncclComm_t comm : comms_)
+      ncclCommAbort(comm);
+    comms_.clear();
+  }
+
+private:
+  ncclComm_t world_ = nullptr;
+  std::vector<ncclComm_t> comms_;
+  std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
+};
+
+} // namespace
+
+void CudaRank::createPairStreams() {
+  for (auto [from, to] : pairs_) {
     if (from != rank_ && to != rank_)
       continue;
-    ncclComm_t comm;
-    status = ncclCommInitRank(&comm, 2, ids.pairs[k], from == rank_ ? 0 : 1);
-    if (status != ncclSuccess)
-      return fail("ncclCommInitRank (ranks " + std::to_string(from) + " -> " + std::to_string(to) +
-                  "): " + ncclGetErrorString(status));
-    comms_.push_back(comm);
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    (from == rank_ ? sendComm_[to] : recvComm_[from]) = comm;
     (from == rank_ ? sendStream_[to] : recvStream_[from]) = stream;
   }
+}
+
+bool CudaRank::setupComms(const CommIds &ids) {
+  cudaSetDevice(gpu_);
+  auto links = std::make_unique<NcclLinks>();
+  std::string problem = links->join(ids, pairs_, rank_, a_.pp);
+  links_ = std::move(links);
+  if (!problem.empty())
+    return fail(problem);
+  createPairStreams();
+  return connectPairs();
+}
+
+bool CudaRank::setupSharedLinks(std::shared_ptr<SharedGpuPost> post) {
+  cudaSetDevice(gpu_);
+  links_ = sharedGpuLinks(std::move(post), rank_, options_.recvTimeoutSeconds, peerFailed_);
+  createPairStreams();
+  return connectPairs();
+}
+
+/// Each pair connected with one message, so that no lazy connection
+/// blocks a step.
+bool CudaRank::connectPairs() {
   float *probe = nullptr;
   cudaMalloc(&probe, 2 * sizeof(float));
-  ncclGroupStart();
-  for (auto &[peer, comm] : sendComm_)
-    ncclSend(probe, 1, ncclFloat, 1, comm, sendStream_[peer]);
-  for (auto &[peer, comm] : recvComm_)
-    ncclRecv(probe + 1, 1, ncclFloat, 0, comm, recvStream_[peer]);
-  status = ncclGroupEnd();
+  links_->groupStart();
+  for (auto &[peer, stream] : sendStream_)
+    links_->send(probe, 1, Dtype::F32, peer, stream);
+  for (auto &[peer, stream] : recvStream_)
+    links_->recv(probe + 1, 1, Dtype::F32, peer, stream);
+  std::string problem = links_->groupEnd();
   // Start-up, not a step: the ranks join at their own pace.
-  bool connected = status == ncclSuccess &&
+  bool connected = problem.empty() &&
                    waitStreams(allStreams(), "the connection probes", std::max(120.0, options_.recvTimeoutSeconds));
   cudaFree(probe);
-  if (status != ncclSuccess)
-    return fail(std::string("connecting the pair communicators: ") + ncclGetErrorString(status));
-  return connected && check("NCCL setup");
+  if (!problem.empty())
+    return fail("connecting the pairs: " + problem);
+  return connected && check("communication setup");
 }
 
 bool CudaRank::exchange(std::vector<Transfer> &group) {
@@ -139,26 +210,24 @@ bool CudaRank::exchange(std::vector<Transfer> &group) {
   // --trace: each message's stream starts its slice after that wait.
   for (const Transfer &t : group)
     timeline_.work(t.instr->kind == OpKind::Send ? sendStream_.at(t.instr->peer) : recvStream_.at(t.instr->peer));
-  ncclGroupStart();
+  links_->groupStart();
   for (Transfer &t : group) {
     const Instr &i = *t.instr;
     const int64_t count = i.tokens * i.width;
     const Dtype dtype = messageDtype(a_, i); // bf16 models send half the bytes
-    const ncclDataType_t type = dtype == Dtype::BF16 ? ncclBfloat16 : ncclFloat;
     if (i.kind == OpKind::Send) {
-      ncclSend(t.buffer.data, count, type, 1, sendComm_.at(i.peer), sendStream_.at(i.peer));
+      links_->send(t.buffer.data, count, dtype, i.peer, sendStream_.at(i.peer));
     } else {
       t.buffer = allocate(count, dtype, Queue::recvFrom(i.peer), false);
       if (!t.buffer) {
-        ncclGroupEnd();
+        links_->groupEnd();
         return false;
       }
-      ncclRecv(t.buffer.data, count, type, 0, recvComm_.at(i.peer), recvStream_.at(i.peer));
+      links_->recv(t.buffer.data, count, dtype, i.peer, recvStream_.at(i.peer));
     }
   }
-  ncclResult_t status = ncclGroupEnd();
-  if (status != ncclSuccess)
-    return fail("NCCL group: " + std::string(ncclGetErrorString(status)));
+  if (std::string problem = links_->groupEnd(); !problem.empty())
+    return fail(problem);
   std::set<cudaStream_t> marked;
   for (const Transfer &t : group) {
     cudaStream_t st = stream(t.instr->kind == OpKind::Send ? Queue::sendTo(t.instr->peer) : Queue::recvFrom(t.instr->peer));
@@ -185,15 +254,16 @@ void CudaRank::waitFor(Transfer &arrival) {
 
 } // namespace cuda
 
-DeviceFactory cudaDevices() {
-  return [](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
+DeviceFactory cudaDevices(int ranksPerGpu) {
+  return [ranksPerGpu](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
-    error = missingGpus(queryGpus(), a.pp);
+    const int64_t perGpu = std::max(ranksPerGpu, 1);
+    error = missingGpus(queryGpus(), a.pp, perGpu);
     if (!error.empty())
       return devices;
     std::vector<cuda::CudaRank *> ranks;
     for (int64_t r = 0; r < a.pp; ++r) {
-      auto rank = std::make_unique<cuda::CudaRank>(a, options, r, static_cast<int>(r), &failed);
+      auto rank = std::make_unique<cuda::CudaRank>(a, options, r, static_cast<int>(r / perGpu), &failed);
       ranks.push_back(rank.get());
       devices.push_back(std::move(rank));
     }
@@ -208,21 +278,24 @@ DeviceFactory cudaDevices() {
       if (!rank->setupDevice())
         return failAll("rank " + std::to_string(rank->rank()) + " setup: " + rank->error());
     cuda::CommIds ids;
-    if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), ids); !problem.empty())
+    std::shared_ptr<cuda::SharedGpuPost> post;
+    if (perGpu > 1)
+      post = cuda::makeSharedGpuPost(a.pp);
+    else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), ids); !problem.empty())
       return failAll(problem);
-    // The joins block until every rank joined: one thread each.
+    // The joins (and the connection probes) block until every rank joined: one thread each.
     std::vector<std::thread> threads;
     std::vector<char> ok(ranks.size(), 0);
     for (size_t k = 0; k < ranks.size(); ++k)
       threads.emplace_back([&, k] {
-        if (!(ok[k] = ranks[k]->setupComms(ids)))
+        if (!(ok[k] = post ? ranks[k]->setupSharedLinks(post) : ranks[k]->setupComms(ids)))
           failed = true;
       });
     for (std::thread &t : threads)
       t.join();
     for (size_t k = 0; k < ranks.size(); ++k)
       if (!ok[k])
-        return failAll("rank " + std::to_string(k) + " NCCL setup: " + ranks[k]->error());
+        return failAll("rank " + std::to_string(k) + (post ? " links: " : " NCCL setup: ") + ranks[k]->error());
     return devices;
   };
 }

@@ -2,10 +2,11 @@
 //
 // One GPU per pipeline rank: either one process per rank (mhcrun --gpus N,
 // mpirun, srun: cudaRankDevice) or every rank in this process on its own
-// host thread (cudaDevices: the tests, and mhcrun --in-process). A rank's
+// host thread (cudaDevices: the tests, and mhcrun --in-process, where
+// --ranks-per-gpu N lets N ranks share a GPU). A rank's
 // kernels (the artifact's generated ones, cuBLAS for products) run on one
-// compute stream; NCCL send / recv on one stream and communicator per
-// directed rank pair (the model the schedule verifier checks); memory comes
+// compute stream; messages on one stream per directed rank pair (NCCL: a
+// communicator each; the model the schedule verifier checks); memory comes
 // from a static plan (the first step recorded through the stream-ordered
 // pool, later steps at fixed offsets of one arena) or from the pool. The
 // optimizer runs on the GPUs: each parameter's gradient is reduced on its
@@ -30,10 +31,14 @@ namespace mhcc::runtime {
 /// NCCL_NVLS_ENABLE=0. Call before the first CUDA call.
 void prepareCudaEnvironment();
 
-/// Every rank in this process, rank r on GPU r. The factory fails (one line)
-/// when fewer GPUs are visible than the artifact has ranks, when a GPU is
-/// not sm_90, or on any CUDA, cuBLAS or NCCL error during setup.
-DeviceFactory cudaDevices();
+/// Every rank in this process, rank r on GPU r / ranksPerGpu. One rank a
+/// GPU talks through NCCL; with ranksPerGpu > 1 every rank's messages are
+/// device copies through in-process mailboxes (runtime/cuda/RankLinks.h:
+/// the same bits, NCCL not exercised), so pipeline layouts run on fewer
+/// GPUs than ranks. The factory fails (one line) when fewer GPUs are
+/// visible than the ranks need, when a GPU is not sm_90, or on any CUDA,
+/// cuBLAS or NCCL error during setup.
+DeviceFactory cudaDevices(int ranksPerGpu = 1);
 
 /// This process is rank `placement.rank` of a multi-process run; rank 0's
 /// NCCL ids reach the others through `bootstrap` (both must outlive the

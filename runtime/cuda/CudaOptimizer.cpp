@@ -25,7 +25,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   auto useGradient = [&](const ParamUse &use) { return slotGrads_[{use.stage, use.slot}]; };
   for (auto &[peer, stream] : sendStream_)
     follow(stream, compute_);
-  ncclGroupStart();
+  links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     const int64_t count = a_.params[p].count();
@@ -34,20 +34,20 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       if (use.rank == plan.owner)
         continue;
       if (use.rank == rank_) {
-        ncclSend(useGradient(use), count, ncclFloat, 1, sendComm_[plan.owner], sendStream_[plan.owner]);
+        links_->send(useGradient(use), count, Dtype::F32, plan.owner, sendStream_[plan.owner]);
       } else if (plan.owner == rank_) {
         Buffer t = allocate(count, Dtype::F32, Queue::recvFrom(use.rank), false);
         if (!t) {
-          ncclGroupEnd();
+          links_->groupEnd();
           return false;
         }
-        ncclRecv(t.data, count, ncclFloat, 0, recvComm_[use.rank], recvStream_[use.rank]);
+        links_->recv(t.data, count, Dtype::F32, use.rank, recvStream_[use.rank]);
         remote[{p, u}] = t;
       }
     }
   }
-  if (ncclResult_t status = ncclGroupEnd(); status != ncclSuccess)
-    return fail(std::string("sending gradients to their owners: ") + ncclGetErrorString(status));
+  if (std::string problem = links_->groupEnd(); !problem.empty())
+    return fail("sending gradients to their owners: " + problem);
   for (auto &[peer, stream] : recvStream_)
     follow(compute_, stream);
   cudaMemsetAsync(stats_, 0, 2 * P * sizeof(double), compute_);
@@ -106,9 +106,8 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   // next step, on every rank alike.
   stats[stopAt + rank_] = double(stopSignal());
   cudaMemcpyAsync(sharedStats_, stats.data(), stats.size() * sizeof(double), cudaMemcpyHostToDevice, compute_);
-  if (ncclResult_t status = ncclAllReduce(sharedStats_, sharedStats_, stats.size(), ncclDouble, ncclSum, world_, compute_);
-      status != ncclSuccess)
-    return fail(std::string("ncclAllReduce of the step statistics: ") + ncclGetErrorString(status));
+  if (std::string problem = links_->allReduceSum(sharedStats_, int64_t(stats.size()), compute_); !problem.empty())
+    return fail("the all-reduce of the step statistics: " + problem);
   if (!waitStreams({compute_}, "the all-reduce of the step statistics"))
     return false;
   cudaMemcpy(stats.data(), sharedStats_, stats.size() * sizeof(double), cudaMemcpyDeviceToHost);
@@ -154,7 +153,7 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     return false;
   for (auto &[peer, stream] : sendStream_)
     follow(stream, compute_);
-  ncclGroupStart();
+  links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     const int64_t count = a_.params[p].count();
@@ -162,13 +161,13 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
       if (holder == plan.owner)
         continue;
       if (plan.owner == rank_)
-        ncclSend(weights_[int(p)], count, ncclFloat, 1, sendComm_[holder], sendStream_[holder]);
+        links_->send(weights_[int(p)], count, Dtype::F32, holder, sendStream_[holder]);
       else if (holder == rank_)
-        ncclRecv(weights_[int(p)], count, ncclFloat, 0, recvComm_[plan.owner], recvStream_[plan.owner]);
+        links_->recv(weights_[int(p)], count, Dtype::F32, plan.owner, recvStream_[plan.owner]);
     }
   }
-  if (ncclResult_t status = ncclGroupEnd(); status != ncclSuccess)
-    return fail(std::string("sending updated weights: ") + ncclGetErrorString(status));
+  if (std::string problem = links_->groupEnd(); !problem.empty())
+    return fail("sending updated weights: " + problem);
   if (!waitStreams(allStreams(), "the weight exchange"))
     return false;
   refreshLowWeights(true);

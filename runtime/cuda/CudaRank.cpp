@@ -55,8 +55,7 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
 
 CudaRank::~CudaRank() {
   cudaSetDevice(gpu_);
-  for (ncclComm_t comm : comms_)
-    aborted_ ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+  links_.reset();
   for (auto *group : {&weights_, &adamM_, &adamV_, &reduced_})
     for (auto &[p, ptr] : *group)
       cudaFree(ptr);
@@ -562,10 +561,8 @@ void CudaRank::refreshLowWeights(bool receivedOnly) {
 }
 
 void CudaRank::abort() {
-  for (ncclComm_t comm : comms_)
-    ncclCommAbort(comm);
-  comms_.clear();
-  aborted_ = true;
+  if (links_)
+    links_->abort();
 }
 
 } // namespace mhcc::runtime::cuda

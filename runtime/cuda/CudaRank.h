@@ -3,7 +3,8 @@
 // The CUDA Device, split by concern over several files: CudaRank.cpp
 // (setup, memory and the static plan, step boundaries), CudaLaunch.cpp (the
 // launch table: one stage instruction's forward or backward half),
-// CudaComms.cpp (NCCL communicators and messages, the factories) and
+// CudaComms.cpp (NCCL communicators and messages, the factories),
+// SharedGpuLinks.cpp (messages between ranks sharing a GPU) and
 // CudaOptimizer.cpp (the optimizer step on the GPUs).
 //
 //===----------------------------------------------------------------------===//
@@ -15,6 +16,7 @@
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/ModelKernels.h"
+#include "runtime/cuda/RankLinks.h"
 #include "runtime/cuda/StreamTimeline.h"
 #include "runtime/memory/MemoryPlan.h"
 #include "runtime/program/MixGroups.h"
@@ -79,8 +81,12 @@ public:
 
   /// Device, kernels, weights and optimizer state; no communication yet.
   bool setupDevice();
-  /// Joins the world communicator and one per directed pair this rank is in.
+  /// Joins the world communicator and one per directed pair this rank is
+  /// in (NCCL links: one GPU per rank).
   bool setupComms(const CommIds &ids);
+  /// Or links through `post` to the other ranks of this process, which
+  /// may share its GPU (RankLinks.h).
+  bool setupSharedLinks(std::shared_ptr<SharedGpuPost> post);
   const std::vector<Pair> &communicating() const { return pairs_; }
 
   int64_t rank() const override { return rank_; }
@@ -141,6 +147,9 @@ private:
   void prepareCsrs(const StepInputs &inputs);
   void markStart(cudaEvent_t &start);
   void markEnd(const std::string &name, cudaEvent_t start);
+  // CudaComms.cpp
+  void createPairStreams();
+  bool connectPairs();
   // CudaLaunch.cpp
   Buffer scratch(int64_t count);
   void releaseScratch();
@@ -224,11 +233,8 @@ private:
   std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters
   std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
-  std::map<int64_t, ncclComm_t> sendComm_, recvComm_;       // by peer
-  std::map<int64_t, cudaStream_t> sendStream_, recvStream_;
-  ncclComm_t world_ = nullptr;
-  std::vector<ncclComm_t> comms_;
-  bool aborted_ = false;
+  std::unique_ptr<RankLinks> links_;                       // NCCL or shared-GPU (RankLinks.h)
+  std::map<int64_t, cudaStream_t> sendStream_, recvStream_; // by peer
   std::vector<int32_t *> tokens_, labels_; // by microbatch
   /// Packed documents' RoPE positions and first keys by microbatch (empty
   /// unless TrainOptions::resetPositionIds / resetAttentionMask).

@@ -44,13 +44,18 @@ GpuInventory queryGpus() {
   return inventory;
 }
 
-std::string missingGpus(const GpuInventory &gpus, int64_t ranks) {
-  if (static_cast<int64_t>(gpus.gpus.size()) >= ranks)
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu) {
+  const int64_t needed = (ranks + ranksPerGpu - 1) / ranksPerGpu;
+  if (static_cast<int64_t>(gpus.gpus.size()) >= needed)
     return "";
-  return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks and needs one GPU each, but " +
-         std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
-         (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "") +
-         "; recompile with a smaller --pp or run on more GPUs";
+  const std::string visible = std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
+                              (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "");
+  if (ranksPerGpu > 1)
+    return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks, " + std::to_string(ranksPerGpu) +
+           " a GPU (--ranks-per-gpu) need " + std::to_string(needed) + " GPU(s), but " + visible +
+           "; raise --ranks-per-gpu or run on more GPUs";
+  return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks and needs one GPU each, but " + visible +
+         "; recompile with a smaller --pp, run on more GPUs, or share them (--in-process --ranks-per-gpu N)";
 }
 
 std::string gpuSelfTest(int device) {

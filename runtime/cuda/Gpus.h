@@ -33,9 +33,9 @@ struct GpuInventory {
 /// returns an empty list and the reason.
 GpuInventory queryGpus();
 
-/// "" when `gpus` has one GPU per pipeline rank; else the one-line refusal
-/// (how many are visible, why none, and the fix).
-std::string missingGpus(const GpuInventory &gpus, int64_t ranks);
+/// "" when `gpus` has a GPU for every `ranksPerGpu` pipeline ranks; else
+/// the one-line refusal (how many are visible, why none, and the fix).
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu = 1);
 
 /// The compute capability our kernels are compiled for (sm_90: Hopper).
 inline constexpr int kKernelComputeMajor = 9;

@@ -1,0 +1,66 @@
+//===- RankLinks.h - how a GPU rank's messages travel (internal) ---*- C++ -*-===//
+//
+// The CUDA backend's communication below CudaRank: point-to-point messages
+// in groups (pipeline boundaries, gradients to their owners, updated weights
+// back) and one all-reduce of the step's statistics. Two transports:
+//
+// - NCCL (CudaComms.cpp): one communicator per directed rank pair and one
+//   for the world, one GPU per rank (NCCL refuses two ranks on one GPU).
+// - Shared-GPU links (SharedGpuLinks.cpp): ranks of this process that may
+//   share a GPU (mhcrun --ranks-per-gpu N): a send stages a device copy of
+//   its data and posts it to an in-process mailbox; the receive's stream
+//   waits for that copy and copies it into place. Copies are exact, so a
+//   layout's bits are those of the same kernels over NCCL: the pipeline
+//   layouts compare on one GPU, but NCCL itself is not exercised.
+//
+// Semantics both keep: messages between two ranks match in order; a group's
+// sends are posted before any of its receives is waited on (so a group may
+// hold a rank's send and receive to one peer); a send's data is read after
+// the work queued on its stream, and the received data is ready after the
+// work queued on the receive's stream.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_RANKLINKS_H
+#define MHCC_RUNTIME_CUDA_RANKLINKS_H
+
+#include "runtime/program/Dtype.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mhcc::runtime::cuda {
+
+class RankLinks {
+public:
+  virtual ~RankLinks() = default;
+  virtual void groupStart() = 0;
+  virtual void send(const void *data, int64_t count, Dtype dtype, int64_t peer, cudaStream_t stream) = 0;
+  virtual void recv(void *data, int64_t count, Dtype dtype, int64_t peer, cudaStream_t stream) = 0;
+  /// Issues the group: "" or what failed.
+  virtual std::string groupEnd() = 0;
+  /// Sums `count` doubles at `data` (device) over every rank, in place,
+  /// ordered after the work queued on `stream`: "" or what failed.
+  virtual std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) = 0;
+  /// Stops every wait of this rank's links (a failed run).
+  virtual void abort() = 0;
+};
+
+/// The mailboxes of one process's ranks that share GPUs; one per run, held
+/// by every rank's links.
+class SharedGpuPost;
+
+/// Links of rank `rank` through `post`, which its peers in this process
+/// hold too. A receive or the all-reduce waits for a peer's host thread at
+/// most `timeoutSeconds` (--recv-timeout) and stops once `peerFailed` is set.
+std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, int64_t rank,
+                                          double timeoutSeconds, const std::atomic<bool> *peerFailed);
+/// The mailboxes for `ranks` ranks.
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks);
+
+} // namespace mhcc::runtime::cuda
+
+#endif // MHCC_RUNTIME_CUDA_RANKLINKS_H
