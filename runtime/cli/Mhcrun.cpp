@@ -142,18 +142,17 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
-  if (a.dp > 1 || a.cp > 1 || a.tp > 1) {
-    const char *kind = a.dp > 1 ? "data" : a.cp > 1 ? "context" : "tensor";
-    const std::string size = a.dp > 1   ? "dp = " + std::to_string(a.dp)
-                             : a.cp > 1 ? "cp = " + std::to_string(a.cp)
-                                        : "tp = " + std::to_string(a.tp);
-    std::cerr << "mhcrun: " << kind << " parallelism (" << size << ") runs on the CPU backend in this release: using it\n";
+  if (a.cp > 1 || a.tp > 1 || a.distributedOptimizer) {
+    const std::string what = a.cp > 1   ? "context parallelism (cp = " + std::to_string(a.cp) + ")"
+                             : a.tp > 1 ? "tensor parallelism (tp = " + std::to_string(a.tp) + ")"
+                                        : "the distributed optimizer";
+    std::cerr << "mhcrun: " << what << " runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
-  backend = static_cast<int64_t>(gpus.gpus.size()) >= a.pp ? "cuda" : "cpu";
+  backend = static_cast<int64_t>(gpus.gpus.size()) >= a.worldSize() ? "cuda" : "cpu";
   if (backend == "cpu" && !gpus.gpus.empty())
-    std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.pp
-              << " pipeline ranks: using the CPU backend\n";
+    std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.worldSize()
+              << " ranks: using the CPU backend\n";
   if (backend == "cuda" && !a.deviceCode) {
     std::cerr << "mhcrun: the artifact carries no CUDA kernels (compiled with --cuda-arch none, or where nvcc "
                  "was not found): using the CPU backend; recompile with 'mhcc --cuda-arch sm_90' for the GPUs\n";
@@ -497,9 +496,8 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + error);
   // The mesh beyond pipeline ranks runs on the CPU backend for now (threads,
   // or one process a rank).
-  for (auto [name, size, ranks] : {std::tuple<const char *, int64_t, const char *>{"dp", artifact->dp,
-                                                                                  "data-parallel replicas"},
-                                   {"cp", artifact->cp, "context-parallel ranks"},
+  for (auto [name, size, ranks] : {std::tuple<const char *, int64_t, const char *>{"cp", artifact->cp,
+                                                                                  "context-parallel ranks"},
                                    {"tp", artifact->tp, "tensor-parallel ranks"}})
     if (size > 1 && backend != "cpu")
       return fail(rankPrefix + "the artifact has " + name + " = " + std::to_string(size) + " " + ranks +
@@ -519,10 +517,12 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + std::string(f.options.resetPositionIds ? "--reset-position-ids" : "--reset-attention-mask") +
                 ": " + f.dataPath + " has no document boundaries (a text file is one stream); give a Megatron "
                 "indexed dataset (tools/mhc-prep turns text or JSONL into one)");
-  if (f.gpus > 0 && f.gpus != artifact->pp)
-    return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has pp = " + std::to_string(artifact->pp) +
-                " pipeline ranks, one per GPU; pass --gpus " + std::to_string(artifact->pp) +
-                " or recompile with --pp " + std::to_string(f.gpus));
+  if (f.gpus > 0 && f.gpus != artifact->worldSize())
+    return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has " +
+                (artifact->worldSize() > artifact->pp ? artifact->meshDescription() + " ranks"
+                                                      : "pp = " + std::to_string(artifact->pp) + " pipeline ranks") +
+                ", one per GPU; pass --gpus " + std::to_string(artifact->worldSize()) + " or recompile with --pp " +
+                std::to_string(f.gpus));
   if (f.ranksPerGpu > 1) {
     if (placement)
       return fail(rankPrefix + "--ranks-per-gpu shares GPUs between the ranks of one process; run without " +
@@ -533,12 +533,14 @@ int runMhcrun(int argc, char **argv) {
     f.inProcess = true;
   }
   if (backend == "cuda" && !placement) {
-    if (std::string missing = missingGpus(gpus, artifact->pp, f.ranksPerGpu); !missing.empty())
+    const int64_t ranks = artifact->worldSize();
+    if (std::string missing = missingGpus(gpus, ranks, f.ranksPerGpu, ranks > artifact->pp ? artifact->meshDescription() : "");
+        !missing.empty())
       return fail(missing);
-    if (artifact->pp > 1 && !f.inProcess && !f.dumpDir.empty())
+    if (ranks > 1 && !f.inProcess && !f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
-    if (artifact->pp > 1 && !f.inProcess)
-      return launchRanks(artifact->pp, "/proc/self/exe", argv, std::cerr);
+    if (ranks > 1 && !f.inProcess)
+      return launchRanks(ranks, "/proc/self/exe", argv, std::cerr);
   }
   const int64_t world = artifact->worldSize();
   const std::string mesh = artifact->meshDescription();

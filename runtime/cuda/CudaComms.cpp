@@ -44,42 +44,55 @@ std::vector<ParamPlan> planParameters(const Artifact &a) {
 }
 
 std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans) {
-  std::set<Pair> pairs;
+  std::set<Pair> pipelinePairs;
   for (int64_t r = 0; r < a.pp; ++r)
     for (const Instr &i : a.ranks[r])
       if (i.kind == OpKind::Send)
-        pairs.insert({r, i.peer});
+        pipelinePairs.insert({r, i.peer});
   for (const ParamPlan &plan : plans)
     for (int64_t holder : plan.holders)
       if (holder != plan.owner) {
-        pairs.insert({holder, plan.owner});
-        pairs.insert({plan.owner, holder});
+        pipelinePairs.insert({holder, plan.owner});
+        pipelinePairs.insert({plan.owner, holder});
       }
+  std::set<Pair> pairs; // every replica's, by global rank
+  for (int64_t d = 0; d < a.dp; ++d)
+    for (auto [from, to] : pipelinePairs)
+      pairs.insert({a.globalRank(from, d), a.globalRank(to, d)});
   return {pairs.begin(), pairs.end()};
 }
 
 std::string CommIds::serialize() const {
   std::string bytes(reinterpret_cast<const char *>(&world), sizeof world);
-  for (const ncclUniqueId &id : pairs)
-    bytes.append(reinterpret_cast<const char *>(&id), sizeof id);
+  for (const std::vector<ncclUniqueId> *list : {&pairs, &replicaGroups})
+    for (const ncclUniqueId &id : *list)
+      bytes.append(reinterpret_cast<const char *>(&id), sizeof id);
   return bytes;
 }
 
-bool CommIds::parse(const std::string &bytes, size_t pairCount, CommIds &ids) {
-  if (bytes.size() != (pairCount + 1) * sizeof(ncclUniqueId))
+bool CommIds::parse(const std::string &bytes, size_t pairCount, size_t groupCount, CommIds &ids) {
+  if (bytes.size() != (pairCount + groupCount + 1) * sizeof(ncclUniqueId))
     return false;
   std::memcpy(&ids.world, bytes.data(), sizeof ids.world);
   ids.pairs.resize(pairCount);
-  for (size_t k = 0; k < pairCount; ++k)
-    std::memcpy(&ids.pairs[k], bytes.data() + (k + 1) * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
+  ids.replicaGroups.resize(groupCount);
+  size_t at = sizeof(ncclUniqueId);
+  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.replicaGroups})
+    for (ncclUniqueId &id : *list) {
+      std::memcpy(&id, bytes.data() + at, sizeof id);
+      at += sizeof id;
+    }
   return true;
 }
 
-std::string CommIds::make(size_t pairCount, CommIds &ids) {
+std::string CommIds::make(size_t pairCount, size_t groupCount, CommIds &ids) {
   ncclResult_t status = ncclGetUniqueId(&ids.world);
   ids.pairs.resize(pairCount);
-  for (size_t k = 0; status == ncclSuccess && k < pairCount; ++k)
-    status = ncclGetUniqueId(&ids.pairs[k]);
+  ids.replicaGroups.resize(groupCount);
+  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.replicaGroups})
+    for (ncclUniqueId &id : *list)
+      if (status == ncclSuccess)
+        status = ncclGetUniqueId(&id);
   return status == ncclSuccess ? "" : std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(status);
 }
 
@@ -98,11 +111,21 @@ public:
 
   /// Pairs are joined in the same global order on every rank, so the
   /// blocking joins cannot wait on each other in a cycle.
-  std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, int64_t worldSize) {
+  /// The world, then (dp > 1) the data-parallel group of pipeline rank
+  /// `pipe` (rank `replica` of `replicas`), then the pairs.
+  std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, int64_t worldSize, int64_t pipe,
+                   int64_t replica, int64_t replicas) {
     ncclResult_t status = ncclCommInitRank(&world_, int(worldSize), ids.world, int(rank));
     if (status != ncclSuccess)
       return std::string("ncclCommInitRank (world of ") + std::to_string(worldSize) + "): " + ncclGetErrorString(status);
     comms_.push_back(world_);
+    if (replicas > 1) {
+      status = ncclCommInitRank(&replicas_, int(replicas), ids.replicaGroups[pipe], int(replica));
+      if (status != ncclSuccess)
+        return "ncclCommInitRank (the replicas of pipeline rank " + std::to_string(pipe) + "): " +
+               ncclGetErrorString(status);
+      comms_.push_back(replicas_);
+    }
     for (size_t k = 0; k < pairs.size(); ++k) {
       auto [from, to] = pairs[k];
       if (from != rank && to != rank)
@@ -133,6 +156,14 @@ public:
     ncclResult_t status = ncclAllReduce(data, data, count, ncclDouble, ncclSum, world_, stream);
     return status == ncclSuccess ? "" : std::string("ncclAllReduce: ") + ncclGetErrorString(status);
   }
+  std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
+                                cudaStream_t stream) override {
+    ncclGroupStart();
+    for (const auto &[data, count] : buffers)
+      ncclAllReduce(data, data, count, ncclFloat, ncclSum, replicas_, stream);
+    ncclResult_t status = ncclGroupEnd();
+    return status == ncclSuccess ? "" : std::string("ncclAllReduce over the replicas: ") + ncclGetErrorString(status);
+  }
   void abort() override {
     for (ncclComm_t comm : comms_)
       ncclCommAbort(comm);
@@ -140,7 +171,7 @@ public:
   }
 
 private:
-  ncclComm_t world_ = nullptr;
+  ncclComm_t world_ = nullptr, replicas_ = nullptr;
   std::vector<ncclComm_t> comms_;
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
 };
@@ -148,19 +179,22 @@ private:
 } // namespace
 
 void CudaRank::createPairStreams() {
+  // Keyed by the peer's pipeline rank, as the schedules name it.
   for (auto [from, to] : pairs_) {
     if (from != rank_ && to != rank_)
       continue;
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    (from == rank_ ? sendStream_[to] : recvStream_[from]) = stream;
+    (from == rank_ ? sendStream_[a_.pipelineRankOf(to)] : recvStream_[a_.pipelineRankOf(from)]) = stream;
   }
+  if (a_.dp > 1)
+    cudaStreamCreateWithFlags(&replicaStream_, cudaStreamNonBlocking);
 }
 
 bool CudaRank::setupComms(const CommIds &ids) {
   cudaSetDevice(gpu_);
   auto links = std::make_unique<NcclLinks>();
-  std::string problem = links->join(ids, pairs_, rank_, a_.pp);
+  std::string problem = links->join(ids, pairs_, rank_, a_.worldSize(), pipe_, replica_, a_.dp);
   links_ = std::move(links);
   if (!problem.empty())
     return fail(problem);
@@ -182,9 +216,9 @@ bool CudaRank::connectPairs() {
   cudaMalloc(&probe, 2 * sizeof(float));
   links_->groupStart();
   for (auto &[peer, stream] : sendStream_)
-    links_->send(probe, 1, Dtype::F32, peer, stream);
+    links_->send(probe, 1, Dtype::F32, globalPeer(peer), stream);
   for (auto &[peer, stream] : recvStream_)
-    links_->recv(probe + 1, 1, Dtype::F32, peer, stream);
+    links_->recv(probe + 1, 1, Dtype::F32, globalPeer(peer), stream);
   std::string problem = links_->groupEnd();
   // Start-up, not a step: the ranks join at their own pace.
   bool connected = problem.empty() &&
@@ -216,14 +250,14 @@ bool CudaRank::exchange(std::vector<Transfer> &group) {
     const int64_t count = i.tokens * i.width;
     const Dtype dtype = messageDtype(a_, i); // bf16 models send half the bytes
     if (i.kind == OpKind::Send) {
-      links_->send(t.buffer.data, count, dtype, i.peer, sendStream_.at(i.peer));
+      links_->send(t.buffer.data, count, dtype, globalPeer(i.peer), sendStream_.at(i.peer));
     } else {
       t.buffer = allocate(count, dtype, Queue::recvFrom(i.peer), false);
       if (!t.buffer) {
         links_->groupEnd();
         return false;
       }
-      links_->recv(t.buffer.data, count, dtype, i.peer, recvStream_.at(i.peer));
+      links_->recv(t.buffer.data, count, dtype, globalPeer(i.peer), recvStream_.at(i.peer));
     }
   }
   if (std::string problem = links_->groupEnd(); !problem.empty())
@@ -258,11 +292,11 @@ DeviceFactory cudaDevices(int ranksPerGpu) {
   return [ranksPerGpu](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
     const int64_t perGpu = std::max(ranksPerGpu, 1);
-    error = missingGpus(queryGpus(), a.pp, perGpu);
+    error = missingGpus(queryGpus(), a.worldSize(), perGpu, a.worldSize() > a.pp ? a.meshDescription() : "");
     if (!error.empty())
       return devices;
     std::vector<cuda::CudaRank *> ranks;
-    for (int64_t r = 0; r < a.pp; ++r) {
+    for (int64_t r = 0; r < a.worldSize(); ++r) {
       auto rank = std::make_unique<cuda::CudaRank>(a, options, r, static_cast<int>(r / perGpu), &failed);
       ranks.push_back(rank.get());
       devices.push_back(std::move(rank));
@@ -280,8 +314,9 @@ DeviceFactory cudaDevices(int ranksPerGpu) {
     cuda::CommIds ids;
     std::shared_ptr<cuda::SharedGpuPost> post;
     if (perGpu > 1)
-      post = cuda::makeSharedGpuPost(a.pp);
-    else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), ids); !problem.empty())
+      post = cuda::makeSharedGpuPost(a.worldSize(), a.dp);
+    else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), cuda::replicaGroupCount(a), ids);
+             !problem.empty())
       return failAll(problem);
     // The joins (and the connection probes) block until every rank joined: one thread each.
     std::vector<std::thread> threads;
@@ -305,10 +340,9 @@ DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &boots
                                   std::string &error) {
     std::vector<std::unique_ptr<Device>> devices;
     const std::string who = "rank " + std::to_string(placement.rank) + ": ";
-    if (placement.size != a.pp) {
+    if (placement.size != a.worldSize()) {
       error = who + placement.launcher + " started " + std::to_string(placement.size) +
-              " processes, but the artifact has pp = " + std::to_string(a.pp) +
-              " pipeline ranks; start exactly one process per rank";
+              " processes, but the artifact has " + a.meshDescription() + " ranks; start exactly one process per rank";
       return devices;
     }
     GpuInventory gpus = queryGpus();
@@ -327,7 +361,8 @@ DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &boots
     std::string bytes;
     cuda::CommIds ids;
     if (placement.rank == 0) {
-      if (std::string problem = cuda::CommIds::make(rank->communicating().size(), ids); !problem.empty()) {
+      if (std::string problem = cuda::CommIds::make(rank->communicating().size(), cuda::replicaGroupCount(a), ids);
+          !problem.empty()) {
         error = who + problem;
         return devices;
       }
@@ -337,7 +372,7 @@ DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &boots
       error = who + error;
       return devices;
     }
-    if (!cuda::CommIds::parse(bytes, rank->communicating().size(), ids)) {
+    if (!cuda::CommIds::parse(bytes, rank->communicating().size(), cuda::replicaGroupCount(a), ids)) {
       error = who + "the NCCL ids from rank 0 do not fit this artifact (was every rank given the same artifact?)";
       return devices;
     }

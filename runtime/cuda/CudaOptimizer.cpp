@@ -23,6 +23,8 @@ namespace mhcc::runtime::cuda {
 bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote) {
   const size_t P = a_.params.size();
   auto useGradient = [&](const ParamUse &use) { return slotGrads_[{use.stage, use.slot}]; };
+  if (replicaStream_) // the data-parallel ALLREDUCEs summed the slots over the replicas
+    follow(compute_, replicaStream_);
   for (auto &[peer, stream] : sendStream_)
     follow(stream, compute_);
   links_->groupStart();
@@ -33,15 +35,15 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       const ParamUse &use = plan.uses[u];
       if (use.rank == plan.owner)
         continue;
-      if (use.rank == rank_) {
-        links_->send(useGradient(use), count, Dtype::F32, plan.owner, sendStream_[plan.owner]);
-      } else if (plan.owner == rank_) {
+      if (use.rank == pipe_) {
+        links_->send(useGradient(use), count, Dtype::F32, globalPeer(plan.owner), sendStream_[plan.owner]);
+      } else if (plan.owner == pipe_) {
         Buffer t = allocate(count, Dtype::F32, Queue::recvFrom(use.rank), false);
         if (!t) {
           links_->groupEnd();
           return false;
         }
-        links_->recv(t.data, count, Dtype::F32, use.rank, recvStream_[use.rank]);
+        links_->recv(t.data, count, Dtype::F32, globalPeer(use.rank), recvStream_[use.rank]);
         remote[{p, u}] = t;
       }
     }
@@ -55,10 +57,10 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   std::vector<StatsTensor> tensors;
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
-    if (plan.owner != rank_ || plan.uses.empty())
+    if (plan.owner != pipe_ || plan.uses.empty())
       continue;
     const int64_t count = a_.params[p].count();
-    auto useData = [&](size_t u) { return plan.uses[u].rank == rank_ ? useGradient(plan.uses[u]) : remote[{p, u}].data; };
+    auto useData = [&](size_t u) { return plan.uses[u].rank == pipe_ ? useGradient(plan.uses[u]) : remote[{p, u}].data; };
     if (plan.uses.size() == 1) {
       gradient[p] = useData(0);
     } else {
@@ -77,21 +79,24 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   return check("gradient reduction");
 }
 
-/// One all-reduce: [squares, zeros] per parameter, losses, peak and
-/// reserved bytes and the stop signal seen (SIGTERM / SIGINT, 0: none) per
-/// rank; fills `result` from it, with the largest signal as the one every
-/// rank acts on.
+/// One all-reduce: [squares, zeros] per parameter (replica 0's owners':
+/// every replica holds the same reduced gradients), the global batch's
+/// losses in its order, peak and reserved bytes and the stop signal seen
+/// (SIGTERM / SIGINT, 0: none) per rank; fills `result` from it, with the
+/// largest signal as the one every rank acts on.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
-  const size_t P = a_.params.size(), L = a_.stages.back().losses.size();
-  const size_t lossAt = 2 * P, peakAt = lossAt + a_.microbatches * L, reservedAt = peakAt + a_.pp;
-  const size_t stopAt = reservedAt + a_.pp;
-  std::vector<double> stats(stopAt + a_.pp, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
+  const size_t P = a_.params.size(), L = a_.stages.back().losses.size(), world = a_.worldSize();
+  const size_t globalMicrobatches = a_.dp * a_.microbatches;
+  const size_t lossAt = 2 * P, peakAt = lossAt + globalMicrobatches * L, reservedAt = peakAt + world;
+  const size_t stopAt = reservedAt + world;
+  std::vector<double> stats(stopAt + world, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
   if (!waitStreams({compute_}, "the gradient statistics"))
     return false;
-  cudaMemcpy(stats.data(), stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
+  if (replica_ == 0)
+    cudaMemcpy(stats.data(), stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
   for (int64_t mb = 0; mb < a_.microbatches; ++mb)
     for (size_t l = 0; l < L; ++l)
-      stats[lossAt + mb * L + l] = losses[mb][l];
+      stats[lossAt + a_.globalMicrobatch(mb, replica_) * L + l] = losses[mb][l];
   stats[peakAt + rank_] = double(peak_);
   // What the pool holds once the pipeline ran: constant from the second
   // step on when no step needs a new device allocation (the GPU suite checks).
@@ -117,14 +122,14 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
     squares += stats[2 * p];
     zeros += int64_t(stats[2 * p + 1]);
   }
-  std::vector<std::vector<double>> allLosses(a_.microbatches, std::vector<double>(L));
-  for (int64_t mb = 0; mb < a_.microbatches; ++mb)
+  std::vector<std::vector<double>> allLosses(globalMicrobatches, std::vector<double>(L));
+  for (size_t mb = 0; mb < globalMicrobatches; ++mb)
     for (size_t l = 0; l < L; ++l)
       allLosses[mb][l] = stats[lossAt + mb * L + l];
   summarizeLosses(a_.stages.back(), allLosses, result);
   result.gradNorm = std::sqrt(squares);
   result.numZeros = zeros;
-  for (int64_t k = 0; k < a_.pp; ++k) {
+  for (size_t k = 0; k < world; ++k) {
     result.peakBytes.push_back(int64_t(stats[peakAt + k]));
     result.deviceReservedBytes.push_back(int64_t(stats[reservedAt + k]));
     result.stopSignal = std::max(result.stopSignal, int(stats[stopAt + k]));
@@ -160,10 +165,10 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     for (int64_t holder : plan.holders) {
       if (holder == plan.owner)
         continue;
-      if (plan.owner == rank_)
-        links_->send(weights_[int(p)], count, Dtype::F32, holder, sendStream_[holder]);
-      else if (holder == rank_)
-        links_->recv(weights_[int(p)], count, Dtype::F32, plan.owner, recvStream_[plan.owner]);
+      if (plan.owner == pipe_)
+        links_->send(weights_[int(p)], count, Dtype::F32, globalPeer(holder), sendStream_[holder]);
+      else if (holder == pipe_)
+        links_->recv(weights_[int(p)], count, Dtype::F32, globalPeer(plan.owner), recvStream_[plan.owner]);
     }
   }
   if (std::string problem = links_->groupEnd(); !problem.empty())
@@ -174,13 +179,35 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   return check("optimizer");
 }
 
+bool CudaRank::allReduceGradients(const Instr &instr) {
+  if (!replicaStream_)
+    return fail("an ALLREDUCE in a schedule without data-parallel replicas");
+  std::vector<std::pair<float *, int64_t>> buffers;
+  for (size_t k = 0; k < a_.stages[instr.stage].params.size(); ++k) {
+    auto it = slotGrads_.find({instr.stage, int(k)});
+    if (it == slotGrads_.end())
+      return fail("ALLREDUCE of stage " + std::to_string(instr.stage) + ", which pipeline rank " +
+                  std::to_string(pipe_) + " does not hold");
+    buffers.push_back({it->second, a_.params[a_.stages[instr.stage].params[k].param].count()});
+  }
+  // Behind the stage's last backward; the compute stream goes on with the
+  // other chunks' backwards while the replicas' sums run (the optimizer's
+  // reduceGradients waits for this stream).
+  follow(replicaStream_, compute_);
+  timeline_.work(replicaStream_);
+  if (std::string problem = links_->allReduceReplicas(buffers, replicaStream_); !problem.empty())
+    return fail("the gradient ALLREDUCE of stage " + std::to_string(instr.stage) + ": " + problem);
+  markProgress(replicaStream_);
+  return check("the gradient ALLREDUCE");
+}
+
 bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) {
   cudaSetDevice(gpu_);
   std::vector<float *> gradient;
   std::map<std::pair<size_t, size_t>, Buffer> remote; // (param, use index) -> received
   if (!reduceGradients(gradient, remote) || !shareStatistics(losses, result))
     return false;
-  if (options_.recordTaps)
+  if (options_.recordTaps && replica_ == 0)
     for (size_t p = 0; p < a_.params.size(); ++p)
       if (gradient[p]) {
         std::vector<float> host(a_.params[p].count());

@@ -42,7 +42,8 @@ std::string cudaWhat(cudaError_t status) {
 
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
-    : a_(artifact), options_(options), rank_(rank), gpu_(gpu), peerFailed_(peerFailed),
+    : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
+      replica_(artifact.replicaOf(rank)), gpu_(gpu), peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
@@ -143,7 +144,7 @@ bool CudaRank::setupDevice() {
     return fail(loadError);
   for (size_t param = 0; param < a_.params.size(); ++param) {
     const ParamPlan &plan = plans_[param];
-    if (!std::binary_search(plan.holders.begin(), plan.holders.end(), rank_))
+    if (!std::binary_search(plan.holders.begin(), plan.holders.end(), pipe_))
       continue;
     const ParamInfo &info = a_.params[param];
     const size_t bytes = info.count() * sizeof(float);
@@ -156,7 +157,7 @@ bool CudaRank::setupDevice() {
     if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(info.count() * 2, info.name))))
       return false;
     const std::string gradient = "the gradient of " + info.name;
-    if (plan.owner == rank_) {
+    if (plan.owner == pipe_) {
       if (options_.optimizer != "sgd" && (!(adamM_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name)) ||
                                           !(adamV_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name))))
         return false;
@@ -164,7 +165,7 @@ bool CudaRank::setupDevice() {
         return false;
     }
     for (const ParamUse &use : plan.uses)
-      if (use.rank == rank_ && !(slotGrads_[{use.stage, use.slot}] = deviceBuffer(bytes, gradient)))
+      if (use.rank == pipe_ && !(slotGrads_[{use.stage, use.slot}] = deviceBuffer(bytes, gradient)))
         return false;
   }
   tokens_.assign(a_.microbatches, nullptr);
@@ -186,7 +187,8 @@ bool CudaRank::setupDevice() {
   }
   // shareStatistics' all-reduce: squares and zeros per parameter, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
-  const size_t sharedCount = 2 * a_.params.size() + a_.microbatches * a_.stages.back().losses.size() + 3 * a_.pp;
+  const size_t sharedCount =
+      2 * a_.params.size() + a_.dp * a_.microbatches * a_.stages.back().losses.size() + 3 * a_.worldSize();
   if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
@@ -213,6 +215,8 @@ std::vector<cudaStream_t> CudaRank::allStreams() {
     streams.push_back(st);
   for (auto &[peer, st] : recvStream_)
     streams.push_back(st);
+  if (replicaStream_)
+    streams.push_back(replicaStream_);
   return streams;
 }
 
@@ -399,7 +403,7 @@ bool CudaRank::adoptMemoryPlan() {
 void CudaRank::prepareCsrs(const StepInputs &inputs) {
   const ModelInfo &m = a_.model;
   std::set<std::pair<int64_t, int64_t>> uploaded;
-  for (size_t s = rank_; s < a_.stages.size(); s += a_.pp)
+  for (size_t s = pipe_; s < a_.stages.size(); s += a_.pp)
     for (const ForwardInstr &f : a_.stages[s].forward) {
       if (f.op != Prim::Embed)
         continue;
@@ -509,8 +513,10 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
 
 void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   cudaSetDevice(gpu_);
+  if (replica_ != 0) // every replica holds the same weights; replica 0 speaks for them
+    return;
   for (size_t p = 0; p < a_.params.size(); ++p)
-    if (plans_[p].owner == rank_ && weights_.count(int(p))) {
+    if (plans_[p].owner == pipe_ && weights_.count(int(p))) {
       weights[p].resize(a_.params[p].count());
       cudaMemcpy(weights[p].data(), weights_[int(p)], weights[p].size() * 4, cudaMemcpyDeviceToHost);
     }
@@ -520,8 +526,10 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
 // ordered after the last update. The trainer calls these on its thread.
 bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
+  if (replica_ != 0) // every replica holds the same state; replica 0 speaks for them
+    return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
-    if (plans_[p].owner != rank_ || !weights_.count(int(p)))
+    if (plans_[p].owner != pipe_ || !weights_.count(int(p)))
       continue;
     const size_t count = a_.params[p].count();
     state.weights[p].resize(count);
@@ -543,7 +551,7 @@ bool CudaRank::loadState(const ParameterState &state) {
     if (state.weights[p].size() != count)
       return fail("the loaded state lacks parameter " + a_.params[p].name);
     cudaMemcpy(w, state.weights[p].data(), count * 4, cudaMemcpyHostToDevice);
-    if (plans_[p].owner != rank_ || !adamM_.count(p))
+    if (plans_[p].owner != pipe_ || !adamM_.count(p))
       continue;
     if (state.adamM[p].size() == count)
       cudaMemcpy(adamM_[p], state.adamM[p].data(), count * 4, cudaMemcpyHostToDevice);
@@ -556,7 +564,7 @@ bool CudaRank::loadState(const ParameterState &state) {
 
 void CudaRank::refreshLowWeights(bool receivedOnly) {
   for (auto &[p, low] : lowWeights_)
-    if (!receivedOnly || plans_[p].owner != rank_)
+    if (!receivedOnly || plans_[p].owner != pipe_)
       toBf16(weights_.at(p), low, a_.params[p].count(), compute_);
 }
 

@@ -58,17 +58,24 @@ struct ParamPlan {
 
 std::vector<ParamPlan> planParameters(const Artifact &a);
 
-/// Every directed rank pair that exchanges messages: pipeline sends, and
-/// gradients / weights of parameters held on several ranks.
+/// Every directed pair of global ranks that exchanges messages: pipeline
+/// sends, and gradients / weights of parameters held on several pipeline
+/// ranks, within each data-parallel replica. (`plans` are in pipeline ranks,
+/// the same for every replica.)
 std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans);
 
-/// The NCCL unique ids of a run: the world, then each pair in order.
+/// The data-parallel groups with a communicator of their own: one per
+/// pipeline rank when dp > 1, else none.
+inline size_t replicaGroupCount(const Artifact &a) { return a.dp > 1 ? size_t(a.pp) : 0; }
+
+/// The NCCL unique ids of a run: the world, each pair in order, then each
+/// data-parallel group's (by pipeline rank).
 struct CommIds {
   ncclUniqueId world;
-  std::vector<ncclUniqueId> pairs;
+  std::vector<ncclUniqueId> pairs, replicaGroups;
   std::string serialize() const;
-  static bool parse(const std::string &bytes, size_t pairCount, CommIds &ids);
-  static std::string make(size_t pairCount, CommIds &ids); // "" or the NCCL error
+  static bool parse(const std::string &bytes, size_t pairCount, size_t groupCount, CommIds &ids);
+  static std::string make(size_t pairCount, size_t groupCount, CommIds &ids); // "" or the NCCL error
 };
 
 std::string cudaWhat(cudaError_t status);
@@ -90,9 +97,14 @@ public:
   const std::vector<Pair> &communicating() const { return pairs_; }
 
   int64_t rank() const override { return rank_; }
+  int64_t pipelineRank() const override { return pipe_; }
+  int64_t replica() const override { return replica_; }
   const std::string &error() const override { return error_; }
   bool beginStep(const StepInputs &inputs) override;
   bool finishPipeline() override;
+  /// The data-parallel ALLREDUCE of a stage's gradients (dp > 1), on a
+  /// stream of its own behind the compute so far: the backward goes on.
+  bool allReduceGradients(const Instr &instr) override;
   bool optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) override;
   Buffer allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) override;
   int64_t auxCount(int64_t stage, size_t index) const override;
@@ -150,6 +162,8 @@ private:
   // CudaComms.cpp
   void createPairStreams();
   bool connectPairs();
+  /// The global rank of pipeline rank `peer` in this rank's replica.
+  int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_); }
   // CudaLaunch.cpp
   Buffer scratch(int64_t count);
   void releaseScratch();
@@ -195,7 +209,8 @@ private:
 
   const Artifact &a_;
   const TrainOptions &options_;
-  const int64_t rank_;
+  const int64_t rank_;            // global: pipeline rank x dp + replica
+  const int64_t pipe_, replica_; // the plans, streams and schedules are in pipeline ranks
   const int gpu_;
   const std::atomic<bool> *peerFailed_;
   const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)
@@ -234,7 +249,8 @@ private:
   std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
   std::unique_ptr<RankLinks> links_;                       // NCCL or shared-GPU (RankLinks.h)
-  std::map<int64_t, cudaStream_t> sendStream_, recvStream_; // by peer
+  std::map<int64_t, cudaStream_t> sendStream_, recvStream_; // by the peer's pipeline rank
+  cudaStream_t replicaStream_ = nullptr;                     // the data-parallel ALLREDUCEs (dp > 1)
   std::vector<int32_t *> tokens_, labels_; // by microbatch
   /// Packed documents' RoPE positions and first keys by microbatch (empty
   /// unless TrainOptions::resetPositionIds / resetAttentionMask).

@@ -44,18 +44,19 @@ GpuInventory queryGpus() {
   return inventory;
 }
 
-std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu) {
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu, const std::string &mesh) {
   const int64_t needed = (ranks + ranksPerGpu - 1) / ranksPerGpu;
   if (static_cast<int64_t>(gpus.gpus.size()) >= needed)
     return "";
   const std::string visible = std::to_string(gpus.gpus.size()) + " GPU(s) are visible" +
                               (gpus.gpus.empty() ? " (" + gpus.unavailableReason + ")" : "");
+  const std::string has = "the artifact has " + (mesh.empty() ? "pp = " + std::to_string(ranks) : mesh) +
+                          (mesh.empty() ? " pipeline ranks" : " = " + std::to_string(ranks) + " ranks");
   if (ranksPerGpu > 1)
-    return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks, " + std::to_string(ranksPerGpu) +
-           " a GPU (--ranks-per-gpu) need " + std::to_string(needed) + " GPU(s), but " + visible +
-           "; raise --ranks-per-gpu or run on more GPUs";
-  return "the artifact has pp = " + std::to_string(ranks) + " pipeline ranks and needs one GPU each, but " + visible +
-         "; recompile with a smaller --pp, run on more GPUs, or share them (--in-process --ranks-per-gpu N)";
+    return has + ", " + std::to_string(ranksPerGpu) + " a GPU (--ranks-per-gpu) need " + std::to_string(needed) +
+           " GPU(s), but " + visible + "; raise --ranks-per-gpu or run on more GPUs";
+  return has + " and needs one GPU each, but " + visible +
+         "; recompile with a smaller mesh, run on more GPUs, or share them (--in-process --ranks-per-gpu N)";
 }
 
 std::string gpuSelfTest(int device) {

@@ -33,9 +33,10 @@ struct GpuInventory {
 /// returns an empty list and the reason.
 GpuInventory queryGpus();
 
-/// "" when `gpus` has a GPU for every `ranksPerGpu` pipeline ranks; else
+/// "" when `gpus` has a GPU for every `ranksPerGpu` of `ranks` ranks; else
 /// the one-line refusal (how many are visible, why none, and the fix).
-std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu = 1);
+/// `mesh` names a mesh beyond pipeline ranks ("pp = 2 x dp = 2").
+std::string missingGpus(const GpuInventory &gpus, int64_t ranks, int64_t ranksPerGpu = 1, const std::string &mesh = "");
 
 /// The compute capability our kernels are compiled for (sm_90: Hopper).
 inline constexpr int kKernelComputeMajor = 9;

@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mhcc::runtime::cuda {
 
@@ -45,6 +47,13 @@ public:
   /// Sums `count` doubles at `data` (device) over every rank, in place,
   /// ordered after the work queued on `stream`: "" or what failed.
   virtual std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) = 0;
+  /// Sums each buffer over this rank's data-parallel group (the replicas
+  /// of its pipeline rank), in place, ordered after the work queued on
+  /// `stream` and before the work queued on it later. Shared-GPU links add
+  /// the replicas in replica order; NCCL in its own order, which at two
+  /// replicas is the same sum (a + b = b + a).
+  virtual std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
+                                        cudaStream_t stream) = 0;
   /// Stops every wait of this rank's links (a failed run).
   virtual void abort() = 0;
 };
@@ -53,13 +62,16 @@ public:
 /// by every rank's links.
 class SharedGpuPost;
 
-/// Links of rank `rank` through `post`, which its peers in this process
-/// hold too. A receive or the all-reduce waits for a peer's host thread at
-/// most `timeoutSeconds` (--recv-timeout) and stops once `peerFailed` is set.
+/// Links of global rank `rank` through `post`, which its peers in this
+/// process hold too. A receive or an all-reduce waits for a peer's host
+/// thread at most `timeoutSeconds` (--recv-timeout) and stops once
+/// `peerFailed` is set.
 std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, int64_t rank,
                                           double timeoutSeconds, const std::atomic<bool> *peerFailed);
-/// The mailboxes for `ranks` ranks.
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks);
+/// The mailboxes for `ranks` ranks, `replicas` data-parallel replicas of
+/// ranks / replicas pipeline ranks (global rank = pipeline rank x replicas
+/// + replica).
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas);
 
 } // namespace mhcc::runtime::cuda
 

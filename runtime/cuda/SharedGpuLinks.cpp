@@ -18,6 +18,8 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/RankLinks.h"
 
+#include "runtime/cuda/DeviceKernels.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -53,7 +55,15 @@ public:
     const std::atomic<bool> *peerFailed;
   };
 
-  explicit SharedGpuPost(int64_t ranks) : ranks_(ranks), returned_(ranks), contributions_(ranks) {}
+  SharedGpuPost(int64_t ranks, int64_t replicas)
+      : ranks_(ranks), replicas_(replicas), returned_(ranks), contributions_(ranks),
+        replicaGroups_(ranks / replicas) {
+    for (ReplicaGroup &g : replicaGroups_) {
+      g.sources.resize(replicas);
+      g.ready.resize(replicas);
+      g.done.resize(replicas);
+    }
+  }
   ~SharedGpuPost() {
     // Messages never received (a failed run) and staging never taken back.
     for (auto &[pair, queue] : queues_)
@@ -125,6 +135,40 @@ public:
     return true;
   }
 
+  /// What one rank brings to its data-parallel group's all-reduce.
+  struct Contribution {
+    std::vector<std::pair<float *, int64_t>> buffers;
+    cudaEvent_t ready = nullptr; // its buffers final
+  };
+  /// Phase 1: every replica posts its buffers and their event; returns
+  /// every replica's, in replica order.
+  bool meetReplicas(int64_t rank, const Contribution &mine, std::vector<Contribution> &all, const Waiting &waiting,
+                    std::string &why) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ReplicaGroup &g = replicaGroups_[rank / replicas_];
+    g.sources[rank % replicas_] = mine.buffers;
+    g.ready[rank % replicas_] = mine.ready;
+    if (!meet(lock, g.posted, waiting, "the other replicas' gradients", why))
+      return false;
+    all.resize(replicas_);
+    for (int64_t d = 0; d < replicas_; ++d)
+      all[d] = {g.sources[d], g.ready[d]};
+    return true;
+  }
+  /// Phase 2: every replica posts the event after its reads of the others'
+  /// buffers; `stream` waits for all of them (before a replica overwrites
+  /// its buffers).
+  bool replicasDone(int64_t rank, cudaEvent_t done, cudaStream_t stream, const Waiting &waiting, std::string &why) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ReplicaGroup &g = replicaGroups_[rank / replicas_];
+    g.done[rank % replicas_] = done;
+    if (!meet(lock, g.read, waiting, "the other replicas' sums", why))
+      return false;
+    for (cudaEvent_t event : g.done)
+      cudaStreamWaitEvent(stream, event, 0);
+    return true;
+  }
+
   void abort() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -134,6 +178,32 @@ public:
   }
 
 private:
+  /// A barrier that can be met again: the last to arrive starts the next round.
+  struct Rendezvous {
+    int64_t generation = 0, arrived = 0;
+  };
+  /// The replicas of one pipeline rank. Each phase's posts are read after
+  /// its rendezvous and not overwritten before the next phase's, which
+  /// every replica reaches only after reading them; the events are each
+  /// rank's own, recorded anew each time (a wait takes the record it sees).
+  struct ReplicaGroup {
+    std::vector<std::vector<std::pair<float *, int64_t>>> sources;
+    std::vector<cudaEvent_t> ready, done;
+    Rendezvous posted, read;
+  };
+
+  bool meet(std::unique_lock<std::mutex> &lock, Rendezvous &r, const Waiting &waiting, const std::string &what,
+            std::string &why) {
+    const int64_t generation = r.generation;
+    if (++r.arrived == replicas_) {
+      r.arrived = 0;
+      ++r.generation;
+      changed_.notify_all();
+      return true;
+    }
+    return waitUntil(lock, waiting, [&] { return r.generation != generation; }, what, why);
+  }
+
   template <typename Ready>
   bool waitUntil(std::unique_lock<std::mutex> &lock, const Waiting &waiting, Ready ready, const std::string &what,
                  std::string &why) {
@@ -156,7 +226,7 @@ private:
     return true;
   }
 
-  const int64_t ranks_;
+  const int64_t ranks_, replicas_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool aborted_ = false;
@@ -165,6 +235,7 @@ private:
   std::vector<std::vector<double>> contributions_;
   std::vector<double> sum_;
   int64_t arrived_ = 0, generation_ = 0;
+  std::vector<ReplicaGroup> replicaGroups_; // by pipeline rank
 };
 
 namespace {
@@ -177,6 +248,9 @@ public:
                  const std::atomic<bool> *peerFailed)
       : post_(std::move(post)), rank_(rank), waiting_{timeoutSeconds, peerFailed} {}
   ~SharedGpuLinks() override {
+    for (cudaEvent_t event : {ready_, done_})
+      if (event)
+        cudaEventDestroy(event);
     for (Returned &r : post_->takeReturned(rank_)) {
       cudaEventSynchronize(r.consumed);
       cudaEventDestroy(r.consumed);
@@ -219,6 +293,51 @@ public:
     cudaMemcpyAsync(data, values.data(), count * sizeof(double), cudaMemcpyHostToDevice, stream);
     if (cudaError_t status = cudaStreamSynchronize(stream); status != cudaSuccess)
       return "writing the shared statistics: " + what(status);
+    return "";
+  }
+
+  /// Each replica sums every replica's buffers in replica order into a
+  /// buffer of its own (reading the others' in place, behind their
+  /// events), waits until every replica has read its buffers, then copies
+  /// the sum over them.
+  std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
+                                cudaStream_t stream) override {
+    for (cudaEvent_t *event : {&ready_, &done_})
+      if (!*event && cudaEventCreateWithFlags(event, cudaEventDisableTiming) != cudaSuccess)
+        return "creating the gradient all-reduce's events";
+    cudaEventRecord(ready_, stream);
+    std::vector<SharedGpuPost::Contribution> all;
+    std::string why;
+    if (!post_->meetReplicas(rank_, {buffers, ready_}, all, waiting_, why))
+      return why;
+    for (const SharedGpuPost::Contribution &c : all)
+      if (c.ready != ready_)
+        cudaStreamWaitEvent(stream, c.ready, 0);
+    // The others' buffers are copied here before they are added (they may
+    // be on another GPU, which a kernel could not read without peer access).
+    std::vector<float *> sums(buffers.size(), nullptr);
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      const int64_t count = buffers[k].second;
+      const size_t bytes = std::max<int64_t>(count, 1) * sizeof(float);
+      float *term = nullptr;
+      if (cudaMallocAsync(&sums[k], bytes, stream) != cudaSuccess || cudaMallocAsync(&term, bytes, stream) != cudaSuccess)
+        return "out of GPU memory for the gradient all-reduce (" + what(cudaGetLastError()) + ")";
+      cudaMemcpyAsync(sums[k], all[0].buffers[k].first, count * sizeof(float), cudaMemcpyDefault, stream);
+      for (size_t d = 1; d < all.size(); ++d) {
+        cudaMemcpyAsync(term, all[d].buffers[k].first, count * sizeof(float), cudaMemcpyDefault, stream);
+        addInto(sums[k], static_cast<const float *>(term), count, stream);
+      }
+      cudaFreeAsync(term, stream);
+    }
+    cudaEventRecord(done_, stream);
+    if (!post_->replicasDone(rank_, done_, stream, waiting_, why))
+      return why;
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      cudaMemcpyAsync(buffers[k].first, sums[k], buffers[k].second * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+      cudaFreeAsync(sums[k], stream);
+    }
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
+      return "the gradient all-reduce: " + what(status);
     return "";
   }
 
@@ -283,6 +402,7 @@ private:
   const int64_t rank_;
   const SharedGpuPost::Waiting waiting_;
   std::vector<Op> ops_;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr; // the gradient all-reduce's (SharedGpuPost::ReplicaGroup)
 };
 
 } // namespace
@@ -292,6 +412,8 @@ std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, i
   return std::make_unique<SharedGpuLinks>(std::move(post), rank, timeoutSeconds, peerFailed);
 }
 
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks) { return std::make_shared<SharedGpuPost>(ranks); }
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas) {
+  return std::make_shared<SharedGpuPost>(ranks, replicas);
+}
 
 } // namespace mhcc::runtime::cuda

@@ -1,5 +1,5 @@
 // The CUDA backend end to end: deterministic run to run, bit-identical
-// across pipeline layouts (PP1 reference against PP2 and PP2/VPP2, on one
+// across pipeline layouts at a fixed dp (PP1 reference against PP2 and PP2/VPP2, on one
 // GPU a rank, or with ranks sharing the GPUs when fewer are visible:
 // losses, every reduced gradient, every tapped boundary and activation,
 // final weights), and close to the CPU backend on the
@@ -24,6 +24,22 @@ namespace {
 std::string gData;
 std::vector<std::string> gArtifacts;
 
+/// Ranks a GPU for `path`'s mesh on `gpus` GPUs: 1 when each rank can have
+/// one, else as many as sharing them takes (their messages device copies
+/// instead of NCCL, runtime/cuda/RankLinks.h: the same kernels and bits,
+/// the transport not exercised); `how` says which.
+int ranksPerGpu(const std::string &path, int64_t gpus, std::string &how) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(path, error);
+  EXPECT_TRUE(artifact) << error;
+  const int64_t ranks = artifact ? artifact->worldSize() : 1;
+  const int perGpu = int((ranks + gpus - 1) / gpus);
+  how = perGpu > 1 ? " on " + std::to_string((ranks + perGpu - 1) / perGpu) + " GPU(s), " + std::to_string(perGpu) +
+                         " ranks a GPU"
+                   : " on GPUs";
+  return perGpu;
+}
+
 TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
   GpuInventory gpus = queryGpus();
   if (gpus.gpus.empty())
@@ -32,10 +48,14 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
   std::optional<TokenDataset> data = TokenDataset::open(gData, error);
   ASSERT_TRUE(data) << error;
 
-  TrainingRun gpu = train(gArtifacts[1], *data, 2, cudaDevices());
+  const int64_t visible = static_cast<int64_t>(gpus.gpus.size());
+  std::string how;
+  const int referenceSharing = ranksPerGpu(gArtifacts[1], visible, how);
+  std::printf("%s: training%s\n", gArtifacts[1].c_str(), how.c_str());
+  TrainingRun gpu = train(gArtifacts[1], *data, 2, cudaDevices(referenceSharing));
   ASSERT_EQ(gpu.steps.size(), 2u);
   {
-    TrainingRun again = train(gArtifacts[1], *data, 2, cudaDevices());
+    TrainingRun again = train(gArtifacts[1], *data, 2, cudaDevices(referenceSharing));
     expectIdentical(gpu, again, gArtifacts[1] + " on the GPU (rerun)");
   }
   TrainingRun cpu;
@@ -88,21 +108,12 @@ TEST(GpuTraining, DeterministicAcrossRunsLayoutsAndCloseToTheCpu) {
                 gpu.steps[s].lmLoss, cpu.steps[s].lmLoss, lm, gpu.steps[s].gradNorm, cpu.steps[s].gradNorm);
   }
   for (size_t i = 2; i < gArtifacts.size(); ++i) {
-    std::optional<Artifact> artifact = readArtifact(gArtifacts[i], error);
-    ASSERT_TRUE(artifact) << error;
-    // Fewer GPUs than ranks: the ranks share them, their messages device
-    // copies instead of NCCL (runtime/cuda/RankLinks.h): the same kernels
-    // and bits, the transport not exercised.
-    const int64_t visible = static_cast<int64_t>(gpus.gpus.size());
-    const int ranksPerGpu = int((artifact->pp + visible - 1) / visible);
-    const std::string how = ranksPerGpu > 1 ? " on " + std::to_string((artifact->pp + ranksPerGpu - 1) / ranksPerGpu) +
-                                                  " GPU(s), " + std::to_string(ranksPerGpu) + " ranks a GPU"
-                                            : " on GPUs";
+    const int sharing = ranksPerGpu(gArtifacts[i], visible, how);
     std::printf("%s: training%s\n", gArtifacts[i].c_str(), how.c_str());
-    TrainingRun first = train(gArtifacts[i], *data, 2, cudaDevices(ranksPerGpu));
+    TrainingRun first = train(gArtifacts[i], *data, 2, cudaDevices(sharing));
     expectIdentical(gpu, first, gArtifacts[i] + how);
     first = {}; // the large cases hold gigabytes of gradients per run
-    TrainingRun second = train(gArtifacts[i], *data, 2, cudaDevices(ranksPerGpu));
+    TrainingRun second = train(gArtifacts[i], *data, 2, cudaDevices(sharing));
     expectIdentical(gpu, second, gArtifacts[i] + how + " (rerun)");
     std::printf("%s: bit-identical to PP1%s, twice\n", gArtifacts[i].c_str(), how.c_str());
   }
