@@ -96,12 +96,14 @@ declare -A ARTIFACT=(
   # Data parallelism (issue 13): tiny at dp 2, 2 microbatches a replica (the
   # global batch of tiny_pp1's 4), the layouts of tiny's parity group.
   [tiny_dp2_pp1]="models/tiny.json --microbatches 2 --dp 2 --pp 1"
-  [tiny_dp2_pp2]="models/tiny.json --microbatches 2 --dp 2 --pp 2 --layout Ett|ttmL"
+  # The distributed optimizer (zero1: Adam's moments sharded) gives the same bits.
   [tiny_dp2_pp2_vpp2]="models/tiny.json --microbatches 2 --dp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
   [tiny_dp2_pp2_zb]="models/tiny.json --microbatches 2 --dp 2 --pp 2 --layout Ett|ttmL --schedule zb-h1"
+  [tiny_dp2_zero1_pp1]="models/tiny.json --microbatches 2 --dp 2 --pp 1 --distributed-optimizer"
+  [tiny_dp2_zero1_pp2]="models/tiny.json --microbatches 2 --dp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   [tiny_bf16_dp2_pp1]="models/tiny_bf16.json --microbatches 2 --dp 2 --pp 1"
-  [tiny_bf16_dp2_pp2]="models/tiny_bf16.json --microbatches 2 --dp 2 --pp 2 --layout Ett|ttmL"
   [tiny_bf16_dp2_pp2_vpp2]="models/tiny_bf16.json --microbatches 2 --dp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_bf16_dp2_zero1_pp2]="models/tiny_bf16.json --microbatches 2 --dp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
   [small_m4_pp1]="models/small.json --microbatches 4 --pp 1"
   [small_m4_pp4]="models/small.json --microbatches 4 --pp 4"
@@ -318,8 +320,8 @@ run)
       # The same tiny layouts with --memory-plan pool (the static plan is the default).
       [tiny_pool]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
       # Data parallelism: dp 2 at each layout against dp 2 PP1, and the CPU's dp 2.
-      [tiny_dp2]="tiny_dp2_pp1:tiny_dp2_pp1 tiny_dp2_pp2 tiny_dp2_pp2_vpp2 tiny_dp2_pp2_zb"
-      [tiny_bf16_dp2]="tiny_bf16_dp2_pp1:tiny_bf16_dp2_pp1 tiny_bf16_dp2_pp2 tiny_bf16_dp2_pp2_vpp2"
+      [tiny_dp2]="tiny_dp2_pp1:tiny_dp2_pp1 tiny_dp2_pp2_vpp2 tiny_dp2_pp2_zb tiny_dp2_zero1_pp1 tiny_dp2_zero1_pp2"
+      [tiny_bf16_dp2]="tiny_bf16_dp2_pp1:tiny_bf16_dp2_pp1 tiny_bf16_dp2_pp2_vpp2 tiny_bf16_dp2_zero1_pp2"
     )
     for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
@@ -496,6 +498,20 @@ PY
        ck_run pp1_b tiny_pp1 20 --load ck_pp1 && ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp1_a.jsonl" "$logs/ck_pp1_b.jsonl"
     then r=PASS; else r=FAIL; fi
     row "checkpoint PP1 10+10 == 20" $r "$(ck_cost "$logs/ck_pp1_a.log")"
+    # dp 2 with the distributed optimizer: each replica's part of the moments
+    # saved and loaded (every rank in this process: shared links on one GPU).
+    if [ -f tiny_dp2_zero1_pp1.mhcc ]; then
+      rm -rf ck_zero1
+      inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
+      # shellcheck disable=SC2086
+      if ck_run zero1_full tiny_dp2_zero1_pp1 20 $inproc && ck_run zero1_a tiny_dp2_zero1_pp1 10 $inproc --save ck_zero1 &&
+         ck_run zero1_b tiny_dp2_zero1_pp1 20 $inproc --load ck_zero1 &&
+         ck_same "$logs/ck_zero1_full.jsonl" "$logs/ck_zero1_a.jsonl" "$logs/ck_zero1_b.jsonl" &&
+         ck_run zero1_to_plain tiny_dp2_pp1 20 $inproc --load ck_zero1/iter_0000010 &&
+         ck_same "$logs/ck_zero1_full.jsonl" "$logs/ck_zero1_to_plain.jsonl"
+      then r=PASS; else r=FAIL; fi
+      row "checkpoint dp 2 zero1 ($inproc) 10+10 == 20, resumed without sharding" $r "$(ck_cost "$logs/ck_zero1_a.log")"
+    fi
     if [ "$gpus" -ge 2 ]; then
       if ck_run pp2_full tiny_pp2 20 --gpus 2 && ck_run pp2_a tiny_pp2 10 --gpus 2 --save ck_pp2 &&
          ck_run pp2_b tiny_pp2 20 --gpus 2 --load ck_pp2 &&

@@ -142,10 +142,9 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
-  if (a.cp > 1 || a.tp > 1 || a.distributedOptimizer) {
-    const std::string what = a.cp > 1   ? "context parallelism (cp = " + std::to_string(a.cp) + ")"
-                             : a.tp > 1 ? "tensor parallelism (tp = " + std::to_string(a.tp) + ")"
-                                        : "the distributed optimizer";
+  if (a.cp > 1 || a.tp > 1) {
+    const std::string what = a.cp > 1 ? "context parallelism (cp = " + std::to_string(a.cp) + ")"
+                                      : "tensor parallelism (tp = " + std::to_string(a.tp) + ")";
     std::cerr << "mhcrun: " << what << " runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
@@ -166,7 +165,7 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
 /// bytes a parameter element, of the parameters its stages use, its
 /// tensor-parallel blocks of them), the largest over the ranks: sharded over
 /// the replicas under the distributed optimizer, and without it.
-std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a) {
+std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded) {
   int64_t sharded = 0, whole = 0;
   for (int64_t r = 0; r < a.pp; ++r) {
     std::vector<bool> uses(a.params.size(), false);
@@ -179,7 +178,7 @@ std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a) {
         if (uses[p]) {
           const int64_t count = shardCount(a.params[p], a.tp);
           const auto [begin, end] = a.shardOf(count, d);
-          shard += 12 * (end - begin);
+          shard += mastersSharded ? 12 * (end - begin) : 8 * (end - begin) + 4 * count;
           all += 12 * count;
         }
       sharded = std::max(sharded, shard);
@@ -503,10 +502,13 @@ int runMhcrun(int argc, char **argv) {
       return fail(rankPrefix + "the artifact has " + name + " = " + std::to_string(size) + " " + ranks +
                   ", which run on the CPU backend for now (--backend cpu: threads, or one process per rank with "
                   "--processes, mpirun or srun); recompile with --" + name + " 1 for GPUs");
-  if (artifact->distributedOptimizer && backend != "cpu")
-    return fail(rankPrefix + "the artifact shards the optimizer over its dp = " + std::to_string(artifact->dp) +
-                " replicas (--distributed-optimizer), which runs on the CPU backend for now (--backend cpu: threads, "
-                "or one process per rank); recompile without --distributed-optimizer for GPUs");
+  // A GPU process saves the parameters its rank owns; the moments' parts of
+  // the other replicas would be missing from the checkpoint.
+  if (artifact->distributedOptimizer && backend == "cuda" && !f.saveDir.empty() &&
+      (placement || (!f.inProcess && f.ranksPerGpu == 1 && artifact->worldSize() > 1)))
+    return fail(rankPrefix + "--save with the distributed optimizer on GPUs needs every rank in one process "
+                "(--in-process or --ranks-per-gpu N): one process a GPU would save only its replica's part of Adam's "
+                "moments");
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);
@@ -580,11 +582,15 @@ int runMhcrun(int argc, char **argv) {
               << (a.dp > 1 ? " per replica" : "") << ", data " << data->source()
               << " (" << data->size() << " tokens)" << std::endl;
   if (speaker && a.distributedOptimizer) {
-    const auto [sharded, whole] = optimizerBytesPerRank(a);
-    char line[200];
+    // The CUDA backend shards the moments; each GPU keeps the whole fp32
+    // masters (the kernels' weights, or the source of their bf16 copies).
+    const bool mastersSharded = backend == "cpu";
+    const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
+    char line[240];
     std::snprintf(line, sizeof line,
-                  "mhcrun: distributed optimizer: fp32 masters and Adam moments sharded over dp = %lld replicas, "
+                  "mhcrun: distributed optimizer: %s sharded over dp = %lld replicas, "
                   "%.2f MiB a rank (%.2f MiB without sharding)",
+                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each GPU)",
                   static_cast<long long>(a.dp), sharded / 1048576.0, whole / 1048576.0);
     std::cout << line << std::endl;
   }

@@ -164,6 +164,19 @@ public:
     ncclResult_t status = ncclGroupEnd();
     return status == ncclSuccess ? "" : std::string("ncclAllReduce over the replicas: ") + ncclGetErrorString(status);
   }
+  /// A broadcast of each part from its replica (parts may differ in size
+  /// by one element, which an all-gather does not allow).
+  std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
+    ncclGroupStart();
+    for (const ReplicaShards &b : buffers)
+      for (size_t d = 0; d < b.shards.size(); ++d) {
+        const auto [begin, end] = b.shards[d];
+        if (end > begin)
+          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(d), replicas_, stream);
+      }
+    ncclResult_t status = ncclGroupEnd();
+    return status == ncclSuccess ? "" : std::string("ncclBroadcast over the replicas: ") + ncclGetErrorString(status);
+  }
   void abort() override {
     for (ncclComm_t comm : comms_)
       ncclCommAbort(comm);

@@ -142,20 +142,41 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   const size_t P = a_.params.size();
   const OptimizerScalars k = optimizerScalars(options_, step, result.gradNorm);
   result.learningRate = k.lr;
+  std::vector<RankLinks::ReplicaShards> gathered; // the distributed optimizer's parts,
+  std::vector<int> gatheredParams;                 // of these parameters
   for (size_t p = 0; p < P; ++p) {
     if (!gradient[p])
       continue;
-    const int64_t count = a_.params[p].count();
-    bf16 *low = bf16_ ? lowWeights_.at(int(p)) : nullptr; // the kernels' copy, rounded in the same pass
+    // This replica's part (all of it without sharding): each element's
+    // update is the same arithmetic either way, so the same bits.
+    const auto [begin, end] = ownShard(p);
+    bf16 *low = bf16_ ? lowWeights_.at(int(p)) + begin : nullptr; // the kernels' copy, rounded in the same pass
+    float *w = weights_[int(p)] + begin;
+    const float *g = gradient[p] + begin;
     if (k.sgd)
-      sgd(weights_[int(p)], gradient[p], count, float(k.lr), k.clip, low, compute_);
+      sgd(w, g, end - begin, float(k.lr), k.clip, low, compute_);
     else
-      adamW(weights_[int(p)], gradient[p], adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1,
-            k.beta2, k.eps, k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f,
-            low, compute_);
+      adamW(w, g, adamM_[int(p)], adamV_[int(p)], end - begin, float(k.lr), k.clip, k.beta1, k.beta2, k.eps,
+            k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f, low, compute_);
+    if (sharded_) {
+      gatheredParams.push_back(int(p));
+      gathered.push_back({weights_[int(p)], {}});
+      for (int64_t d = 0; d < a_.dp; ++d)
+        gathered.back().shards.push_back(a_.shardOf(a_.params[p].count(), d));
+    }
   }
   if (!check("optimizer update"))
     return false;
+  if (!gathered.empty()) {
+    if (std::string problem = links_->allGatherReplicas(gathered, compute_); !problem.empty())
+      return fail("gathering the updated weights' parts: " + problem);
+    for (size_t k = 0; k < gathered.size() && bf16_; ++k) // the others' parts' bf16 copies, rounded here
+      for (int64_t d = 0; d < a_.dp; ++d)
+        if (d != replica_) {
+          const auto [begin, end] = gathered[k].shards[d];
+          toBf16(gathered[k].data + begin, lowWeights_.at(gatheredParams[k]) + begin, end - begin, compute_);
+        }
+  }
   for (auto &[peer, stream] : sendStream_)
     follow(stream, compute_);
   links_->groupStart();

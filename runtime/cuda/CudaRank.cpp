@@ -43,7 +43,8 @@ std::string cudaWhat(cudaError_t status) {
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
-      replica_(artifact.replicaOf(rank)), gpu_(gpu), peerFailed_(peerFailed),
+      replica_(artifact.replicaOf(rank)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
+      peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
@@ -158,8 +159,11 @@ bool CudaRank::setupDevice() {
       return false;
     const std::string gradient = "the gradient of " + info.name;
     if (plan.owner == pipe_) {
-      if (options_.optimizer != "sgd" && (!(adamM_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name)) ||
-                                          !(adamV_[int(param)] = deviceBuffer(bytes, "the Adam state of " + info.name))))
+      const auto [begin, end] = ownShard(param);
+      const size_t momentBytes = (end - begin) * sizeof(float);
+      if (options_.optimizer != "sgd" &&
+          (!(adamM_[int(param)] = deviceBuffer(momentBytes, "the Adam state of " + info.name)) ||
+           !(adamV_[int(param)] = deviceBuffer(momentBytes, "the Adam state of " + info.name))))
         return false;
       if (plan.uses.size() > 1 && !(reduced_[int(param)] = deviceBuffer(bytes, gradient)))
         return false;
@@ -196,6 +200,11 @@ bool CudaRank::setupDevice() {
     return fail("out of GPU memory for the gradient statistics");
   refreshLowWeights();
   return check("setup");
+}
+
+std::pair<int64_t, int64_t> CudaRank::ownShard(size_t p) const {
+  const int64_t count = a_.params[p].count();
+  return sharded_ ? a_.shardOf(count, replica_) : std::pair<int64_t, int64_t>{0, count};
 }
 
 // ---- streams ---------------------------------------------------------------------
@@ -526,19 +535,25 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
 // ordered after the last update. The trainer calls these on its thread.
 bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
-  if (replica_ != 0) // every replica holds the same state; replica 0 speaks for them
+  // Every replica holds the same weights (replica 0 speaks for them); with
+  // the distributed optimizer each holds its part of the moments.
+  if (replica_ != 0 && !sharded_)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
     if (plans_[p].owner != pipe_ || !weights_.count(int(p)))
       continue;
     const size_t count = a_.params[p].count();
-    state.weights[p].resize(count);
-    state.adamM[p].assign(count, 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
-    state.adamV[p].assign(count, 0.0f);
-    cudaMemcpy(state.weights[p].data(), weights_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+    const auto [begin, end] = ownShard(p);
+    if (replica_ == 0) {
+      state.weights[p].resize(count);
+      cudaMemcpy(state.weights[p].data(), weights_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+    }
+    for (auto *moments : {&state.adamM[p], &state.adamV[p]})
+      if (moments->size() != count)
+        moments->assign(count, 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
     if (adamM_.count(int(p))) {
-      cudaMemcpy(state.adamM[p].data(), adamM_[int(p)], count * 4, cudaMemcpyDeviceToHost);
-      cudaMemcpy(state.adamV[p].data(), adamV_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(state.adamM[p].data() + begin, adamM_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(state.adamV[p].data() + begin, adamV_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
     }
   }
   return check("downloading the weights and moments for a checkpoint");
@@ -553,10 +568,11 @@ bool CudaRank::loadState(const ParameterState &state) {
     cudaMemcpy(w, state.weights[p].data(), count * 4, cudaMemcpyHostToDevice);
     if (plans_[p].owner != pipe_ || !adamM_.count(p))
       continue;
+    const auto [begin, end] = ownShard(p);
     if (state.adamM[p].size() == count)
-      cudaMemcpy(adamM_[p], state.adamM[p].data(), count * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(adamM_[p], state.adamM[p].data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
     if (state.adamV[p].size() == count)
-      cudaMemcpy(adamV_[p], state.adamV[p].data(), count * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(adamV_[p], state.adamV[p].data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
   }
   refreshLowWeights();
   return check("uploading the weights and moments of a checkpoint");

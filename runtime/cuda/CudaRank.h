@@ -211,6 +211,12 @@ private:
   const TrainOptions &options_;
   const int64_t rank_;            // global: pipeline rank x dp + replica
   const int64_t pipe_, replica_; // the plans, streams and schedules are in pipeline ranks
+  /// The distributed optimizer (ZeRO-1, dp > 1): an owner's replica d holds
+  /// Adam's moments of part d of each owned parameter (Artifact::shardOf),
+  /// updates that part and gathers the others' after the update.
+  const bool sharded_;
+  /// Part `replica_` of parameter p (all of it without sharding).
+  std::pair<int64_t, int64_t> ownShard(size_t p) const;
   const int gpu_;
   const std::atomic<bool> *peerFailed_;
   const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)

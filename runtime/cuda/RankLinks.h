@@ -54,6 +54,16 @@ public:
   /// replicas is the same sum (a + b = b + a).
   virtual std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                         cudaStream_t stream) = 0;
+  /// A buffer every replica of the group holds, replica d's part of it
+  /// [shards[d].first, shards[d].second) (the distributed optimizer's
+  /// shards, Artifact::shardOf).
+  struct ReplicaShards {
+    float *data = nullptr;
+    std::vector<std::pair<int64_t, int64_t>> shards;
+  };
+  /// Gives every replica the other replicas' parts of each buffer, in
+  /// place, ordered as allReduceReplicas.
+  virtual std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
   /// Stops every wait of this rank's links (a failed run).
   virtual void abort() = 0;
 };

@@ -135,6 +135,8 @@ public:
     return true;
   }
 
+  int64_t replicaOf(int64_t rank) const { return rank % replicas_; }
+
   /// What one rank brings to its data-parallel group's all-reduce.
   struct Contribution {
     std::vector<std::pair<float *, int64_t>> buffers;
@@ -302,17 +304,10 @@ public:
   /// the sum over them.
   std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                 cudaStream_t stream) override {
-    for (cudaEvent_t *event : {&ready_, &done_})
-      if (!*event && cudaEventCreateWithFlags(event, cudaEventDisableTiming) != cudaSuccess)
-        return "creating the gradient all-reduce's events";
-    cudaEventRecord(ready_, stream);
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
-    if (!post_->meetReplicas(rank_, {buffers, ready_}, all, waiting_, why))
+    if (!meet(buffers, stream, all, why))
       return why;
-    for (const SharedGpuPost::Contribution &c : all)
-      if (c.ready != ready_)
-        cudaStreamWaitEvent(stream, c.ready, 0);
     // The others' buffers are copied here before they are added (they may
     // be on another GPU, which a kernel could not read without peer access).
     std::vector<float *> sums(buffers.size(), nullptr);
@@ -329,9 +324,8 @@ public:
       }
       cudaFreeAsync(term, stream);
     }
-    cudaEventRecord(done_, stream);
-    if (!post_->replicasDone(rank_, done_, stream, waiting_, why))
-      return why;
+    if (std::string problem = finish(stream, "the gradient all-reduce"); !problem.empty())
+      return problem;
     for (size_t k = 0; k < buffers.size(); ++k) {
       cudaMemcpyAsync(buffers[k].first, sums[k], buffers[k].second * sizeof(float), cudaMemcpyDeviceToDevice, stream);
       cudaFreeAsync(sums[k], stream);
@@ -341,9 +335,60 @@ public:
     return "";
   }
 
+  /// Each replica copies the others' parts out of their buffers (behind
+  /// their events) into its own, whose parts it alone writes; as in
+  /// allReduceReplicas, none writes its buffers again before every replica
+  /// has read them.
+  std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
+    std::vector<std::pair<float *, int64_t>> posted;
+    for (const ReplicaShards &b : buffers)
+      posted.push_back({b.data, b.shards.empty() ? 0 : b.shards.back().second});
+    std::vector<SharedGpuPost::Contribution> all;
+    std::string why;
+    if (!meet(posted, stream, all, why))
+      return why;
+    const int64_t self = post_->replicaOf(rank_);
+    for (size_t k = 0; k < buffers.size(); ++k)
+      for (size_t d = 0; d < buffers[k].shards.size() && d < all.size(); ++d) {
+        const auto [begin, end] = buffers[k].shards[d];
+        if (int64_t(d) != self && end > begin)
+          cudaMemcpyAsync(buffers[k].data + begin, all[d].buffers[k].first + begin, (end - begin) * sizeof(float),
+                          cudaMemcpyDefault, stream);
+      }
+    return finish(stream, "the weights' all-gather");
+  }
+
   void abort() override { post_->abort(); }
 
 private:
+  /// The replicas' first rendezvous: `stream`'s work so far is what the
+  /// others read; their buffers come back in `all` and `stream` waits for them.
+  bool meet(const std::vector<std::pair<float *, int64_t>> &buffers, cudaStream_t stream,
+            std::vector<SharedGpuPost::Contribution> &all, std::string &why) {
+    for (cudaEvent_t *event : {&ready_, &done_})
+      if (!*event && cudaEventCreateWithFlags(event, cudaEventDisableTiming) != cudaSuccess) {
+        why = "creating the replicas' events";
+        return false;
+      }
+    cudaEventRecord(ready_, stream);
+    if (!post_->meetReplicas(rank_, {buffers, ready_}, all, waiting_, why))
+      return false;
+    for (const SharedGpuPost::Contribution &c : all)
+      if (c.ready != ready_)
+        cudaStreamWaitEvent(stream, c.ready, 0);
+    return true;
+  }
+  /// The second: every replica's reads queued; `stream` waits for them.
+  std::string finish(cudaStream_t stream, const std::string &operation) {
+    cudaEventRecord(done_, stream);
+    std::string why;
+    if (!post_->replicasDone(rank_, done_, stream, waiting_, why))
+      return why;
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
+      return operation + ": " + what(status);
+    return "";
+  }
+
   struct Op {
     bool send;
     void *data;
