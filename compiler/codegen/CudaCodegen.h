@@ -1,7 +1,8 @@
 //===- CudaCodegen.h - the model's CUDA kernels, generated and compiled -*- C++ -*-===//
 //
 // mhcc specializes the kernel library (runtime/cuda/ModelKernels.cu and its
-// parts MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu, MhcBackwardKernels.cu, LayerKernels.cu, beside
+// parts MhcKernels.cu, MhcMixKernels.cu, MhcFusedKernels.cu, MhcBackwardKernels.cu, LayerKernels.cu,
+// TensorParallelKernels.cu, beside
 // the runtime's launch table for it: every non-GEMM piece
 // of the forward and backward) to one model by prepending its constants
 // (stream count n, Sinkhorn iterations) and its activation storage type

@@ -142,9 +142,9 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
-  if (a.cp > 1 || a.tp > 1) {
+  if (a.cp > 1 || a.sequenceParallel) {
     const std::string what = a.cp > 1 ? "context parallelism (cp = " + std::to_string(a.cp) + ")"
-                                      : "tensor parallelism (tp = " + std::to_string(a.tp) + ")";
+                                      : "sequence parallelism (tp = " + std::to_string(a.tp) + ")";
     std::cerr << "mhcrun: " << what << " runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
@@ -493,22 +493,27 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // The mesh beyond pipeline ranks runs on the CPU backend for now (threads,
-  // or one process a rank).
-  for (auto [name, size, ranks] : {std::tuple<const char *, int64_t, const char *>{"cp", artifact->cp,
-                                                                                  "context-parallel ranks"},
-                                   {"tp", artifact->tp, "tensor-parallel ranks"}})
-    if (size > 1 && backend != "cpu")
-      return fail(rankPrefix + "the artifact has " + name + " = " + std::to_string(size) + " " + ranks +
-                  ", which run on the CPU backend for now (--backend cpu: threads, or one process per rank with "
-                  "--processes, mpirun or srun); recompile with --" + name + " 1 for GPUs");
-  // A GPU process saves the parameters its rank owns; the moments' parts of
-  // the other replicas would be missing from the checkpoint.
-  if (artifact->distributedOptimizer && backend == "cuda" && !f.saveDir.empty() &&
+  // Context and sequence parallelism run on the CPU backend for now
+  // (threads, or one process a rank).
+  if (artifact->cp > 1 && backend != "cpu")
+    return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
+                " context-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
+                "process per rank with --processes, mpirun or srun); recompile with --cp 1 for GPUs");
+  if (artifact->sequenceParallel && backend != "cpu")
+    return fail(rankPrefix + "the artifact has sequence parallelism, which runs on the CPU backend for now "
+                "(--backend cpu); recompile without --sequence-parallel for GPUs (tensor parallelism alone runs on "
+                "them)");
+  // A GPU process saves the parameters its rank owns whole; the moments'
+  // parts of the other replicas, or the other tensor ranks' blocks, would be
+  // missing from the checkpoint.
+  const bool partsElsewhere = artifact->distributedOptimizer || artifact->tp > 1;
+  if (partsElsewhere && backend == "cuda" && !f.saveDir.empty() &&
       (placement || (!f.inProcess && f.ranksPerGpu == 1 && artifact->worldSize() > 1)))
-    return fail(rankPrefix + "--save with the distributed optimizer on GPUs needs every rank in one process "
-                "(--in-process or --ranks-per-gpu N): one process a GPU would save only its replica's part of Adam's "
-                "moments");
+    return fail(rankPrefix + "--save " +
+                (artifact->tp > 1 ? std::string("with tensor parallelism") : "with the distributed optimizer") +
+                " on GPUs needs every rank in one process (--in-process or --ranks-per-gpu N): one process a GPU "
+                "would save only its " +
+                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "replica's part of Adam's moments"));
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);

@@ -369,33 +369,18 @@ bool CpuRankBase::backward(int64_t stage, int64_t mb, size_t index, BackwardPart
 }
 
 bool CpuRankBase::expectCollectives(const Instr *first, size_t count) {
-  planned_ = first;
-  plannedCount_ = count;
-  issued_ = 0;
+  collectives_.expect(first, count);
   return true;
 }
 
 bool CpuRankBase::issue(MeshAxis axis, CollectiveOp op, int64_t rows, int64_t cols) {
-  const Instr *next = issued_ < plannedCount_ ? planned_ + issued_ : nullptr;
-  const bool allReduce = op == CollectiveOp::AllReduce || op == CollectiveOp::AllReduceMax;
-  if (next && next->axis == axis && next->collective == op && rows * cols == next->tokens * next->width &&
-      (allReduce || (rows == next->tokens && cols == next->width))) {
-    ++issued_;
-    return true;
-  }
-  std::string issued = std::string(meshAxisName(axis)) + " " + collectiveOpName(op) + " [" + std::to_string(rows) +
-                       "x" + std::to_string(cols) + "]";
-  return fail("its kernels issued collective #" + std::to_string(issued_ + 1) + " as " + issued +
-              ", where the schedule lists " + (next ? next->describe() : std::string("no more")) +
-              " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)");
+  const std::string problem = collectives_.issue(axis, op, rows, cols);
+  return problem.empty() || fail(problem);
 }
 
 bool CpuRankBase::collectivesIssued() {
-  if (issued_ == plannedCount_)
-    return true;
-  return fail("its kernels issued " + std::to_string(issued_) + " of the " + std::to_string(plannedCount_) +
-              " collectives the schedule lists; the next was " + planned_[issued_].describe() +
-              " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)");
+  const std::string problem = collectives_.finished();
+  return problem.empty() || fail(problem);
 }
 
 void CpuRankBase::takeProfile(std::map<std::string, double> &profileMs) {

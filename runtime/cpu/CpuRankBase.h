@@ -14,6 +14,7 @@
 #define MHCC_RUNTIME_CPU_CPURANKBASE_H
 
 #include "runtime/cpu/StageExecutor.h"
+#include "runtime/exec/CollectiveCheck.h"
 #include "runtime/exec/Device.h"
 #include "runtime/train/Optimizer.h"
 
@@ -180,13 +181,10 @@ private:
   StageContext<float> contextFor(int64_t stage, int64_t mb);
 
   /// A collective the kernels are about to issue, against the next one the
-  /// schedule lists (expectCollectives); an all-reduce compares elements
-  /// (rows x cols), the others rows and cols. False (and error_) on a
-  /// difference.
+  /// schedule lists (CollectiveCheck.h); false (and error_) on a difference.
   bool issue(MeshAxis axis, CollectiveOp op, int64_t rows, int64_t cols);
 
-  const Instr *planned_ = nullptr; // the current compute step's COLLECTIVEs
-  size_t plannedCount_ = 0, issued_ = 0;
+  CollectiveCheck collectives_; // the current compute step's COLLECTIVEs
   const StepInputs *inputs_ = nullptr;
   bool gatherFailed_ = false; // a context- or tensor-parallel collective failed: the rank stops
   std::map<std::string, double> profile_;

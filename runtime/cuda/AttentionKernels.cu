@@ -127,57 +127,60 @@ int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t
 
 template <typename A>
 std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
-                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                             DeviceDocuments docs, cudaStream_t s) {
+                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads,
+                             int64_t seq, DeviceDocuments docs, cudaStream_t s) {
+  // Everything between the two projections is `inner` wide (this rank's heads).
   std::string error;
-  A *qkv = reinterpret_cast<A *>(aux), *o = qkv + rows * 3 * C;
-  float *lse = reinterpret_cast<float *>(o + rows * C);
-  matmul(g, x, wqkv, qkv, rows, C, 3 * C, false);
-  rope(k, qkv, docs.positions, rows, C, heads, seq, false, s);
+  const int64_t D = inner;
+  A *qkv = reinterpret_cast<A *>(aux), *o = qkv + rows * 3 * D;
+  float *lse = reinterpret_cast<float *>(o + rows * D);
+  matmul(g, x, wqkv, qkv, rows, C, 3 * D, false);
+  rope(k, qkv, docs.positions, rows, D, heads, seq, false, s);
   if constexpr (std::is_same_v<A, float>) {
-    referenceForward(k, g, qkv, o, lse, scratch, rows, C, heads, seq, docs.firstKeys, s);
-  } else if (useFlash(C, heads, seq, 2)) {
-    error = flashAttentionForward(qkv, o, lse, rows, C, heads, seq, docs.firstKeys, s);
+    referenceForward(k, g, qkv, o, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
+  } else if (useFlash(D, heads, seq, 2)) {
+    error = flashAttentionForward(qkv, o, lse, rows, D, heads, seq, docs.firstKeys, s);
   } else {
-    float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * C;
-    toFloat(qkv, qkv32, rows * 3 * C, s);
-    referenceForward(k, g, qkv32, o32, lse, scratch, rows, C, heads, seq, docs.firstKeys, s);
-    toBf16(o32, o, rows * C, s);
+    float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * D;
+    toFloat(qkv, qkv32, rows * 3 * D, s);
+    referenceForward(k, g, qkv32, o32, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
+    toBf16(o32, o, rows * D, s);
   }
-  matmul(g, o, wo, y, rows, C, C, false);
+  matmul(g, o, wo, y, rows, D, C, false);
   return error;
 }
 
 template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
-                              float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              DeviceDocuments docs, cudaStream_t s, bool freshInput) {
+                              float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads, int64_t seq,
+                              GradParts parts, DeviceDocuments docs, cudaStream_t s, bool freshInput) {
   std::string error;
-  const A *qkv = reinterpret_cast<const A *>(aux), *o = qkv + rows * 3 * C;
-  const float *lse = reinterpret_cast<const float *>(o + rows * C);
+  const int64_t D = inner;
+  const A *qkv = reinterpret_cast<const A *>(aux), *o = qkv + rows * 3 * D;
+  const float *lse = reinterpret_cast<const float *>(o + rows * D);
   A *dQkv = reinterpret_cast<A *>(stash);
   if (parts.inputs) {
     A *dO = reinterpret_cast<A *>(scratch);
-    overwriteTransB(g, dy, wo, dO, rows, C, C, s); // dO = dy Wo^T
-    float *rest = scratch + rows * C;
+    overwriteTransB(g, dy, wo, dO, rows, C, D, s); // dO = dy Wo^T
+    float *rest = scratch + rows * D;
     if constexpr (std::is_same_v<A, float>) {
-      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, C, heads, seq, docs.firstKeys, s);
-    } else if (useFlash(C, heads, seq, 2)) {
-      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, C, heads, seq, docs.firstKeys, s);
+      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, D, heads, seq, docs.firstKeys, s);
+    } else if (useFlash(D, heads, seq, 2)) {
+      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, D, heads, seq, docs.firstKeys, s);
     } else {
-      float *qkv32 = rest + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * C, *dQkv32 = dO32 + rows * C;
-      toFloat(qkv, qkv32, rows * 3 * C, s);
-      toFloat(dO, dO32, rows * C, s);
-      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, C, heads, seq, docs.firstKeys, s);
-      toBf16(dQkv32, dQkv, rows * 3 * C, s);
+      float *qkv32 = rest + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * D, *dQkv32 = dO32 + rows * D;
+      toFloat(qkv, qkv32, rows * 3 * D, s);
+      toFloat(dO, dO32, rows * D, s);
+      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, D, heads, seq, docs.firstKeys, s);
+      toBf16(dQkv32, dQkv, rows * 3 * D, s);
     }
-    rope(k, dQkv, docs.positions, rows, C, heads, seq, true, s);
-    intoTransB(g, dQkv, wqkv, dx, rows, 3 * C, C, freshInput, s);
+    rope(k, dQkv, docs.positions, rows, D, heads, seq, true, s);
+    intoTransB(g, dQkv, wqkv, dx, rows, 3 * D, C, freshInput, s);
   }
   if (parts.weights) {
-    matmulTransAAcc(g, o, dy, dWo, rows, C, C);
-    matmulTransAAcc(g, x, dQkv, dWqkv, rows, C, 3 * C);
+    matmulTransAAcc(g, o, dy, dWo, rows, D, C);
+    matmulTransAAcc(g, x, dQkv, dWqkv, rows, C, 3 * D);
   }
   return error;
 }

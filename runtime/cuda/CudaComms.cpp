@@ -55,16 +55,17 @@ std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamP
         pipelinePairs.insert({holder, plan.owner});
         pipelinePairs.insert({plan.owner, holder});
       }
-  std::set<Pair> pairs; // every replica's, by global rank
+  std::set<Pair> pairs; // every replica's and tensor rank's, by global rank
   for (int64_t d = 0; d < a.dp; ++d)
-    for (auto [from, to] : pipelinePairs)
-      pairs.insert({a.globalRank(from, d), a.globalRank(to, d)});
+    for (int64_t t = 0; t < a.tp; ++t)
+      for (auto [from, to] : pipelinePairs)
+        pairs.insert({a.globalRank(from, d, 0, t), a.globalRank(to, d, 0, t)});
   return {pairs.begin(), pairs.end()};
 }
 
 std::string CommIds::serialize() const {
   std::string bytes(reinterpret_cast<const char *>(&world), sizeof world);
-  for (const std::vector<ncclUniqueId> *list : {&pairs, &replicaGroups})
+  for (const std::vector<ncclUniqueId> *list : {&pairs, &groups})
     for (const ncclUniqueId &id : *list)
       bytes.append(reinterpret_cast<const char *>(&id), sizeof id);
   return bytes;
@@ -75,9 +76,9 @@ bool CommIds::parse(const std::string &bytes, size_t pairCount, size_t groupCoun
     return false;
   std::memcpy(&ids.world, bytes.data(), sizeof ids.world);
   ids.pairs.resize(pairCount);
-  ids.replicaGroups.resize(groupCount);
+  ids.groups.resize(groupCount);
   size_t at = sizeof(ncclUniqueId);
-  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.replicaGroups})
+  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.groups})
     for (ncclUniqueId &id : *list) {
       std::memcpy(&id, bytes.data() + at, sizeof id);
       at += sizeof id;
@@ -88,8 +89,8 @@ bool CommIds::parse(const std::string &bytes, size_t pairCount, size_t groupCoun
 std::string CommIds::make(size_t pairCount, size_t groupCount, CommIds &ids) {
   ncclResult_t status = ncclGetUniqueId(&ids.world);
   ids.pairs.resize(pairCount);
-  ids.replicaGroups.resize(groupCount);
-  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.replicaGroups})
+  ids.groups.resize(groupCount);
+  for (std::vector<ncclUniqueId> *list : {&ids.pairs, &ids.groups})
     for (ncclUniqueId &id : *list)
       if (status == ncclSuccess)
         status = ncclGetUniqueId(&id);
@@ -109,22 +110,28 @@ public:
       ncclCommDestroy(comm);
   }
 
-  /// Pairs are joined in the same global order on every rank, so the
-  /// blocking joins cannot wait on each other in a cycle.
-  /// The world, then (dp > 1) the data-parallel group of pipeline rank
-  /// `pipe` (rank `replica` of `replicas`), then the pairs.
-  std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, int64_t worldSize, int64_t pipe,
-                   int64_t replica, int64_t replicas) {
-    ncclResult_t status = ncclCommInitRank(&world_, int(worldSize), ids.world, int(rank));
+  /// The world, then (dp > 1) the rank's data-parallel group, then (tp >
+  /// 1) its tensor-parallel group, then the pairs. Every rank joins in this
+  /// order and the pairs in the same global order, so the blocking joins
+  /// cannot wait on each other in a cycle.
+  std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, const Artifact &a) {
+    ncclResult_t status = ncclCommInitRank(&world_, int(a.worldSize()), ids.world, int(rank));
     if (status != ncclSuccess)
-      return std::string("ncclCommInitRank (world of ") + std::to_string(worldSize) + "): " + ncclGetErrorString(status);
+      return std::string("ncclCommInitRank (world of ") + std::to_string(a.worldSize()) +
+             "): " + ncclGetErrorString(status);
     comms_.push_back(world_);
-    if (replicas > 1) {
-      status = ncclCommInitRank(&replicas_, int(replicas), ids.replicaGroups[pipe], int(replica));
+    if (a.dp > 1) {
+      status = ncclCommInitRank(&replicas_, int(a.dp), ids.groups[replicaGroupOf(a, rank)], int(a.replicaOf(rank)));
       if (status != ncclSuccess)
-        return "ncclCommInitRank (the replicas of pipeline rank " + std::to_string(pipe) + "): " +
-               ncclGetErrorString(status);
+        return "ncclCommInitRank (the replicas of rank " + std::to_string(rank) + "): " + ncclGetErrorString(status);
       comms_.push_back(replicas_);
+    }
+    if (a.tp > 1) {
+      status = ncclCommInitRank(&tensor_, int(a.tp), ids.groups[tensorGroupOf(a, rank)], int(a.tensorRankOf(rank)));
+      if (status != ncclSuccess)
+        return "ncclCommInitRank (the tensor-parallel group of rank " + std::to_string(rank) +
+               "): " + ncclGetErrorString(status);
+      comms_.push_back(tensor_);
     }
     for (size_t k = 0; k < pairs.size(); ++k) {
       auto [from, to] = pairs[k];
@@ -177,6 +184,11 @@ public:
     ncclResult_t status = ncclGroupEnd();
     return status == ncclSuccess ? "" : std::string("ncclBroadcast over the replicas: ") + ncclGetErrorString(status);
   }
+  std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) override {
+    ncclResult_t status = ncclAllReduce(data, data, count, ncclType(dtype), max ? ncclMax : ncclSum, tensor_, stream);
+    return status == ncclSuccess ? "" : std::string("ncclAllReduce over the tensor-parallel group: ") +
+                                            ncclGetErrorString(status);
+  }
   void abort() override {
     for (ncclComm_t comm : comms_)
       ncclCommAbort(comm);
@@ -184,7 +196,7 @@ public:
   }
 
 private:
-  ncclComm_t world_ = nullptr, replicas_ = nullptr;
+  ncclComm_t world_ = nullptr, replicas_ = nullptr, tensor_ = nullptr;
   std::vector<ncclComm_t> comms_;
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
 };
@@ -207,7 +219,7 @@ void CudaRank::createPairStreams() {
 bool CudaRank::setupComms(const CommIds &ids) {
   cudaSetDevice(gpu_);
   auto links = std::make_unique<NcclLinks>();
-  std::string problem = links->join(ids, pairs_, rank_, a_.worldSize(), pipe_, replica_, a_.dp);
+  std::string problem = links->join(ids, pairs_, rank_, a_);
   links_ = std::move(links);
   if (!problem.empty())
     return fail(problem);
@@ -327,8 +339,8 @@ DeviceFactory cudaDevices(int ranksPerGpu) {
     cuda::CommIds ids;
     std::shared_ptr<cuda::SharedGpuPost> post;
     if (perGpu > 1)
-      post = cuda::makeSharedGpuPost(a.worldSize(), a.dp);
-    else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), cuda::replicaGroupCount(a), ids);
+      post = cuda::makeSharedGpuPost(a.worldSize(), a.dp, a.tp);
+    else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), cuda::groupCount(a), ids);
              !problem.empty())
       return failAll(problem);
     // The joins (and the connection probes) block until every rank joined: one thread each.
@@ -374,7 +386,7 @@ DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &boots
     std::string bytes;
     cuda::CommIds ids;
     if (placement.rank == 0) {
-      if (std::string problem = cuda::CommIds::make(rank->communicating().size(), cuda::replicaGroupCount(a), ids);
+      if (std::string problem = cuda::CommIds::make(rank->communicating().size(), cuda::groupCount(a), ids);
           !problem.empty()) {
         error = who + problem;
         return devices;
@@ -385,7 +397,7 @@ DeviceFactory cudaRankDevice(const ProcessPlacement &placement, Bootstrap &boots
       error = who + error;
       return devices;
     }
-    if (!cuda::CommIds::parse(bytes, rank->communicating().size(), cuda::replicaGroupCount(a), ids)) {
+    if (!cuda::CommIds::parse(bytes, rank->communicating().size(), cuda::groupCount(a), ids)) {
       error = who + "the NCCL ids from rank 0 do not fit this artifact (was every rank given the same artifact?)";
       return devices;
     }

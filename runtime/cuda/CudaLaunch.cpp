@@ -109,7 +109,9 @@ template <typename A, typename R>
 bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
-  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
+  // Under tensor parallelism V is this rank's vocabulary share from `first`
+  // and `inner` the width of its attention heads (TensorSplit.h's blocks).
+  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp;
   const ForwardInstr &f = p.forward[index];
   const Buffer &output = st.values[f.output];
   // Values are A but for the mHC coefficients and losses (fp32) and the
@@ -133,7 +135,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     cudaMemcpyAsync(out, in(0), output.bytes(), cudaMemcpyDeviceToDevice, stream);
     break;
   case Prim::Embed:
-    embedForward(k, tokens_[mb], w(0), out, T, C, f.shift, f.seqLen, stream);
+    embedForward(k, tokens_[mb], w(0), out, T, C, f.shift, f.seqLen, stream, first, V);
     break;
   case Prim::Expand:
     expandForward(k, in(0), outR, T, C, n, stream);
@@ -158,8 +160,8 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     break;
   case Prim::Attention:
     error = attentionForward(k, g, in(0), w(0), w(1), out, aux,
-                             scratch(attentionForwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C,
-                             f.heads, f.seqLen, documents(mb), stream);
+                             scratch(attentionForwardScratch(T, inner, f.heads, f.seqLen, sizeof(A))).data, T, C,
+                             inner, f.heads, f.seqLen, documents(mb), stream);
     break;
   case Prim::SwiGlu:
     swigluForward(k, g, in(0), w(0), w(1), w(2), out, aux, T, C, f.ffn, stream);
@@ -190,6 +192,16 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     concatProjForward(g, in(0), in(1), w(0), out, T, C, C);
     break;
   case Prim::CrossEntropy:
+    if (a_.tp > 1) { // Megatron's vocabulary-parallel form: the group's max, then its sums
+      float *maxima = scratch(3 * T).data, *sums = maxima + T, *targets = sums + T;
+      shareRowMax(k, in(0), maxima, T, V, stream);
+      if (!tensorAllReduce(maxima, T, Dtype::F32, true))
+        break;
+      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, T, V, f.shift, f.seqLen, first, stream);
+      if (tensorAllReduce(sums, T, Dtype::F32) && tensorAllReduce(targets, T, Dtype::F32))
+        shareLoss(k, maxima, sums, targets, aux, out32, T, f.shift, f.seqLen, stream);
+      break;
+    }
     crossEntropyForward(k, in(0), labels_[mb], aux, out32, T, V, f.shift, f.seqLen, stream);
     break;
   case Prim::GatedDeltaNet:
@@ -198,6 +210,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
                           documents(mb), stream);
     break;
   }
+  // The row-parallel outputs (and the vocabulary-parallel embedding) are
+  // this rank's partial sums: the group's sum is the value.
+  if (a_.tp > 1 && error.empty() && (f.op == Prim::Embed || f.op == Prim::Attention || f.op == Prim::SwiGlu))
+    tensorAllReduce(out, T * C, kActivations<A>);
   markEnd(label.empty() ? std::string("fwd ") + primName(f.op) : label, started);
   releaseScratch();
   if (!error.empty())
@@ -210,7 +226,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                           const std::vector<int> &fresh, const MixGroup *joinedBefore) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
-  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab;
+  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp; // as forwardAs
   const BackwardInstr &b = p.backward[index];
   const ForwardInstr &f = p.forward[b.forward];
   const GradParts parts{part != BackwardPart::Weight, part != BackwardPart::Input};
@@ -258,6 +274,23 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     else
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
+  // Tensor parallelism: a row-parallel product's input gradient is this
+  // rank's partial sum, which the group sums before it joins dx: it goes to
+  // dx itself where dx held nothing, else to scratch (zero, or written).
+  A *partial = nullptr;
+  bool partialWritten = freshMask & 1;
+  const bool rowParallel = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  if (a_.tp > 1 && parts.inputs && rowParallel) {
+    if (std::count(fresh.begin(), fresh.end(), b.gradInputs[0])) {
+      partial = din(0);
+    } else {
+      partial = reinterpret_cast<A *>(scratch(T * C).data);
+      partialWritten = firstProductWrites;
+      if (!partialWritten)
+        cudaMemsetAsync(partial, 0, T * C * sizeof(A), compute_);
+    }
+  }
+  auto dx0 = [&] { return partial ? partial : din(0); }; // where the first input's gradient goes
   MixStep mixing;
   if (parts.inputs && !planMixing(s, mb, index, st, freshMask, joinedBefore, mixing))
     return false;
@@ -276,8 +309,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::Embed:
     if (parts.weights) {
-      auto [offsets, positions] = csrs_.at({mb, f.shift});
-      embedBackward(k, offsets, positions, V, dOut, paramGrad(s, f, 0), C, stream);
+      auto [offsets, positions] = csrs_.at({mb, f.shift}); // by token id: this share's from `first`
+      embedBackward(k, offsets + first, positions, V, dOut, paramGrad(s, f, 0), C, stream);
     }
     break;
   case Prim::Expand:
@@ -311,15 +344,15 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::Attention:
     error = attentionBackward(
-        k, g, in(0), w(0), w(1), aux, dOut, din(0), dw(0), dw(1), stash(attentionBackwardStash(T, C)),
-        scratch(parts.inputs ? attentionBackwardScratch(T, C, f.heads, f.seqLen, sizeof(A)) : 0).data, T, C,
-        f.heads, f.seqLen, parts, documents(mb), stream, freshMask & 1);
+        k, g, in(0), w(0), w(1), aux, dOut, dx0(), dw(0), dw(1), stash(attentionBackwardStash(T, inner)),
+        scratch(parts.inputs ? attentionBackwardScratch(T, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, T, C,
+        inner, f.heads, f.seqLen, parts, documents(mb), stream, partialWritten);
     break;
   case Prim::SwiGlu:
-    swigluBackward(k, g, in(0), w(0), w(1), w(2), aux, dOut, din(0), dw(0), dw(1), dw(2),
+    swigluBackward(k, g, in(0), w(0), w(1), w(2), aux, dOut, dx0(), dw(0), dw(1), dw(2),
                    stash(swigluBackwardStash(T, f.ffn)),
                    scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream,
-                   freshMask & 1);
+                   partialWritten);
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
@@ -342,14 +375,14 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     if (parts.weights)
       matmulTransAAcc(g, in(0), dOut, paramGrad(s, f, 0), T, C, V);
     if (parts.inputs)
-      matmulTransBAcc(g, dOut, w(0), din(0), T, V, C);
+      matmulTransBAcc(g, dOut, w(0), dx0(), T, V, C);
     break;
   case Prim::ConcatProj:
     concatProjBackward(g, in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T, C, C, parts);
     break;
   case Prim::CrossEntropy: {
     float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
-    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream);
+    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream, first);
     break;
   }
   case Prim::GatedDeltaNet: {
@@ -363,6 +396,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   }
   }
+  if (partial && error.empty() && tensorAllReduce(partial, T * C, kActivations<A>) && partial != din(0))
+    addInto(din(0), static_cast<const A *>(partial), T * C, stream);
   markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op) +
               (mix.postDy ? "+post_res" : ""), // pass A of the sublayer before inside
           started);
@@ -421,6 +456,26 @@ bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, i
   step.terms.postPartials = partials.data;
   postPartials_[{s, mb, before->postRes}] = partials;
   deferredMix_.insert({s, mb, before->postRes});
+  return true;
+}
+
+bool CudaRank::expectCollectives(const Instr *first, size_t count) {
+  collectives_.expect(first, count);
+  return true;
+}
+
+bool CudaRank::collectivesIssued() {
+  const std::string problem = collectives_.finished();
+  return problem.empty() || fail(problem);
+}
+
+bool CudaRank::tensorAllReduce(void *data, int64_t count, Dtype dtype, bool max) {
+  if (std::string problem = collectives_.issue(MeshAxis::Tensor, max ? CollectiveOp::AllReduceMax : CollectiveOp::AllReduce,
+                                               count, 1);
+      !problem.empty())
+    return fail(problem);
+  if (std::string problem = links_->allReduceTensor(data, count, dtype, max, compute_); !problem.empty())
+    return fail("a tensor-parallel all-reduce: " + problem);
   return true;
 }
 

@@ -30,7 +30,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
-    const int64_t count = a_.params[p].count();
+    const int64_t count = held(p);
     for (size_t u = 0; u < plan.uses.size(); ++u) {
       const ParamUse &use = plan.uses[u];
       if (use.rank == plan.owner)
@@ -59,7 +59,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
     const ParamPlan &plan = plans_[p];
     if (plan.owner != pipe_ || plan.uses.empty())
       continue;
-    const int64_t count = a_.params[p].count();
+    const int64_t count = held(p);
     auto useData = [&](size_t u) { return plan.uses[u].rank == pipe_ ? useGradient(plan.uses[u]) : remote[{p, u}].data; };
     if (plan.uses.size() == 1) {
       gradient[p] = useData(0);
@@ -79,22 +79,28 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   return check("gradient reduction");
 }
 
-/// One all-reduce: [squares, zeros] per parameter (replica 0's owners':
-/// every replica holds the same reduced gradients), the global batch's
-/// losses in its order, peak and reserved bytes and the stop signal seen
+/// One all-reduce: [squares, zeros] per parameter and tensor rank (replica
+/// 0's owners': every replica holds the same reduced gradients; of a
+/// replicated parameter tensor rank 0's, see speaksFor), the global batch's
+/// losses in its order (tensor rank 0's), peak and reserved bytes and the stop signal seen
 /// (SIGTERM / SIGINT, 0: none) per rank; fills `result` from it, with the
 /// largest signal as the one every rank acts on.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
   const size_t P = a_.params.size(), L = a_.stages.back().losses.size(), world = a_.worldSize();
   const size_t globalMicrobatches = a_.dp * a_.microbatches;
-  const size_t lossAt = 2 * P, peakAt = lossAt + globalMicrobatches * L, reservedAt = peakAt + world;
+  const size_t lossAt = 2 * P * a_.tp, peakAt = lossAt + globalMicrobatches * L, reservedAt = peakAt + world;
   const size_t stopAt = reservedAt + world;
   std::vector<double> stats(stopAt + world, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
   if (!waitStreams({compute_}, "the gradient statistics"))
     return false;
-  if (replica_ == 0)
-    cudaMemcpy(stats.data(), stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
-  for (int64_t mb = 0; mb < a_.microbatches; ++mb)
+  if (replica_ == 0) {
+    double *mine = stats.data() + 2 * P * tensor_;
+    cudaMemcpy(mine, stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
+    for (size_t p = 0; p < P; ++p)
+      if (!speaksFor(p))
+        mine[2 * p] = mine[2 * p + 1] = 0.0;
+  }
+  for (int64_t mb = 0; mb < a_.microbatches && tensor_ == 0; ++mb) // every tensor rank has the same losses
     for (size_t l = 0; l < L; ++l)
       stats[lossAt + a_.globalMicrobatch(mb, replica_) * L + l] = losses[mb][l];
   stats[peakAt + rank_] = double(peak_);
@@ -118,10 +124,11 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   cudaMemcpy(stats.data(), sharedStats_, stats.size() * sizeof(double), cudaMemcpyDeviceToHost);
   double squares = 0;
   int64_t zeros = 0;
-  for (size_t p = 0; p < P; ++p) {
-    squares += stats[2 * p];
-    zeros += int64_t(stats[2 * p + 1]);
-  }
+  for (size_t p = 0; p < P; ++p)
+    for (int64_t t = 0; t < a_.tp; ++t) { // each entry from one rank: the sum is exact
+      squares += stats[2 * (P * t + p)];
+      zeros += int64_t(stats[2 * (P * t + p) + 1]);
+    }
   std::vector<std::vector<double>> allLosses(globalMicrobatches, std::vector<double>(L));
   for (size_t mb = 0; mb < globalMicrobatches; ++mb)
     for (size_t l = 0; l < L; ++l)
@@ -162,7 +169,7 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
       gatheredParams.push_back(int(p));
       gathered.push_back({weights_[int(p)], {}});
       for (int64_t d = 0; d < a_.dp; ++d)
-        gathered.back().shards.push_back(a_.shardOf(a_.params[p].count(), d));
+        gathered.back().shards.push_back(a_.shardOf(held(p), d));
     }
   }
   if (!check("optimizer update"))
@@ -182,7 +189,7 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
-    const int64_t count = a_.params[p].count();
+    const int64_t count = held(p);
     for (int64_t holder : plan.holders) {
       if (holder == plan.owner)
         continue;
@@ -209,7 +216,7 @@ bool CudaRank::allReduceGradients(const Instr &instr) {
     if (it == slotGrads_.end())
       return fail("ALLREDUCE of stage " + std::to_string(instr.stage) + ", which pipeline rank " +
                   std::to_string(pipe_) + " does not hold");
-    buffers.push_back({it->second, a_.params[a_.stages[instr.stage].params[k].param].count()});
+    buffers.push_back({it->second, held(a_.stages[instr.stage].params[k].param)});
   }
   // Behind the stage's last backward; the compute stream goes on with the
   // other chunks' backwards while the replicas' sums run (the optimizer's
@@ -228,12 +235,15 @@ bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>
   std::map<std::pair<size_t, size_t>, Buffer> remote; // (param, use index) -> received
   if (!reduceGradients(gradient, remote) || !shareStatistics(losses, result))
     return false;
+  // Whole tensors: a tensor rank's block placed among zeros (the trainer
+  // adds the tensor ranks' parts).
   if (options_.recordTaps && replica_ == 0)
     for (size_t p = 0; p < a_.params.size(); ++p)
-      if (gradient[p]) {
-        std::vector<float> host(a_.params[p].count());
-        cudaMemcpy(host.data(), gradient[p], host.size() * 4, cudaMemcpyDeviceToHost);
-        result.paramGrads[a_.params[p].name] = std::move(host);
+      if (gradient[p] && speaksFor(p)) {
+        std::vector<float> block(held(p)), whole(a_.params[p].count(), 0.0f);
+        cudaMemcpy(block.data(), gradient[p], block.size() * 4, cudaMemcpyDeviceToHost);
+        scatterShard(a_.params[p], a_.tp, tensor_, block.data(), whole.data());
+        result.paramGrads[a_.params[p].name] = std::move(whole);
       }
   if (!evaluating_ && !updateWeights(step, gradient, result))
     return false;

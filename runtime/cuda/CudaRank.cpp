@@ -43,7 +43,7 @@ std::string cudaWhat(cudaError_t status) {
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
-      replica_(artifact.replicaOf(rank)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
+      replica_(artifact.replicaOf(rank)), tensor_(artifact.tensorRankOf(rank)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
@@ -120,9 +120,16 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
 
 bool CudaRank::setupDevice() {
   for (const StageProgram &p : a_.stages)
-    for (const ForwardInstr &f : p.forward)
+    for (const ForwardInstr &f : p.forward) {
+      if (f.op == Prim::GatedDeltaNet && a_.tp > 1)
+        return fail("Gated DeltaNet layers under tensor parallelism (tp = " + std::to_string(a_.tp) +
+                    ") run on the CPU backend for now: use --backend cpu, or recompile with --tp 1 for GPUs");
       if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))
         return fail(gdnHeadDimError(a_.model.hidden / f.heads));
+    }
+  if (a_.sequenceParallel)
+    return fail("sequence parallelism runs on the CPU backend for now: use --backend cpu, or recompile without "
+                "--sequence-parallel for GPUs (tensor parallelism alone runs on them)");
   std::string problem = gpuSelfTest(gpu_);
   if (!problem.empty())
     return fail(problem);
@@ -148,14 +155,16 @@ bool CudaRank::setupDevice() {
     if (!std::binary_search(plan.holders.begin(), plan.holders.end(), pipe_))
       continue;
     const ParamInfo &info = a_.params[param];
-    const size_t bytes = info.count() * sizeof(float);
+    const size_t bytes = held(param) * sizeof(float);
     float *w = deviceBuffer(bytes, "parameter " + info.name);
     if (!w)
       return false;
     weights_[int(param)] = w;
-    std::vector<float> initial = initialParameter(info, a_.model.seed);
-    cudaMemcpy(w, initial.data(), bytes, cudaMemcpyHostToDevice);
-    if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(info.count() * 2, info.name))))
+    const std::vector<float> initial = initialParameter(info, a_.model.seed);
+    std::vector<float> block(held(param));
+    gatherShard(info, a_.tp, tensor_, initial.data(), block.data());
+    cudaMemcpy(w, block.data(), bytes, cudaMemcpyHostToDevice);
+    if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(held(param) * 2, info.name))))
       return false;
     const std::string gradient = "the gradient of " + info.name;
     if (plan.owner == pipe_) {
@@ -189,10 +198,10 @@ bool CudaRank::setupDevice() {
         return fail("out of GPU memory for the packed documents' positions");
     staticBytes_ += a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
   }
-  // shareStatistics' all-reduce: squares and zeros per parameter, losses,
+  // shareStatistics' all-reduce: squares and zeros per parameter and tensor rank, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
-  const size_t sharedCount =
-      2 * a_.params.size() + a_.dp * a_.microbatches * a_.stages.back().losses.size() + 3 * a_.worldSize();
+  const size_t sharedCount = 2 * a_.params.size() * a_.tp +
+                             a_.dp * a_.microbatches * a_.stages.back().losses.size() + 3 * a_.worldSize();
   if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
@@ -203,7 +212,7 @@ bool CudaRank::setupDevice() {
 }
 
 std::pair<int64_t, int64_t> CudaRank::ownShard(size_t p) const {
-  const int64_t count = a_.params[p].count();
+  const int64_t count = held(p);
   return sharded_ ? a_.shardOf(count, replica_) : std::pair<int64_t, int64_t>{0, count};
 }
 
@@ -344,7 +353,7 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
   switch (f.op) {
   case Prim::Attention:
-    return attentionAuxFloats(T, C, f.heads, actBytes);
+    return attentionAuxFloats(T, C / a_.tp, f.heads, actBytes); // this rank's heads
   case Prim::SwiGlu:
     return swigluAuxFloats(T, f.ffn, actBytes);
   default:
@@ -459,7 +468,7 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
       cudaMemcpy(firstKeys_[mb], inputs.firstKeys[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
   }
   for (auto &[key, g] : slotGrads_)
-    cudaMemsetAsync(g, 0, a_.params[a_.stages[key.first].params[key.second].param].count() * 4, compute_);
+    cudaMemsetAsync(g, 0, held(a_.stages[key.first].params[key.second].param) * 4, compute_);
   prepareCsrs(inputs);
   recording_ = options_.staticMemoryPlan && !planner_.planned();
   if (options_.trace && !timeline_.startStep(compute_))
@@ -520,14 +529,31 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
   profileMs_.clear();
 }
 
+/// The whole parameter p as this rank's block of it leaves it (the others'
+/// entries untouched): all of it at tp = 1, else TensorSplit's runs; only
+/// the block's elements [begin, end) (the distributed optimizer's part).
+static void placeBlock(const ParamInfo &info, int64_t tp, int64_t t, const std::vector<float> &block, int64_t begin,
+                       int64_t end, std::vector<float> &whole) {
+  if (whole.size() != size_t(info.count()))
+    whole.assign(info.count(), 0.0f);
+  int64_t at = 0; // the run's first element in the block
+  for (const ShardRun &run : shardRuns(info, tp, t)) {
+    const int64_t from = std::max(begin, at), to = std::min(end, at + run.length);
+    if (from < to)
+      std::copy(block.begin() + from, block.begin() + to, whole.begin() + run.offset + (from - at));
+    at += run.length;
+  }
+}
+
 void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   cudaSetDevice(gpu_);
   if (replica_ != 0) // every replica holds the same weights; replica 0 speaks for them
     return;
   for (size_t p = 0; p < a_.params.size(); ++p)
-    if (plans_[p].owner == pipe_ && weights_.count(int(p))) {
-      weights[p].resize(a_.params[p].count());
-      cudaMemcpy(weights[p].data(), weights_[int(p)], weights[p].size() * 4, cudaMemcpyDeviceToHost);
+    if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
+      std::vector<float> block(held(p));
+      cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
+      placeBlock(a_.params[p], a_.tp, tensor_, block, 0, held(p), weights[p]);
     }
 }
 
@@ -536,24 +562,26 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
 bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
   // Every replica holds the same weights (replica 0 speaks for them); with
-  // the distributed optimizer each holds its part of the moments.
+  // the distributed optimizer each holds its part of the moments. Each
+  // tensor rank holds its blocks (speaksFor).
   if (replica_ != 0 && !sharded_)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
-    if (plans_[p].owner != pipe_ || !weights_.count(int(p)))
+    if (plans_[p].owner != pipe_ || !weights_.count(int(p)) || !speaksFor(p))
       continue;
-    const size_t count = a_.params[p].count();
+    const ParamInfo &info = a_.params[p];
     const auto [begin, end] = ownShard(p);
+    std::vector<float> block(held(p));
     if (replica_ == 0) {
-      state.weights[p].resize(count);
-      cudaMemcpy(state.weights[p].data(), weights_[int(p)], count * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
+      placeBlock(info, a_.tp, tensor_, block, 0, held(p), state.weights[p]);
     }
-    for (auto *moments : {&state.adamM[p], &state.adamV[p]})
-      if (moments->size() != count)
-        moments->assign(count, 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
-    if (adamM_.count(int(p))) {
-      cudaMemcpy(state.adamM[p].data() + begin, adamM_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
-      cudaMemcpy(state.adamV[p].data() + begin, adamV_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
+    std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
+    for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
+                                   std::pair{&state.adamV[p], adamV_.count(int(p)) ? adamV_[int(p)] : nullptr}}) {
+      if (device)
+        cudaMemcpy(block.data() + begin, device, (end - begin) * 4, cudaMemcpyDeviceToHost);
+      placeBlock(info, a_.tp, tensor_, block, begin, end, *moments);
     }
   }
   return check("downloading the weights and moments for a checkpoint");
@@ -562,17 +590,20 @@ bool CudaRank::saveState(ParameterState &state) {
 bool CudaRank::loadState(const ParameterState &state) {
   cudaSetDevice(gpu_);
   for (auto &[p, w] : weights_) { // every holder's copy
-    const size_t count = a_.params[p].count();
-    if (state.weights[p].size() != count)
-      return fail("the loaded state lacks parameter " + a_.params[p].name);
-    cudaMemcpy(w, state.weights[p].data(), count * 4, cudaMemcpyHostToDevice);
+    const ParamInfo &info = a_.params[p];
+    if (state.weights[p].size() != size_t(info.count()))
+      return fail("the loaded state lacks parameter " + info.name);
+    std::vector<float> block(held(p));
+    gatherShard(info, a_.tp, tensor_, state.weights[p].data(), block.data());
+    cudaMemcpy(w, block.data(), block.size() * 4, cudaMemcpyHostToDevice);
     if (plans_[p].owner != pipe_ || !adamM_.count(p))
       continue;
     const auto [begin, end] = ownShard(p);
-    if (state.adamM[p].size() == count)
-      cudaMemcpy(adamM_[p], state.adamM[p].data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
-    if (state.adamV[p].size() == count)
-      cudaMemcpy(adamV_[p], state.adamV[p].data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
+    for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_[p]}, std::pair{&state.adamV[p], adamV_[p]}})
+      if (moments->size() == size_t(info.count())) {
+        gatherShard(info, a_.tp, tensor_, moments->data(), block.data());
+        cudaMemcpy(device, block.data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
+      }
   }
   refreshLowWeights();
   return check("uploading the weights and moments of a checkpoint");
@@ -581,7 +612,7 @@ bool CudaRank::loadState(const ParameterState &state) {
 void CudaRank::refreshLowWeights(bool receivedOnly) {
   for (auto &[p, low] : lowWeights_)
     if (!receivedOnly || plans_[p].owner != pipe_)
-      toBf16(weights_.at(p), low, a_.params[p].count(), compute_);
+      toBf16(weights_.at(p), low, held(p), compute_);
 }
 
 void CudaRank::abort() {

@@ -11,6 +11,8 @@
 #ifndef MHCC_RUNTIME_CUDA_CUDARANK_H
 #define MHCC_RUNTIME_CUDA_CUDARANK_H
 
+#include "runtime/artifact/TensorSplit.h"
+#include "runtime/exec/CollectiveCheck.h"
 #include "runtime/exec/TestFaults.h"
 #include "runtime/cuda/CudaDevice.h"
 #include "runtime/cuda/DeviceKernels.h"
@@ -31,6 +33,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace mhcc::runtime::cuda {
@@ -64,15 +67,23 @@ std::vector<ParamPlan> planParameters(const Artifact &a);
 /// the same for every replica.)
 std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans);
 
-/// The data-parallel groups with a communicator of their own: one per
-/// pipeline rank when dp > 1, else none.
-inline size_t replicaGroupCount(const Artifact &a) { return a.dp > 1 ? size_t(a.pp) : 0; }
+/// The groups with a communicator of their own: the data-parallel ones (one
+/// per pipeline and tensor rank when dp > 1), then the tensor-parallel ones
+/// (one per pipeline rank and replica when tp > 1).
+inline size_t replicaGroupCount(const Artifact &a) { return a.dp > 1 ? size_t(a.pp * a.tp) : 0; }
+inline size_t tensorGroupCount(const Artifact &a) { return a.tp > 1 ? size_t(a.worldSize() / a.tp) : 0; }
+inline size_t groupCount(const Artifact &a) { return replicaGroupCount(a) + tensorGroupCount(a); }
+/// Global rank r's groups among them.
+inline size_t replicaGroupOf(const Artifact &a, int64_t r) {
+  return size_t(a.pipelineRankOf(r) * a.tp + a.tensorRankOf(r));
+}
+inline size_t tensorGroupOf(const Artifact &a, int64_t r) { return replicaGroupCount(a) + size_t(r / a.tp); }
 
 /// The NCCL unique ids of a run: the world, each pair in order, then each
-/// data-parallel group's (by pipeline rank).
+/// group's (groupCount).
 struct CommIds {
   ncclUniqueId world;
-  std::vector<ncclUniqueId> pairs, replicaGroups;
+  std::vector<ncclUniqueId> pairs, groups;
   std::string serialize() const;
   static bool parse(const std::string &bytes, size_t pairCount, size_t groupCount, CommIds &ids);
   static std::string make(size_t pairCount, size_t groupCount, CommIds &ids); // "" or the NCCL error
@@ -123,6 +134,10 @@ public:
   /// followed by the post/res backward of the sublayer before (groupBefore),
   /// whose pass A then runs inside that pass C, else 1.
   size_t backwardSpan(int64_t stage, size_t index) const override;
+  /// Tensor parallelism: the COLLECTIVEs the kernels issue, checked as
+  /// they go (CollectiveCheck.h).
+  bool expectCollectives(const Instr *first, size_t count) override;
+  bool collectivesIssued() override;
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
@@ -162,9 +177,14 @@ private:
   // CudaComms.cpp
   void createPairStreams();
   bool connectPairs();
-  /// The global rank of pipeline rank `peer` in this rank's replica.
-  int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_); }
+  /// The global rank of pipeline rank `peer` in this rank's replica and tensor rank.
+  int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_, 0, tensor_); }
   // CudaLaunch.cpp
+  /// The tensor-parallel group's sum (max) of `count` elements at `data`,
+  /// in place on the compute stream, after checking it is the schedule's
+  /// next COLLECTIVE; false (error_ set) otherwise or when it fails.
+  bool tensorAllReduce(void *data, int64_t count, Dtype dtype, bool max = false);
+  template <typename A> static constexpr Dtype kActivations = std::is_same_v<A, bf16> ? Dtype::BF16 : Dtype::F32;
   Buffer scratch(int64_t count);
   void releaseScratch();
   /// The weights the kernels read: the fp32 masters, or their bf16 copies.
@@ -209,8 +229,15 @@ private:
 
   const Artifact &a_;
   const TrainOptions &options_;
-  const int64_t rank_;            // global: pipeline rank x dp + replica
-  const int64_t pipe_, replica_; // the plans, streams and schedules are in pipeline ranks
+  const int64_t rank_;                    // global (Artifact::globalRank)
+  const int64_t pipe_, replica_, tensor_; // the plans, streams and schedules are in pipeline ranks
+  /// Elements of parameter p this rank holds: its tensor-parallel block
+  /// (TensorSplit.h; all of it at tp = 1 and for the replicated ones).
+  int64_t held(size_t p) const { return shardCount(a_.params[p], a_.tp); }
+  /// Whether this rank's copy of parameter p is the one to report: each
+  /// tensor rank's block of a split parameter; of a replicated one (norm
+  /// gains, mHC), whose every tensor rank holds the same bits, tensor rank 0's.
+  bool speaksFor(size_t p) const { return tensor_ == 0 || !a_.params[p].tpSplit.empty(); }
   /// The distributed optimizer (ZeRO-1, dp > 1): an owner's replica d holds
   /// Adam's moments of part d of each owned parameter (Artifact::shardOf),
   /// updates that part and gathers the others' after the update.
@@ -255,6 +282,7 @@ private:
   std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
   std::unique_ptr<RankLinks> links_;                       // NCCL or shared-GPU (RankLinks.h)
+  CollectiveCheck collectives_;                             // the running instruction's COLLECTIVEs
   std::map<int64_t, cudaStream_t> sendStream_, recvStream_; // by the peer's pipeline rank
   cudaStream_t replicaStream_ = nullptr;                     // the data-parallel ALLREDUCEs (dp > 1)
   std::vector<int32_t *> tokens_, labels_; // by microbatch

@@ -26,6 +26,12 @@ template <typename A> __global__ void addKernel(A *dst, const A *src, int64_t co
     dst[i] = A(float(dst[i]) + float(src[i])); // fp32 sum, rounded once (exact for float)
 }
 
+__global__ void maxKernel(float *dst, const float *src, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count)
+    dst[i] = fmaxf(dst[i], src[i]);
+}
+
 __global__ void toFloatKernel(const bf16 *src, float *dst, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < count)
@@ -230,6 +236,11 @@ template <typename A> void addInto(A *dst, const A *src, int64_t count, cudaStre
     addKernel<<<blocks(count), kThreads, 0, s>>>(dst, src, count);
 }
 
+void maxInto(float *dst, const float *src, int64_t count, cudaStream_t s) {
+  if (count)
+    maxKernel<<<blocks(count), kThreads, 0, s>>>(dst, src, count);
+}
+
 void toFloat(const bf16 *src, float *dst, int64_t count, cudaStream_t s) {
   if (count)
     toFloatKernel<<<blocks(count), kThreads, 0, s>>>(src, dst, count);
@@ -258,8 +269,9 @@ template <typename A, typename R> int streamBlocks(int64_t count) {
 
 template <typename A>
 void embedForward(const ModelKernels &k, const int32_t *tokens, const A *table, A *out, int64_t rows, int64_t C,
-                  int64_t shift, int64_t seq, cudaStream_t s) {
-  k.launch(ModelKernel::EmbedForward, blocks(rows * C), 1, kThreads, s, tokens, table, out, rows, C, shift, seq);
+                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first, int64_t share) {
+  k.launch(ModelKernel::EmbedForward, blocks(rows * C), 1, kThreads, s, tokens, table, out, rows, C, shift, seq, first,
+           share);
 }
 
 template <typename A>
@@ -533,14 +545,32 @@ void crossEntropyForward(const ModelKernels &k, const A *logits, const int32_t *
 template <typename A>
 void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t *labels, const float *aux,
                           float scale, A *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
-                          cudaStream_t s) {
+                          cudaStream_t s, int64_t first) {
   int64_t counted = 0;
   for (int64_t t = 0; t < rows; ++t)
     counted += (t % seq) + shift < seq;
   if (!counted)
     return;
   k.launch(ModelKernel::CrossEntropyBackward, vecBlocks<A>(rows * V), 1, kThreads, s, logits, labels, aux,
-           scale / float(counted), dLogits, rows, V, shift, seq);
+           scale / float(counted), dLogits, rows, V, shift, seq, first);
+}
+
+template <typename A>
+void shareRowMax(const ModelKernels &k, const A *logits, float *maxima, int64_t rows, int64_t V, cudaStream_t s) {
+  k.launch(ModelKernel::ShareRowMax, unsigned(rows), 1, kThreads, s, logits, maxima, rows, V);
+}
+
+template <typename A>
+void shareRowSumExp(const ModelKernels &k, const A *logits, const float *maxima, const int32_t *labels, float *sums,
+                    float *targets, int64_t rows, int64_t V, int64_t shift, int64_t seq, int64_t first,
+                    cudaStream_t s) {
+  k.launch(ModelKernel::ShareRowSumExp, unsigned(rows), 1, kThreads, s, logits, maxima, labels, sums, targets, rows, V,
+           shift, seq, first);
+}
+
+void shareLoss(const ModelKernels &k, const float *maxima, const float *sums, const float *targets, float *aux,
+               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s) {
+  k.launch(ModelKernel::ShareLoss, 1, 1, kThreads, s, maxima, sums, targets, aux, loss, rows, shift, seq);
 }
 
 int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }
@@ -580,7 +610,9 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
   INSTANTIATE(concatProjForward<A>)                                                                            \
   INSTANTIATE(concatProjBackward<A>)                                                                           \
   INSTANTIATE(crossEntropyForward<A>)                                                                          \
-  INSTANTIATE(crossEntropyBackward<A>)
+  INSTANTIATE(crossEntropyBackward<A>)                                                                         \
+  INSTANTIATE(shareRowMax<A>)                                                                                  \
+  INSTANTIATE(shareRowSumExp<A>)
 INSTANTIATE_FOR(float)
 INSTANTIATE_FOR(bf16)
 // An fp32 residual stream beside bf16 activations (residual_dtype f32).

@@ -48,6 +48,8 @@ void matmulTransBAcc(Gemms &g, const A *a, const A *b, C *c, int64_t M, int64_t 
 
 void fill(float *p, int64_t count, float value, cudaStream_t s);
 template <typename A> void addInto(A *dst, const A *src, int64_t count, cudaStream_t s);
+/// dst = max(dst, src), element-wise.
+void maxInto(float *dst, const float *src, int64_t count, cudaStream_t s);
 /// Exact widening, and rounding to nearest even.
 void toFloat(const bf16 *src, float *dst, int64_t count, cudaStream_t s);
 void toBf16(const float *src, bf16 *dst, int64_t count, cudaStream_t s);
@@ -55,9 +57,11 @@ void toBf16(const float *src, bf16 *dst, int64_t count, cudaStream_t s);
 /// tokens are device ids; `positions` / `offsets` (device) list, per vocab
 /// row, the rows t reading it in ascending t (CSR), for the deterministic
 /// backward.
+/// Under tensor parallelism `table` holds vocabulary rows [first, first +
+/// share) and other tokens' rows come out zero (the group sums them).
 template <typename A>
 void embedForward(const ModelKernels &k, const int32_t *tokens, const A *table, A *out, int64_t rows, int64_t C,
-                  int64_t shift, int64_t seq, cudaStream_t s);
+                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first = 0, int64_t share = INT64_MAX);
 template <typename A>
 void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t *positions, int64_t vocab,
                    const A *dOut, float *dTable, int64_t C, cudaStream_t s);
@@ -214,15 +218,18 @@ void rmsNormBackward(const ModelKernels &k, const A *u, const A *gain, const flo
 struct DeviceDocuments {
   const int32_t *positions = nullptr, *firstKeys = nullptr;
 };
+/// `inner`: the width of q, k, v and o, C without tensor parallelism, C /
+/// tp with it (`heads` this rank's heads; the scratch, stash and aux sizes
+/// above take inner for C).
 template <typename A>
 std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo, A *y,
-                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq,
-                             DeviceDocuments docs, cudaStream_t s);
+                             float *aux, float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads,
+                             int64_t seq, DeviceDocuments docs, cudaStream_t s);
 template <typename A>
 std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const A *wqkv, const A *wo,
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
-                              float *scratch, int64_t rows, int64_t C, int64_t heads, int64_t seq, GradParts parts,
-                              DeviceDocuments docs, cudaStream_t s, bool freshInput = false);
+                              float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads, int64_t seq,
+                              GradParts parts, DeviceDocuments docs, cudaStream_t s, bool freshInput = false);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
 /// bf16 rounding points; GdnKernels.cu, GdnWy.cu): the recurrence runs in the
@@ -281,10 +288,25 @@ void concatProjBackward(Gemms &g, const A *a, const A *b, const A *w, const A *d
 template <typename A>
 void crossEntropyForward(const ModelKernels &k, const A *logits, const int32_t *labels, float *aux, float *loss,
                          int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s);
+/// Under tensor parallelism `logits` are vocabulary columns [first, first
+/// + V) and aux the whole rows' log-sum-exp (the share kernels below).
 template <typename A>
 void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t *labels, const float *aux,
                           float scale, A *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
-                          cudaStream_t s);
+                          cudaStream_t s, int64_t first = 0);
+/// The vocabulary-parallel forward (TensorParallelKernels.cu), in three
+/// launches with the tensor-parallel group's all-reduces between them: each
+/// row's maximum over the share (then the group's max), the share's sums of
+/// exponentials and the label's logit where the share holds it (then the
+/// group's sums of both), and the rows' log-sum-exp (aux) and mean loss.
+template <typename A>
+void shareRowMax(const ModelKernels &k, const A *logits, float *maxima, int64_t rows, int64_t V, cudaStream_t s);
+template <typename A>
+void shareRowSumExp(const ModelKernels &k, const A *logits, const float *maxima, const int32_t *labels, float *sums,
+                    float *targets, int64_t rows, int64_t V, int64_t shift, int64_t seq, int64_t first,
+                    cudaStream_t s);
+void shareLoss(const ModelKernels &k, const float *maxima, const float *sums, const float *targets, float *aux,
+               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s);
 
 // ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----
 

@@ -481,9 +481,11 @@ extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels,
   }
 }
 
+/// `logits` are vocabulary columns [first, first + V) (tensor parallelism's
+/// share; first = 0 without it), aux the whole row's log-sum-exp.
 extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, const int32_t *labels, const float *aux,
                                                        float factor, act_t *dLogits, int64_t rows, int64_t V,
-                                                       int64_t shift, int64_t seq) {
+                                                       int64_t shift, int64_t seq, int64_t first) {
   kernelPrologue();
   if (V % kVec == 0 && aligned16(logits) && aligned16(dLogits)) {
     for (int64_t i = gridThread() * kVec; i < rows * V; i += gridThreads() * kVec) {
@@ -491,7 +493,7 @@ extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, cons
       if ((t % seq) + shift >= seq)
         continue;
       const float at = aux[t];
-      const int32_t label = labels[t + shift];
+      const int64_t label = labels[t + shift] - first;
       float lv[kVec], dv[kVec];
       loadVec(logits + i, lv);
       loadVec(dLogits + i, dv);
@@ -510,7 +512,7 @@ extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, cons
     if ((t % seq) + shift >= seq)
       continue;
     float g = factor * expf(load(logits[i]) - aux[t]);
-    if (labels[t + shift] == v)
+    if (labels[t + shift] - first == v)
       g -= factor;
     store(&dLogits[i], load(dLogits[i]) + g);
   }

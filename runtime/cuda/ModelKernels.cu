@@ -50,7 +50,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 16;
+extern "C" __device__ const int mhcc_abi_version = 17;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -399,15 +399,19 @@ __device__ void columnPartials(Value value, int64_t rows, int64_t cols, float *p
 
 // ---- elementwise, embedding, stream expand / contract -------------------------------
 
+/// `table` holds vocabulary rows [first, first + share) (all of them
+/// without tensor parallelism); a token outside them reads as zero, so the
+/// tensor-parallel group's sum is the embedding.
 extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const act_t *table, act_t *out, int64_t rows,
-                                              int64_t C, int64_t shift, int64_t seq) {
+                                              int64_t C, int64_t shift, int64_t seq, int64_t first, int64_t share) {
   kernelPrologue();
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * C)
     return;
   int64_t t = i / C, c = i % C;
   int64_t src = (t % seq) + shift < seq ? t + shift : t;
-  store(&out[i], load(table[int64_t(tokens[src]) * C + c]));
+  const int64_t id = int64_t(tokens[src]) - first;
+  store(&out[i], id >= 0 && id < share ? load(table[id * C + c]) : 0.0f);
 }
 
 extern "C" __global__ void mhcc_embed_backward(const int32_t *offsets, const int32_t *positions, int64_t vocab,

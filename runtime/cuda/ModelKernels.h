@@ -29,7 +29,7 @@ namespace mhcc::runtime::cuda {
 
 /// The image's kernels, by their extern "C" names; parameter lists are in
 /// runtime/cuda/{ModelKernels,MhcKernels,MhcMixKernels,MhcFusedKernels,MhcBackwardKernels,
-/// LayerKernels}.cu.
+/// LayerKernels,TensorParallelKernels}.cu.
 #define MHCC_MODEL_KERNELS(X)                                                                     \
   X(RowSquares, "mhcc_row_squares")                                                               \
   X(EmbedForward, "mhcc_embed_forward")                                                           \
@@ -68,7 +68,10 @@ namespace mhcc::runtime::cuda {
   X(SwigluBackwardGate, "mhcc_swiglu_backward_gate")                                              \
   X(LogSumExp, "mhcc_log_sum_exp")                                                                \
   X(Loss, "mhcc_loss")                                                                            \
-  X(CrossEntropyBackward, "mhcc_cross_entropy_backward")
+  X(CrossEntropyBackward, "mhcc_cross_entropy_backward")                                         \
+  X(ShareRowMax, "mhcc_share_row_max")                                                            \
+  X(ShareRowSumExp, "mhcc_share_row_sum_exp")                                                     \
+  X(ShareLoss, "mhcc_share_loss")
 
 enum class ModelKernel : int {
 #define MHCC_KERNEL_ENUM(id, name) id,
@@ -78,7 +81,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 16;
+inline constexpr int kModelKernelsAbi = 17;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.

@@ -2,7 +2,8 @@
 //
 // The CUDA backend's communication below CudaRank: point-to-point messages
 // in groups (pipeline boundaries, gradients to their owners, updated weights
-// back) and one all-reduce of the step's statistics. Two transports:
+// back), one all-reduce of the step's statistics, and the collectives of the
+// data- and tensor-parallel groups. Two transports:
 //
 // - NCCL (CudaComms.cpp): one communicator per directed rank pair and one
 //   for the world, one GPU per rank (NCCL refuses two ranks on one GPU).
@@ -64,6 +65,12 @@ public:
   /// Gives every replica the other replicas' parts of each buffer, in
   /// place, ordered as allReduceReplicas.
   virtual std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
+  /// Tensor parallelism: `count` elements of `dtype` at `data` summed
+  /// (with `max`: their maximum) over this rank's tensor-parallel group, in
+  /// place, ordered on `stream` as allReduceReplicas. Shared-GPU links
+  /// combine the ranks in tensor-rank order (bf16 in fp32, rounded once);
+  /// NCCL in its own order, the same result at tp = 2.
+  virtual std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) = 0;
   /// Stops every wait of this rank's links (a failed run).
   virtual void abort() = 0;
 };
@@ -78,10 +85,10 @@ class SharedGpuPost;
 /// `peerFailed` is set.
 std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, int64_t rank,
                                           double timeoutSeconds, const std::atomic<bool> *peerFailed);
-/// The mailboxes for `ranks` ranks, `replicas` data-parallel replicas of
-/// ranks / replicas pipeline ranks (global rank = pipeline rank x replicas
-/// + replica).
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas);
+/// The mailboxes for `ranks` ranks: `replicas` data-parallel replicas of
+/// `tensorRanks` tensor-parallel ranks each (global rank = (pipeline rank x
+/// replicas + replica) x tensorRanks + tensor rank, Artifact::globalRank).
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks);
 
 } // namespace mhcc::runtime::cuda
 

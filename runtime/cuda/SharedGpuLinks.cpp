@@ -47,6 +47,9 @@ struct Returned {
 
 } // namespace
 
+/// The groups whose members meet for a collective.
+enum class GroupAxis { Replicas, Tensor };
+
 class SharedGpuPost {
 public:
   /// How long a rank waits for its peers' host threads, and when it stops.
@@ -55,15 +58,8 @@ public:
     const std::atomic<bool> *peerFailed;
   };
 
-  SharedGpuPost(int64_t ranks, int64_t replicas)
-      : ranks_(ranks), replicas_(replicas), returned_(ranks), contributions_(ranks),
-        replicaGroups_(ranks / replicas) {
-    for (ReplicaGroup &g : replicaGroups_) {
-      g.sources.resize(replicas);
-      g.ready.resize(replicas);
-      g.done.resize(replicas);
-    }
-  }
+  SharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks)
+      : ranks_(ranks), replicas_(replicas), tensorRanks_(tensorRanks), returned_(ranks), contributions_(ranks) {}
   ~SharedGpuPost() {
     // Messages never received (a failed run) and staging never taken back.
     for (auto &[pair, queue] : queues_)
@@ -135,36 +131,51 @@ public:
     return true;
   }
 
-  int64_t replicaOf(int64_t rank) const { return rank % replicas_; }
+  /// A rank's group of one axis (its index among the axis's groups) and
+  /// its place in it (Artifact::globalRank's order).
+  struct Membership {
+    size_t group = 0;
+    int64_t member = 0, size = 1;
+  };
+  Membership membership(GroupAxis axis, int64_t rank) const {
+    const int64_t tensor = rank % tensorRanks_, replica = rank / tensorRanks_ % replicas_,
+                  pipe = rank / (tensorRanks_ * replicas_);
+    if (axis == GroupAxis::Tensor)
+      return {size_t(rank / tensorRanks_), tensor, tensorRanks_};
+    return {size_t(pipe * tensorRanks_ + tensor), replica, replicas_};
+  }
 
-  /// What one rank brings to its data-parallel group's all-reduce.
+  /// What one rank brings to its group's collective.
   struct Contribution {
     std::vector<std::pair<float *, int64_t>> buffers;
     cudaEvent_t ready = nullptr; // its buffers final
   };
-  /// Phase 1: every replica posts its buffers and their event; returns
-  /// every replica's, in replica order.
-  bool meetReplicas(int64_t rank, const Contribution &mine, std::vector<Contribution> &all, const Waiting &waiting,
-                    std::string &why) {
+  /// Phase 1: every member posts its buffers and their event; returns
+  /// every member's, in member order.
+  bool meetGroup(GroupAxis axis, int64_t rank, const Contribution &mine, std::vector<Contribution> &all,
+                 const Waiting &waiting, std::string &why) {
     std::unique_lock<std::mutex> lock(mutex_);
-    ReplicaGroup &g = replicaGroups_[rank / replicas_];
-    g.sources[rank % replicas_] = mine.buffers;
-    g.ready[rank % replicas_] = mine.ready;
-    if (!meet(lock, g.posted, waiting, "the other replicas' gradients", why))
+    const Membership m = membership(axis, rank);
+    Group &g = group(axis, m);
+    g.sources[m.member] = mine.buffers;
+    g.ready[m.member] = mine.ready;
+    if (!meet(lock, g.posted, m.size, "the other " + axisMembers(axis) + "' buffers", waiting, why))
       return false;
-    all.resize(replicas_);
-    for (int64_t d = 0; d < replicas_; ++d)
+    all.resize(m.size);
+    for (int64_t d = 0; d < m.size; ++d)
       all[d] = {g.sources[d], g.ready[d]};
     return true;
   }
-  /// Phase 2: every replica posts the event after its reads of the others'
-  /// buffers; `stream` waits for all of them (before a replica overwrites
+  /// Phase 2: every member posts the event after its reads of the others'
+  /// buffers; `stream` waits for all of them (before a member overwrites
   /// its buffers).
-  bool replicasDone(int64_t rank, cudaEvent_t done, cudaStream_t stream, const Waiting &waiting, std::string &why) {
+  bool groupDone(GroupAxis axis, int64_t rank, cudaEvent_t done, cudaStream_t stream, const Waiting &waiting,
+                 std::string &why) {
     std::unique_lock<std::mutex> lock(mutex_);
-    ReplicaGroup &g = replicaGroups_[rank / replicas_];
-    g.done[rank % replicas_] = done;
-    if (!meet(lock, g.read, waiting, "the other replicas' sums", why))
+    const Membership m = membership(axis, rank);
+    Group &g = group(axis, m);
+    g.done[m.member] = done;
+    if (!meet(lock, g.read, m.size, "the other " + axisMembers(axis) + "' reads", waiting, why))
       return false;
     for (cudaEvent_t event : g.done)
       cudaStreamWaitEvent(stream, event, 0);
@@ -184,20 +195,32 @@ private:
   struct Rendezvous {
     int64_t generation = 0, arrived = 0;
   };
-  /// The replicas of one pipeline rank. Each phase's posts are read after
-  /// its rendezvous and not overwritten before the next phase's, which
-  /// every replica reaches only after reading them; the events are each
-  /// rank's own, recorded anew each time (a wait takes the record it sees).
-  struct ReplicaGroup {
+  /// The members of one group (the replicas of a pipeline and tensor rank,
+  /// or the tensor ranks of a pipeline rank and replica). Each phase's posts
+  /// are read after its rendezvous and not overwritten before the next
+  /// phase's, which every member reaches only after reading them; the
+  /// events are each rank's own, recorded anew each time (a wait takes the
+  /// record it sees).
+  struct Group {
     std::vector<std::vector<std::pair<float *, int64_t>>> sources;
     std::vector<cudaEvent_t> ready, done;
     Rendezvous posted, read;
   };
+  Group &group(GroupAxis axis, const Membership &m) { // under mutex_
+    Group &g = groups_[{int(axis), m.group}];
+    if (g.sources.empty()) {
+      g.sources.resize(m.size);
+      g.ready.resize(m.size);
+      g.done.resize(m.size);
+    }
+    return g;
+  }
+  static std::string axisMembers(GroupAxis axis) { return axis == GroupAxis::Tensor ? "tensor ranks" : "replicas"; }
 
-  bool meet(std::unique_lock<std::mutex> &lock, Rendezvous &r, const Waiting &waiting, const std::string &what,
-            std::string &why) {
+  bool meet(std::unique_lock<std::mutex> &lock, Rendezvous &r, int64_t members, const std::string &what,
+            const Waiting &waiting, std::string &why) {
     const int64_t generation = r.generation;
-    if (++r.arrived == replicas_) {
+    if (++r.arrived == members) {
       r.arrived = 0;
       ++r.generation;
       changed_.notify_all();
@@ -228,7 +251,7 @@ private:
     return true;
   }
 
-  const int64_t ranks_, replicas_;
+  const int64_t ranks_, replicas_, tensorRanks_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool aborted_ = false;
@@ -237,7 +260,7 @@ private:
   std::vector<std::vector<double>> contributions_;
   std::vector<double> sum_;
   int64_t arrived_ = 0, generation_ = 0;
-  std::vector<ReplicaGroup> replicaGroups_; // by pipeline rank
+  std::map<std::pair<int, size_t>, Group> groups_; // by (axis, group)
 };
 
 namespace {
@@ -306,7 +329,7 @@ public:
                                 cudaStream_t stream) override {
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
-    if (!meet(buffers, stream, all, why))
+    if (!meet(GroupAxis::Replicas, buffers, stream, all, why))
       return why;
     // The others' buffers are copied here before they are added (they may
     // be on another GPU, which a kernel could not read without peer access).
@@ -324,7 +347,7 @@ public:
       }
       cudaFreeAsync(term, stream);
     }
-    if (std::string problem = finish(stream, "the gradient all-reduce"); !problem.empty())
+    if (std::string problem = finish(GroupAxis::Replicas, stream, "the gradient all-reduce"); !problem.empty())
       return problem;
     for (size_t k = 0; k < buffers.size(); ++k) {
       cudaMemcpyAsync(buffers[k].first, sums[k], buffers[k].second * sizeof(float), cudaMemcpyDeviceToDevice, stream);
@@ -345,9 +368,9 @@ public:
       posted.push_back({b.data, b.shards.empty() ? 0 : b.shards.back().second});
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
-    if (!meet(posted, stream, all, why))
+    if (!meet(GroupAxis::Replicas, posted, stream, all, why))
       return why;
-    const int64_t self = post_->replicaOf(rank_);
+    const int64_t self = post_->membership(GroupAxis::Replicas, rank_).member;
     for (size_t k = 0; k < buffers.size(); ++k)
       for (size_t d = 0; d < buffers[k].shards.size() && d < all.size(); ++d) {
         const auto [begin, end] = buffers[k].shards[d];
@@ -355,23 +378,69 @@ public:
           cudaMemcpyAsync(buffers[k].data + begin, all[d].buffers[k].first + begin, (end - begin) * sizeof(float),
                           cudaMemcpyDefault, stream);
       }
-    return finish(stream, "the weights' all-gather");
+    return finish(GroupAxis::Replicas, stream, "the weights' all-gather");
+  }
+
+  /// Each tensor rank combines every rank's buffer in tensor-rank order in
+  /// fp32 scratch of its own (reading the others' behind their events),
+  /// waits until every rank has read its buffer, then writes the result
+  /// over it (rounded once for bf16).
+  std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) override {
+    std::vector<SharedGpuPost::Contribution> all;
+    std::string why;
+    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(data), count}}, stream, all, why))
+      return why;
+    const int64_t bytes = count * dtypeBytes(dtype), floats = std::max<int64_t>(count, 1) * sizeof(float);
+    float *result = nullptr, *widened = nullptr;
+    void *term = nullptr;
+    if (cudaMallocAsync(&result, floats, stream) != cudaSuccess ||
+        cudaMallocAsync(&term, std::max<int64_t>(bytes, 4), stream) != cudaSuccess ||
+        (dtype == Dtype::BF16 && cudaMallocAsync(&widened, floats, stream) != cudaSuccess))
+      return "out of GPU memory for a tensor-parallel all-reduce (" + what(cudaGetLastError()) + ")";
+    for (size_t t = 0; t < all.size(); ++t) {
+      // Copied here first: another rank's buffer may be on another GPU.
+      cudaMemcpyAsync(term, all[t].buffers[0].first, bytes, cudaMemcpyDefault, stream);
+      const float *value = static_cast<const float *>(term);
+      if (dtype == Dtype::BF16) {
+        toFloat(static_cast<const bf16 *>(term), widened, count, stream);
+        value = widened;
+      }
+      if (t == 0)
+        cudaMemcpyAsync(result, value, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+      else if (max)
+        maxInto(result, value, count, stream);
+      else
+        addInto(result, value, count, stream);
+    }
+    cudaFreeAsync(term, stream);
+    if (widened)
+      cudaFreeAsync(widened, stream);
+    if (std::string problem = finish(GroupAxis::Tensor, stream, "a tensor-parallel all-reduce"); !problem.empty())
+      return problem;
+    if (dtype == Dtype::BF16)
+      toBf16(result, static_cast<bf16 *>(data), count, stream);
+    else
+      cudaMemcpyAsync(data, result, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+    cudaFreeAsync(result, stream);
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
+      return "a tensor-parallel all-reduce: " + what(status);
+    return "";
   }
 
   void abort() override { post_->abort(); }
 
 private:
-  /// The replicas' first rendezvous: `stream`'s work so far is what the
+  /// A group's first rendezvous: `stream`'s work so far is what the
   /// others read; their buffers come back in `all` and `stream` waits for them.
-  bool meet(const std::vector<std::pair<float *, int64_t>> &buffers, cudaStream_t stream,
+  bool meet(GroupAxis axis, const std::vector<std::pair<float *, int64_t>> &buffers, cudaStream_t stream,
             std::vector<SharedGpuPost::Contribution> &all, std::string &why) {
     for (cudaEvent_t *event : {&ready_, &done_})
       if (!*event && cudaEventCreateWithFlags(event, cudaEventDisableTiming) != cudaSuccess) {
-        why = "creating the replicas' events";
+        why = "creating the group collectives' events";
         return false;
       }
     cudaEventRecord(ready_, stream);
-    if (!post_->meetReplicas(rank_, {buffers, ready_}, all, waiting_, why))
+    if (!post_->meetGroup(axis, rank_, {buffers, ready_}, all, waiting_, why))
       return false;
     for (const SharedGpuPost::Contribution &c : all)
       if (c.ready != ready_)
@@ -379,10 +448,10 @@ private:
     return true;
   }
   /// The second: every replica's reads queued; `stream` waits for them.
-  std::string finish(cudaStream_t stream, const std::string &operation) {
+  std::string finish(GroupAxis axis, cudaStream_t stream, const std::string &operation) {
     cudaEventRecord(done_, stream);
     std::string why;
-    if (!post_->replicasDone(rank_, done_, stream, waiting_, why))
+    if (!post_->groupDone(axis, rank_, done_, stream, waiting_, why))
       return why;
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
       return operation + ": " + what(status);
@@ -447,7 +516,7 @@ private:
   const int64_t rank_;
   const SharedGpuPost::Waiting waiting_;
   std::vector<Op> ops_;
-  cudaEvent_t ready_ = nullptr, done_ = nullptr; // the gradient all-reduce's (SharedGpuPost::ReplicaGroup)
+  cudaEvent_t ready_ = nullptr, done_ = nullptr; // the group collectives' (SharedGpuPost::Group)
 };
 
 } // namespace
@@ -457,8 +526,8 @@ std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, i
   return std::make_unique<SharedGpuLinks>(std::move(post), rank, timeoutSeconds, peerFailed);
 }
 
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas) {
-  return std::make_shared<SharedGpuPost>(ranks, replicas);
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks) {
+  return std::make_shared<SharedGpuPost>(ranks, replicas, tensorRanks);
 }
 
 } // namespace mhcc::runtime::cuda

@@ -111,8 +111,16 @@ std::optional<StepResult> Trainer::step(std::string &error) {
     return std::nullopt;
   StepResult result = std::move(results[0]);
   for (size_t k = 0; k < devices_.size(); ++k) {
-    if (k > 0)
-      result.paramGrads.merge(results[k].paramGrads);
+    // Devices report disjoint parts of a gradient (a tensor-parallel
+    // rank's block, zero elsewhere): the parts add up to the whole.
+    for (auto &[name, part] : results[k].paramGrads) {
+      if (k == 0) // results[0] is `result`
+        break;
+      auto [it, inserted] = result.paramGrads.try_emplace(name, std::move(part));
+      if (!inserted)
+        for (size_t e = 0; e < part.size() && e < it->second.size(); ++e)
+          it->second[e] += part[e];
+    }
     if (options_.recordTaps)
       result.taps.merge(executors_[k]->takeTaps());
     if (options_.profile)

@@ -566,7 +566,7 @@ TEST_F(CudaBf16Kernels, AttentionAndSwigluBackwardsIntoAFreshGradientGiveTheBits
   ASSERT_EQ(cuda::attentionForward(*kernels_, *gemms_, static_cast<const bf16 *>(dU), static_cast<const bf16 *>(wqkv),
                                    static_cast<const bf16 *>(wo), allocate<bf16>(rows * width), attnAux,
                                    allocate<float>(cuda::attentionForwardScratch(rows, width, heads, seq, 2)), rows,
-                                   width, heads, seq, cuda::DeviceDocuments{}, nullptr),
+                                   width, width, heads, seq, cuda::DeviceDocuments{}, nullptr),
             "");
   float *attnStash = allocate<float>(cuda::attentionBackwardStash(rows, width));
   float *attnScratch = allocate<float>(cuda::attentionBackwardScratch(rows, width, heads, seq, 2));
@@ -574,7 +574,8 @@ TEST_F(CudaBf16Kernels, AttentionAndSwigluBackwardsIntoAFreshGradientGiveTheBits
     EXPECT_EQ(cuda::attentionBackward(*kernels_, *gemms_, static_cast<const bf16 *>(dU),
                                       static_cast<const bf16 *>(wqkv), static_cast<const bf16 *>(wo), attnAux,
                                       static_cast<const bf16 *>(dDy), dx, nullptr, nullptr, attnStash, attnScratch,
-                                      rows, width, heads, seq, inputs, cuda::DeviceDocuments{}, nullptr, fresh),
+                                      rows, width, width, heads, seq, inputs, cuda::DeviceDocuments{}, nullptr,
+                                      fresh),
               "");
   });
 

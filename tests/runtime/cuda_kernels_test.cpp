@@ -255,8 +255,8 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
                                      seq, nullptr, docs);
         },
         [&](auto &o) {
-          cuda::attentionForward(*kernels_, *gemms_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, heads,
-                                 seq, deviceDocs, nullptr);
+          cuda::attentionForward(*kernels_, *gemms_, du_, dwqkv, dwo, o[0], o[1], forwardScratch, rows, width, width,
+                                 heads, seq, deviceDocs, nullptr);
         });
   float *dattn = upload(attn);
   float *backwardScratch = upload(std::vector<float>(cuda::attentionBackwardScratch(rows, width, heads, seq, 4)));
@@ -268,7 +268,7 @@ void CudaKernels::checkAttention(int64_t rows, int64_t seq, int64_t width, int64
         },
         [&](auto &o, cuda::GradParts parts) {
           cuda::attentionBackward(*kernels_, *gemms_, du_, dwqkv, dwo, dattn, ddy, o[0], o[1], o[2], backwardStash,
-                                  backwardScratch, rows, width, heads, seq, parts, deviceDocs, nullptr);
+                                  backwardScratch, rows, width, width, heads, seq, parts, deviceDocs, nullptr);
         });
 }
 

@@ -1,0 +1,63 @@
+//===- CollectiveCheck.h - a step's collectives against its schedule -*- C++ -*-===//
+//
+// The tensor- and context-parallel collectives a compute instruction's
+// kernels issue are listed in the schedule as COLLECTIVE instructions after
+// it (Device::expectCollectives). Every backend checks each collective its
+// kernels issue against the next listed one, so a runtime that disagrees
+// with the compiler fails with both named instead of letting the group wait
+// in different collectives.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_EXEC_COLLECTIVECHECK_H
+#define MHCC_RUNTIME_EXEC_COLLECTIVECHECK_H
+
+#include "runtime/artifact/Artifact.h"
+
+#include <string>
+
+namespace mhcc::runtime {
+
+class CollectiveCheck {
+public:
+  /// The next compute instruction's COLLECTIVEs: `count` from `first`.
+  void expect(const Instr *first, size_t count) {
+    planned_ = first;
+    plannedCount_ = count;
+    issued_ = 0;
+  }
+
+  /// A collective about to be issued: "" when it is the next one listed,
+  /// else the error. An all-reduce compares elements (rows x cols), the
+  /// others rows and cols.
+  std::string issue(MeshAxis axis, CollectiveOp op, int64_t rows, int64_t cols) {
+    const Instr *next = issued_ < plannedCount_ ? planned_ + issued_ : nullptr;
+    const bool allReduce = op == CollectiveOp::AllReduce || op == CollectiveOp::AllReduceMax;
+    if (next && next->axis == axis && next->collective == op && rows * cols == next->tokens * next->width &&
+        (allReduce || (rows == next->tokens && cols == next->width))) {
+      ++issued_;
+      return "";
+    }
+    const std::string issued = std::string(meshAxisName(axis)) + " " + collectiveOpName(op) + " [" +
+                               std::to_string(rows) + "x" + std::to_string(cols) + "]";
+    return "its kernels issued collective #" + std::to_string(issued_ + 1) + " as " + issued +
+           ", where the schedule lists " + (next ? next->describe() : std::string("no more")) + kDisagree;
+  }
+
+  /// After the instruction: "" when every listed collective was issued.
+  std::string finished() const {
+    if (issued_ == plannedCount_)
+      return "";
+    return "its kernels issued " + std::to_string(issued_) + " of the " + std::to_string(plannedCount_) +
+           " collectives the schedule lists; the next was " + planned_[issued_].describe() + kDisagree;
+  }
+
+private:
+  static constexpr const char *kDisagree =
+      " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)";
+  const Instr *planned_ = nullptr;
+  size_t plannedCount_ = 0, issued_ = 0;
+};
+
+} // namespace mhcc::runtime
+
+#endif // MHCC_RUNTIME_EXEC_COLLECTIVECHECK_H
