@@ -120,6 +120,19 @@ declare -A ARTIFACT=(
   [c4096_bf16_tp2_pp2_vpp2]="models/transport_c4096_bf16.json --microbatches 2 --tp 2 --pp 2 --vpp 2"
   [c7168_bf16_tp2_pp1]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --pp 1"
   [c7168_bf16_tp2_pp2_vpp2]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --pp 2 --vpp 2"
+  # Sequence parallelism (each rank S/tp of every sequence outside the GEMMs).
+  [tiny_tp2_sp_pp1]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 1"
+  [tiny_tp2_sp_pp2]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --layout Ett|ttmL"
+  [tiny_tp2_sp_pp2_vpp2]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_tp2_sp_pp2_zb]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --layout Ett|ttmL --schedule zb-h1"
+  [tiny_bf16_tp2_sp_pp1]="models/tiny_bf16.json --microbatches 4 --tp 2 --sequence-parallel --pp 1"
+  [tiny_bf16_tp2_sp_pp2_vpp2]="models/tiny_bf16.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_dp2_tp2_sp_pp1]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --sequence-parallel --pp 1"
+  [tiny_dp2_tp2_sp_pp2]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --sequence-parallel --pp 2 --layout Ett|ttmL"
+  [c4096_bf16_tp2_sp_pp1]="models/transport_c4096_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 1"
+  [c4096_bf16_tp2_sp_pp2_vpp2]="models/transport_c4096_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 2 --vpp 2"
+  [c7168_bf16_tp2_sp_pp1]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 1"
+  [c7168_bf16_tp2_sp_pp2_vpp2]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 2 --vpp 2"
   [tiny_dp2_tp2_pp1]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 1"
   [tiny_dp2_tp2_pp2]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
@@ -349,8 +362,14 @@ run)
       # The wide transport cases at tp 2 (PP2/VPP2 boundaries of S x n*C).
       [c4096_bf16_tp2]="-:c4096_bf16_tp2_pp1 c4096_bf16_tp2_pp2_vpp2"
       [c7168_bf16_tp2]="-:c7168_bf16_tp2_pp1 c7168_bf16_tp2_pp2_vpp2"
+      # Sequence parallelism: the same groups, boundaries of S/tp x n*C.
+      [tiny_tp2_sp]="tiny_tp2_sp_pp1:tiny_tp2_sp_pp1 tiny_tp2_sp_pp2 tiny_tp2_sp_pp2_vpp2 tiny_tp2_sp_pp2_zb"
+      [tiny_bf16_tp2_sp]="tiny_bf16_tp2_sp_pp1:tiny_bf16_tp2_sp_pp1 tiny_bf16_tp2_sp_pp2_vpp2"
+      [tiny_dp2_tp2_sp]="tiny_dp2_tp2_sp_pp1:tiny_dp2_tp2_sp_pp1 tiny_dp2_tp2_sp_pp2"
+      [c4096_bf16_tp2_sp]="-:c4096_bf16_tp2_sp_pp1 c4096_bf16_tp2_sp_pp2_vpp2"
+      [c7168_bf16_tp2_sp]="-:c7168_bf16_tp2_sp_pp1 c7168_bf16_tp2_sp_pp2_vpp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -399,21 +418,23 @@ sys.exit(0 if len(a) == len(b) == 5 and worst < 1e-6 else 1)" 2>&1); then r=PASS
     # tp 2 against tp 1 on the same batch: the row-parallel sums and the
     # vocabulary-parallel softmax change order, so lm loss within 1e-6
     # relative over 5 steps in fp32 (issue 13's bound).
-    if [ -f tiny_tp2_pp1.mhcc ]; then
+    timeout 120 ./mhcrun tiny_pp1.mhcc --data corpus.txt --steps 5 --no-progress --metrics "$logs/tp1.jsonl" \
+      > "$logs/tp1.log" 2>&1
+    for tp2 in tiny_tp2_pp1 tiny_tp2_sp_pp1; do
+      [ -f $tp2.mhcc ] || continue
       share=; [ "$gpus" -lt 2 ] && share="--ranks-per-gpu 2"
       # shellcheck disable=SC2086
-      timeout 120 ./mhcrun tiny_tp2_pp1.mhcc --data corpus.txt --steps 5 --no-progress $share \
-        --metrics "$logs/tp2.jsonl" > "$logs/tp2.log" 2>&1
-      timeout 120 ./mhcrun tiny_pp1.mhcc --data corpus.txt --steps 5 --no-progress --metrics "$logs/tp1.jsonl" \
-        > "$logs/tp1.log" 2>&1
+      timeout 120 ./mhcrun $tp2.mhcc --data corpus.txt --steps 5 --no-progress $share \
+        --metrics "$logs/$tp2.jsonl" > "$logs/$tp2.log" 2>&1
       if detail=$(python3 -c "
 import json, sys
-a = [json.loads(l)['lm_loss'] for l in open('$logs/tp2.jsonl')]; b = [json.loads(l)['lm_loss'] for l in open('$logs/tp1.jsonl')]
+a = [json.loads(l)['lm_loss'] for l in open('$logs/$tp2.jsonl')]; b = [json.loads(l)['lm_loss'] for l in open('$logs/tp1.jsonl')]
 worst = max(abs(x - y) / y for x, y in zip(a, b))
 print('5 steps, largest relative lm loss difference %.2e' % worst)
 sys.exit(0 if len(a) == len(b) == 5 and worst < 1e-6 else 1)" 2>&1); then r=PASS; else r=FAIL; fi
-      row "tp 2 vs tp 1 (tiny, ${share:-one GPU a rank})" $r "$detail; $(grep -m1 'backend' "$logs/tp2.log" | cut -c1-80)"
-    fi
+      sp=; [[ $tp2 == *_sp_* ]] && sp=" + SP"
+      row "tp 2$sp vs tp 1 (tiny, ${share:-one GPU a rank})" $r "$detail; $(grep -m1 'backend' "$logs/$tp2.log" | cut -c1-80)"
+    done
     # Fewer GPUs than ranks: one message, exit 1, no hang.
     CUDA_VISIBLE_DEVICES=0 timeout 60 ./mhcrun tiny_pp2.mhcc --backend cuda --data corpus.txt --steps 1 > "$logs/too_few_gpus.log" 2>&1
     rc=$?

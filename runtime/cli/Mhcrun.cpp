@@ -142,10 +142,8 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
-  if (a.cp > 1 || a.sequenceParallel) {
-    const std::string what = a.cp > 1 ? "context parallelism (cp = " + std::to_string(a.cp) + ")"
-                                      : "sequence parallelism (tp = " + std::to_string(a.tp) + ")";
-    std::cerr << "mhcrun: " << what << " runs on the CPU backend in this release: using it\n";
+  if (a.cp > 1) {
+    std::cerr << "mhcrun: context parallelism (cp = " << a.cp << ") runs on the CPU backend in this release: using it\n";
     return "cpu";
   }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.worldSize() ? "cuda" : "cpu";
@@ -493,16 +491,12 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // Context and sequence parallelism run on the CPU backend for now
-  // (threads, or one process a rank).
+  // Context parallelism runs on the CPU backend for now (threads, or one
+  // process a rank).
   if (artifact->cp > 1 && backend != "cpu")
     return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
                 " context-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
                 "process per rank with --processes, mpirun or srun); recompile with --cp 1 for GPUs");
-  if (artifact->sequenceParallel && backend != "cpu")
-    return fail(rankPrefix + "the artifact has sequence parallelism, which runs on the CPU backend for now "
-                "(--backend cpu); recompile without --sequence-parallel for GPUs (tensor parallelism alone runs on "
-                "them)");
   // A GPU process saves the parameters its rank owns whole; the moments'
   // parts of the other replicas, or the other tensor ranks' blocks, would be
   // missing from the checkpoint.

@@ -189,6 +189,18 @@ public:
     return status == ncclSuccess ? "" : std::string("ncclAllReduce over the tensor-parallel group: ") +
                                             ncclGetErrorString(status);
   }
+  std::string allGatherTensor(const void *local, void *all, int64_t count, Dtype dtype,
+                              cudaStream_t stream) override {
+    ncclResult_t status = ncclAllGather(local, all, count, ncclType(dtype), tensor_, stream);
+    return status == ncclSuccess ? "" : std::string("ncclAllGather over the tensor-parallel group: ") +
+                                            ncclGetErrorString(status);
+  }
+  std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
+                                  cudaStream_t stream) override {
+    ncclResult_t status = ncclReduceScatter(all, local, count, ncclType(dtype), ncclSum, tensor_, stream);
+    return status == ncclSuccess ? "" : std::string("ncclReduceScatter over the tensor-parallel group: ") +
+                                            ncclGetErrorString(status);
+  }
   void abort() override {
     for (ncclComm_t comm : comms_)
       ncclCommAbort(comm);

@@ -1,6 +1,6 @@
 //===- CudaDevice.h - the CUDA backend's Device ---------------------*- C++ -*-===//
 //
-// One GPU per pipeline rank: either one process per rank (mhcrun --gpus N,
+// One GPU per rank of the mesh: either one process per rank (mhcrun --gpus N,
 // mpirun, srun: cudaRankDevice) or every rank in this process on its own
 // host thread (cudaDevices: the tests, and mhcrun --in-process, where
 // --ranks-per-gpu N lets N ranks share a GPU). A rank's
@@ -13,7 +13,9 @@
 // owner (the rank of its first use) in model order, the global norm comes
 // from one all-reduce of per-parameter statistics, and the owner sends the
 // updated weights to the other ranks holding the parameter, so results do
-// not depend on the layout.
+// not depend on the layout. Data-parallel replicas sum their gradients, and
+// tensor-parallel ranks (with or without sequence parallelism) their
+// partial sums, over one communicator per group (CudaTensorParallel.cpp).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CUDA_CUDADEVICE_H

@@ -110,8 +110,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
   // Under tensor parallelism V is this rank's vocabulary share from `first`
-  // and `inner` the width of its attention heads (TensorSplit.h's blocks).
-  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp;
+  // and `inner` the width of its attention heads (TensorSplit.h's blocks);
+  // the GEMM primitives run on every row of the microbatch (G), the others
+  // on this rank's (T: fewer under sequence parallelism).
+  const int64_t T = rows_, G = gemmRows_, C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp;
   const ForwardInstr &f = p.forward[index];
   const Buffer &output = st.values[f.output];
   // Values are A but for the mHC coefficients and losses (fp32) and the
@@ -130,12 +132,21 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   std::string error, label;
   cudaEvent_t started = nullptr;
   markStart(started);
+  // Tensor parallelism: the rows a column-parallel GEMM reads (gathered
+  // under sequence parallelism) and where the row-parallel partial sums go
+  // (the output itself, summed in place, unless it holds fewer rows).
+  const bool reduces = a_.tp > 1 && (f.op == Prim::Embed || f.op == Prim::Attention || f.op == Prim::SwiGlu);
+  const bool gathers = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  const A *x = gathers ? allRows(in(0), C) : nullptr;
+  A *partial = reduces ? (a_.sequenceParallel ? scratchOf<A>(G * C) : out) : nullptr;
+  if (gathers && !x)
+    return false;
   switch (f.op) {
   case Prim::Identity:
     cudaMemcpyAsync(out, in(0), output.bytes(), cudaMemcpyDeviceToDevice, stream);
     break;
   case Prim::Embed:
-    embedForward(k, tokens_[mb], w(0), out, T, C, f.shift, f.seqLen, stream, first, V);
+    embedForward(k, tokens_[mb], w(0), partial ? partial : out, G, C, f.shift, f.seqLen, stream, first, V);
     break;
   case Prim::Expand:
     expandForward(k, in(0), outR, T, C, n, stream);
@@ -159,12 +170,12 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     rmsNormForward(k, in(0), w(0), out, aux, T, C, f.eps, stream);
     break;
   case Prim::Attention:
-    error = attentionForward(k, g, in(0), w(0), w(1), out, aux,
-                             scratch(attentionForwardScratch(T, inner, f.heads, f.seqLen, sizeof(A))).data, T, C,
+    error = attentionForward(k, g, x, w(0), w(1), partial ? partial : out, aux,
+                             scratch(attentionForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C,
                              inner, f.heads, f.seqLen, documents(mb), stream);
     break;
   case Prim::SwiGlu:
-    swigluForward(k, g, in(0), w(0), w(1), w(2), out, aux, T, C, f.ffn, stream);
+    swigluForward(k, g, x, w(0), w(1), w(2), partial ? partial : out, aux, G, C, f.ffn, stream);
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
@@ -186,23 +197,23 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     contractForward(k, inR(0), out, T, C, n, stream);
     break;
   case Prim::LmHead:
-    matmul(g, in(0), w(0), out, T, C, V, false);
+    matmul(g, x, w(0), out, G, C, V, false);
     break;
   case Prim::ConcatProj:
     concatProjForward(g, in(0), in(1), w(0), out, T, C, C);
     break;
   case Prim::CrossEntropy:
     if (a_.tp > 1) { // Megatron's vocabulary-parallel form: the group's max, then its sums
-      float *maxima = scratch(3 * T).data, *sums = maxima + T, *targets = sums + T;
-      shareRowMax(k, in(0), maxima, T, V, stream);
-      if (!tensorAllReduce(maxima, T, Dtype::F32, true))
+      float *maxima = scratch(3 * G).data, *sums = maxima + G, *targets = sums + G;
+      shareRowMax(k, in(0), maxima, G, V, stream);
+      if (!tensorAllReduce(maxima, G, Dtype::F32, true))
         break;
-      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, T, V, f.shift, f.seqLen, first, stream);
-      if (tensorAllReduce(sums, T, Dtype::F32) && tensorAllReduce(targets, T, Dtype::F32))
-        shareLoss(k, maxima, sums, targets, aux, out32, T, f.shift, f.seqLen, stream);
+      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, G, V, f.shift, f.seqLen, first, stream);
+      if (tensorAllReduce(sums, G, Dtype::F32) && tensorAllReduce(targets, G, Dtype::F32))
+        shareLoss(k, maxima, sums, targets, aux, out32, G, f.shift, f.seqLen, stream);
       break;
     }
-    crossEntropyForward(k, in(0), labels_[mb], aux, out32, T, V, f.shift, f.seqLen, stream);
+    crossEntropyForward(k, in(0), labels_[mb], aux, out32, G, V, f.shift, f.seqLen, stream);
     break;
   case Prim::GatedDeltaNet:
     error = gdnForward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, out, aux,
@@ -211,9 +222,9 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     break;
   }
   // The row-parallel outputs (and the vocabulary-parallel embedding) are
-  // this rank's partial sums: the group's sum is the value.
-  if (a_.tp > 1 && error.empty() && (f.op == Prim::Embed || f.op == Prim::Attention || f.op == Prim::SwiGlu))
-    tensorAllReduce(out, T * C, kActivations<A>);
+  // this rank's partial sums: the group's sum (its rows of it) is the value.
+  if (reduces && error.empty() && error_.empty())
+    reducePartial(partial, out, C, false);
   markEnd(label.empty() ? std::string("fwd ") + primName(f.op) : label, started);
   releaseScratch();
   if (!error.empty())
@@ -226,7 +237,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                           const std::vector<int> &fresh, const MixGroup *joinedBefore) {
   const StageProgram &p = a_.stages[s];
   const ModelInfo &m = a_.model;
-  const int64_t T = m.tokens(), C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp; // as forwardAs
+  const int64_t T = rows_, G = gemmRows_, C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V,
+                inner = C / a_.tp; // as forwardAs
   const BackwardInstr &b = p.backward[index];
   const ForwardInstr &f = p.forward[b.forward];
   const GradParts parts{part != BackwardPart::Weight, part != BackwardPart::Input};
@@ -274,20 +286,29 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     else
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
-  // Tensor parallelism: a row-parallel product's input gradient is this
-  // rank's partial sum, which the group sums before it joins dx: it goes to
-  // dx itself where dx held nothing, else to scratch (zero, or written).
+  // Tensor parallelism (as TensorParallel.h's tensorParallelBackward): the
+  // input rows a weight gradient reads and the output gradient's rows,
+  // gathered under sequence parallelism (in the CPU's order: x, then dy);
+  // a row-parallel product's input gradient is this rank's partial sum,
+  // which the group sums before it joins dx: it goes to dx itself where dx
+  // held nothing and has every row, else to scratch (zero, or written).
+  const bool rowParallel = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  const bool gathersDy = f.op == Prim::Attention || f.op == Prim::SwiGlu || (f.op == Prim::Embed && parts.weights);
+  const A *x = !rowParallel ? nullptr : parts.weights ? allRows(in(0), C) : in(0);
+  const A *dy = gathersDy ? allRows(dOut, C) : dOut;
+  if ((rowParallel && parts.weights && !x) || (gathersDy && !dy))
+    return false;
   A *partial = nullptr;
   bool partialWritten = freshMask & 1;
-  const bool rowParallel = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  const bool dxHeldNothing = parts.inputs && rowParallel && std::count(fresh.begin(), fresh.end(), b.gradInputs[0]);
   if (a_.tp > 1 && parts.inputs && rowParallel) {
-    if (std::count(fresh.begin(), fresh.end(), b.gradInputs[0])) {
+    if (dxHeldNothing && !a_.sequenceParallel) {
       partial = din(0);
     } else {
-      partial = reinterpret_cast<A *>(scratch(T * C).data);
+      partial = scratchOf<A>(G * C);
       partialWritten = firstProductWrites;
       if (!partialWritten)
-        cudaMemsetAsync(partial, 0, T * C * sizeof(A), compute_);
+        cudaMemsetAsync(partial, 0, G * C * sizeof(A), compute_);
     }
   }
   auto dx0 = [&] { return partial ? partial : din(0); }; // where the first input's gradient goes
@@ -310,7 +331,7 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   case Prim::Embed:
     if (parts.weights) {
       auto [offsets, positions] = csrs_.at({mb, f.shift}); // by token id: this share's from `first`
-      embedBackward(k, offsets + first, positions, V, dOut, paramGrad(s, f, 0), C, stream);
+      embedBackward(k, offsets + first, positions, V, dy, paramGrad(s, f, 0), C, stream);
     }
     break;
   case Prim::Expand:
@@ -344,14 +365,14 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::Attention:
     error = attentionBackward(
-        k, g, in(0), w(0), w(1), aux, dOut, dx0(), dw(0), dw(1), stash(attentionBackwardStash(T, inner)),
-        scratch(parts.inputs ? attentionBackwardScratch(T, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, T, C,
+        k, g, x, w(0), w(1), aux, dy, dx0(), dw(0), dw(1), stash(attentionBackwardStash(G, inner)),
+        scratch(parts.inputs ? attentionBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, G, C,
         inner, f.heads, f.seqLen, parts, documents(mb), stream, partialWritten);
     break;
   case Prim::SwiGlu:
-    swigluBackward(k, g, in(0), w(0), w(1), w(2), aux, dOut, dx0(), dw(0), dw(1), dw(2),
-                   stash(swigluBackwardStash(T, f.ffn)),
-                   scratch(parts.inputs ? swigluBackwardScratch(T, f.ffn) : 0).data, T, C, f.ffn, parts, stream,
+    swigluBackward(k, g, x, w(0), w(1), w(2), aux, dy, dx0(), dw(0), dw(1), dw(2),
+                   stash(swigluBackwardStash(G, f.ffn)),
+                   scratch(parts.inputs ? swigluBackwardScratch(G, f.ffn) : 0).data, G, C, f.ffn, parts, stream,
                    partialWritten);
     break;
   case Prim::MhcPostRes:
@@ -373,16 +394,16 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::LmHead:
     if (parts.weights)
-      matmulTransAAcc(g, in(0), dOut, paramGrad(s, f, 0), T, C, V);
+      matmulTransAAcc(g, x, dOut, paramGrad(s, f, 0), G, C, V);
     if (parts.inputs)
-      matmulTransBAcc(g, dOut, w(0), dx0(), T, V, C);
+      matmulTransBAcc(g, dOut, w(0), dx0(), G, V, C);
     break;
   case Prim::ConcatProj:
     concatProjBackward(g, in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T, C, C, parts);
     break;
   case Prim::CrossEntropy: {
     float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
-    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), T, V, f.shift, f.seqLen, stream, first);
+    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), G, V, f.shift, f.seqLen, stream, first);
     break;
   }
   case Prim::GatedDeltaNet: {
@@ -396,8 +417,8 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   }
   }
-  if (partial && error.empty() && tensorAllReduce(partial, T * C, kActivations<A>) && partial != din(0))
-    addInto(din(0), static_cast<const A *>(partial), T * C, stream);
+  if (partial && error.empty() && error_.empty())
+    reducePartial(partial, din(0), C, !dxHeldNothing);
   markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op) +
               (mix.postDy ? "+post_res" : ""), // pass A of the sublayer before inside
           started);
@@ -456,26 +477,6 @@ bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, i
   step.terms.postPartials = partials.data;
   postPartials_[{s, mb, before->postRes}] = partials;
   deferredMix_.insert({s, mb, before->postRes});
-  return true;
-}
-
-bool CudaRank::expectCollectives(const Instr *first, size_t count) {
-  collectives_.expect(first, count);
-  return true;
-}
-
-bool CudaRank::collectivesIssued() {
-  const std::string problem = collectives_.finished();
-  return problem.empty() || fail(problem);
-}
-
-bool CudaRank::tensorAllReduce(void *data, int64_t count, Dtype dtype, bool max) {
-  if (std::string problem = collectives_.issue(MeshAxis::Tensor, max ? CollectiveOp::AllReduceMax : CollectiveOp::AllReduce,
-                                               count, 1);
-      !problem.empty())
-    return fail(problem);
-  if (std::string problem = links_->allReduceTensor(data, count, dtype, max, compute_); !problem.empty())
-    return fail("a tensor-parallel all-reduce: " + problem);
   return true;
 }
 

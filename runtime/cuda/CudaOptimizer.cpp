@@ -69,6 +69,12 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       for (size_t u = 1; u < plan.uses.size(); ++u)
         addInto(gradient[p], useData(u), count, compute_);
     }
+    // Sequence parallelism: a replicated parameter's gradient on a tensor
+    // rank covers that rank's rows: the group's sum is the gradient.
+    if (a_.sequenceParallel && a_.params[p].tpSplit.empty())
+      if (std::string problem = links_->allReduceTensor(gradient[p], count, Dtype::F32, false, compute_);
+          !problem.empty())
+        return fail("summing a replicated gradient over the tensor-parallel group: " + problem);
     tensors.push_back({gradient[p], count, int64_t(p)});
   }
   // Every owned gradient's statistics in two launches (the upload is staged

@@ -43,7 +43,8 @@ std::string cudaWhat(cudaError_t status) {
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
-      replica_(artifact.replicaOf(rank)), tensor_(artifact.tensorRankOf(rank)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
+      replica_(artifact.replicaOf(rank)), tensor_(artifact.tensorRankOf(rank)), rows_(artifact.rowsPerRank()),
+      gemmRows_(artifact.model.tokens()), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
@@ -127,9 +128,6 @@ bool CudaRank::setupDevice() {
       if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))
         return fail(gdnHeadDimError(a_.model.hidden / f.heads));
     }
-  if (a_.sequenceParallel)
-    return fail("sequence parallelism runs on the CPU backend for now: use --backend cpu, or recompile without "
-                "--sequence-parallel for GPUs (tensor parallelism alone runs on them)");
   std::string problem = gpuSelfTest(gpu_);
   if (!problem.empty())
     return fail(problem);
@@ -345,7 +343,9 @@ Buffer CudaRank::allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) 
 
 int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const ForwardInstr &f = a_.stages[stage].forward[index];
-  const int64_t T = a_.model.tokens(), C = a_.model.hidden;
+  // The GEMM primitives keep every row of the microbatch (gemmRows_), the
+  // others this rank's (rows_: fewer under sequence parallelism).
+  const int64_t T = rows_, G = gemmRows_, C = a_.model.hidden;
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
   if (f.op == Prim::GatedDeltaNet) // and the scans' chunk states, which the backward would otherwise rebuild
@@ -353,9 +353,9 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
   switch (f.op) {
   case Prim::Attention:
-    return attentionAuxFloats(T, C / a_.tp, f.heads, actBytes); // this rank's heads
+    return attentionAuxFloats(G, C / a_.tp, f.heads, actBytes); // this rank's heads
   case Prim::SwiGlu:
-    return swigluAuxFloats(T, f.ffn, actBytes);
+    return swigluAuxFloats(G, f.ffn, actBytes);
   default:
     return f.auxSize;
   }

@@ -3,6 +3,7 @@
 // The CUDA Device, split by concern over several files: CudaRank.cpp
 // (setup, memory and the static plan, step boundaries), CudaLaunch.cpp (the
 // launch table: one stage instruction's forward or backward half),
+// CudaTensorParallel.cpp (the tensor-parallel collectives),
 // CudaComms.cpp (NCCL communicators and messages, the factories),
 // SharedGpuLinks.cpp (messages between ranks sharing a GPU) and
 // CudaOptimizer.cpp (the optimizer step on the GPUs).
@@ -179,12 +180,26 @@ private:
   bool connectPairs();
   /// The global rank of pipeline rank `peer` in this rank's replica and tensor rank.
   int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_, 0, tensor_); }
-  // CudaLaunch.cpp
-  /// The tensor-parallel group's sum (max) of `count` elements at `data`,
-  /// in place on the compute stream, after checking it is the schedule's
-  /// next COLLECTIVE; false (error_ set) otherwise or when it fails.
+  // CudaTensorParallel.cpp: the tensor-parallel group's collectives on the
+  // compute stream, each checked first against the schedule's next
+  // COLLECTIVE (false, error_ set, on a difference or a failure).
+  /// The group's sum (max) of `count` elements at `data`, in place.
   bool tensorAllReduce(void *data, int64_t count, Dtype dtype, bool max = false);
   template <typename A> static constexpr Dtype kActivations = std::is_same_v<A, bf16> ? Dtype::BF16 : Dtype::F32;
+  /// `local` (this rank's rows x cols) as every row of the microbatch, in
+  /// its order (sequence parallelism: the group's all-gather, in scratch;
+  /// else `local` itself); null on failure.
+  template <typename A> const A *allRows(const A *local, int64_t cols);
+  /// The group's sum of `partial` (every row x cols, this rank's part): this
+  /// rank's rows of it into `out` (sequence parallelism: a reduce-scatter;
+  /// else an all-reduce, `out` == `partial` or added into `out` with `add`).
+  /// With `add`, added into out instead of written.
+  template <typename A> bool reducePartial(A *partial, A *out, int64_t cols, bool add);
+  /// `count` elements of A in scratch.
+  template <typename A> A *scratchOf(int64_t count) {
+    return reinterpret_cast<A *>(scratch((count * int64_t(sizeof(A)) + 3) / 4).data);
+  }
+  // CudaLaunch.cpp
   Buffer scratch(int64_t count);
   void releaseScratch();
   /// The weights the kernels read: the fp32 masters, or their bf16 copies.
@@ -231,6 +246,10 @@ private:
   const TrainOptions &options_;
   const int64_t rank_;                    // global (Artifact::globalRank)
   const int64_t pipe_, replica_, tensor_; // the plans, streams and schedules are in pipeline ranks
+  /// A microbatch's rows on this rank outside the tensor-parallel GEMMs
+  /// (sequence parallelism: its share of each sequence, Artifact::rowsPerRank)
+  /// and the rows those GEMMs see (every row of the microbatch).
+  const int64_t rows_, gemmRows_;
   /// Elements of parameter p this rank holds: its tensor-parallel block
   /// (TensorSplit.h; all of it at tp = 1 and for the replicated ones).
   int64_t held(size_t p) const { return shardCount(a_.params[p], a_.tp); }

@@ -71,6 +71,15 @@ public:
   /// combine the ranks in tensor-rank order (bf16 in fp32, rounded once);
   /// NCCL in its own order, the same result at tp = 2.
   virtual std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) = 0;
+  /// Sequence parallelism: every tensor rank's `count` elements at `local`
+  /// into `all` (tp x count, in tensor-rank order), ordered as above.
+  virtual std::string allGatherTensor(const void *local, void *all, int64_t count, Dtype dtype,
+                                      cudaStream_t stream) = 0;
+  /// Sequence parallelism: this rank's part (the t-th `count` elements) of
+  /// the group's sum of `all` (tp x count) into `local`; shared-GPU links
+  /// add in tensor-rank order (bf16 in fp32, rounded once), as above.
+  virtual std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
+                                          cudaStream_t stream) = 0;
   /// Stops every wait of this rank's links (a failed run).
   virtual void abort() = 0;
 };

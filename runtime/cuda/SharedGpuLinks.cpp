@@ -386,9 +386,41 @@ public:
   /// waits until every rank has read its buffer, then writes the result
   /// over it (rounded once for bf16).
   std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) override {
+    return combineTensor(data, data, 0, count, dtype, max, stream);
+  }
+
+  /// Each tensor rank copies every rank's part into place.
+  std::string allGatherTensor(const void *local, void *all, int64_t count, Dtype dtype,
+                              cudaStream_t stream) override {
+    std::vector<SharedGpuPost::Contribution> posted;
+    std::string why;
+    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(const_cast<void *>(local)), count}}, stream, posted, why))
+      return why;
+    const int64_t bytes = count * dtypeBytes(dtype);
+    for (size_t t = 0; t < posted.size(); ++t)
+      cudaMemcpyAsync(static_cast<char *>(all) + t * bytes, posted[t].buffers[0].first, bytes, cudaMemcpyDefault,
+                      stream);
+    return finish(GroupAxis::Tensor, stream, "a tensor-parallel all-gather");
+  }
+
+  /// Each tensor rank adds its part of every rank's buffer, as allReduceTensor.
+  std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
+                                  cudaStream_t stream) override {
+    const int64_t self = post_->membership(GroupAxis::Tensor, rank_).member;
+    return combineTensor(all, local, self * count, count, dtype, false, stream);
+  }
+
+  void abort() override { post_->abort(); }
+
+private:
+  /// Elements [offset, offset + count) of every tensor rank's `source`,
+  /// added (or maximized) in tensor-rank order in fp32, into `target` once
+  /// every rank has read them (target may be source).
+  std::string combineTensor(const void *source, void *target, int64_t offset, int64_t count, Dtype dtype, bool max,
+                            cudaStream_t stream) {
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
-    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(data), count}}, stream, all, why))
+    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(const_cast<void *>(source)), count}}, stream, all, why))
       return why;
     const int64_t bytes = count * dtypeBytes(dtype), floats = std::max<int64_t>(count, 1) * sizeof(float);
     float *result = nullptr, *widened = nullptr;
@@ -396,10 +428,11 @@ public:
     if (cudaMallocAsync(&result, floats, stream) != cudaSuccess ||
         cudaMallocAsync(&term, std::max<int64_t>(bytes, 4), stream) != cudaSuccess ||
         (dtype == Dtype::BF16 && cudaMallocAsync(&widened, floats, stream) != cudaSuccess))
-      return "out of GPU memory for a tensor-parallel all-reduce (" + what(cudaGetLastError()) + ")";
+      return "out of GPU memory for a tensor-parallel collective (" + what(cudaGetLastError()) + ")";
     for (size_t t = 0; t < all.size(); ++t) {
       // Copied here first: another rank's buffer may be on another GPU.
-      cudaMemcpyAsync(term, all[t].buffers[0].first, bytes, cudaMemcpyDefault, stream);
+      const char *from = reinterpret_cast<const char *>(all[t].buffers[0].first) + offset * dtypeBytes(dtype);
+      cudaMemcpyAsync(term, from, bytes, cudaMemcpyDefault, stream);
       const float *value = static_cast<const float *>(term);
       if (dtype == Dtype::BF16) {
         toFloat(static_cast<const bf16 *>(term), widened, count, stream);
@@ -415,21 +448,18 @@ public:
     cudaFreeAsync(term, stream);
     if (widened)
       cudaFreeAsync(widened, stream);
-    if (std::string problem = finish(GroupAxis::Tensor, stream, "a tensor-parallel all-reduce"); !problem.empty())
+    if (std::string problem = finish(GroupAxis::Tensor, stream, "a tensor-parallel collective"); !problem.empty())
       return problem;
     if (dtype == Dtype::BF16)
-      toBf16(result, static_cast<bf16 *>(data), count, stream);
+      toBf16(result, static_cast<bf16 *>(target), count, stream);
     else
-      cudaMemcpyAsync(data, result, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+      cudaMemcpyAsync(target, result, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
     cudaFreeAsync(result, stream);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
-      return "a tensor-parallel all-reduce: " + what(status);
+      return "a tensor-parallel collective: " + what(status);
     return "";
   }
 
-  void abort() override { post_->abort(); }
-
-private:
   /// A group's first rendezvous: `stream`'s work so far is what the
   /// others read; their buffers come back in `all` and `stream` waits for them.
   bool meet(GroupAxis axis, const std::vector<std::pair<float *, int64_t>> &buffers, cudaStream_t stream,
