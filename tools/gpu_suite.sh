@@ -133,6 +133,11 @@ declare -A ARTIFACT=(
   [c4096_bf16_tp2_sp_pp2_vpp2]="models/transport_c4096_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 2 --vpp 2"
   [c7168_bf16_tp2_sp_pp1]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 1"
   [c7168_bf16_tp2_sp_pp2_vpp2]="models/transport_c7168_bf16.json --microbatches 2 --tp 2 --sequence-parallel --pp 2 --vpp 2"
+  # Gated DeltaNet heads split as attention's (out_norm's gradient summed), an empty chunk.
+  [hybrid_tp2_pp1]="models/hybrid_tiny.json --microbatches 4 --tp 2 --pp 1"
+  [hybrid_tp2_pp2_vpp2_empty]="models/hybrid_tiny.json --microbatches 4 --tp 2 --pp 2 --vpp 2 --layout Ettt|ttt||ttmL"
+  [hybrid_tp2_sp_pp1]="models/hybrid_tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 1"
+  [hybrid_tp2_sp_pp2_vpp2_empty]="models/hybrid_tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --vpp 2 --layout Ettt|ttt||ttmL"
   [tiny_dp2_tp2_pp1]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 1"
   [tiny_dp2_tp2_pp2]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
@@ -362,6 +367,8 @@ run)
       # The wide transport cases at tp 2 (PP2/VPP2 boundaries of S x n*C).
       [c4096_bf16_tp2]="-:c4096_bf16_tp2_pp1 c4096_bf16_tp2_pp2_vpp2"
       [c7168_bf16_tp2]="-:c7168_bf16_tp2_pp1 c7168_bf16_tp2_pp2_vpp2"
+      [hybrid_tp2]="hybrid_tp2_pp1:hybrid_tp2_pp1 hybrid_tp2_pp2_vpp2_empty"
+      [hybrid_tp2_sp]="hybrid_tp2_sp_pp1:hybrid_tp2_sp_pp1 hybrid_tp2_sp_pp2_vpp2_empty"
       # Sequence parallelism: the same groups, boundaries of S/tp x n*C.
       [tiny_tp2_sp]="tiny_tp2_sp_pp1:tiny_tp2_sp_pp1 tiny_tp2_sp_pp2 tiny_tp2_sp_pp2_vpp2 tiny_tp2_sp_pp2_zb"
       [tiny_bf16_tp2_sp]="tiny_bf16_tp2_sp_pp1:tiny_bf16_tp2_sp_pp1 tiny_bf16_tp2_sp_pp2_vpp2"
@@ -369,7 +376,7 @@ run)
       [c4096_bf16_tp2_sp]="-:c4096_bf16_tp2_sp_pp1 c4096_bf16_tp2_sp_pp2_vpp2"
       [c7168_bf16_tp2_sp]="-:c7168_bf16_tp2_sp_pp1 c7168_bf16_tp2_sp_pp2_vpp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue

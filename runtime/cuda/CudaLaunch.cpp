@@ -135,8 +135,9 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   // Tensor parallelism: the rows a column-parallel GEMM reads (gathered
   // under sequence parallelism) and where the row-parallel partial sums go
   // (the output itself, summed in place, unless it holds fewer rows).
-  const bool reduces = a_.tp > 1 && (f.op == Prim::Embed || f.op == Prim::Attention || f.op == Prim::SwiGlu);
-  const bool gathers = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  const bool mixer = f.op == Prim::Attention || f.op == Prim::GatedDeltaNet;
+  const bool reduces = a_.tp > 1 && (f.op == Prim::Embed || mixer || f.op == Prim::SwiGlu);
+  const bool gathers = mixer || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
   const A *x = gathers ? allRows(in(0), C) : nullptr;
   A *partial = reduces ? (a_.sequenceParallel ? scratchOf<A>(G * C) : out) : nullptr;
   if (gathers && !x)
@@ -216,9 +217,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     crossEntropyForward(k, in(0), labels_[mb], aux, out32, G, V, f.shift, f.seqLen, stream);
     break;
   case Prim::GatedDeltaNet:
-    error = gdnForward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, out, aux,
-                          scratch(gdnForwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C, f.heads, f.seqLen, f.eps,
-                          documents(mb), stream);
+    error = gdnForward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)},
+                          partial ? partial : out, aux,
+                          scratch(gdnForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
+                          f.heads, f.seqLen, f.eps, documents(mb), stream);
     break;
   }
   // The row-parallel outputs (and the vocabulary-parallel embedding) are
@@ -292,8 +294,9 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   // a row-parallel product's input gradient is this rank's partial sum,
   // which the group sums before it joins dx: it goes to dx itself where dx
   // held nothing and has every row, else to scratch (zero, or written).
-  const bool rowParallel = f.op == Prim::Attention || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
-  const bool gathersDy = f.op == Prim::Attention || f.op == Prim::SwiGlu || (f.op == Prim::Embed && parts.weights);
+  const bool mixer = f.op == Prim::Attention || f.op == Prim::GatedDeltaNet;
+  const bool rowParallel = mixer || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
+  const bool gathersDy = mixer || f.op == Prim::SwiGlu || (f.op == Prim::Embed && parts.weights);
   const A *x = !rowParallel ? nullptr : parts.weights ? allRows(in(0), C) : in(0);
   const A *dy = gathersDy ? allRows(dOut, C) : dOut;
   if ((rowParallel && parts.weights && !x) || (gathersDy && !dy))
@@ -410,10 +413,10 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     GdnWeightGrads grads;
     if (parts.weights)
       grads = {dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)};
-    error = gdnBackward<A>(g, in(0), GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dOut, din(0),
-                           grads, stash(gdnBackwardStash(T, C, f.heads, sizeof(A))),
-                           scratch(gdnBackwardScratch(T, C, f.heads, f.seqLen, sizeof(A))).data, T, C, f.heads,
-                           f.seqLen, parts, documents(mb), stream);
+    error = gdnBackward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dy, dx0(),
+                           grads, stash(gdnBackwardStash(G, inner, f.heads, sizeof(A))),
+                           scratch(gdnBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
+                           f.heads, f.seqLen, parts, documents(mb), stream);
     break;
   }
   }

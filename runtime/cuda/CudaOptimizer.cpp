@@ -70,8 +70,9 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
         addInto(gradient[p], useData(u), count, compute_);
     }
     // Sequence parallelism: a replicated parameter's gradient on a tensor
-    // rank covers that rank's rows: the group's sum is the gradient.
-    if (a_.sequenceParallel && a_.params[p].tpSplit.empty())
+    // rank covers that rank's rows; a "partial" one's (Gated DeltaNet's
+    // out_norm) the rank's heads: the group's sum is the gradient.
+    if ((a_.sequenceParallel && a_.params[p].tpSplit.empty()) || (a_.tp > 1 && isPartial(a_.params[p])))
       if (std::string problem = links_->allReduceTensor(gradient[p], count, Dtype::F32, false, compute_);
           !problem.empty())
         return fail("summing a replicated gradient over the tensor-parallel group: " + problem);

@@ -121,13 +121,9 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
 
 bool CudaRank::setupDevice() {
   for (const StageProgram &p : a_.stages)
-    for (const ForwardInstr &f : p.forward) {
-      if (f.op == Prim::GatedDeltaNet && a_.tp > 1)
-        return fail("Gated DeltaNet layers under tensor parallelism (tp = " + std::to_string(a_.tp) +
-                    ") run on the CPU backend for now: use --backend cpu, or recompile with --tp 1 for GPUs");
-      if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / f.heads))
-        return fail(gdnHeadDimError(a_.model.hidden / f.heads));
-    }
+    for (const ForwardInstr &f : p.forward) // f.heads: this rank's heads, of C / tp
+      if (f.op == Prim::GatedDeltaNet && !gdnHeadDimSupported(a_.model.hidden / a_.tp / f.heads))
+        return fail(gdnHeadDimError(a_.model.hidden / a_.tp / f.heads));
   std::string problem = gpuSelfTest(gpu_);
   if (!problem.empty())
     return fail(problem);
@@ -349,7 +345,7 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
   if (f.op == Prim::GatedDeltaNet) // and the scans' chunk states, which the backward would otherwise rebuild
-    return gdnAuxFloats(T, C, f.heads, f.seqLen);
+    return gdnAuxFloats(G, C / a_.tp, f.heads, f.seqLen);
   const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
   switch (f.op) {
   case Prim::Attention:

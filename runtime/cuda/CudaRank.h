@@ -254,9 +254,11 @@ private:
   /// (TensorSplit.h; all of it at tp = 1 and for the replicated ones).
   int64_t held(size_t p) const { return shardCount(a_.params[p], a_.tp); }
   /// Whether this rank's copy of parameter p is the one to report: each
-  /// tensor rank's block of a split parameter; of a replicated one (norm
-  /// gains, mHC), whose every tensor rank holds the same bits, tensor rank 0's.
-  bool speaksFor(size_t p) const { return tensor_ == 0 || !a_.params[p].tpSplit.empty(); }
+  /// tensor rank's block of a split parameter; of one every tensor rank
+  /// holds whole (norm gains, mHC; Gated DeltaNet's out_norm, whose
+  /// gradient the group sums), which has the same bits on each, tensor rank 0's.
+  bool speaksFor(size_t p) const { return tensor_ == 0 || !heldWhole(p); }
+  bool heldWhole(size_t p) const { return a_.params[p].tpSplit.empty() || isPartial(a_.params[p]); }
   /// The distributed optimizer (ZeRO-1, dp > 1): an owner's replica d holds
   /// Adam's moments of part d of each owned parameter (Artifact::shardOf),
   /// updates that part and gathers the others' after the update.

@@ -254,12 +254,15 @@ int64_t gdnAuxFloats(int64_t rows, int64_t C, int64_t heads, int64_t seq);
 int64_t gdnForwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
 int64_t gdnBackwardStash(int64_t rows, int64_t C, int64_t heads, int actBytes);
 int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes);
+/// `inner`: the width of q, k, v, the gate and o (C, or C / tp with
+/// `heads` this rank's heads; the sizes above take inner for C).
 template <typename A>
 std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float *aux, float *scratch, int64_t rows,
-                       int64_t C, int64_t heads, int64_t seq, double eps, DeviceDocuments docs, cudaStream_t s);
+                       int64_t C, int64_t inner, int64_t heads, int64_t seq, double eps, DeviceDocuments docs,
+                       cudaStream_t s);
 template <typename A>
 std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const float *aux, const A *dy, A *dx,
-                        const GdnWeightGrads &dw, float *stash, float *scratch, int64_t rows, int64_t C,
+                        const GdnWeightGrads &dw, float *stash, float *scratch, int64_t rows, int64_t C, int64_t inner,
                         int64_t heads, int64_t seq, GradParts parts, DeviceDocuments docs, cudaStream_t s);
 
 /// aux: the gate and up projections and silu(a) b, each [rows, F] in A.

@@ -366,54 +366,56 @@ int64_t gdnBackwardScratch(int64_t rows, int64_t C, int64_t H, int64_t seq, int 
 
 template <typename A>
 std::string gdnForward(Gemms &g, const A *x, const GdnWeights<A> &w, A *y, float *auxData, float *scratch, int64_t rows,
-                       int64_t C, int64_t H, int64_t seq, double eps, DeviceDocuments docs, cudaStream_t s) {
-  if (!gdnHeadDimSupported(C / H))
-    return gdnHeadDimError(C / H);
-  Aux aux(auxData, rows, C, H);
+                       int64_t C, int64_t D, int64_t H, int64_t seq, double eps, DeviceDocuments docs,
+                       cudaStream_t s) {
+  // Everything between the projections is D wide (C / tp: this rank's H heads).
+  if (!gdnHeadDimSupported(D / H))
+    return gdnHeadDimError(D / H);
+  Aux aux(auxData, rows, D, H);
   Carver carve{reinterpret_cast<char *>(scratch)};
   float *gates = carve.take<float>(rows * 2 * H);
-  A *n = carve.take<A>(rows * C);
-  matmul<A, float>(g, x, w.wqkv, aux.p, rows, C, 3 * C, false);
-  roundLikeStorage<A>(aux.p, rows * 3 * C, s);
-  convForwardKernel<A><<<columnRowGrid(3 * C, rows), kThreads, 0, s>>>(aux.p, w.conv, aux.z, aux.a, rows, 3 * C, seq,
+  A *n = carve.take<A>(rows * D);
+  matmul<A, float>(g, x, w.wqkv, aux.p, rows, C, 3 * D, false);
+  roundLikeStorage<A>(aux.p, rows * 3 * D, s);
+  convForwardKernel<A><<<columnRowGrid(3 * D, rows), kThreads, 0, s>>>(aux.p, w.conv, aux.z, aux.a, rows, 3 * D, seq,
                                                                        docs.firstKeys);
-  l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, C, H);
+  l2NormKernel<<<warpBlocks(rows * 2 * H), kThreads, 0, s>>>(aux.a, aux.inv, rows, D, H);
   matmul<A, float>(g, x, w.wab, aux.ab, rows, C, 2 * H, false);
   gatesKernel<A><<<blocks(rows * H), kThreads, 0, s>>>(aux.ab, w.aLog, w.dtBias, gates, rows, H);
   std::string error = gdnScans(false, aux.a, gates, nullptr, aux.o, nullptr, nullptr, nullptr, aux.scans, nullptr,
-                               rows, C, H, seq, docs.firstKeys, s);
+                               rows, D, H, seq, docs.firstKeys, s);
   if (!error.empty())
     return error;
-  matmul<A, float>(g, x, w.wgate, aux.g, rows, C, C, false);
-  roundLikeStorage<A>(aux.g, rows * C, s);
+  matmul<A, float>(g, x, w.wgate, aux.g, rows, C, D, false);
+  roundLikeStorage<A>(aux.g, rows * D, s);
   gatedNormKernel<A>
-      <<<warpBlocks(rows * H), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, n, rows, C, H, float(eps));
-  matmul<A, A>(g, n, w.wo, y, rows, C, C, false);
+      <<<warpBlocks(rows * H), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, n, rows, D, H, float(eps));
+  matmul<A, A>(g, n, w.wo, y, rows, D, C, false);
   return lastError("gated_delta_net forward");
 }
 
 template <typename A>
 std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const float *auxData, const A *dy, A *dx,
-                        const GdnWeightGrads &dw, float *stashData, float *scratch, int64_t rows, int64_t C, int64_t H,
-                        int64_t seq, GradParts parts, DeviceDocuments docs, cudaStream_t s) {
-  if (!gdnHeadDimSupported(C / H))
-    return gdnHeadDimError(C / H);
-  Aux aux(const_cast<float *>(auxData), rows, C, H);
-  Stash<A> kept(stashData, rows, C, H);
+                        const GdnWeightGrads &dw, float *stashData, float *scratch, int64_t rows, int64_t C,
+                        int64_t D, int64_t H, int64_t seq, GradParts parts, DeviceDocuments docs, cudaStream_t s) {
+  if (!gdnHeadDimSupported(D / H))
+    return gdnHeadDimError(D / H);
+  Aux aux(const_cast<float *>(auxData), rows, D, H);
+  Stash<A> kept(stashData, rows, D, H);
   Carver carve{reinterpret_cast<char *>(scratch)};
-  A *n = carve.take<A>(rows * C);
-  float *dn = carve.take<float>(rows * C), *dO = carve.take<float>(rows * C);
-  float *dA = carve.take<float>(rows * 3 * C);
+  A *n = carve.take<A>(rows * D);
+  float *dn = carve.take<float>(rows * D), *dO = carve.take<float>(rows * D);
+  float *dA = carve.take<float>(rows * 3 * D);
   float *dAb = carve.take<float>(rows * 2 * H), *dLogAlpha = carve.take<float>(rows * H);
-  float *states = carve.take<float>(gdnScanScratchFloats(rows, C, H, seq));
+  float *states = carve.take<float>(gdnScanScratchFloats(rows, D, H, seq));
   float *partial = reinterpret_cast<float *>(carve.next);
   if (parts.inputs) {
-    fill(dn, rows * C, 0.0f, s);
-    matmulTransBAcc<A, float>(g, dy, w.wo, dn, rows, C, C);
+    fill(dn, rows * D, 0.0f, s);
+    matmulTransBAcc<A, float>(g, dy, w.wo, dn, rows, C, D);
     gatedNormBackwardKernel<A><<<warpBlocks(rows * H), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, dn, kept.dG,
-                                                                         kept.outNormTerms, dO, rows, C, H);
-    matmulTransBAcc<A, A>(g, kept.dG, w.wgate, dx, rows, C, C);
-    std::string error = gdnScans(true, aux.a, nullptr, dO, nullptr, dA, dAb, dLogAlpha, aux.scans, states, rows, C,
+                                                                         kept.outNormTerms, dO, rows, D, H);
+    matmulTransBAcc<A, A>(g, kept.dG, w.wgate, dx, rows, D, C);
+    std::string error = gdnScans(true, aux.a, nullptr, dO, nullptr, dA, dAb, dLogAlpha, aux.scans, states, rows, D,
                                  H, seq, docs.firstKeys, s);
     if (!error.empty())
       return error;
@@ -424,37 +426,39 @@ std::string gdnBackward(Gemms &g, const A *x, const GdnWeights<A> &w, const floa
     else
       toBf16(dAb, kept.dAb, rows * 2 * H, s);
     matmulTransBAcc<A, A>(g, kept.dAb, w.wab, dx, rows, 2 * H, C);
-    activationBackwardKernel<<<warpBlocks(rows * 3 * H), kThreads, 0, s>>>(aux.a, aux.z, aux.inv, dA, kept.dZ, rows, C,
+    activationBackwardKernel<<<warpBlocks(rows * 3 * H), kThreads, 0, s>>>(aux.a, aux.z, aux.inv, dA, kept.dZ, rows, D,
                                                                            H);
-    convBackwardKernel<A><<<columnRowGrid(3 * C, rows), kThreads, 0, s>>>(kept.dZ, w.conv, kept.dP, rows, 3 * C, seq,
+    convBackwardKernel<A><<<columnRowGrid(3 * D, rows), kThreads, 0, s>>>(kept.dZ, w.conv, kept.dP, rows, 3 * D, seq,
                                                                            docs.firstKeys);
-    matmulTransBAcc<A, A>(g, kept.dP, w.wqkv, dx, rows, 3 * C, C);
+    matmulTransBAcc<A, A>(g, kept.dP, w.wqkv, dx, rows, 3 * D, C);
   }
   if (parts.weights) {
-    gatedNormAgainKernel<A><<<blocks(rows * C), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, n, rows, C, H);
-    matmulTransAAcc<A, float>(g, n, dy, dw.wo, rows, C, C);
-    addColumnSumsOf(kept.outNormTerms, rows * H, C / H, partial, dw.outNorm, s);
-    matmulTransAAcc<A, float>(g, x, kept.dG, dw.wgate, rows, C, C);
+    gatedNormAgainKernel<A><<<blocks(rows * D), kThreads, 0, s>>>(aux.o, aux.g, w.outNorm, aux.rms, n, rows, D, H);
+    matmulTransAAcc<A, float>(g, n, dy, dw.wo, rows, D, C);
+    addColumnSumsOf(kept.outNormTerms, rows * H, D / H, partial, dw.outNorm, s);
+    matmulTransAAcc<A, float>(g, x, kept.dG, dw.wgate, rows, C, D);
     matmulTransAAcc<A, float>(g, x, kept.dAb, dw.wab, rows, C, 2 * H);
     addColumnSumsOf(kept.small, rows, 2 * H, partial, dw.dtBias, s, H, dw.aLog);
-    const int64_t width = 3 * C;
+    const int64_t width = 3 * D;
     convWeightPartialsKernel<<<dim3(blocks(kGdnConvWidth * width), unsigned(columnChunks(rows))), kThreads, 0, s>>>(
         kept.dZ, aux.p, rows, width, seq, docs.firstKeys, partial);
     addColumnPartials(partial, columnChunks(rows), kGdnConvWidth * width, dw.conv, s);
-    matmulTransAAcc<A, float>(g, x, kept.dP, dw.wqkv, rows, C, 3 * C);
+    matmulTransAAcc<A, float>(g, x, kept.dP, dw.wqkv, rows, C, 3 * D);
   }
   return lastError("gated_delta_net backward");
 }
 
 template std::string gdnForward<float>(Gemms &, const float *, const GdnWeights<float> &, float *, float *, float *,
-                                       int64_t, int64_t, int64_t, int64_t, double, DeviceDocuments, cudaStream_t);
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, double, DeviceDocuments,
+                                       cudaStream_t);
 template std::string gdnForward<bf16>(Gemms &, const bf16 *, const GdnWeights<bf16> &, bf16 *, float *, float *,
-                                      int64_t, int64_t, int64_t, int64_t, double, DeviceDocuments, cudaStream_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, double, DeviceDocuments,
+                                      cudaStream_t);
 template std::string gdnBackward<float>(Gemms &, const float *, const GdnWeights<float> &, const float *, const float *,
                                         float *, const GdnWeightGrads &, float *, float *, int64_t, int64_t, int64_t,
-                                        int64_t, GradParts, DeviceDocuments, cudaStream_t);
+                                        int64_t, int64_t, GradParts, DeviceDocuments, cudaStream_t);
 template std::string gdnBackward<bf16>(Gemms &, const bf16 *, const GdnWeights<bf16> &, const float *, const bf16 *,
                                        bf16 *, const GdnWeightGrads &, float *, float *, int64_t, int64_t, int64_t,
-                                       int64_t, GradParts, DeviceDocuments, cudaStream_t);
+                                       int64_t, int64_t, GradParts, DeviceDocuments, cudaStream_t);
 
 } // namespace mhcc::runtime::cuda

@@ -666,13 +666,13 @@ TEST_F(CudaBf16Kernels, GatedDeltaNetAgainstTheCpuBf16Path) {
     std::vector<float *> gdw;
     for (const auto &v : w)
       gdw.push_back(uploadF32(std::vector<float>(v.size(), 0.0f)));
-    ASSERT_EQ(cuda::gdnForward<bf16>(*gemms_, dX, gw, gy, gpuAux, forwardScratch, rows, width, heads, seq, 1e-5, {},
-                                     nullptr),
+    ASSERT_EQ(cuda::gdnForward<bf16>(*gemms_, dX, gw, gy, gpuAux, forwardScratch, rows, width, width, heads, seq, 1e-5,
+                                     {}, nullptr),
               "");
     ASSERT_EQ(cuda::gdnBackward<bf16>(*gemms_, dX, gw, gpuAux, dDy, gdx,
                                       cuda::GdnWeightGrads{gdw[0], gdw[1], gdw[2], gdw[3], gdw[4], gdw[5], gdw[6],
                                                            gdw[7]},
-                                      stash, backwardScratch, rows, width, heads, seq, {}, {}, nullptr),
+                                      stash, backwardScratch, rows, width, width, heads, seq, {}, {}, nullptr),
               "");
     noErrors("gated delta net (bf16)");
     run.push_back(downloadBf16(gy, rows * width));

@@ -309,8 +309,8 @@ void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, i
   check("gated delta net" + shape, {std::vector<float>(rows * width), std::vector<float>(auxSize)},
         [&](auto &o) { cpuForward(o[0].data(), o[1].data()); },
         [&](auto &o) {
-          ASSERT_EQ(cuda::gdnForward<float>(*gemms_, dx_, gw, o[0], daux, forwardScratch, rows, width, heads, seq,
-                                            1e-5, deviceDocs, nullptr),
+          ASSERT_EQ(cuda::gdnForward<float>(*gemms_, dx_, gw, o[0], daux, forwardScratch, rows, width, width, heads,
+                                            seq, 1e-5, deviceDocs, nullptr),
                     "");
           cudaMemcpy(o[1], daux, auxSize * sizeof(float), cudaMemcpyDeviceToDevice);
         });
@@ -336,7 +336,8 @@ void CudaKernels::checkGatedDeltaNet(int64_t rows, int64_t seq, int64_t width, i
                if (parts.weights)
                  g = {o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8]};
                ASSERT_EQ(cuda::gdnBackward<float>(*gemms_, dx_, gw, daux, ddy, parts.inputs ? o[0] : nullptr, g,
-                                                  stash, scratch, rows, width, heads, seq, parts, deviceDocs, nullptr),
+                                                  stash, scratch, rows, width, width, heads, seq, parts, deviceDocs,
+                                                  nullptr),
                          "");
              });
 }
