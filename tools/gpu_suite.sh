@@ -9,13 +9,14 @@
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
-#   tools/gpu_suite.sh prune GPUS [transport]
+#   tools/gpu_suite.sh prune GPUS [transport|mesh]
 #                               (here, after bundle) fits .gpu_bundle into the
 #                               device tool's 64 MiB carry for a machine of
 #                               GPUS (1 or 2) H200s: drops the artifacts it
 #                               cannot run or the call will not use (one GPU:
 #                               `transport` keeps the C=4096/7168 bf16
-#                               layouts instead of the benchmarks)
+#                               layouts instead of the benchmarks, `mesh`
+#                               the dp / tp / SP groups)
 #   tools/gpu_suite.sh adopt-goldens DIR
 #                               (here) copies golden_values_h200_*.json from
 #                               an unpacked suite_logs.tgz into goldens/: the
@@ -235,11 +236,26 @@ prune)
   if [ "$gpus" -ge 2 ]; then
     # Two GPUs: every PP2 artifact stays (parity, traces, goldens, the
     # PP2 / PP2-VPP2 / ZB-H1 benchmarks); the one-GPU kernel studies go.
-    rm -f ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./1b_f32_pp1* ./attention_bench
+    # So do the fp32-residual and n = 1 bf16 groups, the hybrid and the
+    # small packed groups (their one-GPU runs share it) and small's fp32
+    # layouts (recorded on two GPUs in sessions 2-4).
+    rm -f ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./1b_f32_pp1* ./1b_fp32_residual_pp1* ./attention_bench \
+      ./tiny_bf16_fp32_residual* ./tiny_n1_* ./hybrid_pp* ./small_bf16_m2_* ./small_m2_*
+  elif [ "${3:-}" = mesh ]; then
+    # One GPU, the data- and tensor-parallel groups (their ranks share it):
+    # every dp / tp / SP artifact stays; the benchmarks, the kernel studies
+    # and the transport models' plain layouts go.
+    # So do the plain layouts of the tiny groups (tiny_pp1 stays: the tp 1
+    # of the "vs" rows) and the transport models' tp 2 without SP (their
+    # SP layouts stay): run it with GPU_SUITE_PARTS="checks checkpoint".
+    rm -f ./1b_* ./hybrid_1b_* ./small_pp* ./small_n1_* ./small_m2_* ./small_bf16_m2_* ./c4096_pp* ./c7168_pp* \
+      ./c4096_bf16_pp* ./c7168_bf16_pp* ./attention_bench ./gemm_bench ./tiny_bf16_fp32_residual* ./tiny_n1_* \
+      ./tiny_bf16_pp* ./tiny_bf16_edge* ./hybrid_pp* ./tiny_pp2* ./tiny_edge* ./cuda_fp32_residual_kernels_test \
+      ./c4096_bf16_tp2_pp* ./c7168_bf16_tp2_pp*
   elif [ "${3:-}" = transport ]; then
     # One GPU, the transport models: their bf16 layouts (ranks sharing the
     # GPU) and the tiny groups; the benchmarks and every fp32 large model go.
-    rm -f ./1b_* ./hybrid_1b_* ./small_* ./c4096_pp* ./c7168_pp*
+    rm -f ./1b_* ./hybrid_1b_* ./small_* ./c4096_pp* ./c7168_pp* ./tiny_bf16_fp32_residual* ./tiny_n1_*
   else
     # One GPU: the parity groups' PP2 layouts stay (their ranks share the
     # GPU: gpu_training_test, runtime/cuda/RankLinks.h) but for the
@@ -247,6 +263,17 @@ prune)
     # benchmarks); the PP2 benchmarks and the fp32 1b studies go.
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
       ./hybrid_1b_m1_pp1* ./1b_m1_pp1*
+  fi
+  if [ "${3:-}" != mesh ]; then
+    # The dp / tp groups but the artifacts of the "vs" and checkpoint rows
+    # (`prune 1 mesh` keeps them all; `transport` the transport models').
+    for a in ./*_dp2_* ./*_tp2_*; do
+      case $a in
+      ./tiny_dp2_pp1.* | ./tiny_dp2_zero1_pp1.* | ./tiny_tp2_pp1.* | ./tiny_tp2_pp2.* | ./tiny_tp2_sp_pp1.*) ;;
+      ./c4096_bf16_tp2_* | ./c7168_bf16_tp2_*) [ "${3:-}" = transport ] || rm -f "$a" ;;
+      *) rm -f "$a" ;;
+      esac
+    done
   fi
   size=$(du -sb . | cut -f1)
   # The carry and the working tree travel together, 64 MiB in all.
@@ -389,6 +416,10 @@ run)
       for a in $list; do
         if [ -f "$a.mhcc" ]; then kept+=" $a"; args+=" $a.mhcc"; else pruned+=" $a"; fi
       done
+      if [ ! -f "${list%% *}.mhcc" ] || { [ "$cpu" != - ] && [ ! -f "$cpu.mhcc" ]; }; then
+        row "parity $name" SKIP "pruned from the bundle (tools/gpu_suite.sh prune 1 mesh keeps the dp / tp groups)"
+        continue
+      fi
       plan=static; [[ $name == *_pool ]] && plan=pool
       # shellcheck disable=SC2086
       attention=; [[ $name == *_ref ]] && attention=reference
@@ -453,12 +484,16 @@ sys.exit(0 if len(a) == len(b) == 5 and worst < 1e-6 else 1)" 2>&1); then r=PASS
     if [ $rc = 1 ] && grep -q "carries no CUDA kernels" "$logs/tiny_no_kernels.log"; then r=PASS; else r=FAIL; fi
     row "tiny_no_kernels refused" $r "exit $rc: $(tail -1 "$logs/tiny_no_kernels.log" | cut -c1-150)"
     # Without --backend, an fp32 residual trains on the GPU like any model.
-    timeout 120 ./mhcrun tiny_bf16_fp32_residual_pp1.mhcc --data corpus.txt --steps 1 --no-progress \
-      > "$logs/fp32_residual_auto.log" 2>&1
-    rc=$?
-    if [ $rc = 0 ] && grep -q "backend cuda" "$logs/fp32_residual_auto.log"; then
-      r=PASS; else r=FAIL; fi
-    row "fp32 residual, automatic backend" $r "exit $rc: $(head -1 "$logs/fp32_residual_auto.log" | cut -c1-150)"
+    if [ -f tiny_bf16_fp32_residual_pp1.mhcc ]; then
+      timeout 120 ./mhcrun tiny_bf16_fp32_residual_pp1.mhcc --data corpus.txt --steps 1 --no-progress \
+        > "$logs/fp32_residual_auto.log" 2>&1
+      rc=$?
+      if [ $rc = 0 ] && grep -q "backend cuda" "$logs/fp32_residual_auto.log"; then
+        r=PASS; else r=FAIL; fi
+      row "fp32 residual, automatic backend" $r "exit $rc: $(head -1 "$logs/fp32_residual_auto.log" | cut -c1-150)"
+    else
+      row "fp32 residual, automatic backend" SKIP "pruned from the bundle"
+    fi
     # Validation passes (--eval-interval) leave training unchanged on the GPU:
     # the same numbers as a run with the same --split and no passes.
     timeout 120 ./mhcrun tiny_pp1.mhcc --backend cuda --data corpus.txt --steps 4 --eval-interval 2 --no-progress \
