@@ -56,7 +56,7 @@
 #
 # Results we rely on are recorded in docs/gpu_results.md.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 tools=$PWD/tools # the opt-in parts live in tools/gpu_suite_optin.sh
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
@@ -230,7 +230,7 @@ bundle)
 prune)
   gpus=${2:?usage: tools/gpu_suite.sh prune GPUS (1 or 2)}
   [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
-  cd "$bundle"
+  cd "$bundle" || exit 2
   # Four GPUs are not lent: the PP4 artifacts and the 4-microbatch models they compare against.
   rm -f ./*_pp4* ./*_m4_*
   if [ "$gpus" -ge 2 ]; then
@@ -297,7 +297,7 @@ run)
   out="${OUT:-/tmp/gpu_suite}"
   logs=/tmp/gpu_suite_logs
   rm -rf "$logs" && mkdir -p "$logs" "$out"
-  cd "$bundle"
+  cd "$bundle" || exit 2
   parts=" ${GPU_SUITE_PARTS:-checks goldens checkpoint bench} "
   gpus=$(nvidia-smi --list-gpus | wc -l)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpus.txt"
