@@ -23,46 +23,6 @@ void prepareCudaEnvironment() {
 
 namespace cuda {
 
-std::vector<ParamPlan> planParameters(const Artifact &a) {
-  std::vector<ParamPlan> plans(a.params.size());
-  for (size_t s = 0; s < a.stages.size(); ++s)
-    for (size_t k = 0; k < a.stages[s].params.size(); ++k) {
-      const ParamSlot &slot = a.stages[s].params[k];
-      plans[slot.param].uses.push_back({slot.useOrder, a.rankOf(s), int64_t(s), int(k)});
-    }
-  for (ParamPlan &plan : plans) {
-    std::sort(plan.uses.begin(), plan.uses.end(),
-              [](const ParamUse &x, const ParamUse &y) { return x.useOrder < y.useOrder; });
-    if (!plan.uses.empty())
-      plan.owner = plan.uses.front().rank;
-    std::set<int64_t> holders;
-    for (const ParamUse &use : plan.uses)
-      holders.insert(use.rank);
-    plan.holders.assign(holders.begin(), holders.end());
-  }
-  return plans;
-}
-
-std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans) {
-  std::set<Pair> pipelinePairs;
-  for (int64_t r = 0; r < a.pp; ++r)
-    for (const Instr &i : a.ranks[r])
-      if (i.kind == OpKind::Send)
-        pipelinePairs.insert({r, i.peer});
-  for (const ParamPlan &plan : plans)
-    for (int64_t holder : plan.holders)
-      if (holder != plan.owner) {
-        pipelinePairs.insert({holder, plan.owner});
-        pipelinePairs.insert({plan.owner, holder});
-      }
-  std::set<Pair> pairs; // every replica's and tensor rank's, by global rank
-  for (int64_t d = 0; d < a.dp; ++d)
-    for (int64_t t = 0; t < a.tp; ++t)
-      for (auto [from, to] : pipelinePairs)
-        pairs.insert({a.globalRank(from, d, 0, t), a.globalRank(to, d, 0, t)});
-  return {pairs.begin(), pairs.end()};
-}
-
 std::string CommIds::serialize() const {
   std::string bytes(reinterpret_cast<const char *>(&world), sizeof world);
   for (const std::vector<ncclUniqueId> *list : {&pairs, &groups})

@@ -1,0 +1,60 @@
+//===- RankPlan.h - who talks to whom in a CUDA run (plain C++) -----*- C++ -*-===//
+//
+// The CUDA backend's static communication plan, computed from the artifact
+// alone (no CUDA, unit-tested on the CPU): which rank owns each parameter's
+// update, which directed rank pairs exchange messages, and which data- and
+// tensor-parallel groups get a communicator of their own.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MHCC_RUNTIME_CUDA_RANKPLAN_H
+#define MHCC_RUNTIME_CUDA_RANKPLAN_H
+
+#include "runtime/artifact/Artifact.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace mhcc::runtime::cuda {
+
+using Pair = std::pair<int64_t, int64_t>; // (sending rank, receiving rank)
+
+/// One use of a parameter: its gradient slot (stage, slot) on `rank`.
+struct ParamUse {
+  int64_t useOrder = 0, rank = 0, stage = 0;
+  int slot = 0;
+};
+
+/// Where a parameter's gradient is reduced and its update computed: the
+/// owner, the rank of its first use. Other ranks holding it send their uses'
+/// gradients there and receive the updated weights back. The reduction runs
+/// in use order whatever the layout, so the bits do not depend on it.
+struct ParamPlan {
+  int64_t owner = 0;
+  std::vector<ParamUse> uses;   // by useOrder
+  std::vector<int64_t> holders; // ranks with a copy, ascending
+};
+
+std::vector<ParamPlan> planParameters(const Artifact &a);
+
+/// Every directed pair of global ranks that exchanges messages: pipeline
+/// sends, and gradients / weights of parameters held on several pipeline
+/// ranks, within each data-parallel replica and tensor rank. (`plans` are in
+/// pipeline ranks, the same for every replica and tensor rank.)
+std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans);
+
+/// The groups with a communicator of their own: the data-parallel ones (one
+/// per pipeline and tensor rank when dp > 1), then the tensor-parallel ones
+/// (one per pipeline rank and replica when tp > 1).
+inline size_t replicaGroupCount(const Artifact &a) { return a.dp > 1 ? size_t(a.pp * a.tp) : 0; }
+inline size_t tensorGroupCount(const Artifact &a) { return a.tp > 1 ? size_t(a.worldSize() / a.tp) : 0; }
+inline size_t groupCount(const Artifact &a) { return replicaGroupCount(a) + tensorGroupCount(a); }
+/// Global rank r's groups among them.
+inline size_t replicaGroupOf(const Artifact &a, int64_t r) {
+  return size_t(a.pipelineRankOf(r) * a.tp + a.tensorRankOf(r));
+}
+inline size_t tensorGroupOf(const Artifact &a, int64_t r) { return replicaGroupCount(a) + size_t(r / a.tp); }
+
+} // namespace mhcc::runtime::cuda
+
+#endif // MHCC_RUNTIME_CUDA_RANKPLAN_H
