@@ -82,6 +82,23 @@ inline void scatterShard(const ParamInfo &info, int64_t tp, int64_t t, const flo
   }
 }
 
+/// whole's part of tensor rank t = block, but only the block's elements
+/// [begin, end) (a replica's part under the distributed optimizer); the
+/// other elements of whole are left as they are. `whole` is sized (zeros)
+/// to the tensor when it is not yet.
+inline void scatterShardPart(const ParamInfo &info, int64_t tp, int64_t t, const float *block, int64_t begin,
+                             int64_t end, std::vector<float> &whole) {
+  if (whole.size() != size_t(info.count()))
+    whole.assign(info.count(), 0.0f);
+  int64_t at = 0; // the run's first element in the block
+  for (const ShardRun &run : shardRuns(info, tp, t)) {
+    const int64_t from = std::max(begin, at), to = std::min(end, at + run.length);
+    if (from < to)
+      std::copy(block + from, block + to, whole.begin() + run.offset + (from - at));
+    at += run.length;
+  }
+}
+
 } // namespace mhcc::runtime
 
 #endif // MHCC_RUNTIME_ARTIFACT_TENSORSPLIT_H

@@ -525,22 +525,6 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
   profileMs_.clear();
 }
 
-/// The whole parameter p as this rank's block of it leaves it (the others'
-/// entries untouched): all of it at tp = 1, else TensorSplit's runs; only
-/// the block's elements [begin, end) (the distributed optimizer's part).
-static void placeBlock(const ParamInfo &info, int64_t tp, int64_t t, const std::vector<float> &block, int64_t begin,
-                       int64_t end, std::vector<float> &whole) {
-  if (whole.size() != size_t(info.count()))
-    whole.assign(info.count(), 0.0f);
-  int64_t at = 0; // the run's first element in the block
-  for (const ShardRun &run : shardRuns(info, tp, t)) {
-    const int64_t from = std::max(begin, at), to = std::min(end, at + run.length);
-    if (from < to)
-      std::copy(block.begin() + from, block.begin() + to, whole.begin() + run.offset + (from - at));
-    at += run.length;
-  }
-}
-
 void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   cudaSetDevice(gpu_);
   if (replica_ != 0) // every replica holds the same weights; replica 0 speaks for them
@@ -549,7 +533,7 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
     if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
       std::vector<float> block(held(p));
       cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
-      placeBlock(a_.params[p], a_.tp, tensor_, block, 0, held(p), weights[p]);
+      scatterShardPart(a_.params[p], a_.tp, tensor_, block.data(), 0, held(p), weights[p]);
     }
 }
 
@@ -570,14 +554,14 @@ bool CudaRank::saveState(ParameterState &state) {
     std::vector<float> block(held(p));
     if (replica_ == 0) {
       cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
-      placeBlock(info, a_.tp, tensor_, block, 0, held(p), state.weights[p]);
+      scatterShardPart(info, a_.tp, tensor_, block.data(), 0, held(p), state.weights[p]);
     }
     std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
     for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
                                    std::pair{&state.adamV[p], adamV_.count(int(p)) ? adamV_[int(p)] : nullptr}}) {
       if (device)
         cudaMemcpy(block.data() + begin, device, (end - begin) * 4, cudaMemcpyDeviceToHost);
-      placeBlock(info, a_.tp, tensor_, block, begin, end, *moments);
+      scatterShardPart(info, a_.tp, tensor_, block.data(), begin, end, *moments);
     }
   }
   return check("downloading the weights and moments for a checkpoint");

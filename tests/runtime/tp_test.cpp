@@ -208,6 +208,16 @@ TEST(TensorParallel, BlocksCoverEveryElementOnce) {
         scatterShard(info, tp, t, block.data(), rebuilt.data());
       }
       EXPECT_EQ(whole, rebuilt) << split << " tp " << tp;
+      // A block placed in parts (the distributed optimizer's replicas'),
+      // in any order, gives the same tensor.
+      std::vector<float> parts;
+      for (int64_t t = tp - 1; t >= 0; --t) {
+        gatherShard(info, tp, t, whole.data(), block.data());
+        const int64_t n = int64_t(block.size());
+        for (auto [begin, end] : {std::pair<int64_t, int64_t>{n / 3, n}, {0, n / 3}})
+          scatterShardPart(info, tp, t, block.data(), begin, end, parts);
+      }
+      EXPECT_EQ(whole, parts) << split << " tp " << tp << " in parts";
     }
   }
   ParamInfo qkv{"w_qkv", 1, 12, "normal", 0.02, true, "qkv"};
