@@ -139,7 +139,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const bool reduces = a_.tp > 1 && (f.op == Prim::Embed || mixer || f.op == Prim::SwiGlu);
   const bool gathers = mixer || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
   const A *x = gathers ? allRows(in(0), C) : nullptr;
-  A *partial = reduces ? (a_.sequenceParallel ? scratchOf<A>(G * C) : out) : nullptr;
+  A *y = reduces && a_.sequenceParallel ? scratchOf<A>(G * C) : out; // every row of a row-parallel product
   if (gathers && !x)
     return false;
   switch (f.op) {
@@ -147,7 +147,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     cudaMemcpyAsync(out, in(0), output.bytes(), cudaMemcpyDeviceToDevice, stream);
     break;
   case Prim::Embed:
-    embedForward(k, tokens_[mb], w(0), partial ? partial : out, G, C, f.shift, f.seqLen, stream, first, V);
+    embedForward(k, tokens_[mb], w(0), y, G, C, f.shift, f.seqLen, stream, first, V);
     break;
   case Prim::Expand:
     expandForward(k, in(0), outR, T, C, n, stream);
@@ -171,12 +171,12 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     rmsNormForward(k, in(0), w(0), out, aux, T, C, f.eps, stream);
     break;
   case Prim::Attention:
-    error = attentionForward(k, g, x, w(0), w(1), partial ? partial : out, aux,
+    error = attentionForward(k, g, x, w(0), w(1), y, aux,
                              scratch(attentionForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C,
                              inner, f.heads, f.seqLen, documents(mb), stream);
     break;
   case Prim::SwiGlu:
-    swigluForward(k, g, x, w(0), w(1), w(2), partial ? partial : out, aux, G, C, f.ffn, stream);
+    swigluForward(k, g, x, w(0), w(1), w(2), y, aux, G, C, f.ffn, stream);
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
@@ -218,7 +218,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     break;
   case Prim::GatedDeltaNet:
     error = gdnForward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)},
-                          partial ? partial : out, aux,
+                          y, aux,
                           scratch(gdnForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
                           f.heads, f.seqLen, f.eps, documents(mb), stream);
     break;
@@ -226,7 +226,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   // The row-parallel outputs (and the vocabulary-parallel embedding) are
   // this rank's partial sums: the group's sum (its rows of it) is the value.
   if (reduces && error.empty() && error_.empty())
-    reducePartial(partial, out, C, false);
+    reducePartial(y, out, C, false);
   markEnd(label.empty() ? std::string("fwd ") + primName(f.op) : label, started);
   releaseScratch();
   if (!error.empty())
