@@ -300,6 +300,44 @@ struct Buffers {
   }
 };
 
+/// Context parallelism's use (runtime/cuda/CudaContextParallel.cpp): a cp 2
+/// rank's rows of each sequence (chunks r and 3 - r of 4) with the rowDot
+/// given, into garbage-filled outputs, against the whole run (output set 0):
+/// those rows' o, lse, dq, dk and dv bit for bit. Whole tiles narrow the
+/// launch; the others run every tile.
+bool checkContextRanks(const Shape &s, Buffers &b) {
+  const int64_t T = b.T, C = b.C, chunk = s.seq / 4;
+  bool same = true; // seq not in 4 chunks: nothing to compare
+  float *rowDot = nullptr;
+  CHECK_CUDA(cudaMalloc(&rowDot, T * s.heads * 4));
+  CHECK_OK(fa::flashAttentionRowDot(b.o[0], b.dO, rowDot, T, C, s.heads, nullptr));
+  for (int64_t r = 0; r < 2 && s.seq % 4 == 0; ++r) {
+    fa::FlashRowRanges rows;
+    rows.first[0] = r * chunk;
+    rows.first[1] = (3 - r) * chunk;
+    rows.count[0] = rows.count[1] = chunk;
+    CHECK_CUDA(cudaMemset(b.o[1], 0xff, T * C * 2));
+    CHECK_CUDA(cudaMemset(b.lse[1], 0xff, T * s.heads * 4));
+    CHECK_CUDA(cudaMemset(b.dqkv[1], 0xff, 3 * T * C * 2));
+    CHECK_OK(fa::flashAttentionForward(b.qkv, b.o[1], b.lse[1], T, C, s.heads, s.seq, b.firstKeys, nullptr, rows));
+    // The keys' gradients read every query's log-sum-exp: the whole run's (as the ranks gather them).
+    CHECK_OK(fa::flashAttentionBackward(b.qkv, nullptr, b.dO, b.lse[0], b.dqkv[1], b.scratch, T, C, s.heads, s.seq,
+                                        b.firstKeys, nullptr, rowDot, rows));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (int64_t q = 0; q < T / s.seq; ++q)
+      for (int part = 0; part < 2; ++part) {
+        const int64_t row = q * s.seq + rows.first[part];
+        same = same && sameBytes(b.o[0] + row * C, b.o[1] + row * C, chunk * C * 2) &&
+               sameBytes(b.lse[0] + row * s.heads, b.lse[1] + row * s.heads, chunk * s.heads * 4) &&
+               sameBytes(b.dqkv[0] + row * 3 * C, b.dqkv[1] + row * 3 * C, chunk * 3 * C * 2);
+      }
+  }
+  cudaFree(rowDot);
+  std::printf("  cp 2 ranks' rows (rowDot given, %s): %s\n",
+              s.seq % 512 == 0 ? "their tiles only" : "every tile", same ? "ok" : "FAIL");
+  return same;
+}
+
 bool checkShape(const Shape &s, const char *kernel) {
   std::printf("check %s B=%lld S=%lld H=%lld d=%lld%s\n", kernel, (long long)s.batches, (long long)s.seq,
               (long long)s.heads, (long long)s.d,
@@ -326,6 +364,7 @@ bool checkShape(const Shape &s, const char *kernel) {
                     sameBytes(b.dqkv[0], b.dqkv[1], 3 * T * C * 2);
   std::printf("  determinism (two runs, bitwise): %s\n", same ? "ok" : "FAIL");
   ok &= same;
+  ok &= checkContextRanks(s, b);
   std::printf("  %s\n", ok ? "PASS" : "FAIL");
   return ok;
 }
@@ -371,7 +410,9 @@ std::pair<float, float> bench(const Shape &s, const char *kernel = "") {
 /// attention_bench [--small]: --small checks the short sequences only and
 /// times nothing (for compute-sanitizer, which runs kernels 10-100x slower).
 int main(int argc, char **argv) {
+  // --small: the checks of short sequences only; --checks: every check, no benchmark.
   const bool small = argc > 1 && std::string(argv[1]) == "--small";
+  const bool checksOnly = argc > 1 && std::string(argv[1]) == "--checks";
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("attention_bench: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -391,7 +432,7 @@ int main(int argc, char **argv) {
       ok &= checkShape(s, "mma.sync");
       fa::setFlashAttentionKernels(fa::FlashKernels::kWgmma);
     }
-  if (!small) {
+  if (!small && !checksOnly) {
     for (const Shape &s : {Shape{4, 2048, 16, 128}, Shape{4, 2048, 32, 64}}) {
       fa::setFlashAttentionKernels(fa::FlashKernels::kMmaSync);
       const auto mma = bench(s, " (mma.sync)");

@@ -9,14 +9,15 @@
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
-#   tools/gpu_suite.sh prune GPUS [transport|mesh]
+#   tools/gpu_suite.sh prune GPUS [transport|mesh|context]
 #                               (here, after bundle) fits .gpu_bundle into the
 #                               device tool's 64 MiB carry for a machine of
 #                               GPUS (1 or 2) H200s: drops the artifacts it
 #                               cannot run or the call will not use (one GPU:
 #                               `transport` keeps the C=4096/7168 bf16
 #                               layouts instead of the benchmarks, `mesh`
-#                               the dp / tp / SP groups)
+#                               the dp / tp / SP groups, `context` the cp
+#                               groups and tiny's references)
 #   tools/gpu_suite.sh adopt-goldens DIR
 #                               (here) copies golden_values_h200_*.json from
 #                               an unpacked suite_logs.tgz into goldens/: the
@@ -141,6 +142,26 @@ declare -A ARTIFACT=(
   [hybrid_tp2_sp_pp2_vpp2_empty]="models/hybrid_tiny.json --microbatches 4 --tp 2 --sequence-parallel --pp 2 --vpp 2 --layout Ettt|ttt||ttmL"
   [tiny_dp2_tp2_pp1]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 1"
   [tiny_dp2_tp2_pp2]="models/tiny.json --microbatches 2 --dp 2 --tp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
+  # Context parallelism (issue 16): tiny at cp 2 (each rank chunks i and 3 -
+  # i of every sequence), tiny_pp1's 4 microbatches (cp 2 against cp 1),
+  # MTP on the last stage; flash attention (small_bf16), Gated DeltaNet with
+  # an empty chunk, and cp 2 x tp 2 (with and without SP).
+  [tiny_cp2_pp1]="models/tiny.json --microbatches 4 --cp 2 --pp 1"
+  [tiny_cp2_pp2]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL"
+  [tiny_cp2_pp2_vpp2]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_cp2_edge_chunks]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout E|tttt||mL"
+  [tiny_cp2_pp2_zb]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL --schedule zb-h1"
+  [tiny_bf16_cp2_pp1]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 1"
+  [tiny_bf16_cp2_pp2_vpp2]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_bf16_cp2_pp2_zb]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL --schedule zb-h1"
+  [small_bf16_cp2_m2_pp1]="models/small_bf16.json --microbatches 2 --cp 2 --pp 1"
+  [small_bf16_cp2_m2_pp2_vpp2]="models/small_bf16.json --microbatches 2 --cp 2 --pp 2 --vpp 2"
+  [hybrid_cp2_pp1]="models/hybrid_tiny.json --microbatches 4 --cp 2 --pp 1"
+  [hybrid_cp2_pp2_vpp2_empty]="models/hybrid_tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Ettt|ttt||ttmL"
+  [tiny_tp2_cp2_pp1]="models/tiny.json --microbatches 4 --tp 2 --cp 2 --pp 1"
+  [tiny_tp2_cp2_pp2_vpp2]="models/tiny.json --microbatches 4 --tp 2 --cp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [tiny_tp2_sp_cp2_pp1]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --cp 2 --pp 1"
+  [tiny_tp2_sp_cp2_pp2]="models/tiny.json --microbatches 4 --tp 2 --sequence-parallel --cp 2 --pp 2 --layout Ett|ttmL"
   # Four GPUs (issue 6): interleaving over 4 ranks wants m a multiple of 4.
   [small_m4_pp1]="models/small.json --microbatches 4 --pp 1"
   [small_m4_pp4]="models/small.json --microbatches 4 --pp 4"
@@ -252,6 +273,18 @@ prune)
       ./c4096_bf16_pp* ./c7168_bf16_pp* ./attention_bench ./gemm_bench ./tiny_bf16_fp32_residual* ./tiny_n1_* \
       ./tiny_bf16_pp* ./tiny_bf16_edge* ./hybrid_pp* ./tiny_pp2* ./tiny_edge* ./cuda_fp32_residual_kernels_test \
       ./c4096_bf16_tp2_pp* ./c7168_bf16_tp2_pp*
+  elif [ "${3:-}" = context ]; then
+    # One GPU, the context-parallel groups (their ranks share it) with the
+    # tiny references of the "vs" rows and the goldens: every other
+    # artifact and the benchmarks go. Run it with GPU_SUITE_PARTS="checks goldens".
+    for a in ./*.mhcc ./*.bubble; do
+      case $a in
+      ./*_cp2_* | ./tiny_pp1.* | ./tiny_pp2_vpp2.* | ./tiny_bf16_pp1.* | ./tiny_bf16_pp2_vpp2.* | ./hybrid_pp1.* | \
+        ./tiny_no_kernels.*) ;;
+      *) rm -f "$a" ;;
+      esac
+    done
+    rm -f ./attention_bench ./gemm_bench ./cuda_fp32_residual_kernels_test
   elif [ "${3:-}" = transport ]; then
     # One GPU, the transport models: their bf16 layouts (ranks sharing the
     # GPU) and the tiny groups; the benchmarks and every fp32 large model go.
@@ -264,7 +297,7 @@ prune)
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
       ./hybrid_1b_m1_pp1* ./1b_m1_pp1*
   fi
-  if [ "${3:-}" != mesh ]; then
+  if [ "${3:-}" != mesh ] && [ "${3:-}" != context ]; then
     # The dp / tp groups but the artifacts of the "vs" and checkpoint rows
     # (`prune 1 mesh` keeps them all; `transport` the transport models').
     for a in ./*_dp2_* ./*_tp2_*; do
@@ -402,8 +435,19 @@ run)
       [tiny_dp2_tp2_sp]="tiny_dp2_tp2_sp_pp1:tiny_dp2_tp2_sp_pp1 tiny_dp2_tp2_sp_pp2"
       [c4096_bf16_tp2_sp]="-:c4096_bf16_tp2_sp_pp1 c4096_bf16_tp2_sp_pp2_vpp2"
       [c7168_bf16_tp2_sp]="-:c7168_bf16_tp2_sp_pp1 c7168_bf16_tp2_sp_pp2_vpp2"
+      # Context parallelism: cp 2 at each layout against cp 2 PP1, and the CPU's cp 2;
+      # packed documents (masks and positions across the two ranks' chunks).
+      [tiny_cp2]="tiny_cp2_pp1:tiny_cp2_pp1 tiny_cp2_pp2 tiny_cp2_pp2_vpp2 tiny_cp2_edge_chunks tiny_cp2_pp2_zb"
+      [tiny_bf16_cp2]="tiny_bf16_cp2_pp1:tiny_bf16_cp2_pp1 tiny_bf16_cp2_pp2_vpp2 tiny_bf16_cp2_pp2_zb"
+      [small_bf16_cp2]="small_bf16_cp2_m2_pp1:small_bf16_cp2_m2_pp1 small_bf16_cp2_m2_pp2_vpp2"
+      [hybrid_cp2]="hybrid_cp2_pp1:hybrid_cp2_pp1 hybrid_cp2_pp2_vpp2_empty"
+      [tiny_cp2_packed]="tiny_cp2_pp1:tiny_cp2_pp1 tiny_cp2_pp2 tiny_cp2_pp2_vpp2"
+      [small_bf16_cp2_packed]="small_bf16_cp2_m2_pp1:small_bf16_cp2_m2_pp1 small_bf16_cp2_m2_pp2_vpp2"
+      [hybrid_cp2_packed]="hybrid_cp2_pp1:hybrid_cp2_pp1 hybrid_cp2_pp2_vpp2_empty"
+      [tiny_tp2_cp2]="tiny_tp2_cp2_pp1:tiny_tp2_cp2_pp1 tiny_tp2_cp2_pp2_vpp2"
+      [tiny_tp2_sp_cp2]="tiny_tp2_sp_cp2_pp1:tiny_tp2_sp_cp2_pp1 tiny_tp2_sp_cp2_pp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -417,7 +461,7 @@ run)
         if [ -f "$a.mhcc" ]; then kept+=" $a"; args+=" $a.mhcc"; else pruned+=" $a"; fi
       done
       if [ ! -f "${list%% *}.mhcc" ] || { [ "$cpu" != - ] && [ ! -f "$cpu.mhcc" ]; }; then
-        row "parity $name" SKIP "pruned from the bundle (tools/gpu_suite.sh prune 1 mesh keeps the dp / tp groups)"
+        row "parity $name" SKIP "pruned from the bundle (prune 1 mesh keeps the dp / tp groups, prune 1 context the cp ones)"
         continue
       fi
       plan=static; [[ $name == *_pool ]] && plan=pool
@@ -472,6 +516,29 @@ print('5 steps, largest relative lm loss difference %.2e' % worst)
 sys.exit(0 if len(a) == len(b) == 5 and worst < 1e-6 else 1)" 2>&1); then r=PASS; else r=FAIL; fi
       sp=; [[ $tp2 == *_sp_* ]] && sp=" + SP"
       row "tp 2$sp vs tp 1 (tiny, ${share:-one GPU a rank})" $r "$detail; $(grep -m1 'backend' "$logs/$tp2.log" | cut -c1-80)"
+    done
+    # cp 2 against cp 1 on the same batch, plain and packed documents: the
+    # projections' GEMMs see a context rank's rows and the weight gradients
+    # sum each rank's rows, then the ranks, so lm loss within 1e-6 relative
+    # over 5 steps in fp32 (issue 16's bound).
+    for packed in 0 1; do
+      [ -f tiny_cp2_pp1.mhcc ] || break
+      share=; [ "$gpus" -lt 2 ] && share="--ranks-per-gpu 2"
+      data=corpus.txt; docs=; [ $packed = 1 ] && data=corpus_docs && docs="--reset-position-ids --reset-attention-mask"
+      # shellcheck disable=SC2086
+      timeout 120 ./mhcrun tiny_pp1.mhcc --data $data $docs --steps 5 --no-progress --metrics "$logs/cp1_$packed.jsonl" \
+        > "$logs/cp1_$packed.log" 2>&1
+      # shellcheck disable=SC2086
+      timeout 120 ./mhcrun tiny_cp2_pp1.mhcc --data $data $docs --steps 5 --no-progress $share \
+        --metrics "$logs/cp2_$packed.jsonl" > "$logs/cp2_$packed.log" 2>&1
+      if detail=$(python3 -c "
+import json, sys
+a = [json.loads(l)['lm_loss'] for l in open('$logs/cp2_$packed.jsonl')]; b = [json.loads(l)['lm_loss'] for l in open('$logs/cp1_$packed.jsonl')]
+worst = max(abs(x - y) / y for x, y in zip(a, b))
+print('5 steps, largest relative lm loss difference %.2e' % worst)
+sys.exit(0 if len(a) == len(b) == 5 and worst < 1e-6 else 1)" 2>&1); then r=PASS; else r=FAIL; fi
+      what=; [ $packed = 1 ] && what=", packed documents"
+      row "cp 2 vs cp 1 (tiny$what, ${share:-one GPU a rank})" $r "$detail; $(grep -m1 'backend' "$logs/cp2_$packed.log" | cut -c1-80)"
     done
     # Fewer GPUs than ranks: one message, exit 1, no hang.
     CUDA_VISIBLE_DEVICES=0 timeout 60 ./mhcrun tiny_pp2.mhcc --backend cuda --data corpus.txt --steps 1 > "$logs/too_few_gpus.log" 2>&1

@@ -140,6 +140,19 @@ struct Artifact {
   /// Rows of a microbatch each rank holds outside the tensor-parallel GEMMs:
   /// its context-parallel share, split again over tp under sequence parallelism.
   int64_t rowsPerRank() const { return model.tokens() / cp / (sequenceParallel ? tp : 1); }
+  /// The microbatch rows context rank `contextRank` holds (cp > 1): the
+  /// load-balanced causal split's chunks contextRank and 2 cp - 1 -
+  /// contextRank of each sequence (2 cp chunks of seq_len / 2 cp rows), in
+  /// that order; empty for cp = 1.
+  std::vector<int64_t> contextRows(int64_t contextRank) const {
+    std::vector<int64_t> rows;
+    const int64_t seq = model.seqLen, chunk = seq / (2 * cp);
+    for (int64_t b = 0; cp > 1 && b < model.microBatch; ++b)
+      for (int64_t part : {contextRank, 2 * cp - 1 - contextRank})
+        for (int64_t i = 0; i < chunk; ++i)
+          rows.push_back(b * seq + part * chunk + i);
+    return rows;
+  }
   /// The elements [begin, end) of a parameter of `count` elements that
   /// replica d holds under the distributed optimizer.
   std::pair<int64_t, int64_t> shardOf(int64_t count, int64_t d) const { return {d * count / dp, (d + 1) * count / dp}; }

@@ -142,10 +142,6 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
     backend = "cuda"; // sharing GPUs is asked for: a missing GPU is an error, not the CPU backend
   if (backend != "auto")
     return backend;
-  if (a.cp > 1) {
-    std::cerr << "mhcrun: context parallelism (cp = " << a.cp << ") runs on the CPU backend in this release: using it\n";
-    return "cpu";
-  }
   backend = static_cast<int64_t>(gpus.gpus.size()) >= a.worldSize() ? "cuda" : "cpu";
   if (backend == "cpu" && !gpus.gpus.empty())
     std::cerr << "mhcrun: " << gpus.gpus.size() << " GPU(s) visible, fewer than the artifact's " << a.worldSize()
@@ -491,12 +487,12 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // Context parallelism runs on the CPU backend for now (threads, or one
-  // process a rank).
-  if (artifact->cp > 1 && backend != "cpu")
+  // The GPUs' distributed optimizer shards over the replicas alone; with
+  // context ranks in the gradient group it runs on the CPU backend for now.
+  if (artifact->cp > 1 && artifact->distributedOptimizer && backend != "cpu")
     return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
-                " context-parallel ranks, which run on the CPU backend for now (--backend cpu: threads, or one "
-                "process per rank with --processes, mpirun or srun); recompile with --cp 1 for GPUs");
+                " with the distributed optimizer, which runs on the CPU backend for now (--backend cpu); "
+                "recompile without --distributed-optimizer for GPUs");
   // A GPU process saves the parameters its rank owns whole; the moments'
   // parts of the other replicas, or the other tensor ranks' blocks, would be
   // missing from the checkpoint.

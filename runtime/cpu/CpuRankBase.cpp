@@ -269,17 +269,7 @@ void placeRows(const std::vector<const float *> &parts, const std::function<std:
   }
 }
 
-std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) {
-  std::vector<int64_t> rows;
-  if (a.cp == 1)
-    return rows;
-  const int64_t seq = a.model.seqLen, chunk = seq / (2 * a.cp);
-  for (int64_t b = 0; b < a.model.microBatch; ++b)
-    for (int64_t part : {contextRank, 2 * a.cp - 1 - contextRank})
-      for (int64_t i = 0; i < chunk; ++i)
-        rows.push_back(b * seq + part * chunk + i);
-  return rows;
-}
+std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) { return a.contextRows(contextRank); }
 
 std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank) {
   std::vector<int64_t> rows;

@@ -112,10 +112,7 @@ void combineParts(const std::vector<const float *> &parts, int64_t count, bool m
 void placeRows(const std::vector<const float *> &parts, const std::function<std::vector<int64_t>(int64_t)> &rowsOf,
                int64_t cols, float *all);
 
-/// The microbatch rows context rank `contextRank` holds (Artifact::cp > 1):
-/// the load-balanced causal split's chunks contextRank and 2 cp - 1 -
-/// contextRank of each sequence (2 cp chunks of seq_len / 2 cp tokens), in
-/// that order; empty for cp = 1.
+/// Artifact::contextRows: the microbatch rows context rank `contextRank` holds.
 std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank);
 /// The rows tensor rank `tensorRank` holds under sequence parallelism: of
 /// each sequence, its tensorRank-th share of the sequence's rows, in order

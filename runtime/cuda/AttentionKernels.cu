@@ -120,9 +120,77 @@ int64_t attentionBackwardStash(int64_t rows, int64_t C) { return 3 * rows * C; }
 // core's: flash attention's, or the reference core's probabilities and their
 // gradients (and for bf16 fp32 copies of q, k, v, dO and dQKV).
 int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t seq, int actBytes) {
-  if (useFlash(C, heads, seq, actBytes))
-    return rows * C + flashAttentionBackwardScratch(rows, C, heads);
-  return rows * C + 2 * heads * seq * seq + (actBytes == 2 ? 7 * rows * C : 0);
+  return rows * C + attentionCoreBackwardScratch(rows, C, heads, seq, actBytes);
+}
+
+template <typename A>
+std::string attentionCoreForward(const ModelKernels &k, Gemms &g, A *qkv, A *o, float *lse, float *scratch,
+                                 int64_t rows, int64_t D, int64_t heads, int64_t seq, DeviceDocuments docs,
+                                 cudaStream_t s, FlashRowRanges needed) {
+  rope(k, qkv, docs.positions, rows, D, heads, seq, false, s);
+  if constexpr (std::is_same_v<A, float>) {
+    referenceForward(k, g, qkv, o, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
+    return "";
+  } else if (useFlash(D, heads, seq, 2)) {
+    return flashAttentionForward(qkv, o, lse, rows, D, heads, seq, docs.firstKeys, s, needed);
+  } else {
+    float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * D;
+    toFloat(qkv, qkv32, rows * 3 * D, s);
+    referenceForward(k, g, qkv32, o32, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
+    toBf16(o32, o, rows * D, s);
+    return "";
+  }
+}
+
+int64_t attentionCoreBackwardScratch(int64_t rows, int64_t D, int64_t heads, int64_t seq, int actBytes) {
+  if (useFlash(D, heads, seq, actBytes))
+    return flashAttentionBackwardScratch(rows, D, heads);
+  return 2 * heads * seq * seq + (actBytes == 2 ? 7 * rows * D : 0);
+}
+
+template <typename A>
+std::string attentionCoreBackward(const ModelKernels &k, Gemms &g, const A *qkv, const A *o, const float *lse,
+                                  const float *rowDot, const A *dO, A *dQkv, float *scratch, int64_t rows, int64_t D,
+                                  int64_t heads, int64_t seq, DeviceDocuments docs, cudaStream_t s,
+                                  FlashRowRanges needed) {
+  std::string error;
+  if constexpr (std::is_same_v<A, float>) {
+    referenceBackward(k, g, qkv, lse, dO, dQkv, scratch, rows, D, heads, seq, docs.firstKeys, s);
+  } else if (useFlash(D, heads, seq, 2)) {
+    error = flashAttentionBackward(qkv, o, dO, lse, dQkv, scratch, rows, D, heads, seq, docs.firstKeys, s, rowDot,
+                                   needed);
+  } else {
+    float *qkv32 = scratch + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * D, *dQkv32 = dO32 + rows * D;
+    toFloat(qkv, qkv32, rows * 3 * D, s);
+    toFloat(dO, dO32, rows * D, s);
+    referenceBackward(k, g, qkv32, lse, dO32, dQkv32, scratch, rows, D, heads, seq, docs.firstKeys, s);
+    toBf16(dQkv32, dQkv, rows * 3 * D, s);
+  }
+  rope(k, dQkv, docs.positions, rows, D, heads, seq, true, s);
+  return error;
+}
+
+template <typename A>
+std::string attentionRowDot(const A *o, const A *dO, float *rowDot, int64_t rows, int64_t D, int64_t heads,
+                            int64_t seq, cudaStream_t s) {
+  if constexpr (std::is_same_v<A, bf16>)
+    if (useFlash(D, heads, seq, 2))
+      return flashAttentionRowDot(o, dO, rowDot, rows, D, heads, s);
+  // The reference core's softmax backward forms the row's sum from P and dP itself.
+  cudaMemsetAsync(rowDot, 0, rows * heads * sizeof(float), s);
+  return "";
+}
+
+template <typename A>
+void attentionOutputGradient(Gemms &g, const A *dy, const A *wo, A *dO, int64_t rows, int64_t C, int64_t D,
+                             cudaStream_t s) {
+  overwriteTransB(g, dy, wo, dO, rows, C, D, s);
+}
+
+template <typename A>
+void attentionInputGradient(Gemms &g, const A *dQkv, const A *wqkv, A *dx, int64_t rows, int64_t C, int64_t D,
+                            bool fresh, cudaStream_t s) {
+  intoTransB(g, dQkv, wqkv, dx, rows, 3 * D, C, fresh, s);
 }
 
 template <typename A>
@@ -130,22 +198,11 @@ std::string attentionForward(const ModelKernels &k, Gemms &g, const A *x, const 
                              float *aux, float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads,
                              int64_t seq, DeviceDocuments docs, cudaStream_t s) {
   // Everything between the two projections is `inner` wide (this rank's heads).
-  std::string error;
   const int64_t D = inner;
   A *qkv = reinterpret_cast<A *>(aux), *o = qkv + rows * 3 * D;
   float *lse = reinterpret_cast<float *>(o + rows * D);
   matmul(g, x, wqkv, qkv, rows, C, 3 * D, false);
-  rope(k, qkv, docs.positions, rows, D, heads, seq, false, s);
-  if constexpr (std::is_same_v<A, float>) {
-    referenceForward(k, g, qkv, o, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
-  } else if (useFlash(D, heads, seq, 2)) {
-    error = flashAttentionForward(qkv, o, lse, rows, D, heads, seq, docs.firstKeys, s);
-  } else {
-    float *qkv32 = scratch + heads * seq * seq, *o32 = qkv32 + rows * 3 * D;
-    toFloat(qkv, qkv32, rows * 3 * D, s);
-    referenceForward(k, g, qkv32, o32, lse, scratch, rows, D, heads, seq, docs.firstKeys, s);
-    toBf16(o32, o, rows * D, s);
-  }
+  const std::string error = attentionCoreForward(k, g, qkv, o, lse, scratch, rows, D, heads, seq, docs, s);
   matmul(g, o, wo, y, rows, D, C, false);
   return error;
 }
@@ -162,21 +219,10 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
   A *dQkv = reinterpret_cast<A *>(stash);
   if (parts.inputs) {
     A *dO = reinterpret_cast<A *>(scratch);
-    overwriteTransB(g, dy, wo, dO, rows, C, D, s); // dO = dy Wo^T
-    float *rest = scratch + rows * D;
-    if constexpr (std::is_same_v<A, float>) {
-      referenceBackward(k, g, qkv, lse, dO, dQkv, rest, rows, D, heads, seq, docs.firstKeys, s);
-    } else if (useFlash(D, heads, seq, 2)) {
-      error = flashAttentionBackward(qkv, o, dO, lse, dQkv, rest, rows, D, heads, seq, docs.firstKeys, s);
-    } else {
-      float *qkv32 = rest + 2 * heads * seq * seq, *dO32 = qkv32 + rows * 3 * D, *dQkv32 = dO32 + rows * D;
-      toFloat(qkv, qkv32, rows * 3 * D, s);
-      toFloat(dO, dO32, rows * D, s);
-      referenceBackward(k, g, qkv32, lse, dO32, dQkv32, rest, rows, D, heads, seq, docs.firstKeys, s);
-      toBf16(dQkv32, dQkv, rows * 3 * D, s);
-    }
-    rope(k, dQkv, docs.positions, rows, D, heads, seq, true, s);
-    intoTransB(g, dQkv, wqkv, dx, rows, 3 * D, C, freshInput, s);
+    attentionOutputGradient(g, dy, wo, dO, rows, C, D, s);
+    error = attentionCoreBackward(k, g, qkv, o, lse, static_cast<const float *>(nullptr), dO, dQkv, scratch + rows * D,
+                                  rows, D, heads, seq, docs, s);
+    attentionInputGradient(g, static_cast<const A *>(dQkv), wqkv, dx, rows, C, D, freshInput, s);
   }
   if (parts.weights) {
     matmulTransAAcc(g, o, dy, dWo, rows, D, C);
@@ -189,5 +235,15 @@ template decltype(attentionForward<float>) attentionForward<float>;
 template decltype(attentionForward<bf16>) attentionForward<bf16>;
 template decltype(attentionBackward<float>) attentionBackward<float>;
 template decltype(attentionBackward<bf16>) attentionBackward<bf16>;
+template decltype(attentionCoreForward<float>) attentionCoreForward<float>;
+template decltype(attentionCoreForward<bf16>) attentionCoreForward<bf16>;
+template decltype(attentionCoreBackward<float>) attentionCoreBackward<float>;
+template decltype(attentionCoreBackward<bf16>) attentionCoreBackward<bf16>;
+template decltype(attentionRowDot<float>) attentionRowDot<float>;
+template decltype(attentionRowDot<bf16>) attentionRowDot<bf16>;
+template decltype(attentionOutputGradient<float>) attentionOutputGradient<float>;
+template decltype(attentionOutputGradient<bf16>) attentionOutputGradient<bf16>;
+template decltype(attentionInputGradient<float>) attentionInputGradient<float>;
+template decltype(attentionInputGradient<bf16>) attentionInputGradient<bf16>;
 
 } // namespace mhcc::runtime::cuda

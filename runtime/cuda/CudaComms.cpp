@@ -70,8 +70,9 @@ public:
       ncclCommDestroy(comm);
   }
 
-  /// The world, then (dp > 1) the rank's data-parallel group, then (tp >
-  /// 1) its tensor-parallel group, then the pairs. Every rank joins in this
+  /// The world, then (dp x cp > 1) the rank's gradient group (its
+  /// replicas and their context ranks), then (tp > 1) its tensor-parallel
+  /// group, then (cp > 1) its context-parallel group, then the pairs. Every rank joins in this
   /// order and the pairs in the same global order, so the blocking joins
   /// cannot wait on each other in a cycle.
   std::string join(const CommIds &ids, const std::vector<Pair> &pairs, int64_t rank, const Artifact &a) {
@@ -80,8 +81,9 @@ public:
       return std::string("ncclCommInitRank (world of ") + std::to_string(a.worldSize()) +
              "): " + ncclGetErrorString(status);
     comms_.push_back(world_);
-    if (a.dp > 1) {
-      status = ncclCommInitRank(&replicas_, int(a.dp), ids.groups[replicaGroupOf(a, rank)], int(a.replicaOf(rank)));
+    if (a.reduceGroupSize() > 1) {
+      status = ncclCommInitRank(&replicas_, int(a.reduceGroupSize()), ids.groups[replicaGroupOf(a, rank)],
+                                int(a.reduceMemberOf(rank)));
       if (status != ncclSuccess)
         return "ncclCommInitRank (the replicas of rank " + std::to_string(rank) + "): " + ncclGetErrorString(status);
       comms_.push_back(replicas_);
@@ -92,6 +94,13 @@ public:
         return "ncclCommInitRank (the tensor-parallel group of rank " + std::to_string(rank) +
                "): " + ncclGetErrorString(status);
       comms_.push_back(tensor_);
+    }
+    if (a.cp > 1) {
+      status = ncclCommInitRank(&context_, int(a.cp), ids.groups[contextGroupOf(a, rank)], int(a.contextRankOf(rank)));
+      if (status != ncclSuccess)
+        return "ncclCommInitRank (the context-parallel group of rank " + std::to_string(rank) +
+               "): " + ncclGetErrorString(status);
+      comms_.push_back(context_);
     }
     for (size_t k = 0; k < pairs.size(); ++k) {
       auto [from, to] = pairs[k];
@@ -161,6 +170,12 @@ public:
     return status == ncclSuccess ? "" : std::string("ncclReduceScatter over the tensor-parallel group: ") +
                                             ncclGetErrorString(status);
   }
+  std::string allGatherContext(const void *local, void *all, int64_t count, Dtype dtype,
+                               cudaStream_t stream) override {
+    ncclResult_t status = ncclAllGather(local, all, count, ncclType(dtype), context_, stream);
+    return status == ncclSuccess ? "" : std::string("ncclAllGather over the context-parallel group: ") +
+                                            ncclGetErrorString(status);
+  }
   void abort() override {
     for (ncclComm_t comm : comms_)
       ncclCommAbort(comm);
@@ -168,7 +183,7 @@ public:
   }
 
 private:
-  ncclComm_t world_ = nullptr, replicas_ = nullptr, tensor_ = nullptr;
+  ncclComm_t world_ = nullptr, replicas_ = nullptr, tensor_ = nullptr, context_ = nullptr;
   std::vector<ncclComm_t> comms_;
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
 };
@@ -184,7 +199,7 @@ void CudaRank::createPairStreams() {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     (from == rank_ ? sendStream_[a_.pipelineRankOf(to)] : recvStream_[a_.pipelineRankOf(from)]) = stream;
   }
-  if (a_.dp > 1)
+  if (a_.reduceGroupSize() > 1)
     cudaStreamCreateWithFlags(&replicaStream_, cudaStreamNonBlocking);
 }
 
@@ -311,7 +326,7 @@ DeviceFactory cudaDevices(int ranksPerGpu) {
     cuda::CommIds ids;
     std::shared_ptr<cuda::SharedGpuPost> post;
     if (perGpu > 1)
-      post = cuda::makeSharedGpuPost(a.worldSize(), a.dp, a.tp);
+      post = cuda::makeSharedGpuPost(a);
     else if (std::string problem = cuda::CommIds::make(ranks[0]->communicating().size(), cuda::groupCount(a), ids);
              !problem.empty())
       return failAll(problem);

@@ -111,8 +111,9 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const ModelInfo &m = a_.model;
   // Under tensor parallelism V is this rank's vocabulary share from `first`
   // and `inner` the width of its attention heads (TensorSplit.h's blocks);
-  // the GEMM primitives run on every row of the microbatch (G), the others
-  // on this rank's (T: fewer under sequence parallelism).
+  // the GEMM primitives run on every row of the microbatch (G; a context
+  // rank's share under context parallelism), the others on this rank's
+  // (T: fewer under sequence parallelism).
   const int64_t T = rows_, G = gemmRows_, C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V, inner = C / a_.tp;
   const ForwardInstr &f = p.forward[index];
   const Buffer &output = st.values[f.output];
@@ -147,7 +148,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     cudaMemcpyAsync(out, in(0), output.bytes(), cudaMemcpyDeviceToDevice, stream);
     break;
   case Prim::Embed:
-    embedForward(k, tokens_[mb], w(0), y, G, C, f.shift, f.seqLen, stream, first, V);
+    embedForward(k, tokens_[mb], w(0), y, G, C, f.shift, f.seqLen, stream, first, V, contextRowMap());
     break;
   case Prim::Expand:
     expandForward(k, in(0), outR, T, C, n, stream);
@@ -171,6 +172,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     rmsNormForward(k, in(0), w(0), out, aux, T, C, f.eps, stream);
     break;
   case Prim::Attention:
+    if (a_.cp > 1) {
+      error = contextAttentionForward(f, mb, x, w(0), w(1), y, aux);
+      break;
+    }
     error = attentionForward(k, g, x, w(0), w(1), y, aux,
                              scratch(attentionForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C,
                              inner, f.heads, f.seqLen, documents(mb), stream);
@@ -209,14 +214,19 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
       shareRowMax(k, in(0), maxima, G, V, stream);
       if (!tensorAllReduce(maxima, G, Dtype::F32, true))
         break;
-      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, G, V, f.shift, f.seqLen, first, stream);
+      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, G, V, f.shift, f.seqLen, first, stream,
+                     contextRowMap());
       if (tensorAllReduce(sums, G, Dtype::F32) && tensorAllReduce(targets, G, Dtype::F32))
-        shareLoss(k, maxima, sums, targets, aux, out32, G, f.shift, f.seqLen, stream);
+        shareLoss(k, maxima, sums, targets, aux, out32, G, f.shift, f.seqLen, stream, contextRowMap());
       break;
     }
-    crossEntropyForward(k, in(0), labels_[mb], aux, out32, G, V, f.shift, f.seqLen, stream);
+    crossEntropyForward(k, in(0), labels_[mb], aux, out32, G, V, f.shift, f.seqLen, stream, contextRowMap());
     break;
   case Prim::GatedDeltaNet:
+    if (a_.cp > 1) {
+      error = contextGdnForward(f, mb, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, y, aux);
+      break;
+    }
     error = gdnForward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)},
                           y, aux,
                           scratch(gdnForwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
@@ -297,9 +307,11 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   const bool mixer = f.op == Prim::Attention || f.op == Prim::GatedDeltaNet;
   const bool rowParallel = mixer || f.op == Prim::SwiGlu || f.op == Prim::LmHead;
   const bool gathersDy = mixer || f.op == Prim::SwiGlu || (f.op == Prim::Embed && parts.weights);
-  const A *x = !rowParallel ? nullptr : parts.weights ? allRows(in(0), C) : in(0);
+  // (A mixer under context parallelism recomputes from its input in either half.)
+  const bool gathersX = parts.weights || (mixer && a_.cp > 1);
+  const A *x = !rowParallel ? nullptr : gathersX ? allRows(in(0), C) : in(0);
   const A *dy = gathersDy ? allRows(dOut, C) : dOut;
-  if ((rowParallel && parts.weights && !x) || (gathersDy && !dy))
+  if ((rowParallel && gathersX && !x) || (gathersDy && !dy))
     return false;
   A *partial = nullptr;
   bool partialWritten = freshMask & 1;
@@ -367,6 +379,14 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
                     parts, stream, freshMask & 1);
     break;
   case Prim::Attention:
+    if (a_.cp > 1) {
+      error = contextAttentionBackward(
+          f, mb,
+          AttentionGrads<A>{x, w(0), w(1), aux, dy, dx0(), reinterpret_cast<A *>(stash(attentionBackwardStash(G, inner))),
+                            dw(0), dw(1)},
+          parts, partialWritten);
+      break;
+    }
     error = attentionBackward(
         k, g, x, w(0), w(1), aux, dy, dx0(), dw(0), dw(1), stash(attentionBackwardStash(G, inner)),
         scratch(parts.inputs ? attentionBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, G, C,
@@ -406,13 +426,20 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     break;
   case Prim::CrossEntropy: {
     float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
-    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), G, V, f.shift, f.seqLen, stream, first);
+    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), G, V, f.shift, f.seqLen, stream, first,
+                         contextRowMap());
     break;
   }
   case Prim::GatedDeltaNet: {
     GdnWeightGrads grads;
     if (parts.weights)
       grads = {dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)};
+    if (a_.cp > 1) { // over every row of the microbatch (auxCount)
+      const int64_t all = a_.model.tokens();
+      error = contextGdnBackward<A>(f, mb, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dy,
+                                    dx0(), grads, stash(gdnBackwardStash(all, inner, f.heads, sizeof(A))), parts);
+      break;
+    }
     error = gdnBackward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dy, dx0(),
                            grads, stash(gdnBackwardStash(G, inner, f.heads, sizeof(A))),
                            scratch(gdnBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,

@@ -87,20 +87,23 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
 }
 
 /// One all-reduce: [squares, zeros] per parameter and tensor rank (replica
-/// 0's owners': every replica holds the same reduced gradients; of a
-/// replicated parameter tensor rank 0's, see speaksFor), the global batch's
-/// losses in its order (tensor rank 0's), peak and reserved bytes and the stop signal seen
+/// 0's and context rank 0's owners': every member of the gradient group
+/// holds the same reduced gradients; of a replicated parameter tensor rank
+/// 0's, see speaksFor), the global batch's losses in its order (tensor rank
+/// 0's; each context rank's share apart, added in context-rank order here),
+/// peak and reserved bytes and the stop signal seen
 /// (SIGTERM / SIGINT, 0: none) per rank; fills `result` from it, with the
 /// largest signal as the one every rank acts on.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
   const size_t P = a_.params.size(), L = a_.stages.back().losses.size(), world = a_.worldSize();
   const size_t globalMicrobatches = a_.dp * a_.microbatches;
-  const size_t lossAt = 2 * P * a_.tp, peakAt = lossAt + globalMicrobatches * L, reservedAt = peakAt + world;
+  const size_t cp = a_.cp, lossAt = 2 * P * a_.tp, peakAt = lossAt + globalMicrobatches * L * cp,
+               reservedAt = peakAt + world;
   const size_t stopAt = reservedAt + world;
   std::vector<double> stats(stopAt + world, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
   if (!waitStreams({compute_}, "the gradient statistics"))
     return false;
-  if (replica_ == 0) {
+  if (replica_ == 0 && context_ == 0) {
     double *mine = stats.data() + 2 * P * tensor_;
     cudaMemcpy(mine, stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
     for (size_t p = 0; p < P; ++p)
@@ -109,7 +112,7 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   }
   for (int64_t mb = 0; mb < a_.microbatches && tensor_ == 0; ++mb) // every tensor rank has the same losses
     for (size_t l = 0; l < L; ++l)
-      stats[lossAt + a_.globalMicrobatch(mb, replica_) * L + l] = losses[mb][l];
+      stats[lossAt + (a_.globalMicrobatch(mb, replica_) * L + l) * cp + context_] = losses[mb][l];
   stats[peakAt + rank_] = double(peak_);
   // What the pool holds once the pipeline ran: constant from the second
   // step on when no step needs a new device allocation (the GPU suite checks).
@@ -139,7 +142,8 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   std::vector<std::vector<double>> allLosses(globalMicrobatches, std::vector<double>(L));
   for (size_t mb = 0; mb < globalMicrobatches; ++mb)
     for (size_t l = 0; l < L; ++l)
-      allLosses[mb][l] = stats[lossAt + mb * L + l];
+      for (size_t c = 0; c < cp; ++c) // as the CPU backend adds the context ranks' shares
+        allLosses[mb][l] = c == 0 ? stats[lossAt + (mb * L + l) * cp] : allLosses[mb][l] + stats[lossAt + (mb * L + l) * cp + c];
   summarizeLosses(a_.stages.back(), allLosses, result);
   result.gradNorm = std::sqrt(squares);
   result.numZeros = zeros;
@@ -243,8 +247,9 @@ bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>
   if (!reduceGradients(gradient, remote) || !shareStatistics(losses, result))
     return false;
   // Whole tensors: a tensor rank's block placed among zeros (the trainer
-  // adds the tensor ranks' parts).
-  if (options_.recordTaps && replica_ == 0)
+  // adds the tensor ranks' parts); one replica's and context rank's, which
+  // hold the same reduced gradients.
+  if (options_.recordTaps && replica_ == 0 && context_ == 0)
     for (size_t p = 0; p < a_.params.size(); ++p)
       if (gradient[p] && speaksFor(p)) {
         std::vector<float> block(held(p)), whole(a_.params[p].count(), 0.0f);

@@ -43,8 +43,9 @@ std::string cudaWhat(cudaError_t status) {
 CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_t rank, int gpu,
                    const std::atomic<bool> *peerFailed)
     : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
-      replica_(artifact.replicaOf(rank)), tensor_(artifact.tensorRankOf(rank)), rows_(artifact.rowsPerRank()),
-      gemmRows_(artifact.model.tokens()), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
+      replica_(artifact.replicaOf(rank)), context_(artifact.contextRankOf(rank)), tensor_(artifact.tensorRankOf(rank)),
+      rows_(artifact.rowsPerRank()), gemmRows_(artifact.model.tokens() / artifact.cp),
+      contextRows_(artifact.contextRows(context_)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
@@ -66,6 +67,7 @@ CudaRank::~CudaRank() {
     cudaFree(ptr);
   for (auto &[k, ptr] : lowWeights_)
     cudaFree(ptr);
+  cudaFree(rowMap_);
   for (int32_t *p : tokens_)
     cudaFree(p);
   for (int32_t *p : labels_)
@@ -182,6 +184,13 @@ bool CudaRank::setupDevice() {
         cudaMalloc(&labels_[mb], a_.model.tokens() * sizeof(int32_t)) != cudaSuccess)
       return fail("out of GPU memory for the token ids");
   staticBytes_ += 2 * a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
+  if (!contextRows_.empty()) { // the kernels that read token ids or labels find each row's through it
+    const std::vector<int32_t> rowMap(contextRows_.begin(), contextRows_.end());
+    if (cudaMalloc(&rowMap_, rowMap.size() * sizeof(int32_t)) != cudaSuccess)
+      return fail("out of GPU memory for the context-parallel row map");
+    cudaMemcpy(rowMap_, rowMap.data(), rowMap.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    staticBytes_ += int64_t(rowMap.size() * sizeof(int32_t));
+  }
   for (auto [wanted, group] : {std::pair{options_.resetPositionIds, &positions_},
                                std::pair{options_.resetAttentionMask, &firstKeys_}}) {
     if (!wanted)
@@ -195,7 +204,7 @@ bool CudaRank::setupDevice() {
   // shareStatistics' all-reduce: squares and zeros per parameter and tensor rank, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
   const size_t sharedCount = 2 * a_.params.size() * a_.tp +
-                             a_.dp * a_.microbatches * a_.stages.back().losses.size() + 3 * a_.worldSize();
+                             a_.dp * a_.microbatches * a_.stages.back().losses.size() * a_.cp + 3 * a_.worldSize();
   if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
@@ -345,7 +354,7 @@ int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);
   if (f.op == Prim::GatedDeltaNet) // and the scans' chunk states, which the backward would otherwise rebuild
-    return gdnAuxFloats(G, C / a_.tp, f.heads, f.seqLen);
+    return gdnAuxFloats(a_.cp > 1 ? a_.model.tokens() : G, C / a_.tp, f.heads, f.seqLen); // cp: every row's
   const int actBytes = bf16_ ? 2 : 4; // fp32 models: the artifact's auxSize
   switch (f.op) {
   case Prim::Attention:
@@ -424,15 +433,21 @@ void CudaRank::prepareCsrs(const StepInputs &inputs) {
       for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
         if (!uploaded.insert({mb, f.shift}).second)
           continue;
+        // The embedding's rows: this rank's (gemmRows_: a context-parallel
+        // rank's share of the microbatch, contextRows_ naming each one's row).
         const std::vector<int32_t> &tokens = inputs.tokens[mb];
-        std::vector<int32_t> offsets(m.vocab + 1, 0), positions(m.tokens());
-        for (int64_t t = 0; t < m.tokens(); ++t)
-          ++offsets[tokens[kernels::shiftedRow(t, f.shift, m.seqLen)] + 1];
+        auto tokenOf = [&](int64_t t) {
+          const int64_t row = contextRows_.empty() ? t : contextRows_[t];
+          return tokens[kernels::shiftedRow(row, f.shift, m.seqLen)];
+        };
+        std::vector<int32_t> offsets(m.vocab + 1, 0), positions(gemmRows_);
+        for (int64_t t = 0; t < gemmRows_; ++t)
+          ++offsets[tokenOf(t) + 1];
         for (int64_t v = 0; v < m.vocab; ++v)
           offsets[v + 1] += offsets[v];
         std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
-        for (int64_t t = 0; t < m.tokens(); ++t)
-          positions[cursor[tokens[kernels::shiftedRow(t, f.shift, m.seqLen)]]++] = int32_t(t);
+        for (int64_t t = 0; t < gemmRows_; ++t)
+          positions[cursor[tokenOf(t)]++] = int32_t(t);
         // Device buffers of a fixed size, taken at the first step and kept.
         auto &[dOffsets, dPositions] = csrs_[{mb, f.shift}];
         if (!dOffsets) {
@@ -527,7 +542,7 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
 
 void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   cudaSetDevice(gpu_);
-  if (replica_ != 0) // every replica holds the same weights; replica 0 speaks for them
+  if (replica_ != 0 || context_ != 0) // every replica and context rank holds the same weights; the first speaks
     return;
   for (size_t p = 0; p < a_.params.size(); ++p)
     if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
@@ -541,10 +556,11 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
 // ordered after the last update. The trainer calls these on its thread.
 bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
-  // Every replica holds the same weights (replica 0 speaks for them); with
-  // the distributed optimizer each holds its part of the moments. Each
-  // tensor rank holds its blocks (speaksFor).
-  if (replica_ != 0 && !sharded_)
+  // Every replica and context rank holds the same weights (replica 0's
+  // context rank 0 speaks for them); with the distributed optimizer each
+  // replica holds its part of the moments. Each tensor rank holds its
+  // blocks (speaksFor).
+  if ((replica_ != 0 && !sharded_) || context_ != 0)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
     if (plans_[p].owner != pipe_ || !weights_.count(int(p)) || !speaksFor(p))

@@ -4,6 +4,7 @@
 // (setup, memory and the static plan, step boundaries), CudaLaunch.cpp (the
 // launch table: one stage instruction's forward or backward half),
 // CudaTensorParallel.cpp (the tensor-parallel collectives),
+// CudaContextParallel.cpp (the token mixers under context parallelism),
 // CudaComms.cpp (NCCL communicators and messages, the factories),
 // SharedGpuLinks.cpp (messages between ranks sharing a GPU) and
 // CudaOptimizer.cpp (the optimizer step on the GPUs).
@@ -141,8 +142,8 @@ private:
   // CudaComms.cpp
   void createPairStreams();
   bool connectPairs();
-  /// The global rank of pipeline rank `peer` in this rank's replica and tensor rank.
-  int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_, 0, tensor_); }
+  /// The global rank of pipeline rank `peer` in this rank's replica, context and tensor rank.
+  int64_t globalPeer(int64_t peer) const { return a_.globalRank(peer, replica_, context_, tensor_); }
   // CudaTensorParallel.cpp: the tensor-parallel group's collectives on the
   // compute stream, each checked first against the schedule's next
   // COLLECTIVE (false, error_ set, on a difference or a failure).
@@ -162,6 +163,40 @@ private:
   template <typename A> A *scratchOf(int64_t count) {
     return reinterpret_cast<A *>(scratch((count * int64_t(sizeof(A)) + 3) / 4).data);
   }
+  // CudaContextParallel.cpp: the token mixers under context parallelism
+  // (each gather checked first against the schedule's next COLLECTIVE;
+  // "" with error_ set on a difference or a failure, else a kernel's error).
+  /// `local` (this rank's gemmRows_ x cols) as every row of the microbatch,
+  /// in its order: the context group's all-gather, in scratch; null on failure.
+  void *contextAllRows(const void *local, int64_t cols, Dtype dtype);
+  /// This rank's rows between `mine` (gemmRows_ rows) and their places in
+  /// `all` (every row of the microbatch), `rowBytes` a row.
+  void moveOwnRows(void *mine, void *all, int64_t rowBytes, bool toMicrobatch);
+  /// The rows of each sequence this rank keeps (chunks r and 2 cp - 1 - r):
+  /// flash attention runs only their tiles.
+  FlashRowRanges ownChunks() const;
+  /// attentionBackward's operands (DeviceKernels.h); dQkv: the stash.
+  template <typename A> struct AttentionGrads {
+    const A *x, *wqkv, *wo;
+    const float *aux;
+    const A *dy;
+    A *dx, *dQkv;
+    float *dWqkv, *dWo;
+  };
+  template <typename A>
+  std::string contextAttentionForward(const ForwardInstr &f, int64_t mb, const A *x, const A *wqkv, const A *wo, A *y,
+                                      float *aux);
+  template <typename A>
+  std::string contextAttentionBackward(const ForwardInstr &f, int64_t mb, const AttentionGrads<A> &a, GradParts parts,
+                                       bool freshInput);
+  /// aux holds every row's (auxCount).
+  template <typename A>
+  std::string contextGdnForward(const ForwardInstr &f, int64_t mb, const A *x, const GdnWeights<A> &w, A *y,
+                                float *aux);
+  template <typename A>
+  std::string contextGdnBackward(const ForwardInstr &f, int64_t mb, const A *x, const GdnWeights<A> &w,
+                                 const float *aux, const A *dy, A *dx, const GdnWeightGrads &grads, float *stash,
+                                 GradParts parts);
   // CudaLaunch.cpp
   Buffer scratch(int64_t count);
   void releaseScratch();
@@ -208,11 +243,18 @@ private:
   const Artifact &a_;
   const TrainOptions &options_;
   const int64_t rank_;                    // global (Artifact::globalRank)
-  const int64_t pipe_, replica_, tensor_; // the plans, streams and schedules are in pipeline ranks
+  const int64_t pipe_, replica_, context_, tensor_; // the plans, streams and schedules are in pipeline ranks
   /// A microbatch's rows on this rank outside the tensor-parallel GEMMs
-  /// (sequence parallelism: its share of each sequence, Artifact::rowsPerRank)
-  /// and the rows those GEMMs see (every row of the microbatch).
+  /// (Artifact::rowsPerRank: a context-parallel rank's share, split again
+  /// under sequence parallelism) and the rows those GEMMs see (the context
+  /// rank's share, every row of the microbatch without context parallelism).
   const int64_t rows_, gemmRows_;
+  /// Context parallelism: the microbatch row of each of the gemmRows_ rows
+  /// (Artifact::contextRows; empty without it), and the same on the GPU
+  /// (null without it) for the kernels that read token ids and labels.
+  const std::vector<int64_t> contextRows_;
+  int32_t *rowMap_ = nullptr;
+  ContextRows contextRowMap() const { return {rowMap_, a_.model.tokens()}; }
   /// Elements of parameter p this rank holds: its tensor-parallel block
   /// (TensorSplit.h; all of it at tp = 1 and for the replicated ones).
   int64_t held(size_t p) const { return shardCount(a_.params[p], a_.tp); }

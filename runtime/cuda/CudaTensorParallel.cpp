@@ -75,7 +75,7 @@ template <typename A> const A *CudaRank::allRows(const A *local, int64_t cols) {
     fail("a tensor-parallel all-gather: " + problem);
     return nullptr;
   }
-  const int64_t seq = a_.model.seqLen, share = seq / a_.tp;
+  const int64_t seq = a_.model.seqLen / a_.cp, share = seq / a_.tp; // a context rank's rows a sequence
   permuteRows(reinterpret_cast<const char *>(rankMajor), reinterpret_cast<char *>(all), a_.tp, share, seq,
               gemmRows_ / seq, cols * int64_t(sizeof(A)), true, compute_);
   return all;
@@ -95,7 +95,7 @@ template <typename A> bool CudaRank::reducePartial(A *partial, A *out, int64_t c
       !problem.empty())
     return fail(problem);
   A *rankMajor = scratchOf<A>(gemmRows_ * cols), *mine = add ? scratchOf<A>(rows_ * cols) : out;
-  const int64_t seq = a_.model.seqLen, share = seq / a_.tp;
+  const int64_t seq = a_.model.seqLen / a_.cp, share = seq / a_.tp;
   permuteRows(reinterpret_cast<const char *>(partial), reinterpret_cast<char *>(rankMajor), a_.tp, share, seq,
               gemmRows_ / seq, cols * int64_t(sizeof(A)), false, compute_);
   if (std::string problem = links_->reduceScatterTensor(rankMajor, mine, rows_ * cols, kActivations<A>, compute_);

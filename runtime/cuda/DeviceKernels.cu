@@ -269,9 +269,9 @@ template <typename A, typename R> int streamBlocks(int64_t count) {
 
 template <typename A>
 void embedForward(const ModelKernels &k, const int32_t *tokens, const A *table, A *out, int64_t rows, int64_t C,
-                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first, int64_t share) {
+                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first, int64_t share, ContextRows context) {
   k.launch(ModelKernel::EmbedForward, blocks(rows * C), 1, kThreads, s, tokens, table, out, rows, C, shift, seq, first,
-           share);
+           share, context.map);
 }
 
 template <typename A>
@@ -536,23 +536,27 @@ void concatProjBackward(Gemms &g, const A *a, const A *b, const A *w, const A *d
 
 template <typename A>
 void crossEntropyForward(const ModelKernels &k, const A *logits, const int32_t *labels, float *aux, float *loss,
-                         int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s) {
+                         int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s, ContextRows context) {
   k.launch(ModelKernel::LogSumExp, unsigned(rows), 1, kThreads, s, logits, aux, rows, V);
   // One block: its threads gather the rows' terms, one adds them in row order.
-  k.launch(ModelKernel::Loss, 1, 1, kThreads, s, logits, labels, aux, loss, rows, V, shift, seq);
+  k.launch(ModelKernel::Loss, 1, 1, kThreads, s, logits, labels, aux, loss, rows, V, shift, seq, context.map,
+           context.microbatchRows);
 }
 
 template <typename A>
 void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t *labels, const float *aux,
                           float scale, A *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
-                          cudaStream_t s, int64_t first) {
-  int64_t counted = 0;
-  for (int64_t t = 0; t < rows; ++t)
-    counted += (t % seq) + shift < seq;
+                          cudaStream_t s, int64_t first, ContextRows context) {
+  int64_t counted = 0; // the mean's rows: the microbatch's under context parallelism
+  if (context.map)
+    counted = (context.microbatchRows / seq) * std::max<int64_t>(0, seq - shift);
+  else
+    for (int64_t t = 0; t < rows; ++t)
+      counted += (t % seq) + shift < seq;
   if (!counted)
     return;
   k.launch(ModelKernel::CrossEntropyBackward, vecBlocks<A>(rows * V), 1, kThreads, s, logits, labels, aux,
-           scale / float(counted), dLogits, rows, V, shift, seq, first);
+           scale / float(counted), dLogits, rows, V, shift, seq, first, context.map);
 }
 
 template <typename A>
@@ -563,14 +567,15 @@ void shareRowMax(const ModelKernels &k, const A *logits, float *maxima, int64_t 
 template <typename A>
 void shareRowSumExp(const ModelKernels &k, const A *logits, const float *maxima, const int32_t *labels, float *sums,
                     float *targets, int64_t rows, int64_t V, int64_t shift, int64_t seq, int64_t first,
-                    cudaStream_t s) {
+                    cudaStream_t s, ContextRows context) {
   k.launch(ModelKernel::ShareRowSumExp, unsigned(rows), 1, kThreads, s, logits, maxima, labels, sums, targets, rows, V,
-           shift, seq, first);
+           shift, seq, first, context.map);
 }
 
 void shareLoss(const ModelKernels &k, const float *maxima, const float *sums, const float *targets, float *aux,
-               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s) {
-  k.launch(ModelKernel::ShareLoss, 1, 1, kThreads, s, maxima, sums, targets, aux, loss, rows, shift, seq);
+               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s, ContextRows context) {
+  k.launch(ModelKernel::ShareLoss, 1, 1, kThreads, s, maxima, sums, targets, aux, loss, rows, shift, seq, context.map,
+           context.microbatchRows);
 }
 
 int64_t mhcCoeffsAuxExtra(int64_t rows, int64_t n) { return rows * (n * n + 2 * n) + rows; }

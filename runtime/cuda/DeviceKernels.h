@@ -19,6 +19,8 @@
 #ifndef MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
 #define MHCC_RUNTIME_CUDA_DEVICEKERNELS_H
 
+#include "runtime/cuda/FlashAttention.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -54,6 +56,15 @@ void maxInto(float *dst, const float *src, int64_t count, cudaStream_t s);
 void toFloat(const bf16 *src, float *dst, int64_t count, cudaStream_t s);
 void toBf16(const float *src, bf16 *dst, int64_t count, cudaStream_t s);
 
+/// Context parallelism: each local row's microbatch row (device; null: row
+/// t is microbatch row t) and the microbatch's row count, for the kernels
+/// that read token ids and labels; a context rank's loss is its rows' share
+/// of the microbatch's mean.
+struct ContextRows {
+  const int32_t *map = nullptr;
+  int64_t microbatchRows = 0;
+};
+
 /// tokens are device ids; `positions` / `offsets` (device) list, per vocab
 /// row, the rows t reading it in ascending t (CSR), for the deterministic
 /// backward.
@@ -61,7 +72,8 @@ void toBf16(const float *src, bf16 *dst, int64_t count, cudaStream_t s);
 /// share) and other tokens' rows come out zero (the group sums them).
 template <typename A>
 void embedForward(const ModelKernels &k, const int32_t *tokens, const A *table, A *out, int64_t rows, int64_t C,
-                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first = 0, int64_t share = INT64_MAX);
+                  int64_t shift, int64_t seq, cudaStream_t s, int64_t first = 0, int64_t share = INT64_MAX,
+                  ContextRows context = {});
 template <typename A>
 void embedBackward(const ModelKernels &k, const int32_t *offsets, const int32_t *positions, int64_t vocab,
                    const A *dOut, float *dTable, int64_t C, cudaStream_t s);
@@ -230,6 +242,40 @@ std::string attentionBackward(const ModelKernels &k, Gemms &g, const A *x, const
                               const float *aux, const A *dy, A *dx, float *dWqkv, float *dWo, float *stash,
                               float *scratch, int64_t rows, int64_t C, int64_t inner, int64_t heads, int64_t seq,
                               GradParts parts, DeviceDocuments docs, cudaStream_t s, bool freshInput = false);
+/// The core between the projections, over every row of the microbatch, for
+/// context parallelism (CudaContextParallel.cpp gathers around it; the
+/// functions above run it too): q, k, v (`D` wide each, RoPE applied here in
+/// place) into o and lse (scratch: attentionForwardScratch); and back from
+/// the rotated q, k, v, o, lse and dO into dQkv (overwritten, RoPE undone;
+/// scratch: attentionCoreBackwardScratch). rowDot: flash attention's D =
+/// rowsum(dO * O) per (row, head) as attentionRowDot wrote it (o then
+/// unread), or null to compute it from o; the reference core forms its own.
+/// `needed` (flash attention): the rows of each sequence whose results are
+/// kept (FlashRowRanges: a context rank's chunks); the reference core runs
+/// every row.
+template <typename A>
+std::string attentionCoreForward(const ModelKernels &k, Gemms &g, A *qkv, A *o, float *lse, float *scratch,
+                                 int64_t rows, int64_t D, int64_t heads, int64_t seq, DeviceDocuments docs,
+                                 cudaStream_t s, FlashRowRanges needed = {});
+int64_t attentionCoreBackwardScratch(int64_t rows, int64_t D, int64_t heads, int64_t seq, int actBytes);
+template <typename A>
+std::string attentionCoreBackward(const ModelKernels &k, Gemms &g, const A *qkv, const A *o, const float *lse,
+                                  const float *rowDot, const A *dO, A *dQkv, float *scratch, int64_t rows, int64_t D,
+                                  int64_t heads, int64_t seq, DeviceDocuments docs, cudaStream_t s,
+                                  FlashRowRanges needed = {});
+/// The projections' gradients around the core: dO = dy Wo^T (written), and
+/// dx (+)= dQkv Wqkv^T (written when `fresh`, as attentionBackward's freshInput).
+template <typename A>
+void attentionOutputGradient(Gemms &g, const A *dy, const A *wo, A *dO, int64_t rows, int64_t C, int64_t D,
+                             cudaStream_t s);
+template <typename A>
+void attentionInputGradient(Gemms &g, const A *dQkv, const A *wqkv, A *dx, int64_t rows, int64_t C, int64_t D,
+                            bool fresh, cudaStream_t s);
+/// Flash attention's rowDot ([rows, heads]) of these rows; zeros where the
+/// reference core runs (which does not read it).
+template <typename A>
+std::string attentionRowDot(const A *o, const A *dO, float *rowDot, int64_t rows, int64_t D, int64_t heads,
+                            int64_t seq, cudaStream_t s);
 
 /// Gated DeltaNet (runtime/cpu/GdnKernels.h's math and fp32 aux layout, its
 /// bf16 rounding points; GdnKernels.cu, GdnWy.cu): the recurrence runs in the
@@ -290,13 +336,14 @@ void concatProjBackward(Gemms &g, const A *a, const A *b, const A *w, const A *d
 /// loss: one device float (mean over unmasked rows).
 template <typename A>
 void crossEntropyForward(const ModelKernels &k, const A *logits, const int32_t *labels, float *aux, float *loss,
-                         int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s);
+                         int64_t rows, int64_t V, int64_t shift, int64_t seq, cudaStream_t s,
+                         ContextRows context = {});
 /// Under tensor parallelism `logits` are vocabulary columns [first, first
 /// + V) and aux the whole rows' log-sum-exp (the share kernels below).
 template <typename A>
 void crossEntropyBackward(const ModelKernels &k, const A *logits, const int32_t *labels, const float *aux,
                           float scale, A *dLogits, int64_t rows, int64_t V, int64_t shift, int64_t seq,
-                          cudaStream_t s, int64_t first = 0);
+                          cudaStream_t s, int64_t first = 0, ContextRows context = {});
 /// The vocabulary-parallel forward (TensorParallelKernels.cu), in three
 /// launches with the tensor-parallel group's all-reduces between them: each
 /// row's maximum over the share (then the group's max), the share's sums of
@@ -307,9 +354,9 @@ void shareRowMax(const ModelKernels &k, const A *logits, float *maxima, int64_t 
 template <typename A>
 void shareRowSumExp(const ModelKernels &k, const A *logits, const float *maxima, const int32_t *labels, float *sums,
                     float *targets, int64_t rows, int64_t V, int64_t shift, int64_t seq, int64_t first,
-                    cudaStream_t s);
+                    cudaStream_t s, ContextRows context = {});
 void shareLoss(const ModelKernels &k, const float *maxima, const float *sums, const float *targets, float *aux,
-               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s);
+               float *loss, int64_t rows, int64_t shift, int64_t seq, cudaStream_t s, ContextRows context = {});
 
 // ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----
 

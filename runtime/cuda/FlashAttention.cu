@@ -119,13 +119,14 @@ FlashKernels kernelChoice = FlashKernels::kWgmma;
 
 template <int D> cudaError_t forward(const Params &p, cudaStream_t stream) {
   return launch(p.firstKeys ? forwardKernel<D, true> : forwardKernel<D, false>, p,
-                int64_t(p.numTiles) * p.batchHeads, forwardSmem<D>(), stream);
+                int64_t(p.launchTiles) * p.batchHeads, forwardSmem<D>(), stream);
 }
 
 } // namespace
 
 std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, float *lse, int64_t T, int64_t C,
-                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream) {
+                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream,
+                                  FlashRowRanges rows) {
   const char *what = "flashAttentionForward";
   std::string err = checkShapes(what, T, C, heads, seq, {{qkv, 16}, {o, 16}, {lse, 4}});
   if (!err.empty() || T == 0)
@@ -135,6 +136,7 @@ std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, fl
   p.firstKeys = firstKeys;
   p.oOut = o;
   p.lseOut = lse;
+  restrictTiles(p, rows);
   if (kernelChoice == FlashKernels::kWgmma)
     return flashAttentionForwardWgmma(p, C / heads, stream);
   const cudaError_t e = C / heads == 64 ? forward<64>(p, stream) : forward<128>(p, stream);

@@ -23,6 +23,15 @@ struct __nv_bfloat16;
 
 namespace mhcc::runtime::cuda {
 
+/// Context parallelism: the rows of each sequence a launch needs (two
+/// ranges: a context rank's chunks), the queries whose o, lse and dQ it
+/// writes and the keys whose dK, dV it writes; other rows' outputs are left
+/// unwritten. Ranges of whole 128-row tiles narrow the work to them; others
+/// (and none: count 0) run every row. A row's results do not depend on it.
+struct FlashRowRanges {
+  int64_t first[2] = {0, 0}, count[2] = {0, 0};
+};
+
 /// qkv: [T, 3C] bf16 row-major; T = batches * seq tokens, each sequence `seq`
 /// contiguous rows; q of head h is columns [h*d, (h+1)*d), k at C + h*d, v at
 /// 2C + h*d (d = C / heads). Attention is causal within each sequence.
@@ -32,7 +41,8 @@ namespace mhcc::runtime::cuda {
 /// sees keys [firstKeys[t], t] only, and key tiles wholly before a block's
 /// documents are skipped. Returns "" or a one-line error.
 std::string flashAttentionForward(const __nv_bfloat16 *qkv, __nv_bfloat16 *o, float *lse, int64_t T, int64_t C,
-                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream);
+                                  int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream,
+                                  FlashRowRanges rows = {});
 
 /// Floats of scratch flashAttentionBackward needs: D = rowsum(dO * O) per
 /// (token, head).
@@ -40,10 +50,18 @@ int64_t flashAttentionBackwardScratch(int64_t T, int64_t C, int64_t heads);
 
 /// dO: [T, C] bf16. dqkv: [T, 3C] bf16, overwritten (dq, dk, dv in the q, k,
 /// v column positions). o and lse as flashAttentionForward wrote them, with
-/// the same firstKeys.
+/// the same firstKeys. rowDot (null: computed into scratch from o and dO):
+/// D as flashAttentionRowDot wrote it, o then unread (context parallelism
+/// gathers the rows' D instead of their o).
 std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16 *o, const __nv_bfloat16 *dO,
                                    const float *lse, __nv_bfloat16 *dqkv, float *scratch, int64_t T, int64_t C,
-                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream);
+                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream,
+                                   const float *rowDot = nullptr, FlashRowRanges rows = {});
+
+/// D = rowsum(dO * O) per (token, head), [T, heads] fp32, as the backward
+/// computes it.
+std::string flashAttentionRowDot(const __nv_bfloat16 *o, const __nv_bfloat16 *dO, float *rowDot, int64_t T,
+                                 int64_t C, int64_t heads, cudaStream_t stream);
 
 /// The kernels flashAttentionForward and flashAttentionBackward run: on wgmma (Hopper's warpgroup MMA, the
 /// default) or on mma.sync (FlashAttention-2's structure, the kernels before). For benchmarks and checks that

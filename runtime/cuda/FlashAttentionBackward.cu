@@ -220,17 +220,22 @@ template <int D, bool kDocuments> __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int D> std::string backward(const Params &p, int64_t T, cudaStream_t stream) {
+template <int D> cudaError_t rowDot(const Params &p, int64_t T, cudaStream_t stream) {
   const int64_t pairs = T * p.heads;
-  cudaError_t e = launchDependent(rowDotKernel<D>, dim3(unsigned((pairs + kWarps - 1) / kWarps)), dim3(kThreads), 0,
-                                  stream, p, pairs);
+  return launchDependent(rowDotKernel<D>, dim3(unsigned((pairs + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, p,
+                         pairs);
+}
+
+/// With `rowDotReady`, p.rowDot already holds D.
+template <int D> std::string backward(const Params &p, int64_t T, cudaStream_t stream, bool rowDotReady) {
+  cudaError_t e = rowDotReady ? cudaSuccess : rowDot<D>(p, T, stream);
   if (e == cudaSuccess && flashKernels() == FlashKernels::kWgmma)
     return flashAttentionBackwardWgmma(p, D, stream);
   if (e == cudaSuccess)
-    e = launch(p.firstKeys ? dkdvKernel<D, true> : dkdvKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
+    e = launch(p.firstKeys ? dkdvKernel<D, true> : dkdvKernel<D, false>, p, int64_t(p.launchTiles) * p.batchHeads,
                dkdvSmem<D>(), stream);
   if (e == cudaSuccess)
-    e = launch(p.firstKeys ? dqKernel<D, true> : dqKernel<D, false>, p, int64_t(p.numTiles) * p.batchHeads,
+    e = launch(p.firstKeys ? dqKernel<D, true> : dqKernel<D, false>, p, int64_t(p.launchTiles) * p.batchHeads,
                dqSmem<D>(), stream);
   return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }
@@ -243,7 +248,8 @@ int64_t flashAttentionBackwardScratch(int64_t T, int64_t C, int64_t heads) {
 
 std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16 *o, const __nv_bfloat16 *dO,
                                    const float *lse, __nv_bfloat16 *dqkv, float *scratch, int64_t T, int64_t C,
-                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream) {
+                                   int64_t heads, int64_t seq, const int32_t *firstKeys, cudaStream_t stream,
+                                   const float *rowDotIn, FlashRowRanges rows) {
   const char *what = "flashAttentionBackward";
   std::string err = checkShapes(what, T, C, heads, seq,
                                 {{qkv, 16}, {o, 16}, {dO, 16}, {dqkv, 16}, {lse, 4}, {scratch, 4}});
@@ -255,11 +261,28 @@ std::string flashAttentionBackward(const __nv_bfloat16 *qkv, const __nv_bfloat16
   p.o = o;
   p.dO = dO;
   p.lse = lse;
-  p.rowDot = scratch;
+  p.rowDot = rowDotIn ? rowDotIn : scratch;
   p.rowDotOut = scratch;
   p.dqkv = dqkv;
-  const std::string problem = C / heads == 64 ? backward<64>(p, T, stream) : backward<128>(p, T, stream);
+  restrictTiles(p, rows);
+  const bool ready = rowDotIn != nullptr;
+  const std::string problem = C / heads == 64 ? backward<64>(p, T, stream, ready) : backward<128>(p, T, stream, ready);
   return problem.empty() ? "" : std::string(what) + ": " + problem;
+}
+
+std::string flashAttentionRowDot(const __nv_bfloat16 *o, const __nv_bfloat16 *dO, float *rowDotOut, int64_t T,
+                                 int64_t C, int64_t heads, cudaStream_t stream) {
+  const char *what = "flashAttentionRowDot";
+  if (heads <= 0 || C % heads || (C / heads != 64 && C / heads != 128))
+    return std::string(what) + ": head dim " + std::to_string(heads > 0 ? C / heads : 0) + " (64 or 128 only)";
+  if (T == 0)
+    return "";
+  Params p = makeParams(T, C, heads, 64);
+  p.o = o;
+  p.dO = dO;
+  p.rowDotOut = rowDotOut;
+  const cudaError_t e = C / heads == 64 ? rowDot<64>(p, T, stream) : rowDot<128>(p, T, stream);
+  return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
 }
 
 } // namespace mhcc::runtime::cuda

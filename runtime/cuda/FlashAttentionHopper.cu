@@ -290,7 +290,7 @@ template <int D> std::string hopperForward(const Params &p, cudaStream_t stream)
   if (std::string problem = tma::tensorMap(map, p.qkv, p.ld, p.tokens(), kBlockRows); !problem.empty())
     return problem;
   const cudaError_t e = launchWith(p.firstKeys ? hopperForwardKernel<D, true> : hopperForwardKernel<D, false>,
-                                   kForwardThreads, int64_t(p.numTiles) * p.batchHeads, hopperForwardSmem<D>(), stream,
+                                   kForwardThreads, int64_t(p.launchTiles) * p.batchHeads, hopperForwardSmem<D>(), stream,
                                    map, p);
   return e == cudaSuccess ? "" : cudaGetErrorString(e);
 }

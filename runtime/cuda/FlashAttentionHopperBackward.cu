@@ -292,7 +292,7 @@ template <int D> std::string hopperBackward(const Params &p, cudaStream_t stream
     problem = tma::tensorMap(dOMap, p.dO, p.C, p.tokens(), kStream);
   if (!problem.empty())
     return problem;
-  const int64_t blocks = int64_t(p.numTiles) * p.batchHeads;
+  const int64_t blocks = int64_t(p.launchTiles) * p.batchHeads;
   cudaError_t e = launchWith(p.firstKeys ? hopperDkdvKernel<D, true> : hopperDkdvKernel<D, false>,
                              tma::kSpecializedThreads, blocks, hopperDkdvSmem<D>(), stream, qkvMap, dOMap, p);
   if (e == cudaSuccess)

@@ -87,6 +87,10 @@ struct Params {
   int64_t ld;               // 3C: row stride of qkv and dqkv
   int64_t C;                // row stride of o and dO
   int heads, seq, batchHeads, numTiles; // numTiles = ceil(seq / kBlockRows)
+  // The tiles of each sequence the launch runs (FlashRowRanges): launchTiles
+  // of them, tileCount[0] from tileFirst[0] then tileCount[1] from
+  // tileFirst[1]; every tile (numTiles from 0) unless restricted.
+  int launchTiles, tileFirst[2], tileCount[2];
   __host__ __device__ int64_t tokens() const { return int64_t(batchHeads / heads) * seq; } // T
   float scale, scaleLog2;   // 1/sqrt(d) and 1/sqrt(d) * log2(e)
 };
@@ -342,7 +346,9 @@ struct BlockPos {
 };
 __device__ __forceinline__ BlockPos blockPos(const Params &p, bool lastTilesHeaviest) {
   const int order = int(blockIdx.x) / p.batchHeads, bh = int(blockIdx.x) % p.batchHeads;
-  return {lastTilesHeaviest ? p.numTiles - 1 - order : order, bh / p.heads, bh % p.heads};
+  const int k = lastTilesHeaviest ? p.launchTiles - 1 - order : order; // among the launch's tiles, ascending
+  const int tile = k < p.tileCount[0] ? p.tileFirst[0] + k : p.tileFirst[1] + (k - p.tileCount[0]);
+  return {tile, bh / p.heads, bh % p.heads};
 }
 
 // ---- host side ----------------------------------------------------------------------------
@@ -383,9 +389,25 @@ inline Params makeParams(int64_t T, int64_t C, int64_t heads, int64_t seq) {
   p.seq = int(seq);
   p.batchHeads = int(T / seq * heads);
   p.numTiles = int((seq + kBlockRows - 1) / kBlockRows);
+  p.launchTiles = p.tileCount[0] = p.numTiles; // every tile (restrictTiles narrows it)
   p.scale = 1.0f / std::sqrt(float(C / heads)); // as the CPU kernels: T(1) / sqrt(T(d))
   p.scaleLog2 = p.scale * kLog2e;
   return p;
+}
+
+/// Narrows the launch to `rows`' tiles where they are whole tiles (else it
+/// runs every tile: the same rows' results, with more work).
+inline void restrictTiles(Params &p, const FlashRowRanges &rows) {
+  if (rows.count[0] + rows.count[1] == 0)
+    return;
+  for (int r = 0; r < 2; ++r)
+    if (rows.first[r] % kBlockRows || rows.count[r] % kBlockRows || rows.first[r] + rows.count[r] > p.seq)
+      return;
+  for (int r = 0; r < 2; ++r) {
+    p.tileFirst[r] = int(rows.first[r] / kBlockRows);
+    p.tileCount[r] = int(rows.count[r] / kBlockRows);
+  }
+  p.launchTiles = p.tileCount[0] + p.tileCount[1];
 }
 
 /// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and launches it with `threads`

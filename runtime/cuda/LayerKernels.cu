@@ -443,9 +443,11 @@ extern "C" __global__ void mhcc_log_sum_exp(const act_t *logits, float *aux, int
 /// One block (any size up to kThreads): its threads gather each row's term
 /// (+0 for a row without a label: adding +0 leaves the running total, which is
 /// never -0, unchanged), then one thread adds them in row order, as the serial
-/// loop did.
+/// loop did. rowMap, microbatchRows: a context rank's rows (microbatchRow,
+/// microbatchCounted).
 extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels, const float *aux, float *loss,
-                                     int64_t rows, int64_t V, int64_t shift, int64_t seq) {
+                                     int64_t rows, int64_t V, int64_t shift, int64_t seq, const int32_t *rowMap,
+                                     int64_t microbatchRows) {
   kernelPrologue();
   constexpr int kRows = 2048; // rows gathered per pass
   __shared__ float terms[kRows];
@@ -457,10 +459,10 @@ extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels,
   for (int64_t first = 0; first < rows; first += kRows) {
     const int n = int(min(rows - first, int64_t(kRows)));
     for (int r = threadIdx.x; r < n; r += blockDim.x) {
-      const int64_t t = first + r;
+      const int64_t t = first + r, row = microbatchRow(rowMap, t);
       float term = 0.0f;
-      if ((t % seq) + shift < seq) {
-        term = aux[t] - load(logits[t * V + labels[t + shift]]);
+      if ((row % seq) + shift < seq) {
+        term = aux[t] - load(logits[t * V + labels[row + shift]]);
         ++counted;
       }
       terms[r] = term;
@@ -477,23 +479,27 @@ extern "C" __global__ void mhcc_loss(const act_t *logits, const int32_t *labels,
     counted = 0;
     for (int i = 0; i < int(blockDim.x); ++i)
       counted += counts[i];
+    if (rowMap)
+      counted = microbatchCounted(microbatchRows, shift, seq);
     *loss = counted ? total / float(counted) : 0.0f;
   }
 }
 
 /// `logits` are vocabulary columns [first, first + V) (tensor parallelism's
-/// share; first = 0 without it), aux the whole row's log-sum-exp.
+/// share; first = 0 without it), aux the whole row's log-sum-exp; rowMap as
+/// mhcc_loss's.
 extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, const int32_t *labels, const float *aux,
                                                        float factor, act_t *dLogits, int64_t rows, int64_t V,
-                                                       int64_t shift, int64_t seq, int64_t first) {
+                                                       int64_t shift, int64_t seq, int64_t first,
+                                                       const int32_t *rowMap) {
   kernelPrologue();
   if (V % kVec == 0 && aligned16(logits) && aligned16(dLogits)) {
     for (int64_t i = gridThread() * kVec; i < rows * V; i += gridThreads() * kVec) {
-      int64_t t = i / V, v = i % V;
-      if ((t % seq) + shift >= seq)
+      int64_t t = i / V, v = i % V, row = microbatchRow(rowMap, t);
+      if ((row % seq) + shift >= seq)
         continue;
       const float at = aux[t];
-      const int64_t label = labels[t + shift] - first;
+      const int64_t label = labels[row + shift] - first;
       float lv[kVec], dv[kVec];
       loadVec(logits + i, lv);
       loadVec(dLogits + i, dv);
@@ -508,11 +514,11 @@ extern "C" __global__ void mhcc_cross_entropy_backward(const act_t *logits, cons
     return;
   }
   for (int64_t i = gridThread(); i < rows * V; i += gridThreads()) {
-    int64_t t = i / V, v = i % V;
-    if ((t % seq) + shift >= seq)
+    int64_t t = i / V, v = i % V, row = microbatchRow(rowMap, t);
+    if ((row % seq) + shift >= seq)
       continue;
     float g = factor * expf(load(logits[i]) - aux[t]);
-    if (labels[t + shift] - first == v)
+    if (labels[row + shift] - first == v)
       g -= factor;
     store(&dLogits[i], load(dLogits[i]) + g);
   }

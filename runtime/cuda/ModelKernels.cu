@@ -50,7 +50,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 17;
+extern "C" __device__ const int mhcc_abi_version = 18;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -187,6 +187,16 @@ __device__ float blockMax(float v) {
 
 constexpr int kVec = 16 / int(sizeof(act_t)); // activations per 16-byte access
 
+/// Context parallelism: local row t is microbatch row rowMap[t] (null: t),
+/// whose token id and label the kernels read and whose position in its
+/// sequence masks the shifted losses.
+__device__ __forceinline__ int64_t microbatchRow(const int32_t *rowMap, int64_t t) { return rowMap ? rowMap[t] : t; }
+/// The rows a loss with `shift` counts (those whose label lies in their
+/// sequence): with a rowMap, the whole microbatch's (microbatchRows), so a
+/// context rank's loss is its share of the microbatch's mean.
+__device__ __forceinline__ int64_t microbatchCounted(int64_t microbatchRows, int64_t shift, int64_t seq) {
+  return (microbatchRows / seq) * max(int64_t(0), seq - shift);
+}
 __device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 __device__ __forceinline__ int64_t gridThread() { return blockIdx.x * int64_t(blockDim.x) + threadIdx.x; }
 __device__ __forceinline__ int64_t gridThreads() { return int64_t(gridDim.x) * blockDim.x; }
@@ -401,15 +411,18 @@ __device__ void columnPartials(Value value, int64_t rows, int64_t cols, float *p
 
 /// `table` holds vocabulary rows [first, first + share) (all of them
 /// without tensor parallelism); a token outside them reads as zero, so the
-/// tensor-parallel group's sum is the embedding.
+/// tensor-parallel group's sum is the embedding. rowMap (context
+/// parallelism; null: row t is microbatch row t): each row's microbatch row.
 extern "C" __global__ void mhcc_embed_forward(const int32_t *tokens, const act_t *table, act_t *out, int64_t rows,
-                                              int64_t C, int64_t shift, int64_t seq, int64_t first, int64_t share) {
+                                              int64_t C, int64_t shift, int64_t seq, int64_t first, int64_t share,
+                                              const int32_t *rowMap) {
   kernelPrologue();
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * C)
     return;
   int64_t t = i / C, c = i % C;
-  int64_t src = (t % seq) + shift < seq ? t + shift : t;
+  const int64_t row = microbatchRow(rowMap, t);
+  int64_t src = (row % seq) + shift < seq ? row + shift : row;
   const int64_t id = int64_t(tokens[src]) - first;
   store(&out[i], id >= 0 && id < share ? load(table[id * C + c]) : 0.0f);
 }

@@ -81,7 +81,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 17;
+inline constexpr int kModelKernelsAbi = 18;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.

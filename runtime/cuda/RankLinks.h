@@ -24,6 +24,7 @@
 #ifndef MHCC_RUNTIME_CUDA_RANKLINKS_H
 #define MHCC_RUNTIME_CUDA_RANKLINKS_H
 
+#include "runtime/artifact/Artifact.h"
 #include "runtime/program/Dtype.h"
 
 #include <cuda_runtime.h>
@@ -48,8 +49,8 @@ public:
   /// Sums `count` doubles at `data` (device) over every rank, in place,
   /// ordered after the work queued on `stream`: "" or what failed.
   virtual std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) = 0;
-  /// Sums each buffer over this rank's data-parallel group (the replicas
-  /// of its pipeline rank), in place, ordered after the work queued on
+  /// Sums each buffer over this rank's gradient group (the replicas of its
+  /// pipeline and tensor rank and their context ranks), in place, ordered after the work queued on
   /// `stream` and before the work queued on it later. Shared-GPU links add
   /// the replicas in replica order; NCCL in its own order, which at two
   /// replicas is the same sum (a + b = b + a).
@@ -80,6 +81,10 @@ public:
   /// add in tensor-rank order (bf16 in fp32, rounded once), as above.
   virtual std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
                                           cudaStream_t stream) = 0;
+  /// Context parallelism: every context rank's `count` elements at `local`
+  /// into `all` (cp x count, in context-rank order), ordered as above.
+  virtual std::string allGatherContext(const void *local, void *all, int64_t count, Dtype dtype,
+                                       cudaStream_t stream) = 0;
   /// Stops every wait of this rank's links (a failed run).
   virtual void abort() = 0;
 };
@@ -94,10 +99,8 @@ class SharedGpuPost;
 /// `peerFailed` is set.
 std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, int64_t rank,
                                           double timeoutSeconds, const std::atomic<bool> *peerFailed);
-/// The mailboxes for `ranks` ranks: `replicas` data-parallel replicas of
-/// `tensorRanks` tensor-parallel ranks each (global rank = (pipeline rank x
-/// replicas + replica) x tensorRanks + tensor rank, Artifact::globalRank).
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks);
+/// The mailboxes for the ranks of `artifact`'s mesh (Artifact::globalRank).
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(const Artifact &artifact);
 
 } // namespace mhcc::runtime::cuda
 

@@ -38,11 +38,12 @@ std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamP
         pipelinePairs.insert({holder, plan.owner});
         pipelinePairs.insert({plan.owner, holder});
       }
-  std::set<Pair> pairs; // every replica's and tensor rank's, by global rank
+  std::set<Pair> pairs; // every replica's, context rank's and tensor rank's, by global rank
   for (int64_t d = 0; d < a.dp; ++d)
-    for (int64_t t = 0; t < a.tp; ++t)
-      for (auto [from, to] : pipelinePairs)
-        pairs.insert({a.globalRank(from, d, 0, t), a.globalRank(to, d, 0, t)});
+    for (int64_t c = 0; c < a.cp; ++c)
+      for (int64_t t = 0; t < a.tp; ++t)
+        for (auto [from, to] : pipelinePairs)
+          pairs.insert({a.globalRank(from, d, c, t), a.globalRank(to, d, c, t)});
   return {pairs.begin(), pairs.end()};
 }
 

@@ -2,8 +2,8 @@
 //
 // The CUDA backend's static communication plan, computed from the artifact
 // alone (no CUDA, unit-tested on the CPU): which rank owns each parameter's
-// update, which directed rank pairs exchange messages, and which data- and
-// tensor-parallel groups get a communicator of their own.
+// update, which directed rank pairs exchange messages, and which data-,
+// tensor- and context-parallel groups get a communicator of their own.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_CUDA_RANKPLAN_H
@@ -39,21 +39,31 @@ std::vector<ParamPlan> planParameters(const Artifact &a);
 
 /// Every directed pair of global ranks that exchanges messages: pipeline
 /// sends, and gradients / weights of parameters held on several pipeline
-/// ranks, within each data-parallel replica and tensor rank. (`plans` are in
-/// pipeline ranks, the same for every replica and tensor rank.)
+/// ranks, within each data-parallel replica, context rank and tensor rank.
+/// (`plans` are in pipeline ranks, the same for every one of those.)
 std::vector<Pair> communicatingPairs(const Artifact &a, const std::vector<ParamPlan> &plans);
 
-/// The groups with a communicator of their own: the data-parallel ones (one
-/// per pipeline and tensor rank when dp > 1), then the tensor-parallel ones
-/// (one per pipeline rank and replica when tp > 1).
-inline size_t replicaGroupCount(const Artifact &a) { return a.dp > 1 ? size_t(a.pp * a.tp) : 0; }
+/// The groups with a communicator of their own: the gradient-reduction ones
+/// (a pipeline rank's replicas and their context-parallel ranks, dp x cp
+/// members, one per pipeline and tensor rank when dp x cp > 1), then the
+/// tensor-parallel ones (one per pipeline rank, replica and context rank
+/// when tp > 1), then the context-parallel ones (one per pipeline rank,
+/// replica and tensor rank when cp > 1).
+inline size_t replicaGroupCount(const Artifact &a) { return a.reduceGroupSize() > 1 ? size_t(a.pp * a.tp) : 0; }
 inline size_t tensorGroupCount(const Artifact &a) { return a.tp > 1 ? size_t(a.worldSize() / a.tp) : 0; }
-inline size_t groupCount(const Artifact &a) { return replicaGroupCount(a) + tensorGroupCount(a); }
-/// Global rank r's groups among them.
+inline size_t contextGroupCount(const Artifact &a) { return a.cp > 1 ? size_t(a.worldSize() / a.cp) : 0; }
+inline size_t groupCount(const Artifact &a) {
+  return replicaGroupCount(a) + tensorGroupCount(a) + contextGroupCount(a);
+}
+/// Global rank r's groups among them (its member index in the gradient
+/// group is Artifact::reduceMemberOf, in the others its tensor or context rank).
 inline size_t replicaGroupOf(const Artifact &a, int64_t r) {
   return size_t(a.pipelineRankOf(r) * a.tp + a.tensorRankOf(r));
 }
 inline size_t tensorGroupOf(const Artifact &a, int64_t r) { return replicaGroupCount(a) + size_t(r / a.tp); }
+inline size_t contextGroupOf(const Artifact &a, int64_t r) {
+  return replicaGroupCount(a) + tensorGroupCount(a) + size_t(r / (a.cp * a.tp) * a.tp + a.tensorRankOf(r));
+}
 
 } // namespace mhcc::runtime::cuda
 

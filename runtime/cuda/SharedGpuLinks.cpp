@@ -17,6 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/RankLinks.h"
+#include "runtime/cuda/RankPlan.h"
 
 #include "runtime/cuda/DeviceKernels.h"
 
@@ -48,7 +49,7 @@ struct Returned {
 } // namespace
 
 /// The groups whose members meet for a collective.
-enum class GroupAxis { Replicas, Tensor };
+enum class GroupAxis { Replicas, Tensor, Context };
 
 class SharedGpuPost {
 public:
@@ -58,8 +59,14 @@ public:
     const std::atomic<bool> *peerFailed;
   };
 
-  SharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks)
-      : ranks_(ranks), replicas_(replicas), tensorRanks_(tensorRanks), returned_(ranks), contributions_(ranks) {}
+  /// `mesh`: the run's artifact; only its mesh sizes are kept.
+  explicit SharedGpuPost(const Artifact &mesh)
+      : ranks_(mesh.worldSize()), returned_(ranks_), contributions_(ranks_) {
+    mesh_.pp = mesh.pp;
+    mesh_.dp = mesh.dp;
+    mesh_.cp = mesh.cp;
+    mesh_.tp = mesh.tp;
+  }
   ~SharedGpuPost() {
     // Messages never received (a failed run) and staging never taken back.
     for (auto &[pair, queue] : queues_)
@@ -137,12 +144,16 @@ public:
     size_t group = 0;
     int64_t member = 0, size = 1;
   };
+  /// The groups are RankPlan.h's: the gradient group (a pipeline and
+  /// tensor rank's replicas and their context ranks), the tensor-parallel
+  /// and the context-parallel ones.
   Membership membership(GroupAxis axis, int64_t rank) const {
-    const int64_t tensor = rank % tensorRanks_, replica = rank / tensorRanks_ % replicas_,
-                  pipe = rank / (tensorRanks_ * replicas_);
+    const Artifact &a = mesh_;
     if (axis == GroupAxis::Tensor)
-      return {size_t(rank / tensorRanks_), tensor, tensorRanks_};
-    return {size_t(pipe * tensorRanks_ + tensor), replica, replicas_};
+      return {tensorGroupOf(a, rank), a.tensorRankOf(rank), a.tp};
+    if (axis == GroupAxis::Context)
+      return {contextGroupOf(a, rank), a.contextRankOf(rank), a.cp};
+    return {replicaGroupOf(a, rank), a.reduceMemberOf(rank), a.reduceGroupSize()};
   }
 
   /// What one rank brings to its group's collective.
@@ -215,7 +226,9 @@ private:
     }
     return g;
   }
-  static std::string axisMembers(GroupAxis axis) { return axis == GroupAxis::Tensor ? "tensor ranks" : "replicas"; }
+  static std::string axisMembers(GroupAxis axis) {
+    return axis == GroupAxis::Tensor ? "tensor ranks" : axis == GroupAxis::Context ? "context ranks" : "replicas";
+  }
 
   bool meet(std::unique_lock<std::mutex> &lock, Rendezvous &r, int64_t members, const std::string &what,
             const Waiting &waiting, std::string &why) {
@@ -251,7 +264,8 @@ private:
     return true;
   }
 
-  const int64_t ranks_, replicas_, tensorRanks_;
+  const int64_t ranks_;
+  Artifact mesh_; // its sizes only
   std::mutex mutex_;
   std::condition_variable changed_;
   bool aborted_ = false;
@@ -392,15 +406,13 @@ public:
   /// Each tensor rank copies every rank's part into place.
   std::string allGatherTensor(const void *local, void *all, int64_t count, Dtype dtype,
                               cudaStream_t stream) override {
-    std::vector<SharedGpuPost::Contribution> posted;
-    std::string why;
-    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(const_cast<void *>(local)), count}}, stream, posted, why))
-      return why;
-    const int64_t bytes = count * dtypeBytes(dtype);
-    for (size_t t = 0; t < posted.size(); ++t)
-      cudaMemcpyAsync(static_cast<char *>(all) + t * bytes, posted[t].buffers[0].first, bytes, cudaMemcpyDefault,
-                      stream);
-    return finish(GroupAxis::Tensor, stream, "a tensor-parallel all-gather");
+    return gather(GroupAxis::Tensor, local, all, count, dtype, stream, "a tensor-parallel all-gather");
+  }
+
+  /// Each context rank copies every rank's part into place.
+  std::string allGatherContext(const void *local, void *all, int64_t count, Dtype dtype,
+                               cudaStream_t stream) override {
+    return gather(GroupAxis::Context, local, all, count, dtype, stream, "a context-parallel all-gather");
   }
 
   /// Each tensor rank adds its part of every rank's buffer, as allReduceTensor.
@@ -413,6 +425,21 @@ public:
   void abort() override { post_->abort(); }
 
 private:
+  /// Each member of `axis`'s group copies every member's `count` elements
+  /// into `all`, in member order.
+  std::string gather(GroupAxis axis, const void *local, void *all, int64_t count, Dtype dtype, cudaStream_t stream,
+                     const std::string &operation) {
+    std::vector<SharedGpuPost::Contribution> posted;
+    std::string why;
+    if (!meet(axis, {{static_cast<float *>(const_cast<void *>(local)), count}}, stream, posted, why))
+      return why;
+    const int64_t bytes = count * dtypeBytes(dtype);
+    for (size_t t = 0; t < posted.size(); ++t)
+      cudaMemcpyAsync(static_cast<char *>(all) + t * bytes, posted[t].buffers[0].first, bytes, cudaMemcpyDefault,
+                      stream);
+    return finish(axis, stream, operation);
+  }
+
   /// Elements [offset, offset + count) of every tensor rank's `source`,
   /// added (or maximized) in tensor-rank order in fp32, into `target` once
   /// every rank has read them (target may be source).
@@ -556,8 +583,8 @@ std::unique_ptr<RankLinks> sharedGpuLinks(std::shared_ptr<SharedGpuPost> post, i
   return std::make_unique<SharedGpuLinks>(std::move(post), rank, timeoutSeconds, peerFailed);
 }
 
-std::shared_ptr<SharedGpuPost> makeSharedGpuPost(int64_t ranks, int64_t replicas, int64_t tensorRanks) {
-  return std::make_shared<SharedGpuPost>(ranks, replicas, tensorRanks);
+std::shared_ptr<SharedGpuPost> makeSharedGpuPost(const Artifact &artifact) {
+  return std::make_shared<SharedGpuPost>(artifact);
 }
 
 } // namespace mhcc::runtime::cuda

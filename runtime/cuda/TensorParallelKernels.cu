@@ -28,7 +28,7 @@ extern "C" __global__ void mhcc_share_row_max(const act_t *logits, float *maxima
 /// [first, first + V) (else +0, so the group's sum is the logit exactly).
 extern "C" __global__ void mhcc_share_row_sum_exp(const act_t *logits, const float *maxima, const int32_t *labels,
                                                   float *sums, float *targets, int64_t rows, int64_t V,
-                                                  int64_t shift, int64_t seq, int64_t first) {
+                                                  int64_t shift, int64_t seq, int64_t first, const int32_t *rowMap) {
   kernelPrologue();
   const int64_t t = blockIdx.x;
   const act_t *row = logits + t * V;
@@ -41,8 +41,8 @@ extern "C" __global__ void mhcc_share_row_sum_exp(const act_t *logits, const flo
     return;
   sums[t] = sum;
   float target = 0.0f;
-  if ((t % seq) + shift < seq) {
-    const int64_t label = int64_t(labels[t + shift]) - first;
+  if (const int64_t g = microbatchRow(rowMap, t); (g % seq) + shift < seq) {
+    const int64_t label = int64_t(labels[g + shift]) - first;
     if (label >= 0 && label < V)
       target = load(row[label]);
   }
@@ -50,9 +50,11 @@ extern "C" __global__ void mhcc_share_row_sum_exp(const act_t *logits, const flo
 }
 
 /// One block, after the group's sums: each row's log-sum-exp into aux and
-/// the mean over labelled rows of lse - label logit, added in row order.
+/// the mean over labelled rows of lse - label logit, added in row order
+/// (rowMap, microbatchRows: a context rank's share of the mean, as mhcc_loss).
 extern "C" __global__ void mhcc_share_loss(const float *maxima, const float *sums, const float *targets, float *aux,
-                                           float *loss, int64_t rows, int64_t shift, int64_t seq) {
+                                           float *loss, int64_t rows, int64_t shift, int64_t seq,
+                                           const int32_t *rowMap, int64_t microbatchRows) {
   kernelPrologue();
   if (blockIdx.x != 0)
     return;
@@ -64,9 +66,11 @@ extern "C" __global__ void mhcc_share_loss(const float *maxima, const float *sum
   float total = 0;
   int64_t counted = 0;
   for (int64_t t = 0; t < rows; ++t)
-    if ((t % seq) + shift < seq) {
+    if ((microbatchRow(rowMap, t) % seq) + shift < seq) {
       total += aux[t] - targets[t];
       ++counted;
     }
+  if (rowMap)
+    counted = microbatchCounted(microbatchRows, shift, seq);
   *loss = counted ? total / float(counted) : 0.0f;
 }
