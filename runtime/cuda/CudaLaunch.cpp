@@ -105,6 +105,25 @@ size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   return postRes && mhcForwardFusion_ == MhcForwardFusion::PostResAndEntry ? 3 : 1;
 }
 
+template <typename A>
+void CudaRank::crossEntropyAs(const ForwardInstr &f, int64_t mb, const A *logits, float *aux, float *loss) {
+  const int64_t G = gemmRows_, V = a_.model.vocab / a_.tp, first = tensor_ * V;
+  const ModelKernels &k = *kernels_;
+  if (a_.tp == 1) {
+    crossEntropyForward(k, logits, labels_[mb], aux, loss, G, V, f.shift, f.seqLen, compute_, contextRowMap());
+    return;
+  }
+  // Megatron's vocabulary-parallel form: the group's max, then its sums.
+  float *maxima = scratch(3 * G).data, *sums = maxima + G, *targets = sums + G;
+  shareRowMax(k, logits, maxima, G, V, compute_);
+  if (!tensorAllReduce(maxima, G, Dtype::F32, true))
+    return;
+  shareRowSumExp(k, logits, maxima, labels_[mb], sums, targets, G, V, f.shift, f.seqLen, first, compute_,
+                 contextRowMap());
+  if (tensorAllReduce(sums, G, Dtype::F32) && tensorAllReduce(targets, G, Dtype::F32))
+    shareLoss(k, maxima, sums, targets, aux, loss, G, f.shift, f.seqLen, compute_, contextRowMap());
+}
+
 template <typename A, typename R>
 bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   const StageProgram &p = a_.stages[s];
@@ -122,9 +141,11 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   A *out = output.as<A>();
   R *outR = output.as<R>();
   float *out32 = output.data, *aux = st.aux[index].data;
-  auto in = [&](size_t j) { return st.values[f.inputs[j]].template as<A>(); };
-  auto inR = [&](size_t j) { return st.values[f.inputs[j]].template as<R>(); };
-  auto in32 = [&](size_t j) { return st.values[f.inputs[j]].data; };
+  // Null for an input the primitive does not have (the embedding has none).
+  auto input = [&](size_t j) { return j < f.inputs.size() ? &st.values[f.inputs[j]] : nullptr; };
+  auto in = [&](size_t j) { return input(j) ? input(j)->template as<A>() : nullptr; };
+  auto inR = [&](size_t j) { return input(j) ? input(j)->template as<R>() : nullptr; };
+  auto in32 = [&](size_t j) { return input(j) ? input(j)->data : nullptr; };
   auto w = [&](size_t j) { return param<A>(s, f, j); };
   const int64_t n = f.streams;
   Gemms &g = *gemms_;
@@ -209,18 +230,7 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     concatProjForward(g, in(0), in(1), w(0), out, T, C, C);
     break;
   case Prim::CrossEntropy:
-    if (a_.tp > 1) { // Megatron's vocabulary-parallel form: the group's max, then its sums
-      float *maxima = scratch(3 * G).data, *sums = maxima + G, *targets = sums + G;
-      shareRowMax(k, in(0), maxima, G, V, stream);
-      if (!tensorAllReduce(maxima, G, Dtype::F32, true))
-        break;
-      shareRowSumExp(k, in(0), maxima, labels_[mb], sums, targets, G, V, f.shift, f.seqLen, first, stream,
-                     contextRowMap());
-      if (tensorAllReduce(sums, G, Dtype::F32) && tensorAllReduce(targets, G, Dtype::F32))
-        shareLoss(k, maxima, sums, targets, aux, out32, G, f.shift, f.seqLen, stream, contextRowMap());
-      break;
-    }
-    crossEntropyForward(k, in(0), labels_[mb], aux, out32, G, V, f.shift, f.seqLen, stream, contextRowMap());
+    crossEntropyAs(f, mb, in(0), aux, out32);
     break;
   case Prim::GatedDeltaNet:
     if (a_.cp > 1) {
@@ -244,52 +254,65 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
   return error_.empty() && check(primName(f.op));
 }
 
-template <typename A, typename R>
-bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
-                          const std::vector<int> &fresh, const MixGroup *joinedBefore) {
-  const StageProgram &p = a_.stages[s];
-  const ModelInfo &m = a_.model;
-  const int64_t T = rows_, G = gemmRows_, C = m.hidden, V = m.vocab / a_.tp, first = tensor_ * V,
-                inner = C / a_.tp; // as forwardAs
-  const BackwardInstr &b = p.backward[index];
-  const ForwardInstr &f = p.forward[b.forward];
-  const GradParts parts{part != BackwardPart::Weight, part != BackwardPart::Input};
-  auto in = [&](size_t j) { return st.values[f.inputs[j]].template as<A>(); };
-  auto inR = [&](size_t j) { return st.values[f.inputs[j]].template as<R>(); }; // the residual stream
-  auto in32 = [&](size_t j) { return st.values[f.inputs[j]].data; };
-  auto din = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].template as<A>() : nullptr; };
-  auto dinR = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].template as<R>() : nullptr; };
-  auto din32 = [&](size_t j) { return parts.inputs ? st.values[b.gradInputs[j]].data : nullptr; };
-  auto w = [&](size_t j) { return param<A>(s, f, j); };
-  auto dw = [&](size_t j) { return parts.weights ? paramGrad(s, f, j) : nullptr; };
-  const Buffer *gradOut = b.gradOutput >= 0 ? &st.values[b.gradOutput] : nullptr;
-  const A *dOut = gradOut ? gradOut->as<A>() : nullptr;
-  const R *dOutR = gradOut ? gradOut->as<R>() : nullptr; // of the residual stream
-  const float *dOut32 = gradOut ? gradOut->data : nullptr;
-  const float *aux = st.aux[b.forward].data;
+/// One backward instruction's operands as backwardAs resolves them, for the
+/// two halves of its launch table (backwardMixing, backwardLayer).
+template <typename A, typename R> struct CudaRank::BackwardCall {
+  int64_t s, mb;
+  BackwardPart part;
+  const ForwardInstr &f;
+  const BackwardInstr &b;
+  StageState &st;
+  GradParts parts;
+  // Null for an input the primitive does not have (the embedding has none),
+  // or an input gradient this part does not compute.
+  const Buffer *input(size_t j) const { return j < f.inputs.size() ? &st.values[f.inputs[j]] : nullptr; }
+  const Buffer *gradInput(size_t j) const {
+    return parts.inputs && j < b.gradInputs.size() ? &st.values[b.gradInputs[j]] : nullptr;
+  }
+  const A *in(size_t j) const { return input(j) ? input(j)->template as<A>() : nullptr; }
+  const R *inR(size_t j) const { return input(j) ? input(j)->template as<R>() : nullptr; } // the residual stream
+  float *in32(size_t j) const { return input(j) ? input(j)->data : nullptr; }
+  A *din(size_t j) const { return gradInput(j) ? gradInput(j)->template as<A>() : nullptr; }
+  R *dinR(size_t j) const { return gradInput(j) ? gradInput(j)->template as<R>() : nullptr; }
+  float *din32(size_t j) const { return gradInput(j) ? gradInput(j)->data : nullptr; }
+  const Buffer *gradOut = nullptr;
+  const A *dOut = nullptr;
+  const R *dOutR = nullptr; // of the residual stream
+  const float *dOut32 = nullptr;
+  const float *aux = nullptr; // the forward's
+  /// A row-parallel product's input rows and output gradient rows
+  /// (gathered under sequence parallelism).
+  const A *x = nullptr, *dy = nullptr;
+  /// Under tensor parallelism, where a row-parallel product's input
+  /// gradient goes (this rank's partial sum), and whether its first product
+  /// writes it (else it holds zeros, or dx's rows).
+  A *partial = nullptr;
+  bool partialWritten = false;
+  int freshMask = 0; // the input gradients the kernel writes instead of adding to
+  MixStep mixing;
+  A *dx0() const { return partial ? partial : din(0); } // where the first input's gradient goes
+};
+
+template <typename A, typename R> float *CudaRank::stashFor(BackwardCall<A, R> &c, int64_t count) {
   // What B leaves for W: allocated by B (or by BWD for itself), released by
-  // the executor after W (or here after BWD).
-  Buffer &kept = st.stash[b.forward];
-  auto stash = [&](int64_t count) {
-    if (!kept && part != BackwardPart::Weight)
-      kept = allocate(count, Dtype::F32, Queue::compute(), false);
-    return kept.data;
-  };
-  const int64_t n = f.streams;
-  Gemms &g = *gemms_;
-  cudaStream_t stream = compute_;
-  const ModelKernels &k = *kernels_;
-  // Fresh gradients: the post/res backward writes its three (its kernel's
-  // `fresh` bits: dx, dCoef, dy; where its pass A ran in the pass C before,
-  // passes B and C write them), the RMSNorm backward its input's, and in
-  // bf16 attention's and SwiGLU's first input-gradient product its own
-  // (beta = 0); every other one is zero-filled here.
-  constexpr bool lowPrecision = std::is_same_v<A, bf16>;
-  const bool firstProductWrites = lowPrecision && (f.op == Prim::Attention || f.op == Prim::SwiGlu);
+  // the executor after W (or by backwardAs after BWD).
+  Buffer &kept = c.st.stash[c.b.forward];
+  if (!kept && c.part != BackwardPart::Weight)
+    kept = allocate(count, Dtype::F32, Queue::compute(), false);
+  return kept.data;
+}
+
+int CudaRank::freshGradients(const ForwardInstr &f, const BackwardInstr &b, GradParts parts, StageState &st,
+                             const std::vector<int> &fresh, bool firstProductWrites) {
+  // The post/res backward writes its three (its kernel's `fresh` bits: dx,
+  // dCoef, dy; where its pass A ran in the pass C before, passes B and C
+  // write them), the RMSNorm backward its input's, and in bf16 attention's
+  // and SwiGLU's first input-gradient product its own (beta = 0); every
+  // other one is zero-filled here.
   int freshMask = 0;
+  const int written = f.op == Prim::MhcPostRes ? 3 : f.op == Prim::RmsNorm || firstProductWrites ? 1 : 0;
   for (int id : fresh) {
     int bit = 0;
-    const int written = f.op == Prim::MhcPostRes ? 3 : f.op == Prim::RmsNorm || firstProductWrites ? 1 : 0;
     for (int j = 0; parts.inputs && j < written; ++j)
       if (b.gradInputs[j] == id)
         bit = 1 << j;
@@ -298,6 +321,25 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
     else
       cudaMemsetAsync(st.values[id].data, 0, st.values[id].bytes(), compute_);
   }
+  return freshMask;
+}
+
+template <typename A, typename R>
+bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part, StageState &st,
+                          const std::vector<int> &fresh, const MixGroup *joinedBefore) {
+  const StageProgram &p = a_.stages[s];
+  const int64_t G = gemmRows_, C = a_.model.hidden; // as forwardAs
+  const BackwardInstr &b = p.backward[index];
+  const ForwardInstr &f = p.forward[b.forward];
+  BackwardCall<A, R> c{s, mb, part, f, b, st, {part != BackwardPart::Weight, part != BackwardPart::Input}};
+  const GradParts parts = c.parts;
+  c.gradOut = b.gradOutput >= 0 ? &st.values[b.gradOutput] : nullptr;
+  c.dOut = c.gradOut ? c.gradOut->template as<A>() : nullptr;
+  c.dOutR = c.gradOut ? c.gradOut->template as<R>() : nullptr;
+  c.dOut32 = c.gradOut ? c.gradOut->data : nullptr;
+  c.aux = st.aux[b.forward].data;
+  const bool firstProductWrites = std::is_same_v<A, bf16> && (f.op == Prim::Attention || f.op == Prim::SwiGlu);
+  c.freshMask = freshGradients(f, b, parts, st, fresh, firstProductWrites);
   // Tensor parallelism (as TensorParallel.h's tensorParallelBackward): the
   // input rows a weight gradient reads and the output gradient's rows,
   // gathered under sequence parallelism (in the CPU's order: x, then dy);
@@ -309,61 +351,76 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
   const bool gathersDy = mixer || f.op == Prim::SwiGlu || (f.op == Prim::Embed && parts.weights);
   // (A mixer under context parallelism recomputes from its input in either half.)
   const bool gathersX = parts.weights || (mixer && a_.cp > 1);
-  const A *x = !rowParallel ? nullptr : gathersX ? allRows(in(0), C) : in(0);
-  const A *dy = gathersDy ? allRows(dOut, C) : dOut;
-  if ((rowParallel && gathersX && !x) || (gathersDy && !dy))
+  c.x = !rowParallel ? nullptr : gathersX ? allRows(c.in(0), C) : c.in(0);
+  c.dy = gathersDy ? allRows(c.dOut, C) : c.dOut;
+  if ((rowParallel && gathersX && !c.x) || (gathersDy && !c.dy))
     return false;
-  A *partial = nullptr;
-  bool partialWritten = freshMask & 1;
+  c.partialWritten = c.freshMask & 1;
   const bool dxHeldNothing = parts.inputs && rowParallel && std::count(fresh.begin(), fresh.end(), b.gradInputs[0]);
   if (a_.tp > 1 && parts.inputs && rowParallel) {
     if (dxHeldNothing && !a_.sequenceParallel) {
-      partial = din(0);
+      c.partial = c.din(0);
     } else {
-      partial = scratchOf<A>(G * C);
-      partialWritten = firstProductWrites;
-      if (!partialWritten)
-        cudaMemsetAsync(partial, 0, G * C * sizeof(A), compute_);
+      c.partial = scratchOf<A>(G * C);
+      c.partialWritten = firstProductWrites;
+      if (!c.partialWritten)
+        cudaMemsetAsync(c.partial, 0, G * C * sizeof(A), compute_);
     }
   }
-  auto dx0 = [&] { return partial ? partial : din(0); }; // where the first input's gradient goes
-  MixStep mixing;
-  if (parts.inputs && !planMixing(s, mb, index, st, freshMask, joinedBefore, mixing))
+  if (parts.inputs && !planMixing(s, mb, index, st, c.freshMask, joinedBefore, c.mixing))
     return false;
-  const MixGroup *group = mixing.group;
-  const bool deferred = mixing.deferred, passADone = mixing.passADone;
-  const MixBackwardTerms &mix = mixing.terms;
-  std::string error;
   cudaEvent_t started = nullptr;
   markStart(started);
+  const bool layer = f.op == Prim::Embed || f.op == Prim::RmsNorm || f.op == Prim::Attention || f.op == Prim::SwiGlu ||
+                     f.op == Prim::LmHead || f.op == Prim::ConcatProj || f.op == Prim::CrossEntropy ||
+                     f.op == Prim::GatedDeltaNet;
+  const std::string error = layer ? backwardLayer(c) : backwardMixing(c);
+  if (c.partial && error.empty() && error_.empty())
+    reducePartial(c.partial, c.din(0), C, !dxHeldNothing);
+  markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op) +
+              (c.mixing.terms.postDy ? "+post_res" : ""), // pass A of the sublayer before inside
+          started);
+  releaseScratch();
+  if (part != BackwardPart::Input)
+    release(st.stash[b.forward], Queue::compute()); // W, or BWD, was its last reader
+  if (!error.empty())
+    return fail(error);
+  return error_.empty() && check(primName(f.op));
+}
+
+template <typename A, typename R> std::string CudaRank::backwardMixing(BackwardCall<A, R> &c) {
+  const ForwardInstr &f = c.f;
+  const int64_t T = rows_, C = a_.model.hidden, n = f.streams;
+  const GradParts parts = c.parts;
+  const ModelKernels &k = *kernels_;
+  cudaStream_t stream = compute_;
+  auto w = [&](size_t j) { return param<A>(c.s, f, j); };
+  auto dw = [&](size_t j) { return parts.weights ? paramGrad(c.s, f, j) : nullptr; };
+  const MixGroup *group = c.mixing.group;
+  const bool deferred = c.mixing.deferred;
+  const MixBackwardTerms &mix = c.mixing.terms;
   switch (f.op) {
   case Prim::Identity:
-    if (gradOut && gradOut->dtype == Dtype::F32)
-      addInto(din32(0), dOut32, gradOut->count, stream);
+    if (c.gradOut && c.gradOut->dtype == Dtype::F32)
+      addInto(c.din32(0), c.dOut32, c.gradOut->count, stream);
     else
-      addInto(din(0), dOut, p.values[f.output].rows * p.values[f.output].cols, stream);
-    break;
-  case Prim::Embed:
-    if (parts.weights) {
-      auto [offsets, positions] = csrs_.at({mb, f.shift}); // by token id: this share's from `first`
-      embedBackward(k, offsets + first, positions, V, dy, paramGrad(s, f, 0), C, stream);
-    }
+      addInto(c.din(0), c.dOut, a_.stages[c.s].values[f.output].rows * a_.stages[c.s].values[f.output].cols, stream);
     break;
   case Prim::Expand:
-    expandBackward(k, dOutR, din(0), T, C, n, stream);
+    expandBackward(k, c.dOutR, c.din(0), T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
-    mhcCoeffsBackward(k, g, inR(0), w(0), w(2), aux, dOut32, dinR(0), dw(0), dw(1), dw(2),
-                      stash(mhcCoeffsBackwardStash(T, n)), scratch(mhcCoeffsBackwardScratch(T, n)).data, T, C, n,
-                      parts, stream, deferred ? &mix : nullptr,
+    mhcCoeffsBackward(k, *gemms_, c.inR(0), w(0), w(2), c.aux, c.dOut32, c.dinR(0), dw(0), dw(1), dw(2),
+                      stashFor(c, mhcCoeffsBackwardStash(T, n)), scratch(mhcCoeffsBackwardScratch(T, n)).data, T, C,
+                      n, parts, stream, deferred ? &mix : nullptr,
                       std::is_same_v<A, R> ? nullptr : scratch(mhcCoeffsWideScratch(T, C, n)).data);
     break;
   case Prim::MhcPre:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
       if (deferred) { // pass B (with the partials of a pass A done by the next pass C)
-        auto partials = postPartials_.find({s, mb, group->postRes});
+        auto partials = postPartials_.find({c.s, c.mb, group->postRes});
         const bool joined = partials != postPartials_.end();
-        mhcMixBackwardDots(k, in(0), mix.dOut, mix.du, din32(1), joined ? partials->second.data : nullptr, T, C,
+        mhcMixBackwardDots(k, c.in(0), mix.dOut, mix.du, c.din32(1), joined ? partials->second.data : nullptr, T, C,
                            stream);
         if (joined) {
           release(partials->second, Queue::compute());
@@ -372,92 +429,104 @@ bool CudaRank::backwardAs(int64_t s, int64_t mb, size_t index, BackwardPart part
         break;
       }
     }
-    mhcPreBackward(k, inR(0), in32(1), dOut, dinR(0), din32(1), T, C, n, stream);
-    break;
-  case Prim::RmsNorm:
-    rmsNormBackward(k, in(0), w(0), aux, dOut, din(0), dw(0), scratch(rmsNormBackwardScratch(T, C)).data, T, C,
-                    parts, stream, freshMask & 1);
-    break;
-  case Prim::Attention:
-    if (a_.cp > 1) {
-      error = contextAttentionBackward(
-          f, mb,
-          AttentionGrads<A>{x, w(0), w(1), aux, dy, dx0(), reinterpret_cast<A *>(stash(attentionBackwardStash(G, inner))),
-                            dw(0), dw(1)},
-          parts, partialWritten);
-      break;
-    }
-    error = attentionBackward(
-        k, g, x, w(0), w(1), aux, dy, dx0(), dw(0), dw(1), stash(attentionBackwardStash(G, inner)),
-        scratch(parts.inputs ? attentionBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, G, C,
-        inner, f.heads, f.seqLen, parts, documents(mb), stream, partialWritten);
-    break;
-  case Prim::SwiGlu:
-    swigluBackward(k, g, x, w(0), w(1), w(2), aux, dy, dx0(), dw(0), dw(1), dw(2),
-                   stash(swigluBackwardStash(G, f.ffn)),
-                   scratch(parts.inputs ? swigluBackwardScratch(G, f.ffn) : 0).data, G, C, f.ffn, parts, stream,
-                   partialWritten);
+    mhcPreBackward(k, c.inR(0), c.in32(1), c.dOut, c.dinR(0), c.din32(1), T, C, n, stream);
     break;
   case Prim::MhcPostRes:
     if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
-      if (passADone) // in the pass C before
+      if (c.mixing.passADone) // in the pass C before
         break;
       if (deferred) { // pass A
-        mhcPostBackward(k, in32(1), in(2), dOut, din32(1), din(2), freshMask, T, C, stream);
+        mhcPostBackward(k, c.in32(1), c.in(2), c.dOut, c.din32(1), c.din(2), c.freshMask, T, C, stream);
         break;
       }
     }
-    mhcPostResBackward(k, inR(0), in32(1), in(2), dOutR, dinR(0), din32(1), din(2), freshMask, T, C, n, stream);
+    mhcPostResBackward(k, c.inR(0), c.in32(1), c.in(2), c.dOutR, c.dinR(0), c.din32(1), c.din(2), c.freshMask, T, C,
+                       n, stream);
     break;
   case Prim::Residual:
-    residualBackward(k, dOutR, dinR(0), din(1), T * C, stream);
+    residualBackward(k, c.dOutR, c.dinR(0), c.din(1), T * C, stream);
     break;
   case Prim::Contract:
-    contractBackward(k, dOut, dinR(0), T, C, n, stream);
+    contractBackward(k, c.dOut, c.dinR(0), T, C, n, stream);
     break;
+  default:
+    return std::string("internal: ") + primName(f.op) + " is not an mHC or residual primitive";
+  }
+  return "";
+}
+
+template <typename A, typename R> std::string CudaRank::backwardLayer(BackwardCall<A, R> &c) {
+  const ForwardInstr &f = c.f;
+  const int64_t T = rows_, G = gemmRows_, C = a_.model.hidden, V = a_.model.vocab / a_.tp, first = tensor_ * V,
+                inner = C / a_.tp; // as forwardAs
+  const GradParts parts = c.parts;
+  const ModelKernels &k = *kernels_;
+  Gemms &g = *gemms_;
+  cudaStream_t stream = compute_;
+  auto w = [&](size_t j) { return param<A>(c.s, f, j); };
+  auto dw = [&](size_t j) { return parts.weights ? paramGrad(c.s, f, j) : nullptr; };
+  switch (f.op) {
+  case Prim::Embed:
+    if (parts.weights) {
+      auto [offsets, positions] = csrs_.at({c.mb, f.shift}); // by token id: this share's from `first`
+      embedBackward(k, offsets + first, positions, V, c.dy, paramGrad(c.s, f, 0), C, stream);
+    }
+    return "";
+  case Prim::RmsNorm:
+    rmsNormBackward(k, c.in(0), w(0), c.aux, c.dOut, c.din(0), dw(0), scratch(rmsNormBackwardScratch(T, C)).data, T,
+                    C, parts, stream, c.freshMask & 1);
+    return "";
+  case Prim::Attention:
+    if (a_.cp > 1)
+      return contextAttentionBackward(f, c.mb,
+                                      AttentionGrads<A>{c.x, w(0), w(1), c.aux, c.dy, c.dx0(),
+                                                        reinterpret_cast<A *>(stashFor(c, attentionBackwardStash(G, inner))),
+                                                        dw(0), dw(1)},
+                                      parts, c.partialWritten);
+    return attentionBackward(
+        k, g, c.x, w(0), w(1), c.aux, c.dy, c.dx0(), dw(0), dw(1), stashFor(c, attentionBackwardStash(G, inner)),
+        scratch(parts.inputs ? attentionBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A)) : 0).data, G, C,
+        inner, f.heads, f.seqLen, parts, documents(c.mb), stream, c.partialWritten);
+  case Prim::SwiGlu:
+    swigluBackward(k, g, c.x, w(0), w(1), w(2), c.aux, c.dy, c.dx0(), dw(0), dw(1), dw(2),
+                   stashFor(c, swigluBackwardStash(G, f.ffn)),
+                   scratch(parts.inputs ? swigluBackwardScratch(G, f.ffn) : 0).data, G, C, f.ffn, parts, stream,
+                   c.partialWritten);
+    return "";
   case Prim::LmHead:
     if (parts.weights)
-      matmulTransAAcc(g, x, dOut, paramGrad(s, f, 0), G, C, V);
+      matmulTransAAcc(g, c.x, c.dOut, paramGrad(c.s, f, 0), G, C, V);
     if (parts.inputs)
-      matmulTransBAcc(g, dOut, w(0), dx0(), G, V, C);
-    break;
+      matmulTransBAcc(g, c.dOut, w(0), c.dx0(), G, V, C);
+    return "";
   case Prim::ConcatProj:
-    concatProjBackward(g, in(0), in(1), w(0), dOut, din(0), din(1), dw(0), T, C, C, parts);
-    break;
+    concatProjBackward(g, c.in(0), c.in(1), w(0), c.dOut, c.din(0), c.din(1), dw(0), T, C, C, parts);
+    return "";
   case Prim::CrossEntropy: {
-    float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
-    crossEntropyBackward(k, in(0), labels_[mb], aux, scale, din(0), G, V, f.shift, f.seqLen, stream, first,
+    const StageProgram &p = a_.stages[c.s];
+    const float scale = static_cast<float>(p.losses[f.loss].weight / double(a_.microbatches * a_.dp));
+    crossEntropyBackward(k, c.in(0), labels_[c.mb], c.aux, scale, c.din(0), G, V, f.shift, f.seqLen, stream, first,
                          contextRowMap());
-    break;
+    return "";
   }
   case Prim::GatedDeltaNet: {
     GdnWeightGrads grads;
     if (parts.weights)
       grads = {dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7)};
+    const GdnWeights<A> weights{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)};
     if (a_.cp > 1) { // over every row of the microbatch (auxCount)
       const int64_t all = a_.model.tokens();
-      error = contextGdnBackward<A>(f, mb, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dy,
-                                    dx0(), grads, stash(gdnBackwardStash(all, inner, f.heads, sizeof(A))), parts);
-      break;
+      return contextGdnBackward<A>(f, c.mb, c.x, weights, c.aux, c.dy, c.dx0(), grads,
+                                   stashFor(c, gdnBackwardStash(all, inner, f.heads, sizeof(A))), parts);
     }
-    error = gdnBackward<A>(g, x, GdnWeights<A>{w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7)}, aux, dy, dx0(),
-                           grads, stash(gdnBackwardStash(G, inner, f.heads, sizeof(A))),
-                           scratch(gdnBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
-                           f.heads, f.seqLen, parts, documents(mb), stream);
-    break;
+    return gdnBackward<A>(g, c.x, weights, c.aux, c.dy, c.dx0(), grads,
+                          stashFor(c, gdnBackwardStash(G, inner, f.heads, sizeof(A))),
+                          scratch(gdnBackwardScratch(G, inner, f.heads, f.seqLen, sizeof(A))).data, G, C, inner,
+                          f.heads, f.seqLen, parts, documents(c.mb), stream);
   }
+  default:
+    return std::string("internal: ") + primName(f.op) + " has no layer backward";
   }
-  if (partial && error.empty() && error_.empty())
-    reducePartial(partial, din(0), C, !dxHeldNothing);
-  markEnd(std::string(part == BackwardPart::Weight ? "bwd-weight " : "bwd ") + primName(f.op) +
-              (mix.postDy ? "+post_res" : ""), // pass A of the sublayer before inside
-          started);
-  releaseScratch();
-  if (part != BackwardPart::Input)
-    release(kept, Queue::compute()); // W, or BWD, was its last reader
-  if (!error.empty())
-    return fail(error);
-  return error_.empty() && check(primName(f.op));
 }
 
 bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, int freshMask,

@@ -206,6 +206,10 @@ private:
   /// A: the activations' storage, R: the residual stream's (A, or float
   /// beside bf16 activations: wideResidual_).
   template <typename A, typename R> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
+  /// The loss of `logits` (this rank's rows; under tensor parallelism its
+  /// vocabulary share, Megatron's vocabulary-parallel softmax); a failed
+  /// collective sets error_.
+  template <typename A> void crossEntropyAs(const ForwardInstr &f, int64_t mb, const A *logits, float *aux, float *loss);
   /// `joinedBefore`: the group of the sublayer before, whose post/res
   /// backward is backward[index + 1], its gradients fresh, joined to this
   /// one by backwardSpan (pass A in pass C where this is a deferred pass
@@ -213,6 +217,18 @@ private:
   template <typename A, typename R>
   bool backwardAs(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                   const std::vector<int> &fresh, const MixGroup *joinedBefore);
+  /// backwardAs's operands of one instruction (CudaLaunch.cpp), and its
+  /// launch table in two halves: the mHC and residual primitives, and the
+  /// layers' (each "" or a kernel's error).
+  template <typename A, typename R> struct BackwardCall;
+  template <typename A, typename R> std::string backwardMixing(BackwardCall<A, R> &c);
+  template <typename A, typename R> std::string backwardLayer(BackwardCall<A, R> &c);
+  /// The stash of c's instruction: what B leaves for W (`count` floats).
+  template <typename A, typename R> float *stashFor(BackwardCall<A, R> &c, int64_t count);
+  /// Zero-fills the input gradients that start here (`fresh`) but those the
+  /// instruction's kernel writes itself; returns those as its fresh bits.
+  int freshGradients(const ForwardInstr &f, const BackwardInstr &b, GradParts parts, StageState &st,
+                     const std::vector<int> &fresh, bool firstProductWrites);
   /// The mixing group (MixGroups.h) whose post/res, pre or coefficient
   /// backward is stage s's backward[index], or null.
   const MixGroup *mixGroup(int64_t stage, size_t index) const;
