@@ -487,12 +487,6 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // The GPUs' distributed optimizer shards over the replicas alone; with
-  // context ranks in the gradient group it runs on the CPU backend for now.
-  if (artifact->cp > 1 && artifact->distributedOptimizer && backend != "cpu")
-    return fail(rankPrefix + "the artifact has cp = " + std::to_string(artifact->cp) +
-                " with the distributed optimizer, which runs on the CPU backend for now (--backend cpu); "
-                "recompile without --distributed-optimizer for GPUs");
   // A GPU process saves the parameters its rank owns whole; the moments'
   // parts of the other replicas, or the other tensor ranks' blocks, would be
   // missing from the checkpoint.

@@ -81,6 +81,7 @@ public:
       return std::string("ncclCommInitRank (world of ") + std::to_string(a.worldSize()) +
              "): " + ncclGetErrorString(status);
     comms_.push_back(world_);
+    contextRanks_ = a.cp;
     if (a.reduceGroupSize() > 1) {
       status = ncclCommInitRank(&replicas_, int(a.reduceGroupSize()), ids.groups[replicaGroupOf(a, rank)],
                                 int(a.reduceMemberOf(rank)));
@@ -147,8 +148,9 @@ public:
     for (const ReplicaShards &b : buffers)
       for (size_t d = 0; d < b.shards.size(); ++d) {
         const auto [begin, end] = b.shards[d];
-        if (end > begin)
-          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(d), replicas_, stream);
+        if (end > begin) // replica d's context rank 0 is member d x cp of the gradient group
+          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(d * contextRanks_), replicas_,
+                        stream);
       }
     ncclResult_t status = ncclGroupEnd();
     return status == ncclSuccess ? "" : std::string("ncclBroadcast over the replicas: ") + ncclGetErrorString(status);
@@ -184,6 +186,7 @@ public:
 
 private:
   ncclComm_t world_ = nullptr, replicas_ = nullptr, tensor_ = nullptr, context_ = nullptr;
+  int64_t contextRanks_ = 1; // cp: the gradient group's members a replica
   std::vector<ncclComm_t> comms_;
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
 };

@@ -282,7 +282,9 @@ private:
   bool heldWhole(size_t p) const { return a_.params[p].tpSplit.empty() || isPartial(a_.params[p]); }
   /// The distributed optimizer (ZeRO-1, dp > 1): an owner's replica d holds
   /// Adam's moments of part d of each owned parameter (Artifact::shardOf),
-  /// updates that part and gathers the others' after the update.
+  /// updates that part and gathers the others' after the update (under
+  /// context parallelism each of a replica's context ranks holds and
+  /// updates the same part, the same bits; context rank 0 sends it).
   const bool sharded_;
   /// Part `replica_` of parameter p (all of it without sharding).
   std::pair<int64_t, int64_t> ownShard(size_t p) const;

@@ -64,7 +64,9 @@ public:
     std::vector<std::pair<int64_t, int64_t>> shards;
   };
   /// Gives every replica the other replicas' parts of each buffer, in
-  /// place, ordered as allReduceReplicas.
+  /// place, ordered as allReduceReplicas: part d from replica d's context
+  /// rank 0 (its context ranks hold the same part) to every member of the
+  /// gradient group.
   virtual std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
   /// Tensor parallelism: `count` elements of `dtype` at `data` summed
   /// (with `max`: their maximum) over this rank's tensor-parallel group, in

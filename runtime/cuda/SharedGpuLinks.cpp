@@ -144,6 +144,7 @@ public:
     size_t group = 0;
     int64_t member = 0, size = 1;
   };
+  const Artifact &mesh() const { return mesh_; }
   /// The groups are RankPlan.h's: the gradient group (a pipeline and
   /// tensor rank's replicas and their context ranks), the tensor-parallel
   /// and the context-parallel ones.
@@ -384,13 +385,15 @@ public:
     std::string why;
     if (!meet(GroupAxis::Replicas, posted, stream, all, why))
       return why;
-    const int64_t self = post_->membership(GroupAxis::Replicas, rank_).member;
+    // Members are replica x cp + context rank: part d comes from member d x cp.
+    const size_t cp = size_t(post_->mesh().cp);
+    const size_t self = size_t(post_->membership(GroupAxis::Replicas, rank_).member) / cp;
     for (size_t k = 0; k < buffers.size(); ++k)
-      for (size_t d = 0; d < buffers[k].shards.size() && d < all.size(); ++d) {
+      for (size_t d = 0; d < buffers[k].shards.size() && d * cp < all.size(); ++d) {
         const auto [begin, end] = buffers[k].shards[d];
-        if (int64_t(d) != self && end > begin)
-          cudaMemcpyAsync(buffers[k].data + begin, all[d].buffers[k].first + begin, (end - begin) * sizeof(float),
-                          cudaMemcpyDefault, stream);
+        if (d != self && end > begin)
+          cudaMemcpyAsync(buffers[k].data + begin, all[d * cp].buffers[k].first + begin,
+                          (end - begin) * sizeof(float), cudaMemcpyDefault, stream);
       }
     return finish(GroupAxis::Replicas, stream, "the weights' all-gather");
   }
