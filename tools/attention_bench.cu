@@ -409,8 +409,49 @@ std::pair<float, float> bench(const Shape &s, const char *kernel = "") {
 
 /// attention_bench [--small]: --small checks the short sequences only and
 /// times nothing (for compute-sanitizer, which runs kernels 10-100x slower).
+/// A context-parallel rank's share (runtime/cuda/CudaContextParallel.cpp):
+/// each cp 2 rank's launch (its chunks r and 3 - r, rowDot given) against
+/// the whole launch; the two ranks' times add up to about the whole's when
+/// the split saves the work.
+void benchContextRanks(const Shape &s) {
+  Buffers b(s);
+  const int64_t T = b.T, C = b.C, chunk = s.seq / 4;
+  float *rowDot = nullptr;
+  CHECK_CUDA(cudaMalloc(&rowDot, T * s.heads * 4));
+  CHECK_OK(fa::flashAttentionForward(b.qkv, b.o[0], b.lse[0], T, C, s.heads, s.seq, b.firstKeys, nullptr));
+  CHECK_OK(fa::flashAttentionRowDot(b.o[0], b.dO, rowDot, T, C, s.heads, nullptr));
+  auto run = [&](const fa::FlashRowRanges &rows) {
+    const float fwd = medianMs([&] {
+      CHECK_OK(fa::flashAttentionForward(b.qkv, b.o[1], b.lse[1], T, C, s.heads, s.seq, b.firstKeys, nullptr, rows));
+    });
+    const float bwd = medianMs([&] {
+      CHECK_OK(fa::flashAttentionBackward(b.qkv, nullptr, b.dO, b.lse[0], b.dqkv[1], b.scratch, T, C, s.heads, s.seq,
+                                          b.firstKeys, nullptr, rowDot, rows));
+    });
+    return std::pair<float, float>{fwd, bwd};
+  };
+  const auto whole = run({});
+  std::pair<float, float> ranks{0, 0};
+  for (int64_t r = 0; r < 2; ++r) {
+    fa::FlashRowRanges rows;
+    rows.first[0] = r * chunk;
+    rows.first[1] = (3 - r) * chunk;
+    rows.count[0] = rows.count[1] = chunk;
+    const auto mine = run(rows);
+    std::printf("attention cp 2 rank %lld d=%lld S=%lld H=%lld B=%lld: fwd %.3f ms, bwd %.3f ms (whole: %.3f, %.3f)\n",
+                (long long)r, (long long)s.d, (long long)s.seq, (long long)s.heads, (long long)s.batches, mine.first,
+                mine.second, whole.first, whole.second);
+    ranks.first += mine.first;
+    ranks.second += mine.second;
+  }
+  std::printf("attention cp 2 d=%lld S=%lld: the two ranks' launches / the whole: fwd %.2f, bwd %.2f\n", (long long)s.d,
+              (long long)s.seq, ranks.first / whole.first, ranks.second / whole.second);
+  cudaFree(rowDot);
+}
+
 int main(int argc, char **argv) {
-  // --small: the checks of short sequences only; --checks: every check, no benchmark.
+  // --small: the checks of short sequences only; --checks: every check, no
+  // benchmark; --context: the context-parallel ranks' benchmark alone.
   const bool small = argc > 1 && std::string(argv[1]) == "--small";
   const bool checksOnly = argc > 1 && std::string(argv[1]) == "--checks";
   cudaDeviceProp prop;
@@ -418,6 +459,11 @@ int main(int argc, char **argv) {
   std::printf("attention_bench: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   const std::string layout = fa::wgmmaLayoutCheck();
   std::printf("wgmma layouts: %s\n", layout.empty() ? "PASS" : layout.c_str());
+  if (argc > 1 && std::string(argv[1]) == "--context") {
+    for (int64_t d : {128, 64})
+      benchContextRanks({2, 4096, 2048 / d, d});
+    return 0;
+  }
   bool ok = layout.empty() && checkRefusals();
   // seq 64 and 192 exercise a block tile (128 rows) only half inside the sequence.
   const Shape checks[] = {{1, 128, 2, 64},   {2, 256, 4, 128}, {3, 64, 2, 64},
@@ -441,6 +487,8 @@ int main(int argc, char **argv) {
       std::printf("attention d=%lld S=2048: wgmma / mma.sync speed: fwd %.2fx, bwd %.2fx\n", (long long)s.d,
                   mma.first / wgmma.first, mma.second / wgmma.second);
     }
+    for (int64_t d : {128, 64})
+      benchContextRanks({2, 4096, 2048 / d, d});
     for (int64_t d : {128, 64}) {
       const auto whole = bench({2, 4096, 2048 / d, d});
       const auto packed = bench({2, 4096, 2048 / d, d, 512});

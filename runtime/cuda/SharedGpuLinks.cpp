@@ -336,41 +336,13 @@ public:
     return "";
   }
 
-  /// Each replica sums every replica's buffers in replica order into a
-  /// buffer of its own (reading the others' in place, behind their
-  /// events), waits until every replica has read its buffers, then copies
-  /// the sum over them.
+  /// Each replica sums every replica's buffers in replica order (combine).
   std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                 cudaStream_t stream) override {
-    std::vector<SharedGpuPost::Contribution> all;
-    std::string why;
-    if (!meet(GroupAxis::Replicas, buffers, stream, all, why))
-      return why;
-    // The others' buffers are copied here before they are added (they may
-    // be on another GPU, which a kernel could not read without peer access).
-    std::vector<float *> sums(buffers.size(), nullptr);
-    for (size_t k = 0; k < buffers.size(); ++k) {
-      const int64_t count = buffers[k].second;
-      const size_t bytes = std::max<int64_t>(count, 1) * sizeof(float);
-      float *term = nullptr;
-      if (cudaMallocAsync(&sums[k], bytes, stream) != cudaSuccess || cudaMallocAsync(&term, bytes, stream) != cudaSuccess)
-        return "out of GPU memory for the gradient all-reduce (" + what(cudaGetLastError()) + ")";
-      cudaMemcpyAsync(sums[k], all[0].buffers[k].first, count * sizeof(float), cudaMemcpyDefault, stream);
-      for (size_t d = 1; d < all.size(); ++d) {
-        cudaMemcpyAsync(term, all[d].buffers[k].first, count * sizeof(float), cudaMemcpyDefault, stream);
-        addInto(sums[k], static_cast<const float *>(term), count, stream);
-      }
-      cudaFreeAsync(term, stream);
-    }
-    if (std::string problem = finish(GroupAxis::Replicas, stream, "the gradient all-reduce"); !problem.empty())
-      return problem;
-    for (size_t k = 0; k < buffers.size(); ++k) {
-      cudaMemcpyAsync(buffers[k].first, sums[k], buffers[k].second * sizeof(float), cudaMemcpyDeviceToDevice, stream);
-      cudaFreeAsync(sums[k], stream);
-    }
-    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
-      return "the gradient all-reduce: " + what(status);
-    return "";
+    std::vector<Part> parts;
+    for (const auto &[data, count] : buffers)
+      parts.push_back({data, data, 0, count});
+    return combine(GroupAxis::Replicas, parts, Dtype::F32, false, stream, "the gradient all-reduce");
   }
 
   /// Each replica copies the others' parts out of their buffers (behind
@@ -398,12 +370,9 @@ public:
     return finish(GroupAxis::Replicas, stream, "the weights' all-gather");
   }
 
-  /// Each tensor rank combines every rank's buffer in tensor-rank order in
-  /// fp32 scratch of its own (reading the others' behind their events),
-  /// waits until every rank has read its buffer, then writes the result
-  /// over it (rounded once for bf16).
+  /// Each tensor rank combines every rank's buffer in tensor-rank order (combine).
   std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) override {
-    return combineTensor(data, data, 0, count, dtype, max, stream);
+    return combine(GroupAxis::Tensor, {{data, data, 0, count}}, dtype, max, stream, "a tensor-parallel all-reduce");
   }
 
   /// Each tensor rank copies every rank's part into place.
@@ -422,7 +391,8 @@ public:
   std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
                                   cudaStream_t stream) override {
     const int64_t self = post_->membership(GroupAxis::Tensor, rank_).member;
-    return combineTensor(all, local, self * count, count, dtype, false, stream);
+    return combine(GroupAxis::Tensor, {{all, local, self * count, count}}, dtype, false, stream,
+                   "a tensor-parallel reduce-scatter");
   }
 
   void abort() override { post_->abort(); }
@@ -443,50 +413,70 @@ private:
     return finish(axis, stream, operation);
   }
 
-  /// Elements [offset, offset + count) of every tensor rank's `source`,
-  /// added (or maximized) in tensor-rank order in fp32, into `target` once
-  /// every rank has read them (target may be source).
-  std::string combineTensor(const void *source, void *target, int64_t offset, int64_t count, Dtype dtype, bool max,
-                            cudaStream_t stream) {
+  /// One buffer of a group combine: elements [offset, offset + count) of
+  /// every member's `source` (posted whole), combined into `target`.
+  struct Part {
+    const void *source;
+    void *target;
+    int64_t offset, count;
+  };
+  /// Each member combines every member's part in member order in fp32
+  /// scratch of its own (bf16 widened; the first member's copied, the
+  /// others added, or maximized, in turn), reading the others' buffers
+  /// behind their events (copied here first: they may be on another GPU,
+  /// which a kernel could not read without peer access); waits until every
+  /// member has read its buffers; then writes each result over its target
+  /// (rounded once for bf16), which may be its source.
+  std::string combine(GroupAxis axis, const std::vector<Part> &parts, Dtype dtype, bool max, cudaStream_t stream,
+                      const std::string &operation) {
+    std::vector<std::pair<float *, int64_t>> posted;
+    for (const Part &part : parts)
+      posted.push_back({static_cast<float *>(const_cast<void *>(part.source)), part.offset + part.count});
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
-    if (!meet(GroupAxis::Tensor, {{static_cast<float *>(const_cast<void *>(source)), count}}, stream, all, why))
+    if (!meet(axis, posted, stream, all, why))
       return why;
-    const int64_t bytes = count * dtypeBytes(dtype), floats = std::max<int64_t>(count, 1) * sizeof(float);
-    float *result = nullptr, *widened = nullptr;
-    void *term = nullptr;
-    if (cudaMallocAsync(&result, floats, stream) != cudaSuccess ||
-        cudaMallocAsync(&term, std::max<int64_t>(bytes, 4), stream) != cudaSuccess ||
-        (dtype == Dtype::BF16 && cudaMallocAsync(&widened, floats, stream) != cudaSuccess))
-      return "out of GPU memory for a tensor-parallel collective (" + what(cudaGetLastError()) + ")";
-    for (size_t t = 0; t < all.size(); ++t) {
-      // Copied here first: another rank's buffer may be on another GPU.
-      const char *from = reinterpret_cast<const char *>(all[t].buffers[0].first) + offset * dtypeBytes(dtype);
-      cudaMemcpyAsync(term, from, bytes, cudaMemcpyDefault, stream);
-      const float *value = static_cast<const float *>(term);
-      if (dtype == Dtype::BF16) {
-        toFloat(static_cast<const bf16 *>(term), widened, count, stream);
-        value = widened;
+    const int64_t elementBytes = dtypeBytes(dtype);
+    std::vector<float *> results(parts.size(), nullptr);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const int64_t count = parts[k].count, bytes = count * elementBytes;
+      const int64_t floats = std::max<int64_t>(count, 1) * int64_t(sizeof(float));
+      float *widened = nullptr;
+      void *term = nullptr;
+      if (cudaMallocAsync(&results[k], floats, stream) != cudaSuccess ||
+          cudaMallocAsync(&term, std::max<int64_t>(bytes, 4), stream) != cudaSuccess ||
+          (dtype == Dtype::BF16 && cudaMallocAsync(&widened, floats, stream) != cudaSuccess))
+        return "out of GPU memory for " + operation + " (" + what(cudaGetLastError()) + ")";
+      for (size_t m = 0; m < all.size(); ++m) {
+        const char *from = reinterpret_cast<const char *>(all[m].buffers[k].first) + parts[k].offset * elementBytes;
+        cudaMemcpyAsync(term, from, bytes, cudaMemcpyDefault, stream);
+        const float *value = static_cast<const float *>(term);
+        if (dtype == Dtype::BF16) {
+          toFloat(static_cast<const bf16 *>(term), widened, count, stream);
+          value = widened;
+        }
+        if (m == 0)
+          cudaMemcpyAsync(results[k], value, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+        else if (max)
+          maxInto(results[k], value, count, stream);
+        else
+          addInto(results[k], value, count, stream);
       }
-      if (t == 0)
-        cudaMemcpyAsync(result, value, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
-      else if (max)
-        maxInto(result, value, count, stream);
-      else
-        addInto(result, value, count, stream);
+      cudaFreeAsync(term, stream);
+      if (widened)
+        cudaFreeAsync(widened, stream);
     }
-    cudaFreeAsync(term, stream);
-    if (widened)
-      cudaFreeAsync(widened, stream);
-    if (std::string problem = finish(GroupAxis::Tensor, stream, "a tensor-parallel collective"); !problem.empty())
+    if (std::string problem = finish(axis, stream, operation); !problem.empty())
       return problem;
-    if (dtype == Dtype::BF16)
-      toBf16(result, static_cast<bf16 *>(target), count, stream);
-    else
-      cudaMemcpyAsync(target, result, count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
-    cudaFreeAsync(result, stream);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (dtype == Dtype::BF16)
+        toBf16(results[k], static_cast<bf16 *>(parts[k].target), parts[k].count, stream);
+      else
+        cudaMemcpyAsync(parts[k].target, results[k], parts[k].count * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+      cudaFreeAsync(results[k], stream);
+    }
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess)
-      return "a tensor-parallel collective: " + what(status);
+      return operation + ": " + what(status);
     return "";
   }
 
