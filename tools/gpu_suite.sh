@@ -25,7 +25,8 @@
 #
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens checkpoint
 # bench"; checkpoint: tiny 10 + 10 iterations == 20 at PP1 and at PP2 with
-# --gpus 2, the PP2 checkpoint resumed under PP1, and SIGTERM to a --gpus 2
+# --gpus 2, the PP2 checkpoint resumed under PP1, dp 2 zero1, tp 2 and cp 2
+# checkpoints resumed at other layouts, and SIGTERM to a --gpus 2
 # run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
@@ -710,6 +711,36 @@ b = [json.loads(l) for l in open('$logs/ck_tp2_to_tp1.jsonl')][0]['lm_loss']
 sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
       then r=PASS; else r=FAIL; fi
       row "checkpoint tp 2 ($inproc) 10+10 == 20 at PP2, resumed at tp 1" $r "$(ck_cost "$logs/ck_tp2_a.log")"
+    fi
+    # cp 2: context rank 0 speaks for the replicated weights; resumed at
+    # another layout, and at cp 1 (step 11 within 1e-5 of cp 2's); dp 2 x
+    # cp 2 with the distributed optimizer: each replica's moments part.
+    if [ -f tiny_cp2_pp1.mhcc ]; then
+      rm -rf ck_cp2 ck_dp2_cp2
+      inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
+      four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))"
+      eight="--in-process"; [ "$gpus" -lt 8 ] && eight="--ranks-per-gpu $(( (8 + gpus - 1) / gpus ))"
+      # shellcheck disable=SC2086
+      if ck_run cp2_full tiny_cp2_pp1 20 $inproc && ck_run cp2_a tiny_cp2_pp1 10 $inproc --save ck_cp2 &&
+         ck_run cp2_b tiny_cp2_pp2 20 $four --load ck_cp2 &&
+         ck_same "$logs/ck_cp2_full.jsonl" "$logs/ck_cp2_a.jsonl" "$logs/ck_cp2_b.jsonl" &&
+         ck_run cp2_to_cp1 tiny_pp1 11 --load ck_cp2/iter_0000010 &&
+         python3 -c "
+import json, sys
+a = [json.loads(l) for l in open('$logs/ck_cp2_full.jsonl')][10]['lm_loss']
+b = [json.loads(l) for l in open('$logs/ck_cp2_to_cp1.jsonl')][0]['lm_loss']
+sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
+      then r=PASS; else r=FAIL; fi
+      row "checkpoint cp 2 ($inproc) 10+10 == 20 at PP2, resumed at cp 1" $r "$(ck_cost "$logs/ck_cp2_a.log")"
+      if [ -f tiny_dp2_cp2_zero1_pp2.mhcc ]; then
+        # shellcheck disable=SC2086
+        if ck_run dp2_cp2_full tiny_dp2_cp2_zero1_pp2 20 $eight &&
+           ck_run dp2_cp2_a tiny_dp2_cp2_zero1_pp2 10 $eight --save ck_dp2_cp2 &&
+           ck_run dp2_cp2_b tiny_dp2_cp2_zero1_pp2 20 $eight --load ck_dp2_cp2 &&
+           ck_same "$logs/ck_dp2_cp2_full.jsonl" "$logs/ck_dp2_cp2_a.jsonl" "$logs/ck_dp2_cp2_b.jsonl"
+        then r=PASS; else r=FAIL; fi
+        row "checkpoint dp 2 x cp 2 zero1 PP2 10+10 == 20" $r "$(ck_cost "$logs/ck_dp2_cp2_a.log")"
+      fi
     fi
     if [ "$gpus" -ge 2 ]; then
       if ck_run pp2_full tiny_pp2 20 --gpus 2 && ck_run pp2_a tiny_pp2 10 --gpus 2 --save ck_pp2 &&
