@@ -159,6 +159,9 @@ declare -A ARTIFACT=(
   [small_bf16_cp2_m2_pp2_vpp2]="models/small_bf16.json --microbatches 2 --cp 2 --pp 2 --vpp 2"
   [hybrid_cp2_pp1]="models/hybrid_tiny.json --microbatches 4 --cp 2 --pp 1"
   [hybrid_cp2_pp2_vpp2_empty]="models/hybrid_tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Ettt|ttt||ttmL"
+  [tiny_cp4_pp1]="models/tiny.json --microbatches 4 --cp 4 --pp 1"
+  [tiny_cp4_pp2_vpp2]="models/tiny.json --microbatches 4 --cp 4 --pp 2 --vpp 2 --layout Et|t|t|tmL"
+  [small_bf16_cp4_m2_pp1]="models/small_bf16.json --microbatches 2 --cp 4 --pp 1"
   [tiny_dp2_cp2_pp1]="models/tiny.json --microbatches 2 --dp 2 --cp 2 --pp 1"
   [tiny_dp2_cp2_zero1_pp2]="models/tiny.json --microbatches 2 --dp 2 --cp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   [tiny_tp2_cp2_pp1]="models/tiny.json --microbatches 4 --tp 2 --cp 2 --pp 1"
@@ -448,11 +451,14 @@ run)
       [small_bf16_cp2_packed]="small_bf16_cp2_m2_pp1:small_bf16_cp2_m2_pp1 small_bf16_cp2_m2_pp2_vpp2"
       [hybrid_cp2_packed]="hybrid_cp2_pp1:hybrid_cp2_pp1 hybrid_cp2_pp2_vpp2_empty"
       [tiny_tp2_cp2]="tiny_tp2_cp2_pp1:tiny_tp2_cp2_pp1 tiny_tp2_cp2_pp2_vpp2"
+      [tiny_cp4]="tiny_cp4_pp1:tiny_cp4_pp1 tiny_cp4_pp2_vpp2"
+      # Flash attention on one 128-row tile per chunk (seq 1024 in 8 chunks), against the CPU.
+      [small_bf16_cp4]="small_bf16_cp4_m2_pp1:small_bf16_cp4_m2_pp1"
       # dp 2 x cp 2 (8 ranks): the gradient group of 4, the distributed optimizer's parts from context rank 0.
       [tiny_dp2_cp2]="tiny_dp2_cp2_pp1:tiny_dp2_cp2_pp1 tiny_dp2_cp2_zero1_pp2"
       [tiny_tp2_sp_cp2]="tiny_tp2_sp_cp2_pp1:tiny_tp2_sp_cp2_pp1 tiny_tp2_sp_cp2_pp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 tiny_dp2_cp2 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 tiny_dp2_cp2 tiny_cp4 small_bf16_cp4 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue

@@ -6,11 +6,13 @@
 // the kernels to:
 //
 // - Attention: a rank projects q, k, v for its own rows, all-gathers the
-//   group's k and v, and runs the attention core over every row of the
-//   microbatch with its own queries in place; it keeps its rows of o and
-//   the log-sum-exp. The backward gathers q, k, v, dO and each query's
+//   group's k and v, and runs the attention core on the microbatch's rows
+//   with its own queries in place; it keeps its rows of o and the
+//   log-sum-exp. The backward gathers q, k, v, dO and each query's
 //   statistics (log-sum-exp and flash attention's rowDot), runs the core's
-//   backward over every row and keeps its rows of dQ, dK, dV.
+//   backward and keeps its rows of dQ, dK, dV. A ZB-H1 W half issues the
+//   same gathers (the schedule lists them for both halves, as the CPU runs
+//   them) and takes dQ, dK, dV from B's stash.
 // - Gated DeltaNet: the recurrence runs over the group's gathered rows (the
 //   input, and the output gradient backward) on every rank, each keeping
 //   its rows; context rank 0 alone adds the weight gradients, whole.
@@ -21,10 +23,12 @@
 // every query in the core's fixed order), so they differ from cp = 1 only
 // where the projections' GEMMs, now over a context rank's rows, pick
 // another algorithm. The weight gradients sum each rank's rows, then the
-// ranks (the gradient all-reduce). What this form does not yet save: every
-// context rank runs the attention core over the whole microbatch (its
-// queries' rows are the ones kept), so the core's work is not split; the
-// projections, the MLP and the mHC kernels are.
+// ranks (the gradient all-reduce). The work: flash attention launches only
+// the rank's own query tiles (o, lse, dQ) and key tiles (dK, dV) where its
+// chunks are whole 128-row tiles (ownChunks), so each rank does 1 / cp of
+// the core; the fp32 reference core (and unaligned chunks) still run every
+// row. Gated DeltaNet runs the whole microbatch on every rank and keeps
+// its aux and stash for every row (cp times its work and memory).
 //
 // A rank's rows (Artifact::contextRows): of each sequence, chunk r and chunk
 // 2 cp - 1 - r of 2 cp chunks; NCCL's all-gather is rank-major, so rows go
@@ -39,8 +43,8 @@ namespace {
 
 /// Copies context rank r's rows between its block of a rank-major buffer
 /// (its rows of each of `sequences` sequences: chunk r, then chunk 2 cp - 1
-/// - r) and the microbatch's order: one 2D copy per chunk (a chunk of every
-/// sequence a step).
+/// - r) and the microbatch's order: one strided copy per chunk (a chunk of
+/// every sequence a step).
 void copyContextRows(char *block, char *all, int64_t r, int64_t cp, int64_t seq, int64_t sequences,
                      int64_t rowBytes, bool toMicrobatch, cudaStream_t stream) {
   const int64_t chunkBytes = seq / (2 * cp) * rowBytes;
@@ -48,19 +52,16 @@ void copyContextRows(char *block, char *all, int64_t r, int64_t cp, int64_t seq,
     const int64_t index = part == 0 ? r : 2 * cp - 1 - r;
     char *local = block + part * chunkBytes, *ordered = all + index * chunkBytes;
     if (toMicrobatch)
-      cudaMemcpy2DAsync(ordered, seq * rowBytes, local, 2 * chunkBytes, chunkBytes, sequences,
-                        cudaMemcpyDeviceToDevice, stream);
+      stridedCopy(ordered, seq * rowBytes, local, 2 * chunkBytes, chunkBytes, sequences, stream);
     else
-      cudaMemcpy2DAsync(local, 2 * chunkBytes, ordered, seq * rowBytes, chunkBytes, sequences,
-                        cudaMemcpyDeviceToDevice, stream);
+      stridedCopy(local, 2 * chunkBytes, ordered, seq * rowBytes, chunkBytes, sequences, stream);
   }
 }
 
 /// Copies `rows` rows of `cols` elements between two pitches (a column block of a wider row).
 void copyColumns(void *to, int64_t toPitch, const void *from, int64_t fromPitch, int64_t cols, int64_t rows,
                  int64_t elementBytes, cudaStream_t stream) {
-  cudaMemcpy2DAsync(to, toPitch * elementBytes, from, fromPitch * elementBytes, cols * elementBytes, rows,
-                    cudaMemcpyDeviceToDevice, stream);
+  stridedCopy(to, toPitch * elementBytes, from, fromPitch * elementBytes, cols * elementBytes, rows, stream);
 }
 
 } // namespace
@@ -154,14 +155,15 @@ std::string CudaRank::contextAttentionBackward(const ForwardInstr &f, int64_t mb
   float *lseAll = scratchOf<float>(T * heads), *rowDotAll = scratchOf<float>(T * heads);
   copyColumns(lseAll, heads, statsAll, 2 * heads, heads, T, statBytes, compute_);
   copyColumns(rowDotAll, heads, statsAll + heads, 2 * heads, heads, T, statBytes, compute_);
-  A *dQkvAll = scratchOf<A>(T * 3 * D);
-  if (error.empty())
-    error = attentionCoreBackward(*kernels_, g, qkvAll, static_cast<const A *>(nullptr), lseAll, rowDotAll, dOAll,
-                                  dQkvAll,
-                                  scratch(attentionCoreBackwardScratch(T, D, heads, f.seqLen, int(bytes))).data, T,
-                                  D, heads, f.seqLen, documents(mb), compute_, ownChunks());
-  // A W half recomputes dQ, dK, dV as B did (the schedule lists the gathers for both halves, as the CPU runs them).
-  moveOwnRows(a.dQkv, dQkvAll, 3 * D * bytes, false);
+  if (parts.inputs) { // a W half finds dQ, dK, dV of its rows in B's stash
+    A *dQkvAll = scratchOf<A>(T * 3 * D);
+    if (error.empty())
+      error = attentionCoreBackward(*kernels_, g, qkvAll, static_cast<const A *>(nullptr), lseAll, rowDotAll, dOAll,
+                                    dQkvAll,
+                                    scratch(attentionCoreBackwardScratch(T, D, heads, f.seqLen, int(bytes))).data, T,
+                                    D, heads, f.seqLen, documents(mb), compute_, ownChunks());
+    moveOwnRows(a.dQkv, dQkvAll, 3 * D * bytes, false);
+  }
   if (parts.inputs)
     attentionInputGradient(g, static_cast<const A *>(a.dQkv), a.wqkv, a.dx, G, C, D, freshInput, compute_);
   if (parts.weights) {

@@ -105,6 +105,25 @@ size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   return postRes && mhcForwardFusion_ == MhcForwardFusion::PostResAndEntry ? 3 : 1;
 }
 
+void CudaRank::fusedMixForward(int64_t s, size_t index, StageState &st) {
+  const StageProgram &p = a_.stages[s];
+  const int64_t T = rows_, C = a_.model.hidden;
+  auto value = [&](int id) { return st.values[id].as<bf16>(); };
+  const ForwardInstr &first = p.forward[index];
+  if (first.op == Prim::MhcCoeffs) { // the entry: coefficients of x, then its pre-mix
+    mhcCoeffsPreForward(*kernels_, value(first.inputs[0]), param<bf16>(s, first, 0), param<bf16>(s, first, 1),
+                        param<bf16>(s, first, 2), st.values[first.output].data, st.aux[index].data,
+                        value(p.forward[index + 1].output), T, C, first.streams, compute_);
+    return;
+  }
+  // The post-res mix writing x, then the entry.
+  const ForwardInstr &coeffs = p.forward[index + 1];
+  mhcPostResCoeffsPreForward(*kernels_, value(first.inputs[0]), st.values[first.inputs[1]].data,
+                             value(first.inputs[2]), value(first.output), param<bf16>(s, coeffs, 0),
+                             param<bf16>(s, coeffs, 1), param<bf16>(s, coeffs, 2), st.values[coeffs.output].data,
+                             st.aux[index + 1].data, value(p.forward[index + 2].output), T, C, first.streams, compute_);
+}
+
 template <typename A>
 void CudaRank::crossEntropyAs(const ForwardInstr &f, int64_t mb, const A *logits, float *aux, float *loss) {
   const int64_t G = gemmRows_, V = a_.model.vocab / a_.tp, first = tensor_ * V;
@@ -175,13 +194,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     expandForward(k, in(0), outR, T, C, n, stream);
     break;
   case Prim::MhcCoeffs:
-    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
-      if (forwardSpan(s, index) == 2) { // and the pre-mix after it (forwardSpan)
-        mhcCoeffsPreForward(k, in(0), w(0), w(1), w(2), out32, aux, st.values[p.forward[index + 1].output].as<A>(),
-                            T, C, n, stream);
-        label = "fwd mhc_coeffs+pre";
-        break;
-      }
+    if (std::is_same_v<A, bf16> && std::is_same_v<R, bf16> && forwardSpan(s, index) == 2) {
+      fusedMixForward(s, index, st); // and the pre-mix after it
+      label = "fwd mhc_coeffs+pre";
+      break;
     }
     mhcCoeffsForward(k, g, inR(0), w(0), w(1), w(2), out32, aux, T, C, n, stream,
                      std::is_same_v<A, R> ? nullptr : scratch(mhcCoeffsWideScratch(T, C, n)).data);
@@ -205,15 +221,10 @@ bool CudaRank::forwardAs(int64_t s, int64_t mb, size_t index, StageState &st) {
     swigluForward(k, g, x, w(0), w(1), w(2), y, aux, G, C, f.ffn, stream);
     break;
   case Prim::MhcPostRes:
-    if constexpr (std::is_same_v<A, bf16> && std::is_same_v<R, bf16>) {
-      if (forwardSpan(s, index) == 3) { // and the entry after it (forwardSpan)
-        const ForwardInstr &coeffs = p.forward[index + 1];
-        mhcPostResCoeffsPreForward(k, in(0), in32(1), in(2), out, param<A>(s, coeffs, 0), param<A>(s, coeffs, 1),
-                                   param<A>(s, coeffs, 2), st.values[coeffs.output].data, st.aux[index + 1].data,
-                                   st.values[p.forward[index + 2].output].as<A>(), T, C, n, stream);
-        label = "fwd mhc_post_res+coeffs+pre";
-        break;
-      }
+    if (std::is_same_v<A, bf16> && std::is_same_v<R, bf16> && forwardSpan(s, index) == 3) {
+      fusedMixForward(s, index, st); // and the entry after it
+      label = "fwd mhc_post_res+coeffs+pre";
+      break;
     }
     mhcPostResForward(k, inR(0), in32(1), in(2), outR, T, C, n, stream);
     break;

@@ -348,8 +348,9 @@ Buffer CudaRank::allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) 
 
 int64_t CudaRank::auxCount(int64_t stage, size_t index) const {
   const ForwardInstr &f = a_.stages[stage].forward[index];
-  // The GEMM primitives keep every row of the microbatch (gemmRows_), the
-  // others this rank's (rows_: fewer under sequence parallelism).
+  // The GEMM primitives keep the rows they see (gemmRows_: the microbatch's,
+  // a context rank's share under cp), the others this rank's (rows_: fewer
+  // under sequence parallelism); Gated DeltaNet under cp every row's.
   const int64_t T = rows_, G = gemmRows_, C = a_.model.hidden;
   if (f.op == Prim::MhcCoeffs) // the projection and row norms, kept for the backward
     return f.auxSize + mhcCoeffsAuxExtra(T, f.streams);

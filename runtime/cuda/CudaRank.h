@@ -41,6 +41,21 @@
 
 namespace mhcc::runtime::cuda {
 
+/// cudaMemcpy2DAsync, or one copy a row where a pitch is above what it
+/// takes (cudaDevAttrMaxPitch, 2^31 - 1 bytes or less: a long sequence's
+/// rows of a wide tensor), on `stream`; its error is the stream's last.
+inline void stridedCopy(void *to, int64_t toPitch, const void *from, int64_t fromPitch, int64_t width, int64_t rows,
+                        cudaStream_t stream) {
+  constexpr int64_t kMaxPitch = (int64_t(1) << 31) - 1;
+  if (toPitch <= kMaxPitch && fromPitch <= kMaxPitch) {
+    cudaMemcpy2DAsync(to, toPitch, from, fromPitch, width, rows, cudaMemcpyDeviceToDevice, stream);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    cudaMemcpyAsync(static_cast<char *>(to) + r * toPitch, static_cast<const char *>(from) + r * fromPitch, width,
+                    cudaMemcpyDeviceToDevice, stream);
+}
+
 /// What CudaRank::forwardSpan may join of the mHC forward (bf16 models).
 enum class MhcForwardFusion { Unfused, Entry, PostResAndEntry };
 
@@ -206,6 +221,10 @@ private:
   /// A: the activations' storage, R: the residual stream's (A, or float
   /// beside bf16 activations: wideResidual_).
   template <typename A, typename R> bool forwardAs(int64_t stage, int64_t mb, size_t index, StageState &state);
+  /// bf16 models: stage s's forward[index] and the instructions forwardSpan
+  /// joins to it as one kernel (an entry: coefficients and pre-mix; or the
+  /// post-res mix before an entry).
+  void fusedMixForward(int64_t s, size_t index, StageState &st);
   /// The loss of `logits` (this rank's rows; under tensor parallelism its
   /// vocabulary share, Megatron's vocabulary-parallel softmax); a failed
   /// collective sets error_.

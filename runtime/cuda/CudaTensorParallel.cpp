@@ -51,11 +51,9 @@ void permuteRows(const char *from, char *to, int64_t tp, int64_t share, int64_t 
   for (int64_t t = 0; t < tp; ++t) {
     const int64_t rankMajor = t * sequences * shareBytes, ordered = t * shareBytes; // rank t's first row in each
     if (toMicrobatch)
-      cudaMemcpy2DAsync(to + ordered, seq * rowBytes, from + rankMajor, shareBytes, shareBytes, sequences,
-                        cudaMemcpyDeviceToDevice, stream);
+      stridedCopy(to + ordered, seq * rowBytes, from + rankMajor, shareBytes, shareBytes, sequences, stream);
     else
-      cudaMemcpy2DAsync(to + rankMajor, shareBytes, from + ordered, seq * rowBytes, shareBytes, sequences,
-                        cudaMemcpyDeviceToDevice, stream);
+      stridedCopy(to + rankMajor, shareBytes, from + ordered, seq * rowBytes, shareBytes, sequences, stream);
   }
 }
 

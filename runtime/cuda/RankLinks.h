@@ -50,10 +50,13 @@ public:
   /// ordered after the work queued on `stream`: "" or what failed.
   virtual std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) = 0;
   /// Sums each buffer over this rank's gradient group (the replicas of its
-  /// pipeline and tensor rank and their context ranks), in place, ordered after the work queued on
-  /// `stream` and before the work queued on it later. Shared-GPU links add
-  /// the replicas in replica order; NCCL in its own order, which at two
-  /// replicas is the same sum (a + b = b + a).
+  /// pipeline and tensor rank and their context ranks, dp x cp members),
+  /// in place, ordered after the work queued on `stream` and before the
+  /// work queued on it later. Shared-GPU links add the members in member
+  /// order (replica x cp + context rank); NCCL in its own order, which at
+  /// two members is the same sum (a + b = b + a) and at more may differ
+  /// from it in the last bits (a multi-GPU dp x cp > 2 run is then not the
+  /// bits of the same mesh on one GPU or the CPU).
   virtual std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                         cudaStream_t stream) = 0;
   /// A buffer every replica of the group holds, replica d's part of it

@@ -207,8 +207,8 @@ private:
   struct Rendezvous {
     int64_t generation = 0, arrived = 0;
   };
-  /// The members of one group (the replicas of a pipeline and tensor rank,
-  /// or the tensor ranks of a pipeline rank and replica). Each phase's posts
+  /// The members of one group (membership: the gradient group, a tensor-
+  /// or a context-parallel group). Each phase's posts
   /// are read after its rendezvous and not overwritten before the next
   /// phase's, which every member reaches only after reading them; the
   /// events are each rank's own, recorded anew each time (a wait takes the
@@ -336,7 +336,8 @@ public:
     return "";
   }
 
-  /// Each replica sums every replica's buffers in replica order (combine).
+  /// Each member of the gradient group (replica x cp + context rank) sums
+  /// every member's buffers in member order (combine).
   std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                 cudaStream_t stream) override {
     std::vector<Part> parts;
