@@ -267,7 +267,7 @@ prune)
     # small packed groups (their one-GPU runs share it) and small's fp32
     # layouts (recorded on two GPUs in sessions 2-4).
     rm -f ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./1b_f32_pp1* ./1b_fp32_residual_pp1* ./attention_bench \
-      ./tiny_bf16_fp32_residual* ./tiny_n1_* ./hybrid_pp* ./small_bf16_m2_* ./small_m2_*
+      ./tiny_bf16_fp32_residual* ./tiny_n1_* ./hybrid_pp* ./small_bf16_m2_* ./small_m2_* ./tiny_bf16_pp1_vpp2*
   elif [ "${3:-}" = mesh ]; then
     # One GPU, the data- and tensor-parallel groups (their ranks share it):
     # every dp / tp / SP artifact stays; the benchmarks, the kernel studies
@@ -300,8 +300,19 @@ prune)
     # GPU: gpu_training_test, runtime/cuda/RankLinks.h) but for the
     # transport models' (`prune 1 transport` keeps those instead of the
     # benchmarks); the PP2 benchmarks and the fp32 1b studies go.
+    # (The fp32 residual's edge chunks too: its other layouts stay.)
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
-      ./hybrid_1b_m1_pp1* ./1b_m1_pp1*
+      ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./tiny_bf16_fp32_residual_edge_chunks*
+  fi
+  if [ "${3:-}" != context ]; then
+    # The cp groups but the artifact of the "vs" rows (`prune 1 context`
+    # keeps them all, and the cp checkpoint rows' artifacts).
+    for a in ./*_cp2_* ./*_cp4_*; do
+      case $a in
+      ./tiny_cp2_pp1.*) ;;
+      *) rm -f "$a" ;;
+      esac
+    done
   fi
   if [ "${3:-}" != mesh ] && [ "${3:-}" != context ]; then
     # The dp / tp groups but the artifacts of the "vs" and checkpoint rows
@@ -721,7 +732,7 @@ sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
     # cp 2: context rank 0 speaks for the replicated weights; resumed at
     # another layout, and at cp 1 (step 11 within 1e-5 of cp 2's); dp 2 x
     # cp 2 with the distributed optimizer: each replica's moments part.
-    if [ -f tiny_cp2_pp1.mhcc ]; then
+    if [ -f tiny_cp2_pp2.mhcc ]; then
       rm -rf ck_cp2 ck_dp2_cp2
       inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
       four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))"
