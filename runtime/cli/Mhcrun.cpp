@@ -463,6 +463,62 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   return 0;
 }
 
+/// The run's first lines (the speaking rank's): the model, backend, mesh,
+/// layout and data; with the distributed optimizer, its state per rank.
+void printRunBanner(const Artifact &a, const std::string &backend, const RunFlags &f, const TokenDataset &data) {
+  std::string mesh = ", pp = " + std::to_string(a.pp) + ", vpp = " + std::to_string(a.vpp);
+  if (a.dp > 1)
+    mesh += ", dp = " + std::to_string(a.dp);
+  if (a.cp > 1)
+    mesh += ", cp = " + std::to_string(a.cp) + " (" + std::to_string(a.rowsPerRank()) +
+            " tokens of each microbatch a rank)";
+  if (a.tp > 1)
+    mesh += ", tp = " + std::to_string(a.tp) +
+            (a.sequenceParallel ? " with sequence parallelism (" + std::to_string(a.rowsPerRank()) +
+                                      " tokens of each microbatch a rank outside the GEMMs)"
+                                : std::string());
+  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << mesh
+            << ", layout " << a.layout << ", schedule " << a.scheduleKind
+            << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", " << a.microbatches
+            << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
+            << data.source() << " (" << data.size() << " tokens)" << std::endl;
+  if (a.distributedOptimizer) {
+    // The CUDA backend shards the moments; each GPU keeps the whole fp32
+    // masters (the kernels' weights, or the source of their bf16 copies).
+    const bool mastersSharded = backend == "cpu";
+    const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
+    char line[240];
+    std::snprintf(line, sizeof line,
+                  "mhcrun: distributed optimizer: %s sharded over dp = %lld replicas, "
+                  "%.2f MiB a rank (%.2f MiB without sharding)",
+                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each GPU)",
+                  static_cast<long long>(a.dp), sharded / 1048576.0, whole / 1048576.0);
+    std::cout << line << std::endl;
+  }
+}
+
+/// What this process does in the training loop: who speaks, writes files
+/// and joins saves, and how a multi-process run agrees on stops.
+Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string &backend, const Trainer &trainer,
+            const RunFlags &f, bool speaker, const std::string &rankPrefix) {
+  Role role;
+  role.speaker = speaker;
+  role.rankPrefix = rankPrefix;
+  role.agreedStop = placement.has_value();
+  role.backend = backend;
+  if (placement)
+    role.processRank = placement->rank;
+  if (placement && backend == "cpu") {
+    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment (or gathers the shards')
+    role.joinsSaves = trainer.artifact().optimizerShardOf(placement->rank) > 0;
+  } else if (placement) {
+    role.shard.rank = placement->rank;
+    role.shard.size = placement->size;
+    role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+  }
+  return role;
+}
+
 } // namespace
 
 int runMhcrun(int argc, char **argv) {
@@ -554,35 +610,7 @@ int runMhcrun(int argc, char **argv) {
   const bool speaker = !placement || placement->rank == 0;
   const Artifact &a = *artifact;
   if (speaker)
-    std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend
-              << ", pp = " << a.pp << ", vpp = " << a.vpp << (a.dp > 1 ? ", dp = " + std::to_string(a.dp) : "")
-              << (a.cp > 1 ? ", cp = " + std::to_string(a.cp) + " (" + std::to_string(a.rowsPerRank()) +
-                                 " tokens of each microbatch a rank)"
-                           : "")
-              << (a.tp > 1 ? ", tp = " + std::to_string(a.tp) +
-                                 (a.sequenceParallel ? " with sequence parallelism (" +
-                                                           std::to_string(a.rowsPerRank()) +
-                                                           " tokens of each microbatch a rank outside the GEMMs)"
-                                                     : std::string())
-                           : "")
-              << ", layout " << a.layout << ", schedule "
-              << a.scheduleKind << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", "
-              << a.microbatches << " microbatches of " << a.model.tokens() << " tokens"
-              << (a.dp > 1 ? " per replica" : "") << ", data " << data->source()
-              << " (" << data->size() << " tokens)" << std::endl;
-  if (speaker && a.distributedOptimizer) {
-    // The CUDA backend shards the moments; each GPU keeps the whole fp32
-    // masters (the kernels' weights, or the source of their bf16 copies).
-    const bool mastersSharded = backend == "cpu";
-    const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
-    char line[240];
-    std::snprintf(line, sizeof line,
-                  "mhcrun: distributed optimizer: %s sharded over dp = %lld replicas, "
-                  "%.2f MiB a rank (%.2f MiB without sharding)",
-                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each GPU)",
-                  static_cast<long long>(a.dp), sharded / 1048576.0, whole / 1048576.0);
-    std::cout << line << std::endl;
-  }
+    printRunBanner(a, backend, f, *data);
   std::unique_ptr<Bootstrap> bootstrap;
   DeviceFactory devices;
   std::unique_ptr<SocketFolder> sockets;
@@ -608,21 +636,7 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  Role role;
-  role.speaker = speaker;
-  role.rankPrefix = rankPrefix;
-  role.agreedStop = placement.has_value();
-  role.backend = backend;
-  if (placement)
-    role.processRank = placement->rank;
-  if (placement && backend == "cpu") {
-    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment (or gathers the shards')
-    role.joinsSaves = trainer->artifact().optimizerShardOf(placement->rank) > 0;
-  } else if (placement) {
-    role.shard.rank = placement->rank;
-    role.shard.size = placement->size;
-    role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
-  }
+  const Role role = roleOf(placement, backend, *trainer, f, speaker, rankPrefix);
   return trainLoop(*trainer, *data, f, role);
 }
 

@@ -136,35 +136,28 @@ std::unique_ptr<Tokenizer> makeSentencePieceTokenizer(const std::string &model, 
   return tokenizer;
 }
 
-bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
-  const auto start = std::chrono::steady_clock::now();
-  // Everything that can be checked before a file is created.
-  if (o.inputs.empty()) {
-    error = "--input: give at least one text or JSONL file";
-    return false;
-  }
-  if (o.outputPrefix.empty() || endsWith(o.outputPrefix, "/")) {
-    error = "--output-prefix '" + o.outputPrefix + "': give a path without the .bin/.idx suffix, e.g. data/corpus";
-    return false;
-  }
+namespace {
+
+/// The tokenizer --tokenizer (and --tokenizer-model) name, checked against
+/// --append-eod; null with `error` set.
+std::unique_ptr<Tokenizer> tokenizerFor(const PrepOptions &o, std::string &error) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (o.tokenizer == "bytes") {
     if (!o.tokenizerModel.empty()) {
       error = "--tokenizer-model is for --tokenizer sentencepiece; the bytes tokenizer has no model";
-      return false;
+      return nullptr;
     }
     tokenizer = makeByteTokenizer();
   } else if (o.tokenizer == "sentencepiece") {
     if (o.tokenizerModel.empty()) {
       error = "--tokenizer sentencepiece needs --tokenizer-model MODEL.model";
-      return false;
+      return nullptr;
     }
-    tokenizer = makeSentencePieceTokenizer(o.tokenizerModel, error);
-    if (!tokenizer)
-      return false;
+    if (!(tokenizer = makeSentencePieceTokenizer(o.tokenizerModel, error)))
+      return nullptr;
   } else {
     error = "--tokenizer " + o.tokenizer + ": give bytes or sentencepiece";
-    return false;
+    return nullptr;
   }
   if (o.appendEod && tokenizer->eod() < 0) {
     error = tokenizer->name() == "bytes"
@@ -172,18 +165,14 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
                   "it out, or use a sentencepiece model with an eos id"
                 : "--append-eod: the model " + o.tokenizerModel +
                       " has no eos id (trained with --eos_id=-1); leave --append-eod out or retrain";
-    return false;
+    return nullptr;
   }
-  Dtype dtype = dtypeForVocab(tokenizer->vocab());
-  if (o.dtype != "auto") {
-    std::optional<Dtype> named = dtypeNamed(o.dtype);
-    if (!named) {
-      error = "--dtype " + o.dtype + ": give auto, uint8, uint16 or int32";
-      return false;
-    }
-    dtype = *named;
-  }
-  std::vector<std::string> formats;
+  return tokenizer;
+}
+
+/// Every input readable, each one's format ("text" or "jsonl", into
+/// `formats`), and the outputs writable without overwriting an input.
+bool checkFiles(const PrepOptions &o, std::vector<std::string> &formats, std::string &error) {
   for (const std::string &input : o.inputs) {
     if (std::string problem = checkReadable(input); !problem.empty()) {
       error = "--input " + problem;
@@ -212,6 +201,95 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
     error = "--output-prefix " + o.outputPrefix + ": the folder " + folderOf(o.outputPrefix) + " does not exist";
     return false;
   }
+  return true;
+}
+
+/// A document's text from one input line: the line itself (text; a CR
+/// before the newline dropped), or a JSONL object's `key` string (held in
+/// `object`). Blank JSONL lines are Skip; a malformed one is Error with
+/// `error` naming the place (`where`).
+enum class LineText { Text, Skip, Error };
+LineText documentText(const std::string &line, bool jsonl, const std::string &key, const std::string &where,
+                      nlohmann::json &object, std::string_view &text, std::string &error) {
+  text = line;
+  if (!jsonl) {
+    if (!text.empty() && text.back() == '\r')
+      text.remove_suffix(1);
+    return LineText::Text;
+  }
+  if (line.find_first_not_of(" \t\r") == std::string::npos)
+    return LineText::Skip;
+  try {
+    object = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error &e) {
+    error = where + jsonProblem(e);
+    return LineText::Error;
+  } catch (const nlohmann::json::exception &e) {
+    // out_of_range: a number literal beyond double's range (found by
+    // tests/fuzz/prep_fuzz.cpp), which parse reports apart from syntax.
+    error = where + "not JSON: a number out of range (" +
+            std::string(e.what()).substr(std::string(e.what()).find(']') + 2) + ")";
+    return LineText::Error;
+  }
+  if (!object.is_object()) {
+    error = where + "a JSON " + object.type_name() + ", not an object with a \"" + key + "\" string";
+    return LineText::Error;
+  }
+  auto value = object.find(key);
+  if (value == object.end()) {
+    error = where + "no \"" + key + "\" key (" + keyList(object) + "); pick one with --json-key";
+    return LineText::Error;
+  }
+  if (!value->is_string()) {
+    error = where + "\"" + key + "\" is a " + value->type_name() + ", not a string";
+    return LineText::Error;
+  }
+  text = value->get_ref<const std::string &>();
+  return LineText::Text;
+}
+
+/// The .bin and .idx renamed into place with the signals blocked (no signal
+/// between the two renames).
+bool commitBlockingSignals(IndexedWriter &writer, std::string &error) {
+  sigset_t block, previous;
+  sigemptyset(&block);
+  for (int s : kSignals)
+    sigaddset(&block, s);
+  sigprocmask(SIG_BLOCK, &block, &previous);
+  const bool committed = writer.commit(error);
+  gTempBin[0] = '\0';
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  return committed;
+}
+
+} // namespace
+
+bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
+  const auto start = std::chrono::steady_clock::now();
+  // Everything that can be checked before a file is created.
+  if (o.inputs.empty()) {
+    error = "--input: give at least one text or JSONL file";
+    return false;
+  }
+  if (o.outputPrefix.empty() || endsWith(o.outputPrefix, "/")) {
+    error = "--output-prefix '" + o.outputPrefix + "': give a path without the .bin/.idx suffix, e.g. data/corpus";
+    return false;
+  }
+  std::unique_ptr<Tokenizer> tokenizer = tokenizerFor(o, error);
+  if (!tokenizer)
+    return false;
+  Dtype dtype = dtypeForVocab(tokenizer->vocab());
+  if (o.dtype != "auto") {
+    std::optional<Dtype> named = dtypeNamed(o.dtype);
+    if (!named) {
+      error = "--dtype " + o.dtype + ": give auto, uint8, uint16 or int32";
+      return false;
+    }
+    dtype = *named;
+  }
+  std::vector<std::string> formats;
+  if (!checkFiles(o, formats, error))
+    return false;
 
   IndexedWriter writer;
   if (!writer.open(o.outputPrefix, dtype, error))
@@ -230,7 +308,6 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
   const int64_t eod = o.appendEod ? tokenizer->eod() : -1;
   for (size_t f = 0; f < o.inputs.size(); ++f) {
     const std::string &input = o.inputs[f];
-    const bool jsonl = formats[f] == "jsonl";
     std::ifstream in(input, std::ios::binary);
     if (!in) {
       error = input + ": cannot open (" + systemError() + ")";
@@ -238,40 +315,13 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
     }
     for (int64_t number = 1; std::getline(in, line); ++number) {
       const std::string where = input + ":" + std::to_string(number) + ": ";
-      std::string_view text = line;
       nlohmann::json object;
-      if (jsonl) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos)
-          continue;
-        try {
-          object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error &e) {
-          error = where + jsonProblem(e);
-          return done(false);
-        } catch (const nlohmann::json::exception &e) {
-          // out_of_range: a number literal beyond double's range (found by
-          // tests/fuzz/prep_fuzz.cpp), which parse reports apart from syntax.
-          error = where + "not JSON: a number out of range (" + std::string(e.what()).substr(
-                                                                  std::string(e.what()).find(']') + 2) + ")";
-          return done(false);
-        }
-        if (!object.is_object()) {
-          error = where + "a JSON " + object.type_name() + ", not an object with a \"" + o.jsonKey + "\" string";
-          return done(false);
-        }
-        auto value = object.find(o.jsonKey);
-        if (value == object.end()) {
-          error = where + "no \"" + o.jsonKey + "\" key (" + keyList(object) + "); pick one with --json-key";
-          return done(false);
-        }
-        if (!value->is_string()) {
-          error = where + "\"" + o.jsonKey + "\" is a " + value->type_name() + ", not a string";
-          return done(false);
-        }
-        text = value->get_ref<const std::string &>();
-      } else if (!text.empty() && text.back() == '\r') {
-        text.remove_suffix(1);
-      }
+      std::string_view text;
+      const LineText read = documentText(line, formats[f] == "jsonl", o.jsonKey, where, object, text, error);
+      if (read == LineText::Error)
+        return done(false);
+      if (read == LineText::Skip)
+        continue;
       ids.clear();
       if (!tokenizer->encode(text, ids, error)) {
         error = where + error;
@@ -301,16 +351,7 @@ bool prepare(const PrepOptions &o, PrepSummary &summary, std::string &error) {
   }
   summary.documents = writer.documents();
   summary.tokens = writer.tokens();
-  // No signal between the two renames.
-  sigset_t block, previous;
-  sigemptyset(&block);
-  for (int s : kSignals)
-    sigaddset(&block, s);
-  sigprocmask(SIG_BLOCK, &block, &previous);
-  const bool committed = writer.commit(error);
-  gTempBin[0] = '\0';
-  sigprocmask(SIG_SETMASK, &previous, nullptr);
-  if (!committed)
+  if (!commitBlockingSignals(writer, error))
     return done(false);
   summary.dtype = dtype.name;
   summary.tokenizer = tokenizer->name();
