@@ -271,6 +271,132 @@ std::optional<std::string> checkScheduleShape(ScheduleKind kind, int64_t p, int6
   return std::nullopt;
 }
 
+namespace {
+
+/// Pipeline rank r's instruction list: its compute steps in the schedule's
+/// order (computeOrder, groups of g under interleaving), each followed by
+/// its collectives; the receives a step needs posted at the communication
+/// point before it (a fused pair's one point early), its sends at the one
+/// after; a stage's gradient ALLREDUCE after its last backward; then the
+/// optimizer step.
+std::vector<Instr> rankInstructions(const ScheduleSpec &spec, int64_t g, int64_t r) {
+  const int64_t p = spec.pp, m = spec.microbatches, stages = p * spec.vpp;
+  auto rankOf = [&](int64_t stage) { return stage % p; };
+  std::vector<Instr> list;
+  std::vector<Instr> pending; // comms between two compute steps: one group
+  std::vector<Instr> pendingFrees;
+  // A stage's gradient ALLREDUCE, once its last backward (W under ZB-H1)
+  // ran: it follows that step's sends, so the replicas sum one model
+  // chunk while the rank goes on with the others' backwards (Megatron's
+  // bucketed, overlapped gradient reduction with a bucket per chunk).
+  std::vector<Instr> pendingReduces;
+  std::map<int64_t, int64_t> backwardsLeft;
+  if (spec.dp * spec.cp > 1)
+    for (int64_t s = r; s < stages; s += p)
+      if (spec.stages[s].params > 0) // an empty chunk has nothing to sum
+        backwardsLeft[s] = m;
+  const OpKind completing = spec.kind == ScheduleKind::ZeroBubbleH1 ? OpKind::BackwardWeight : OpKind::Backward;
+  int64_t groupId = 0;
+  auto flush = [&]() {
+    if (!pending.empty()) {
+      std::stable_sort(pending.begin(), pending.end(),
+                       [](const Instr &a, const Instr &b) { return commRank(a) < commRank(b); });
+      for (Instr &instr : pending) {
+        instr.group = groupId;
+        list.push_back(instr);
+      }
+      ++groupId;
+      pending.clear();
+    }
+    for (Instr &free : pendingFrees)
+      list.push_back(free);
+    pendingFrees.clear();
+    for (Instr &reduce : pendingReduces)
+      list.push_back(reduce);
+    pendingReduces.clear();
+  };
+  auto message = [&](OpKind kind, Payload payload, int64_t src, int64_t dst, int64_t mb) {
+    Instr instr;
+    instr.kind = kind;
+    instr.payload = payload;
+    instr.srcStage = src;
+    instr.dstStage = dst;
+    instr.stage = kind == OpKind::Send ? src : dst;
+    instr.mb = mb;
+    instr.peer = rankOf(kind == OpKind::Send ? dst : src);
+    instr.tokens = spec.tokens;
+    // Both directions of an edge carry the boundary's width.
+    instr.width = spec.stages[std::min(src, dst)].outputWidth;
+    pending.push_back(instr);
+  };
+  // Receives for a step are posted at the communication point before it,
+  // sends at the one after it; a point is between two steps unless the
+  // first is fused with the second, so a fused pair's receives are
+  // prefetched one point early, as Megatron's batched exchange does.
+  std::vector<ComputeStep> steps = computeOrder(spec, g, r);
+  auto postReceives = [&](const ComputeStep &step) {
+    int64_t s = step.stage;
+    if (step.kind == OpKind::Forward && s > 0 && rankOf(s - 1) != r)
+      message(OpKind::Recv, Payload::Activation, s - 1, s, step.mb);
+    if ((step.kind == OpKind::Backward || step.kind == OpKind::BackwardInput) &&
+        s < stages - 1 && rankOf(s + 1) != r)
+      message(OpKind::Recv, Payload::Gradient, s + 1, s, step.mb);
+  };
+  auto postSends = [&](const ComputeStep &step) {
+    int64_t s = step.stage;
+    if (step.kind == OpKind::Forward && s < stages - 1 && rankOf(s + 1) != r) {
+      message(OpKind::Send, Payload::Activation, s, s + 1, step.mb);
+      Instr free;
+      free.kind = OpKind::Free;
+      free.stage = s;
+      free.mb = step.mb;
+      pendingFrees.push_back(free);
+    }
+    if ((step.kind == OpKind::Backward || step.kind == OpKind::BackwardInput) && s > 0 &&
+        rankOf(s - 1) != r)
+      message(OpKind::Send, Payload::Gradient, s, s - 1, step.mb);
+  };
+  size_t next = 0; // first step whose receives are not posted yet
+  auto prefetchUntil = [&](size_t last) {
+    for (; next <= last && next < steps.size(); ++next)
+      postReceives(steps[next]);
+  };
+  prefetchUntil(0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i == 0 || !steps[i - 1].fusedWithNext) {
+      prefetchUntil(steps[i].fusedWithNext ? i + 1 : i);
+      flush();
+    }
+    Instr compute;
+    compute.kind = steps[i].kind;
+    compute.stage = steps[i].stage;
+    compute.mb = steps[i].mb;
+    list.push_back(compute);
+    for (Instr c : spec.stages[compute.stage].collectivesOf(compute.kind)) {
+      c.stage = compute.stage;
+      c.mb = compute.mb;
+      list.push_back(c);
+    }
+    postSends(steps[i]);
+    auto left = backwardsLeft.find(compute.stage);
+    if (compute.kind == completing && left != backwardsLeft.end() && --left->second == 0) {
+      Instr reduce;
+      reduce.kind = OpKind::AllReduce;
+      reduce.stage = compute.stage;
+      reduce.tokens = 1;
+      reduce.width = spec.stages[compute.stage].params;
+      pendingReduces.push_back(reduce);
+    }
+  }
+  flush();
+  Instr optim;
+  optim.kind = OpKind::Optimizer;
+  list.push_back(optim);
+  return list;
+}
+
+} // namespace
+
 std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &error) {
   const int64_t p = spec.pp, v = spec.vpp, m = spec.microbatches;
   const int64_t stages = p * v;
@@ -298,121 +424,8 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);
-  auto rankOf = [&](int64_t stage) { return stage % p; };
-
-  for (int64_t r = 0; r < p; ++r) {
-    std::vector<Instr> &list = schedule.ranks[r];
-    std::vector<Instr> pending; // comms between two compute steps: one group
-    std::vector<Instr> pendingFrees;
-    // A stage's gradient ALLREDUCE, once its last backward (W under ZB-H1)
-    // ran: it follows that step's sends, so the replicas sum one model
-    // chunk while the rank goes on with the others' backwards (Megatron's
-    // bucketed, overlapped gradient reduction with a bucket per chunk).
-    std::vector<Instr> pendingReduces;
-    std::map<int64_t, int64_t> backwardsLeft;
-    if (spec.dp * spec.cp > 1)
-      for (int64_t s = r; s < stages; s += p)
-        if (spec.stages[s].params > 0) // an empty chunk has nothing to sum
-          backwardsLeft[s] = m;
-    const OpKind completing = spec.kind == ScheduleKind::ZeroBubbleH1 ? OpKind::BackwardWeight : OpKind::Backward;
-    int64_t groupId = 0;
-    auto flush = [&]() {
-      if (!pending.empty()) {
-        std::stable_sort(pending.begin(), pending.end(),
-                         [](const Instr &a, const Instr &b) { return commRank(a) < commRank(b); });
-        for (Instr &instr : pending) {
-          instr.group = groupId;
-          list.push_back(instr);
-        }
-        ++groupId;
-        pending.clear();
-      }
-      for (Instr &free : pendingFrees)
-        list.push_back(free);
-      pendingFrees.clear();
-      for (Instr &reduce : pendingReduces)
-        list.push_back(reduce);
-      pendingReduces.clear();
-    };
-    auto message = [&](OpKind kind, Payload payload, int64_t src, int64_t dst, int64_t mb) {
-      Instr instr;
-      instr.kind = kind;
-      instr.payload = payload;
-      instr.srcStage = src;
-      instr.dstStage = dst;
-      instr.stage = kind == OpKind::Send ? src : dst;
-      instr.mb = mb;
-      instr.peer = rankOf(kind == OpKind::Send ? dst : src);
-      instr.tokens = spec.tokens;
-      // Both directions of an edge carry the boundary's width.
-      instr.width = spec.stages[std::min(src, dst)].outputWidth;
-      pending.push_back(instr);
-    };
-    // Receives for a step are posted at the communication point before it,
-    // sends at the one after it; a point is between two steps unless the
-    // first is fused with the second, so a fused pair's receives are
-    // prefetched one point early, as Megatron's batched exchange does.
-    std::vector<ComputeStep> steps = computeOrder(spec, g, r);
-    auto postReceives = [&](const ComputeStep &step) {
-      int64_t s = step.stage;
-      if (step.kind == OpKind::Forward && s > 0 && rankOf(s - 1) != r)
-        message(OpKind::Recv, Payload::Activation, s - 1, s, step.mb);
-      if ((step.kind == OpKind::Backward || step.kind == OpKind::BackwardInput) &&
-          s < stages - 1 && rankOf(s + 1) != r)
-        message(OpKind::Recv, Payload::Gradient, s + 1, s, step.mb);
-    };
-    auto postSends = [&](const ComputeStep &step) {
-      int64_t s = step.stage;
-      if (step.kind == OpKind::Forward && s < stages - 1 && rankOf(s + 1) != r) {
-        message(OpKind::Send, Payload::Activation, s, s + 1, step.mb);
-        Instr free;
-        free.kind = OpKind::Free;
-        free.stage = s;
-        free.mb = step.mb;
-        pendingFrees.push_back(free);
-      }
-      if ((step.kind == OpKind::Backward || step.kind == OpKind::BackwardInput) && s > 0 &&
-          rankOf(s - 1) != r)
-        message(OpKind::Send, Payload::Gradient, s, s - 1, step.mb);
-    };
-    size_t next = 0; // first step whose receives are not posted yet
-    auto prefetchUntil = [&](size_t last) {
-      for (; next <= last && next < steps.size(); ++next)
-        postReceives(steps[next]);
-    };
-    prefetchUntil(0);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (i == 0 || !steps[i - 1].fusedWithNext) {
-        prefetchUntil(steps[i].fusedWithNext ? i + 1 : i);
-        flush();
-      }
-      Instr compute;
-      compute.kind = steps[i].kind;
-      compute.stage = steps[i].stage;
-      compute.mb = steps[i].mb;
-      list.push_back(compute);
-      for (Instr c : spec.stages[compute.stage].collectivesOf(compute.kind)) {
-        c.stage = compute.stage;
-        c.mb = compute.mb;
-        list.push_back(c);
-      }
-      postSends(steps[i]);
-      auto left = backwardsLeft.find(compute.stage);
-      if (compute.kind == completing && left != backwardsLeft.end() && --left->second == 0) {
-        Instr reduce;
-        reduce.kind = OpKind::AllReduce;
-        reduce.stage = compute.stage;
-        reduce.tokens = 1;
-        reduce.width = spec.stages[compute.stage].params;
-        pendingReduces.push_back(reduce);
-      }
-    }
-    flush();
-    Instr optim;
-    optim.kind = OpKind::Optimizer;
-    list.push_back(optim);
-
-  }
+  for (int64_t r = 0; r < p; ++r)
+    schedule.ranks[r] = rankInstructions(spec, g, r);
   alignReceivesToSenders(schedule);
   // Order keys: position in the FIFO to (or from) each peer.
   for (auto &list : schedule.ranks) {

@@ -27,16 +27,11 @@ constexpr auto fail = failLine;
 } // namespace
 
 /// The options, declared once; every default is shown by --help.
-int parseRunFlags(int argc, char **argv, RunFlags &f) {
-  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per pipeline rank) or on the CPU "
-               "reference backend"};
-  app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact formats " +
-                                        std::to_string(kOldestArtifactVersion) + " to " +
-                                        std::to_string(kArtifactVersion) + ")");
+namespace {
+
+/// What a run trains on and how: steps, data, the optimizer's settings.
+void addTrainingFlags(CLI::App &app, RunFlags &f) {
   TrainOptions &o = f.options;
-  app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
-  app.add_option("--backend", f.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--steps", f.steps,
                  "The last training iteration (Megatron's --train-iters: resumed from iteration 10, --steps 20 "
                  "trains iterations 11 to 20)")->check(CLI::PositiveNumber);
@@ -58,18 +53,22 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
                  "AdamW's epsilon (Megatron's --adam-eps): the first step moves each weight by about lr x "
                  "g / (|g| + eps), so gradients far below eps move little");
   app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
-  app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
+}
+
+/// Where the ranks run: the backend's processes, GPUs and memory; the
+/// --memory-plan option (to tell whether it was given).
+CLI::Option *addLaunchFlags(CLI::App &app, RunFlags &f) {
+  TrainOptions &o = f.options;
   app.add_option("--recv-timeout", o.recvTimeoutSeconds,
                  "Seconds a rank waited on may go without progress before it is declared stuck (the waiting rank "
                  "then fails, naming it); a slow rank that progresses is waited for")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--no-progress", f.noProgress, "No progress bar, even on a terminal");
   app.add_option("--gpus", f.gpus,
-                 "Start one process per GPU on this host (must equal the artifact's pp; the default for the CUDA "
-                 "backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
+                 "Start one process per GPU on this host (must equal the artifact's ranks, pp x dp x cp x tp; the "
+                 "default for the CUDA backend; -1: as many as the artifact has ranks). Under mpirun or srun the launcher starts the "
                  "ranks instead");
   app.add_option("--processes", f.processes,
-                 "CPU backend: one process per pipeline rank on this host (must equal the artifact's pp), "
+                 "CPU backend: one process per rank on this host (must equal the artifact's ranks), "
                  "channels over Unix sockets; the same bits as one process. Under mpirun or srun, --backend cpu "
                  "does the same with the launcher's processes")
       ->check(CLI::PositiveNumber);
@@ -85,6 +84,14 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
                  "messages device copies instead of NCCL (which needs a GPU a rank): the same bits, for layouts "
                  "with more ranks than GPUs (testing, debugging; not for speed)")
       ->check(CLI::PositiveNumber);
+  return plan;
+}
+
+/// What a run writes: metrics, profiles, traces, dumps, checkpoints, exports.
+void addOutputFlags(CLI::App &app, RunFlags &f) {
+  TrainOptions &o = f.options;
+  app.add_option("--metrics", f.metricsPath, "Write one JSON line per iteration here");
+  app.add_flag("--no-progress", f.noProgress, "No progress bar, even on a terminal");
   app.add_flag("--profile", o.profile,
                "Print where the time goes, per iteration after the first: time per rank and primitive (device time "
                "on the CUDA backend, thread time on the CPU) and the host phases");
@@ -123,11 +130,12 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
                  "Write the measured per-rank timeline here, as Chrome trace events (Perfetto, chrome://tracing), "
                  "with the names 'mhcc --trace' predicts (GPUs: CUDA events on the streams that ran each instruction; "
                  "one process a rank: rank 0 merges the parts)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError &e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+}
+
+/// The parsed flags checked against each other, and what they imply filled
+/// in: -1 to go on, else the exit status (a message printed).
+int checkRunFlags(RunFlags &f, const CLI::Option *plan) {
+  TrainOptions &o = f.options;
   // CLI11 takes an empty argument as a value; no file has an empty name.
   if (f.artifactPath.empty())
     return fail("the artifact path is empty: give the file 'mhcc --emit=artifact' wrote");
@@ -179,6 +187,28 @@ int parseRunFlags(int argc, char **argv, RunFlags &f) {
   o.recordTaps = o.recordTaps || !f.dumpDir.empty(); // the dump needs the reduced gradients
   f.memoryPlanGiven = plan->count() > 0;
   return -1; // go on
+}
+
+} // namespace
+
+int parseRunFlags(int argc, char **argv, RunFlags &f) {
+  CLI::App app{"mhcrun: trains a compiled mhcc artifact on GPUs (one process per rank) or on the CPU "
+               "reference backend"};
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", std::string("mhcrun ") + kMhccVersion + " (artifact formats " +
+                                        std::to_string(kOldestArtifactVersion) + " to " +
+                                        std::to_string(kArtifactVersion) + ")");
+  app.add_option("artifact", f.artifactPath, "Artifact written by 'mhcc --emit=artifact'")->required();
+  app.add_option("--backend", f.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  addTrainingFlags(app, f);
+  const CLI::Option *plan = addLaunchFlags(app, f);
+  addOutputFlags(app, f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return checkRunFlags(f, plan);
 }
 
 } // namespace mhcc::runtime
