@@ -695,11 +695,14 @@ PY
        ck_run pp1_b tiny_pp1 20 --load ck_pp1 && ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp1_a.jsonl" "$logs/ck_pp1_b.jsonl"
     then r=PASS; else r=FAIL; fi
     row "checkpoint PP1 10+10 == 20" $r "$(ck_cost "$logs/ck_pp1_a.log")"
+    # Ranks sharing a GPU where fewer are visible: 2, 4 (PP2 x tp 2 or cp 2) and 8 a run.
+    inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
+    four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))"
+    eight="--in-process"; [ "$gpus" -lt 8 ] && eight="--ranks-per-gpu $(( (8 + gpus - 1) / gpus ))"
     # dp 2 with the distributed optimizer: each replica's part of the moments
     # saved and loaded (every rank in this process: shared links on one GPU).
     if [ -f tiny_dp2_zero1_pp1.mhcc ]; then
       rm -rf ck_zero1
-      inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
       # shellcheck disable=SC2086
       if ck_run zero1_full tiny_dp2_zero1_pp1 20 $inproc && ck_run zero1_a tiny_dp2_zero1_pp1 10 $inproc --save ck_zero1 &&
          ck_run zero1_b tiny_dp2_zero1_pp1 20 $inproc --load ck_zero1 &&
@@ -709,45 +712,34 @@ PY
       then r=PASS; else r=FAIL; fi
       row "checkpoint dp 2 zero1 ($inproc) 10+10 == 20, resumed without sharding" $r "$(ck_cost "$logs/ck_zero1_a.log")"
     fi
-    # tp 2: each tensor rank's blocks placed into whole tensors; resumed at
-    # another layout, and at tp 1 (step 11 within 1e-5 of tp 2's: a block
-    # put in the wrong place would be far off).
-    if [ -f tiny_tp2_pp1.mhcc ]; then
-      rm -rf ck_tp2
-      inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
-      four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))" # PP2 x tp 2
+    # ck_mesh NAME PP1 PP2 PLAIN: PP1's artifact (2 ranks) 10 + 10 == 20
+    # iterations, resumed at PP2 (4 ranks), and resumed at PLAIN (one rank
+    # a pipeline rank: step 11 within 1e-5 of the full run's lm loss; a
+    # block or row put in the wrong place would be far off).
+    ck_mesh() {
+      local name=$1 pp1=$2 pp2=$3 plain=$4
+      rm -rf "ck_$name"
       # shellcheck disable=SC2086
-      if ck_run tp2_full tiny_tp2_pp1 20 $inproc && ck_run tp2_a tiny_tp2_pp1 10 $inproc --save ck_tp2 &&
-         ck_run tp2_b tiny_tp2_pp2 20 $four --load ck_tp2 &&
-         ck_same "$logs/ck_tp2_full.jsonl" "$logs/ck_tp2_a.jsonl" "$logs/ck_tp2_b.jsonl" &&
-         ck_run tp2_to_tp1 tiny_pp1 11 --load ck_tp2/iter_0000010 &&
-         python3 -c "
+      ck_run "${name}_full" "$pp1" 20 $inproc && ck_run "${name}_a" "$pp1" 10 $inproc --save "ck_$name" &&
+        ck_run "${name}_b" "$pp2" 20 $four --load "ck_$name" &&
+        ck_same "$logs/ck_${name}_full.jsonl" "$logs/ck_${name}_a.jsonl" "$logs/ck_${name}_b.jsonl" &&
+        ck_run "${name}_to_plain" "$plain" 11 --load "ck_$name/iter_0000010" &&
+        python3 -c "
 import json, sys
-a = [json.loads(l) for l in open('$logs/ck_tp2_full.jsonl')][10]['lm_loss']
-b = [json.loads(l) for l in open('$logs/ck_tp2_to_tp1.jsonl')][0]['lm_loss']
+a = [json.loads(l) for l in open('$logs/ck_${name}_full.jsonl')][10]['lm_loss']
+b = [json.loads(l) for l in open('$logs/ck_${name}_to_plain.jsonl')][0]['lm_loss']
 sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
-      then r=PASS; else r=FAIL; fi
+    }
+    # tp 2: each tensor rank's blocks placed into whole tensors.
+    if [ -f tiny_tp2_pp1.mhcc ]; then
+      if ck_mesh tp2 tiny_tp2_pp1 tiny_tp2_pp2 tiny_pp1; then r=PASS; else r=FAIL; fi
       row "checkpoint tp 2 ($inproc) 10+10 == 20 at PP2, resumed at tp 1" $r "$(ck_cost "$logs/ck_tp2_a.log")"
     fi
-    # cp 2: context rank 0 speaks for the replicated weights; resumed at
-    # another layout, and at cp 1 (step 11 within 1e-5 of cp 2's); dp 2 x
-    # cp 2 with the distributed optimizer: each replica's moments part.
+    # cp 2: context rank 0 speaks for the replicated weights; dp 2 x cp 2
+    # with the distributed optimizer: each replica's moments part.
     if [ -f tiny_cp2_pp2.mhcc ]; then
-      rm -rf ck_cp2 ck_dp2_cp2
-      inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
-      four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))"
-      eight="--in-process"; [ "$gpus" -lt 8 ] && eight="--ranks-per-gpu $(( (8 + gpus - 1) / gpus ))"
-      # shellcheck disable=SC2086
-      if ck_run cp2_full tiny_cp2_pp1 20 $inproc && ck_run cp2_a tiny_cp2_pp1 10 $inproc --save ck_cp2 &&
-         ck_run cp2_b tiny_cp2_pp2 20 $four --load ck_cp2 &&
-         ck_same "$logs/ck_cp2_full.jsonl" "$logs/ck_cp2_a.jsonl" "$logs/ck_cp2_b.jsonl" &&
-         ck_run cp2_to_cp1 tiny_pp1 11 --load ck_cp2/iter_0000010 &&
-         python3 -c "
-import json, sys
-a = [json.loads(l) for l in open('$logs/ck_cp2_full.jsonl')][10]['lm_loss']
-b = [json.loads(l) for l in open('$logs/ck_cp2_to_cp1.jsonl')][0]['lm_loss']
-sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
-      then r=PASS; else r=FAIL; fi
+      rm -rf ck_dp2_cp2
+      if ck_mesh cp2 tiny_cp2_pp1 tiny_cp2_pp2 tiny_pp1; then r=PASS; else r=FAIL; fi
       row "checkpoint cp 2 ($inproc) 10+10 == 20 at PP2, resumed at cp 1" $r "$(ck_cost "$logs/ck_cp2_a.log")"
       if [ -f tiny_dp2_cp2_zero1_pp2.mhcc ]; then
         # shellcheck disable=SC2086

@@ -275,7 +275,7 @@ struct CpuWorld {
     GatherGroup &group = gatherGroups[rank / (a.cp * a.tp) * a.tp + a.tensorRankOf(rank)];
     return collective(rank, group, a.contextGroupOf(rank), a.contextRankOf(rank), local,
                       [&](const std::vector<const float *> &sources) {
-                        placeRows(sources, [&](int64_t c) { return contextRows(a, c); }, cols, all);
+                        placeRows(sources, [&](int64_t c) { return a.contextRows(c); }, cols, all);
                       },
                       problem);
   }

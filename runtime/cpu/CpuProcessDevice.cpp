@@ -270,7 +270,7 @@ private:
     std::vector<std::vector<float>> parts;
     if (!allParts(a_.contextGroupOf(rank_), local, int64_t(rowMap_.size()) * cols, parts))
       return false;
-    placeRows(pointers(parts), [&](int64_t c) { return contextRows(a_, c); }, cols, all);
+    placeRows(pointers(parts), [&](int64_t c) { return a_.contextRows(c); }, cols, all);
     return true;
   }
 

@@ -269,8 +269,6 @@ void placeRows(const std::vector<const float *> &parts, const std::function<std:
   }
 }
 
-std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank) { return a.contextRows(contextRank); }
-
 std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank) {
   std::vector<int64_t> rows;
   const int64_t seq = a.model.seqLen / a.cp, share = seq / a.tp; // a context-parallel rank's rows a sequence
@@ -282,7 +280,7 @@ std::vector<int64_t> sequenceRows(const Artifact &a, int64_t tensorRank) {
 
 CpuRankBase::CpuRankBase(const Artifact &a, const TrainOptions &options, int64_t rank)
     : a_(a), options_(options), rank_(rank), pipelineRank_(a.pipelineRankOf(rank)), replica_(a.replicaOf(rank)),
-      contextRank_(a.contextRankOf(rank)), tensorRank_(a.tensorRankOf(rank)), rowMap_(contextRows(a, contextRank_)) {
+      contextRank_(a.contextRankOf(rank)), tensorRank_(a.tensorRankOf(rank)), rowMap_(a.contextRows(contextRank_)) {
   keepFreedMemory();
 }
 

@@ -112,8 +112,6 @@ void combineParts(const std::vector<const float *> &parts, int64_t count, bool m
 void placeRows(const std::vector<const float *> &parts, const std::function<std::vector<int64_t>(int64_t)> &rowsOf,
                int64_t cols, float *all);
 
-/// Artifact::contextRows: the microbatch rows context rank `contextRank` holds.
-std::vector<int64_t> contextRows(const Artifact &a, int64_t contextRank);
 /// The rows tensor rank `tensorRank` holds under sequence parallelism: of
 /// each sequence, its tensorRank-th share of the sequence's rows, in order
 /// (Megatron splits the sequence dimension). The rows are the microbatch's,

@@ -61,6 +61,11 @@ namespace {
 
 ncclDataType_t ncclType(Dtype dtype) { return dtype == Dtype::BF16 ? ncclBfloat16 : ncclFloat; }
 
+/// "" for success, else `operation` (ending in ": ") and NCCL's message.
+std::string outcome(ncclResult_t status, const char *operation) {
+  return status == ncclSuccess ? "" : std::string(operation) + ncclGetErrorString(status);
+}
+
 /// RankLinks over NCCL: the world's communicator and one per directed pair
 /// this rank is in.
 class NcclLinks final : public RankLinks {
@@ -126,20 +131,17 @@ public:
     ncclRecv(data, count, ncclType(dtype), 0, recvComm_.at(peer), stream);
   }
   std::string groupEnd() override {
-    ncclResult_t status = ncclGroupEnd();
-    return status == ncclSuccess ? "" : std::string("NCCL group: ") + ncclGetErrorString(status);
+    return outcome(ncclGroupEnd(), "NCCL group: ");
   }
   std::string allReduceSum(double *data, int64_t count, cudaStream_t stream) override {
-    ncclResult_t status = ncclAllReduce(data, data, count, ncclDouble, ncclSum, world_, stream);
-    return status == ncclSuccess ? "" : std::string("ncclAllReduce: ") + ncclGetErrorString(status);
+    return outcome(ncclAllReduce(data, data, count, ncclDouble, ncclSum, world_, stream), "ncclAllReduce: ");
   }
   std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                 cudaStream_t stream) override {
     ncclGroupStart();
     for (const auto &[data, count] : buffers)
       ncclAllReduce(data, data, count, ncclFloat, ncclSum, replicas_, stream);
-    ncclResult_t status = ncclGroupEnd();
-    return status == ncclSuccess ? "" : std::string("ncclAllReduce over the replicas: ") + ncclGetErrorString(status);
+    return outcome(ncclGroupEnd(), "ncclAllReduce over the replicas: ");
   }
   /// A broadcast of each part from its replica (parts may differ in size
   /// by one element, which an all-gather does not allow).
@@ -152,31 +154,26 @@ public:
           ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(d * contextRanks_), replicas_,
                         stream);
       }
-    ncclResult_t status = ncclGroupEnd();
-    return status == ncclSuccess ? "" : std::string("ncclBroadcast over the replicas: ") + ncclGetErrorString(status);
+    return outcome(ncclGroupEnd(), "ncclBroadcast over the replicas: ");
   }
   std::string allReduceTensor(void *data, int64_t count, Dtype dtype, bool max, cudaStream_t stream) override {
-    ncclResult_t status = ncclAllReduce(data, data, count, ncclType(dtype), max ? ncclMax : ncclSum, tensor_, stream);
-    return status == ncclSuccess ? "" : std::string("ncclAllReduce over the tensor-parallel group: ") +
-                                            ncclGetErrorString(status);
+    return outcome(ncclAllReduce(data, data, count, ncclType(dtype), max ? ncclMax : ncclSum, tensor_, stream),
+                   "ncclAllReduce over the tensor-parallel group: ");
   }
   std::string allGatherTensor(const void *local, void *all, int64_t count, Dtype dtype,
                               cudaStream_t stream) override {
-    ncclResult_t status = ncclAllGather(local, all, count, ncclType(dtype), tensor_, stream);
-    return status == ncclSuccess ? "" : std::string("ncclAllGather over the tensor-parallel group: ") +
-                                            ncclGetErrorString(status);
+    return outcome(ncclAllGather(local, all, count, ncclType(dtype), tensor_, stream),
+                   "ncclAllGather over the tensor-parallel group: ");
   }
   std::string reduceScatterTensor(const void *all, void *local, int64_t count, Dtype dtype,
                                   cudaStream_t stream) override {
-    ncclResult_t status = ncclReduceScatter(all, local, count, ncclType(dtype), ncclSum, tensor_, stream);
-    return status == ncclSuccess ? "" : std::string("ncclReduceScatter over the tensor-parallel group: ") +
-                                            ncclGetErrorString(status);
+    return outcome(ncclReduceScatter(all, local, count, ncclType(dtype), ncclSum, tensor_, stream),
+                   "ncclReduceScatter over the tensor-parallel group: ");
   }
   std::string allGatherContext(const void *local, void *all, int64_t count, Dtype dtype,
                                cudaStream_t stream) override {
-    ncclResult_t status = ncclAllGather(local, all, count, ncclType(dtype), context_, stream);
-    return status == ncclSuccess ? "" : std::string("ncclAllGather over the context-parallel group: ") +
-                                            ncclGetErrorString(status);
+    return outcome(ncclAllGather(local, all, count, ncclType(dtype), context_, stream),
+                   "ncclAllGather over the context-parallel group: ");
   }
   void abort() override {
     for (ncclComm_t comm : comms_)
