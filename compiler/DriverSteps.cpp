@@ -91,8 +91,9 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << "; each stage's ALLREDUCE sums its gradients over the replicas right after the stage's last backward, "
             "while the rank goes on with its other stages' (a bucket per model chunk)"
          << (schedule.distributedOptimizer
-                 ? "; distributed optimizer: the fp32 masters and Adam's moments sharded over the replicas, each "
-                   "updating 1 / dp of every parameter"
+                 ? "; distributed optimizer: a REDUCESCATTER instead, each member of the gradient group (dp x "
+                   "cp) keeping Adam's moments of its part of every parameter, updating it and all-gathering the "
+                   "weights"
                  : "")
          << "\n";
     if (schedule.cp > 1)

@@ -80,9 +80,10 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "reduce-scatter after the row-parallel ones), so every boundary carries that share"),
                 cl::cat(pipelineCategory()));
   binder.option(distributedOptimizer, "distributed-optimizer",
-                cl::desc("With --dp: shard the fp32 master weights and Adam's moments over the data-parallel "
-                         "replicas (Megatron's distributed optimizer, ZeRO-1): each replica updates 1 / dp of "
-                         "every parameter (CPU backend)"),
+                cl::desc("With --dp: Megatron's distributed optimizer (ZeRO-1): each member of the gradient "
+                         "group (dp x cp ranks) receives its part of the summed gradients (a REDUCESCATTER "
+                         "instead of the ALLREDUCE), keeps Adam's moments of that part alone, updates it and "
+                         "all-gathers the updated weights"),
                 cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),

@@ -345,7 +345,8 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
         pipe::OptimizerOp::create(builder, loc);
         break;
       case pipeline::OpKind::AllReduce:
-        pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.stage), i64(instr.width));
+        pipe::AllReduceOp::create(builder, loc, builder.getStringAttr("dp"), i64(instr.stage), i64(instr.width),
+                                  instr.collective == runtime::CollectiveOp::ReduceScatter ? builder.getUnitAttr() : UnitAttr());
         break;
       case pipeline::OpKind::Collective:
         pipe::CollectiveOp::create(builder, loc, builder.getStringAttr(runtime::meshAxisName(instr.axis)),
@@ -429,6 +430,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
             instr.stage = o.getStage();
             instr.tokens = 1;
             instr.width = o.getElements();
+            instr.collective = o.getScatter() ? runtime::CollectiveOp::ReduceScatter : runtime::CollectiveOp::AllReduce;
           })
           .Case([&](pipe::CollectiveOp o) {
             // The op's verifier admits only known names.

@@ -382,6 +382,7 @@ std::vector<Instr> rankInstructions(const ScheduleSpec &spec, int64_t g, int64_t
     if (compute.kind == completing && left != backwardsLeft.end() && --left->second == 0) {
       Instr reduce;
       reduce.kind = OpKind::AllReduce;
+      reduce.collective = spec.distributedOptimizer ? runtime::CollectiveOp::ReduceScatter : runtime::CollectiveOp::AllReduce;
       reduce.stage = compute.stage;
       reduce.tokens = 1;
       reduce.width = spec.stages[compute.stage].params;

@@ -140,14 +140,17 @@ private:
     }
   }
 
-  /// A ring all-reduce of the rank's fp32 gradients over dp replicas: each
-  /// link carries 2 (dp - 1) / dp of them (free when communication is).
+  /// A ring all-reduce of the rank's fp32 gradients over the gradient group
+  /// (dp x cp): each link carries 2 (group - 1) / group of them, a
+  /// reduce-scatter (the distributed optimizer's) half that (free when
+  /// communication is).
   double allReduceTime(const Instr &instr) const {
     if (spec_.linkBytesPerTime <= 0 || schedule_.reduceGroup() < 2)
       return 0;
     const double group = double(schedule_.reduceGroup());
-    const double bytes = 2.0 * (group - 1) / group * double(instr.width) * 4.0;
-    return bytes / spec_.linkBytesPerTime + 2 * (group - 1) * spec_.linkLatency;
+    const double passes = instr.collective == runtime::CollectiveOp::ReduceScatter ? 1.0 : 2.0;
+    const double bytes = passes * (group - 1) / group * double(instr.width) * 4.0;
+    return bytes / spec_.linkBytesPerTime + passes * (group - 1) * spec_.linkLatency;
   }
 
   /// AdamW over the parameters of rank r's stages (ms); on a shared host

@@ -268,8 +268,11 @@ json toJson(const Instr &i) {
     j.update(write(i, MHCC_FIELDS(messageFields)));
     j["payload"] = i.payload == Payload::Activation ? "act" : "grad";
   }
-  if (i.kind == OpKind::AllReduce)
+  if (i.kind == OpKind::AllReduce) {
     j["elements"] = i.width; // the stage's gradient floats
+    if (i.collective == CollectiveOp::ReduceScatter)
+      j["collective"] = collectiveOpName(i.collective);
+  }
   if (i.kind == OpKind::Collective) {
     j["axis"] = meshAxisName(i.axis);
     j["collective"] = collectiveOpName(i.collective);
@@ -297,6 +300,11 @@ Instr instrFromJson(const json &j) {
   if (i.kind == OpKind::AllReduce) {
     i.tokens = 1;
     i.width = strictValue<decltype(i.width)>(j.at("elements"), "elements");
+    if (j.contains("collective")) {
+      if (j.at("collective") != collectiveOpName(CollectiveOp::ReduceScatter))
+        throw std::runtime_error("unknown gradient reduction " + j.at("collective").dump());
+      i.collective = CollectiveOp::ReduceScatter;
+    }
   }
   if (i.kind == OpKind::Collective) {
     std::optional<MeshAxis> axis = parseMeshAxis(j.at("axis").get<std::string>());

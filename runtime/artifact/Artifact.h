@@ -16,6 +16,7 @@
 #include "runtime/program/Model.h"
 #include "runtime/program/Program.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -83,9 +84,10 @@ struct Artifact {
   /// Megatron's sequence parallelism (tp > 1): outside the tensor-parallel
   /// GEMMs each tensor-parallel rank holds seq_len / tp of every sequence.
   bool sequenceParallel = false;
-  /// Megatron's distributed optimizer (ZeRO-1, dp > 1): the fp32 masters
-  /// and Adam's moments sharded over the data-parallel replicas, replica d
-  /// updating elements [d n / dp, (d + 1) n / dp) of every parameter (shardOf).
+  /// Megatron's distributed optimizer (ZeRO-1, dp > 1): each member of the
+  /// gradient group (dp x cp, reduceMemberOf) receives only its part of the
+  /// summed gradients (a reduce-scatter), keeps Adam's moments of that part
+  /// and updates it; the parts are then all-gathered (shardOf).
   bool distributedOptimizer = false;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
@@ -153,18 +155,33 @@ struct Artifact {
           rows.push_back(b * seq + part * chunk + i);
     return rows;
   }
-  /// The elements [begin, end) of a parameter of `count` elements that
-  /// replica d holds under the distributed optimizer.
-  std::pair<int64_t, int64_t> shardOf(int64_t count, int64_t d) const { return {d * count / dp, (d + 1) * count / dp}; }
-  /// With one process a rank, the replica whose shard (shardOf) a global rank
-  /// updates under the distributed optimizer: each replica's first rank
-  /// (pipeline, context and tensor rank 0) holds its replica's; -1 for the
+  /// The distributed optimizer's parts: one per member of the gradient
+  /// group (Megatron shards over the data-parallel group with its context
+  /// ranks), 1 without it.
+  int64_t optimizerParts() const { return distributedOptimizer ? dp * cp : 1; }
+  /// The elements [begin, end) of a parameter (or tensor-parallel block) of
+  /// `count` elements that part `part` holds: whole statistics chunks
+  /// (gradientChunk), split as evenly as their number allows, so that a
+  /// part's partial sums of squares are the whole tensor's.
+  std::pair<int64_t, int64_t> shardOf(int64_t count, int64_t part) const {
+    const int64_t chunk = gradientChunk(count), chunks = (count + chunk - 1) / chunk, parts = optimizerParts();
+    auto at = [&](int64_t k) { return std::min(count, k * chunks / parts * chunk); };
+    return {at(part), at(part + 1)};
+  }
+  /// The elements of one partial sum of a gradient's squares and zeros: a
+  /// multiple of 256 giving at most 256 chunks a tensor (the GPU sums each
+  /// chunk in one block, the chunks in order; shardOf cuts between them).
+  static int64_t gradientChunk(int64_t count) { return 256 * std::max<int64_t>(1, (count + 65535) / 65536); }
+  /// With one process a rank, the part (shardOf) a global rank updates
+  /// under the distributed optimizer: each gradient-group member's first
+  /// rank (pipeline and tensor rank 0) holds its member's; -1 for the
   /// others and without the distributed optimizer.
   int64_t optimizerShardOf(int64_t global) const {
-    const bool first = distributedOptimizer && pipelineRankOf(global) == 0 && contextRankOf(global) == 0 &&
-                       tensorRankOf(global) == 0;
-    return first ? replicaOf(global) : -1;
+    const bool first = distributedOptimizer && pipelineRankOf(global) == 0 && tensorRankOf(global) == 0;
+    return first ? reduceMemberOf(global) : -1;
   }
+  /// The global rank that updates part `part` with one process a rank (optimizerShardOf).
+  int64_t optimizerPartRank(int64_t part) const { return globalRank(0, part / cp, part % cp, 0); }
   /// Microbatch `mb` of `replica` in the global batch's order (Megatron's
   /// sampler: each group of dp consecutive microbatches goes one to a replica).
   int64_t globalMicrobatch(int64_t mb, int64_t replica) const { return mb * dp + replica; }

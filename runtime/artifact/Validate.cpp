@@ -409,6 +409,10 @@ private:
     if (i.kind == OpKind::AllReduce) {
       if (a_.reduceGroupSize() < 2 || i.width <= 0)
         return "a gradient ALLREDUCE needs dp x cp > 1 and a size";
+      if ((i.collective == CollectiveOp::ReduceScatter) != a_.distributedOptimizer)
+        return a_.distributedOptimizer ? "a whole-gradient ALLREDUCE under the distributed optimizer, whose "
+                                         "reductions are REDUCESCATTERs (an artifact from before them? recompile it)"
+                                       : "a REDUCESCATTER without the distributed optimizer";
       return i.stage >= 0 && i.stage < stages && a_.rankOf(i.stage) == rank
                  ? ""
                  : "a gradient ALLREDUCE of no stage of this rank (an artifact from before the per-stage "

@@ -154,11 +154,10 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   return backend;
 }
 
-/// The validation pass's lines, Megatron's format.
 /// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
 /// bytes a parameter element, of the parameters its stages use, its
 /// tensor-parallel blocks of them), the largest over the ranks: sharded over
-/// the replicas under the distributed optimizer, and without it.
+/// the gradient group's parts under the distributed optimizer, and without it.
 std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded) {
   int64_t sharded = 0, whole = 0;
   for (int64_t r = 0; r < a.pp; ++r) {
@@ -166,7 +165,7 @@ std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool master
     for (size_t s = r; s < a.stages.size(); s += a.pp)
       for (const ParamSlot &slot : a.stages[s].params)
         uses[slot.param] = true;
-    for (int64_t d = 0; d < a.dp; ++d) {
+    for (int64_t d = 0; d < a.optimizerParts(); ++d) {
       int64_t shard = 0, all = 0;
       for (size_t p = 0; p < a.params.size(); ++p)
         if (uses[p]) {
@@ -182,6 +181,7 @@ std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool master
   return {sharded, whole};
 }
 
+/// The validation pass's line, Megatron's format.
 std::string validationLine(const StepResult &v) {
   char text[256];
   std::snprintf(text, sizeof text, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
@@ -489,10 +489,10 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
     const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
     char line[240];
     std::snprintf(line, sizeof line,
-                  "mhcrun: distributed optimizer: %s sharded over dp = %lld replicas, "
+                  "mhcrun: distributed optimizer: %s sharded over %lld parts (dp x cp), "
                   "%.2f MiB a rank (%.2f MiB without sharding)",
                   mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each GPU)",
-                  static_cast<long long>(a.dp), sharded / 1048576.0, whole / 1048576.0);
+                  static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
     std::cout << line << std::endl;
   }
 }
@@ -553,7 +553,7 @@ int runMhcrun(int argc, char **argv) {
                 (artifact->tp > 1 ? std::string("with tensor parallelism") : "with the distributed optimizer") +
                 " on GPUs needs every rank in one process (--in-process or --ranks-per-gpu N): one process a GPU "
                 "would save only its " +
-                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "replica's part of Adam's moments"));
+                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "part of Adam's moments"));
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);

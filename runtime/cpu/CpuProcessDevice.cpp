@@ -45,8 +45,8 @@ public:
       : CpuRankBase(a, options, rank), mesh_(std::move(mesh)), faults_(rank), shard_(a.optimizerShardOf(rank)),
         // Rank 0 reduces the whole gradients of every stage, assembled from
         // the ranks' blocks, and takes the norm; it holds every moment, or
-        // under the distributed optimizer shard 0's, each replica's first
-        // rank holding (and updating) its replica's shard.
+        // under the distributed optimizer part 0's, each gradient-group
+        // member's first rank holding (and updating) its member's part.
         params_(a, rank == 0 || shard_ >= 0, [rank](int64_t) { return rank == 0; }, shard_),
         grads_(blockGrads(a, [&a, rank](int64_t s) { return a.rankOf(s) == a.pipelineRankOf(rank); })) {
     if (rank == 0)
@@ -306,11 +306,12 @@ private:
   // The distributed optimizer across processes (below).
   bool shardsUpdates() const { return a_.distributedOptimizer && options_.optimizer != "sgd" && !evaluating(); }
   bool updateOtherShards(int64_t step);
-  /// Rank 0: the next frame of `kind` from each other replica's first rank,
-  /// in replica order, read by read(d, in) (false, or bytes left: malformed).
+  /// Rank 0: the next frame of `kind` from each other part's rank
+  /// (Artifact::optimizerPartRank), in part order, read by read(d, in)
+  /// (false, or bytes left: malformed).
   template <typename Read> bool readShardFrames(int32_t kind, const std::string &what, Read read) {
-    for (int64_t d = 1; d < a_.dp; ++d) {
-      const int64_t from = a_.globalRank(0, d, 0, 0);
+    for (int64_t d = 1; d < a_.optimizerParts(); ++d) {
+      const int64_t from = a_.optimizerPartRank(d);
       Frame frame;
       if (!mesh_->receive(from, frame, error_))
         return false;
@@ -449,16 +450,16 @@ bool CpuProcessDevice::reduceAndUpdate(int64_t step, const std::vector<std::vect
 
 // ---- the distributed optimizer across processes ----------------------------------------
 // Rank 0 reduces the gradients and takes their norm as without it (the same
-// bits), and updates shard 0; it sends each other replica's first rank that
-// replica's shard of the reduced gradients, which updates it with the moments
+// bits), and updates part 0; it sends each other part's rank (a gradient-group
+// member's first rank) that part of the reduced gradients, which updates it with the moments
 // it alone holds (the same arithmetic per element) and sends the weights'
 // shard back; rank 0 then sends every rank the whole weights, as always.
 
 /// Rank 0: shards 1.. of this step's update, by their ranks.
 bool CpuProcessDevice::updateOtherShards(int64_t step) {
   const ReducedGradients &reduced = params_.reduced;
-  for (int64_t d = 1; d < a_.dp; ++d) {
-    Frame frame{Frame::Shard, 0, 0, a_.globalRank(0, d, 0, 0), step, {}};
+  for (int64_t d = 1; d < a_.optimizerParts(); ++d) {
+    Frame frame{Frame::Shard, 0, 0, a_.optimizerPartRank(d), step, {}};
     Packer pack{frame.bytes};
     pack.put(reduced.norm);
     for (size_t p = 0; p < a_.params.size(); ++p) {
@@ -480,7 +481,7 @@ bool CpuProcessDevice::updateOtherShards(int64_t step) {
   return ok;
 }
 
-/// A replica's first rank (d > 0): its shard of the step's update.
+/// A part's rank (part > 0): its part of the step's update.
 bool CpuProcessDevice::updateOwnShard() {
   Frame frame;
   if (!mesh_->receive(0, frame, error_))
@@ -506,7 +507,7 @@ bool CpuProcessDevice::updateOwnShard() {
   return mesh_->send(0, back, error_);
 }
 
-/// A replica's first rank (d > 0), at a save: its moments' shard to rank 0.
+/// A part's rank (part > 0), at a save: its moments' part to rank 0.
 bool CpuProcessDevice::sendMoments() {
   Frame frame{Frame::Moments, 0, rank_, 0, 0, {}};
   Packer pack{frame.bytes};
@@ -530,7 +531,7 @@ bool CpuProcessDevice::gatherMoments(ParameterState &state) {
   });
   if (ok)
     params_.wholeMoments(state);
-  for (int64_t d = 1; d < a_.dp; ++d) // held by their ranks only
+  for (int64_t d = 1; d < a_.optimizerParts(); ++d) // held by their ranks only
     for (auto *moments : {&params_.shardM[d], &params_.shardV[d]})
       for (std::vector<float> &m : *moments)
         std::vector<float>().swap(m);

@@ -51,7 +51,7 @@ HostParameters::HostParameters(const Artifact &a, bool withMoments,
     adamV.emplace_back(whole ? info.count() : 0, 0.0f);
   }
   if (withMoments && a.distributedOptimizer)
-    for (int64_t d = 0; d < a.dp; ++d) {
+    for (int64_t d = 0; d < a.optimizerParts(); ++d) {
       heldShards.push_back(onlyShard < 0 || onlyShard == d);
       shardM.emplace_back();
       for (const ParamInfo &info : a.params) {
@@ -86,9 +86,11 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
   if (shardM.empty()) {
     completeStep(a, options, losses, grads, weights, runtime::wholeMoments(adamM, adamV), reduced, result);
   } else {
-    // Each replica updates its shard of every parameter (ZeRO-1): the same
-    // arithmetic per element, so the same bits as without sharding. Shards
-    // held elsewhere (one CPU process a rank) are updated there.
+    // Each part of every parameter updated with its own moments (ZeRO-1):
+    // the same arithmetic per element, so the same bits as without
+    // sharding. Parts held elsewhere (one CPU process a rank) are updated
+    // there. The CPU backend sums whole gradients (the same bits as the
+    // GPU's reduce-scatter gives each part).
     completeStep(a, options, losses, grads, weights, shardMoments(a), reduced, result);
   }
   working.refresh(weights);
@@ -97,7 +99,7 @@ void HostParameters::update(const Artifact &a, const TrainOptions &options,
 MomentRanges HostParameters::shardMoments(const Artifact &a) {
   return [this, &a](size_t p) {
     std::vector<MomentRange> ranges;
-    for (int64_t d = 0; d < a.dp; ++d)
+    for (int64_t d = 0; d < a.optimizerParts(); ++d)
       if (heldShards[d]) {
         const auto [begin, end] = a.shardOf(a.params[p].count(), d);
         ranges.push_back({begin, end, shardM[d][p].data(), shardV[d][p].data()});
@@ -124,8 +126,8 @@ void HostParameters::load(const Artifact &a, const ParameterState &state, bool w
   for (size_t p = 0; p < weights.size(); ++p) {
     weights[p] = state.weights[p];
     if (withMoments && !shardM.empty()) {
-      // Each held replica's shard of the whole moments.
-      for (int64_t d = 0; d < a.dp; ++d) {
+      // Each held part of the whole moments.
+      for (int64_t d = 0; d < a.optimizerParts(); ++d) {
         const int64_t at = a.shardOf(int64_t(weights[p].size()), d).first, n = int64_t(shardM[d][p].size());
         if (!state.adamM[p].empty())
           std::copy_n(state.adamM[p].begin() + at, n, shardM[d][p].begin());

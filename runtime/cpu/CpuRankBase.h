@@ -45,16 +45,16 @@ private:
 struct HostParameters {
   std::vector<std::vector<float>> weights, adamM, adamV; // by parameter
   /// The distributed optimizer's moments instead of adamM / adamV:
-  /// [replica][param], replica d's shard (Artifact::shardOf) of each; a
-  /// shard this copy does not hold is empty (heldShards).
+  /// [part][param], part d's elements (Artifact::shardOf) of each; a
+  /// part this copy does not hold is empty (heldShards).
   std::vector<std::vector<std::vector<float>>> shardM, shardV;
-  std::vector<bool> heldShards; // by replica, under the distributed optimizer
+  std::vector<bool> heldShards; // by part (Artifact::optimizerParts), under the distributed optimizer
   std::vector<std::vector<std::vector<float>>> slotGrads; // [stage][slot]; empty for stages not held
   WorkingWeights working;
   ReducedGradients reduced; // the optimizer's buffers, kept between steps
 
   /// Initial values from the seed; moments sized only `withMoments`, and
-  /// under the distributed optimizer only replica `onlyShard`'s (all when -1).
+  /// under the distributed optimizer only part `onlyShard`'s (all when -1).
   HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage,
                  int64_t onlyShard = -1);
   float *weight(int param) { return working.at(weights, size_t(param)); }

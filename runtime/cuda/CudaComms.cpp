@@ -86,7 +86,6 @@ public:
       return std::string("ncclCommInitRank (world of ") + std::to_string(a.worldSize()) +
              "): " + ncclGetErrorString(status);
     comms_.push_back(world_);
-    contextRanks_ = a.cp;
     if (a.reduceGroupSize() > 1) {
       status = ncclCommInitRank(&replicas_, int(a.reduceGroupSize()), ids.groups[replicaGroupOf(a, rank)],
                                 int(a.reduceMemberOf(rank)));
@@ -143,16 +142,26 @@ public:
       ncclAllReduce(data, data, count, ncclFloat, ncclSum, replicas_, stream);
     return outcome(ncclGroupEnd(), "ncclAllReduce over the replicas: ");
   }
-  /// A broadcast of each part from its replica (parts may differ in size
-  /// by one element, which an all-gather does not allow).
+  /// A reduce of each part to its member (parts differ in size, which
+  /// ncclReduceScatter does not allow).
+  std::string reduceScatterReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
+    ncclGroupStart();
+    for (const ReplicaShards &b : buffers)
+      for (size_t m = 0; m < b.shards.size(); ++m) {
+        const auto [begin, end] = b.shards[m];
+        if (end > begin)
+          ncclReduce(b.data + begin, b.data + begin, end - begin, ncclFloat, ncclSum, int(m), replicas_, stream);
+      }
+    return outcome(ncclGroupEnd(), "ncclReduce of the gradients' parts: ");
+  }
+  /// A broadcast of each part from its member (as above, not an all-gather).
   std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
     ncclGroupStart();
     for (const ReplicaShards &b : buffers)
-      for (size_t d = 0; d < b.shards.size(); ++d) {
-        const auto [begin, end] = b.shards[d];
-        if (end > begin) // replica d's context rank 0 is member d x cp of the gradient group
-          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(d * contextRanks_), replicas_,
-                        stream);
+      for (size_t m = 0; m < b.shards.size(); ++m) {
+        const auto [begin, end] = b.shards[m];
+        if (end > begin)
+          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(m), replicas_, stream);
       }
     return outcome(ncclGroupEnd(), "ncclBroadcast over the replicas: ");
   }
@@ -183,7 +192,6 @@ public:
 
 private:
   ncclComm_t world_ = nullptr, replicas_ = nullptr, tensor_ = nullptr, context_ = nullptr;
-  int64_t contextRanks_ = 1; // cp: the gradient group's members a replica
   std::vector<ncclComm_t> comms_;
   std::map<int64_t, ncclComm_t> sendComm_, recvComm_; // by peer
 };

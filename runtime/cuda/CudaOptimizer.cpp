@@ -19,7 +19,10 @@
 namespace mhcc::runtime::cuda {
 
 /// Gradients of uses on other ranks travel to the owner, which adds them up
-/// in use order; `gradient[p]` is the reduced gradient of an owned parameter.
+/// in use order; `gradient[p]` is the reduced gradient of an owned
+/// parameter's part this rank updates (ownShard: all of it without the
+/// distributed optimizer, whose REDUCESCATTERs left the group's sum in that
+/// part alone), at that part's first element.
 bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote) {
   const size_t P = a_.params.size();
   auto useGradient = [&](const ParamUse &use) { return slotGrads_[{use.stage, use.slot}]; };
@@ -30,20 +33,21 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
   links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
-    const int64_t count = held(p);
-    for (size_t u = 0; u < plan.uses.size(); ++u) {
+    const auto [begin, end] = ownShard(p);
+    for (size_t u = 0; u < plan.uses.size() && end > begin; ++u) {
       const ParamUse &use = plan.uses[u];
       if (use.rank == plan.owner)
         continue;
       if (use.rank == pipe_) {
-        links_->send(useGradient(use), count, Dtype::F32, globalPeer(plan.owner), sendStream_[plan.owner]);
+        links_->send(useGradient(use) + begin, end - begin, Dtype::F32, globalPeer(plan.owner),
+                     sendStream_[plan.owner]);
       } else if (plan.owner == pipe_) {
-        Buffer t = allocate(count, Dtype::F32, Queue::recvFrom(use.rank), false);
+        Buffer t = allocate(end - begin, Dtype::F32, Queue::recvFrom(use.rank), false);
         if (!t) {
           links_->groupEnd();
           return false;
         }
-        links_->recv(t.data, count, Dtype::F32, globalPeer(use.rank), recvStream_[use.rank]);
+        links_->recv(t.data, end - begin, Dtype::F32, globalPeer(use.rank), recvStream_[use.rank]);
         remote[{p, u}] = t;
       }
     }
@@ -52,19 +56,24 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
     return fail("sending gradients to their owners: " + problem);
   for (auto &[peer, stream] : recvStream_)
     follow(compute_, stream);
-  cudaMemsetAsync(stats_, 0, 2 * P * sizeof(double), compute_);
+  cudaMemsetAsync(stats_, 0, 2 * statChunks_ * sizeof(double), compute_);
   gradient.assign(P, nullptr);
   std::vector<StatsTensor> tensors;
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     if (plan.owner != pipe_ || plan.uses.empty())
       continue;
-    const int64_t count = held(p);
-    auto useData = [&](size_t u) { return plan.uses[u].rank == pipe_ ? useGradient(plan.uses[u]) : remote[{p, u}].data; };
+    const auto [begin, end] = ownShard(p);
+    const int64_t count = end - begin;
+    if (count == 0) // a part too small for a chunk of this parameter: none on this member
+      continue;
+    auto useData = [&](size_t u) {
+      return plan.uses[u].rank == pipe_ ? useGradient(plan.uses[u]) + begin : remote[{p, u}].data;
+    };
     if (plan.uses.size() == 1) {
       gradient[p] = useData(0);
     } else {
-      gradient[p] = reduced_[int(p)];
+      gradient[p] = reduced_[int(p)] + begin;
       cudaMemcpyAsync(gradient[p], useData(0), count * 4, cudaMemcpyDeviceToDevice, compute_);
       for (size_t u = 1; u < plan.uses.size(); ++u)
         addInto(gradient[p], useData(u), count, compute_);
@@ -76,39 +85,42 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
       if (std::string problem = links_->allReduceTensor(gradient[p], count, Dtype::F32, false, compute_);
           !problem.empty())
         return fail("summing a replicated gradient over the tensor-parallel group: " + problem);
-    tensors.push_back({gradient[p], count, int64_t(p)});
+    const int64_t chunk = Artifact::gradientChunk(held(p));
+    tensors.push_back({gradient[p], count, chunk, firstChunk_[p] + begin / chunk});
   }
-  // Every owned gradient's statistics in two launches (the upload is staged
+  // Every owned part's chunk statistics in one launch (the upload is staged
   // from pageable memory before cudaMemcpyAsync returns).
   cudaMemcpyAsync(statTensors_, tensors.data(), tensors.size() * sizeof(StatsTensor), cudaMemcpyHostToDevice,
                   compute_);
-  squaresAndZeros(statTensors_, int64_t(tensors.size()), stats_, statPartials_, compute_);
+  squaresAndZeros(statTensors_, int64_t(tensors.size()), stats_, compute_);
   return check("gradient reduction");
 }
 
-/// One all-reduce: [squares, zeros] per parameter and tensor rank (replica
-/// 0's and context rank 0's owners': every member of the gradient group
-/// holds the same reduced gradients; of a replicated parameter tensor rank
-/// 0's, see speaksFor), the global batch's losses in its order (tensor rank
-/// 0's; each context rank's share apart, added in context-rank order here),
-/// peak and reserved bytes and the stop signal seen
-/// (SIGTERM / SIGINT, 0: none) per rank; fills `result` from it, with the
-/// largest signal as the one every rank acts on.
+/// One all-reduce: [squares, zeros] per statistics chunk of each parameter
+/// and tensor rank (each chunk's from the one member of the gradient group
+/// that reduced it: member 0 without the distributed optimizer, the part's
+/// member with it; of a replicated parameter tensor rank 0's, see
+/// speaksFor), the global batch's losses in its order (tensor rank 0's;
+/// each context rank's share apart, added in context-rank order here), peak
+/// and reserved bytes and the stop signal seen (SIGTERM / SIGINT, 0: none)
+/// per rank; fills `result` from it, with the largest signal as the one
+/// every rank acts on. Each parameter's chunks are added in order, so its
+/// sum is the same whichever members computed them.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
   const size_t P = a_.params.size(), L = a_.stages.back().losses.size(), world = a_.worldSize();
-  const size_t globalMicrobatches = a_.dp * a_.microbatches;
-  const size_t cp = a_.cp, lossAt = 2 * P * a_.tp, peakAt = lossAt + globalMicrobatches * L * cp,
+  const size_t globalMicrobatches = a_.dp * a_.microbatches, chunks = size_t(statChunks_);
+  const size_t cp = a_.cp, lossAt = 2 * chunks * a_.tp, peakAt = lossAt + globalMicrobatches * L * cp,
                reservedAt = peakAt + world;
   const size_t stopAt = reservedAt + world;
   std::vector<double> stats(stopAt + world, 0.0); // sharedStats_ holds as many (CudaRank.cpp)
   if (!waitStreams({compute_}, "the gradient statistics"))
     return false;
-  if (replica_ == 0 && context_ == 0) {
-    double *mine = stats.data() + 2 * P * tensor_;
-    cudaMemcpy(mine, stats_, 2 * P * sizeof(double), cudaMemcpyDeviceToHost);
+  if (member_ == 0 || sharded_) {
+    double *mine = stats.data() + 2 * chunks * tensor_;
+    cudaMemcpy(mine, stats_, 2 * chunks * sizeof(double), cudaMemcpyDeviceToHost);
     for (size_t p = 0; p < P; ++p)
       if (!speaksFor(p))
-        mine[2 * p] = mine[2 * p + 1] = 0.0;
+        std::fill(mine + 2 * firstChunk_[p], mine + 2 * (p + 1 < P ? firstChunk_[p + 1] : statChunks_), 0.0);
   }
   for (int64_t mb = 0; mb < a_.microbatches && tensor_ == 0; ++mb) // every tensor rank has the same losses
     for (size_t l = 0; l < L; ++l)
@@ -135,9 +147,15 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   double squares = 0;
   int64_t zeros = 0;
   for (size_t p = 0; p < P; ++p)
-    for (int64_t t = 0; t < a_.tp; ++t) { // each entry from one rank: the sum is exact
-      squares += stats[2 * (P * t + p)];
-      zeros += int64_t(stats[2 * (P * t + p) + 1]);
+    for (int64_t t = 0; t < a_.tp; ++t) { // each entry from one rank: the all-reduce's sum is exact
+      const int64_t last = p + 1 < P ? firstChunk_[p + 1] : statChunks_;
+      double tensorSquares = 0, tensorZeros = 0;
+      for (int64_t c = firstChunk_[p]; c < last; ++c) {
+        tensorSquares += stats[2 * (chunks * t + c)];
+        tensorZeros += stats[2 * (chunks * t + c) + 1];
+      }
+      squares += tensorSquares;
+      zeros += int64_t(tensorZeros);
     }
   std::vector<std::vector<double>> allLosses(globalMicrobatches, std::vector<double>(L));
   for (size_t mb = 0; mb < globalMicrobatches; ++mb)
@@ -163,14 +181,14 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   std::vector<RankLinks::ReplicaShards> gathered; // the distributed optimizer's parts,
   std::vector<int> gatheredParams;                 // of these parameters
   for (size_t p = 0; p < P; ++p) {
-    if (!gradient[p])
+    if (plans_[p].owner != pipe_ || plans_[p].uses.empty())
       continue;
-    // This replica's part (all of it without sharding): each element's
+    // This member's part (all of it without sharding): each element's
     // update is the same arithmetic either way, so the same bits.
     const auto [begin, end] = ownShard(p);
     bf16 *low = bf16_ ? lowWeights_.at(int(p)) + begin : nullptr; // the kernels' copy, rounded in the same pass
     float *w = weights_[int(p)] + begin;
-    const float *g = gradient[p] + begin;
+    const float *g = gradient[p]; // the part's first element
     if (k.sgd)
       sgd(w, g, end - begin, float(k.lr), k.clip, low, compute_);
     else
@@ -179,8 +197,8 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     if (sharded_) {
       gatheredParams.push_back(int(p));
       gathered.push_back({weights_[int(p)], {}});
-      for (int64_t d = 0; d < a_.dp; ++d)
-        gathered.back().shards.push_back(a_.shardOf(held(p), d));
+      for (int64_t m = 0; m < a_.optimizerParts(); ++m)
+        gathered.back().shards.push_back(a_.shardOf(held(p), m));
     }
   }
   if (!check("optimizer update"))
@@ -189,9 +207,9 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     if (std::string problem = links_->allGatherReplicas(gathered, compute_); !problem.empty())
       return fail("gathering the updated weights' parts: " + problem);
     for (size_t k = 0; k < gathered.size() && bf16_; ++k) // the others' parts' bf16 copies, rounded here
-      for (int64_t d = 0; d < a_.dp; ++d)
-        if (d != replica_) {
-          const auto [begin, end] = gathered[k].shards[d];
+      for (int64_t m = 0; m < a_.optimizerParts(); ++m)
+        if (m != member_) {
+          const auto [begin, end] = gathered[k].shards[m];
           toBf16(gathered[k].data + begin, lowWeights_.at(gatheredParams[k]) + begin, end - begin, compute_);
         }
   }
@@ -218,26 +236,88 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   return check("optimizer");
 }
 
+/// A stage's gradient ALLREDUCE, or under the distributed optimizer its
+/// REDUCESCATTER: each member keeps the group's sum of its part alone.
 bool CudaRank::allReduceGradients(const Instr &instr) {
+  const std::string what = instr.describe();
   if (!replicaStream_)
-    return fail("an ALLREDUCE in a schedule without data-parallel replicas");
-  std::vector<std::pair<float *, int64_t>> buffers;
+    return fail(what + " in a schedule without data-parallel replicas");
+  if ((instr.collective == CollectiveOp::ReduceScatter) != sharded_)
+    return fail(what + (sharded_ ? ": the distributed optimizer's members need a REDUCESCATTER"
+                                 : ": a REDUCESCATTER without the distributed optimizer"));
+  std::vector<RankLinks::ReplicaShards> buffers;
   for (size_t k = 0; k < a_.stages[instr.stage].params.size(); ++k) {
     auto it = slotGrads_.find({instr.stage, int(k)});
     if (it == slotGrads_.end())
-      return fail("ALLREDUCE of stage " + std::to_string(instr.stage) + ", which pipeline rank " +
+      return fail(what + ": stage " + std::to_string(instr.stage) + ", which pipeline rank " +
                   std::to_string(pipe_) + " does not hold");
-    buffers.push_back({it->second, held(a_.stages[instr.stage].params[k].param)});
+    const int64_t count = held(a_.stages[instr.stage].params[k].param);
+    buffers.push_back({it->second, {}});
+    for (int64_t m = 0; m < a_.optimizerParts(); ++m)
+      buffers.back().shards.push_back(a_.shardOf(count, m));
   }
   // Behind the stage's last backward; the compute stream goes on with the
   // other chunks' backwards while the replicas' sums run (the optimizer's
   // reduceGradients waits for this stream).
   follow(replicaStream_, compute_);
   timeline_.work(replicaStream_);
-  if (std::string problem = links_->allReduceReplicas(buffers, replicaStream_); !problem.empty())
-    return fail("the gradient ALLREDUCE of stage " + std::to_string(instr.stage) + ": " + problem);
+  std::string problem;
+  if (sharded_) {
+    problem = links_->reduceScatterReplicas(buffers, replicaStream_);
+  } else {
+    std::vector<std::pair<float *, int64_t>> whole;
+    for (const RankLinks::ReplicaShards &b : buffers)
+      whole.push_back({b.data, b.shards.back().second});
+    problem = links_->allReduceReplicas(whole, replicaStream_);
+  }
+  if (!problem.empty())
+    return fail("the gradient " + what + ": " + problem);
   markProgress(replicaStream_);
-  return check("the gradient ALLREDUCE");
+  return check(what.c_str());
+}
+
+/// Whole reduced gradients for the taps (tests): a tensor rank's block
+/// placed among zeros (the trainer adds the tensor ranks' parts), from
+/// member 0 of the gradient group; under the distributed optimizer the
+/// members' parts gathered first (every member takes part).
+bool CudaRank::recordGradientTaps(const std::vector<float *> &gradient, StepResult &result) {
+  std::vector<RankLinks::ReplicaShards> parts;
+  std::vector<std::pair<size_t, Buffer>> gathered;
+  for (size_t p = 0; p < a_.params.size() && sharded_; ++p) {
+    if (plans_[p].owner != pipe_ || plans_[p].uses.empty())
+      continue;
+    Buffer whole = allocate(held(p), Dtype::F32, Queue::compute(), false);
+    if (!whole)
+      return false;
+    const auto [begin, end] = ownShard(p);
+    if (end > begin)
+      cudaMemcpyAsync(whole.data + begin, gradient[p], (end - begin) * 4, cudaMemcpyDeviceToDevice, compute_);
+    parts.push_back({whole.data, {}});
+    for (int64_t m = 0; m < a_.optimizerParts(); ++m)
+      parts.back().shards.push_back(a_.shardOf(held(p), m));
+    gathered.push_back({p, whole});
+  }
+  if (!parts.empty())
+    if (std::string problem = links_->allGatherReplicas(parts, compute_); !problem.empty())
+      return fail("gathering the gradients' parts for the taps: " + problem);
+  if (!waitStreams({compute_}, "the gradient taps"))
+    return false;
+  auto wholeGradient = [&](size_t p) -> const float * {
+    for (const auto &[q, buffer] : gathered)
+      if (q == p)
+        return buffer.data;
+    return gradient[p];
+  };
+  for (size_t p = 0; p < a_.params.size() && member_ == 0; ++p)
+    if (plans_[p].owner == pipe_ && !plans_[p].uses.empty() && speaksFor(p)) {
+      std::vector<float> block(held(p)), whole(a_.params[p].count(), 0.0f);
+      cudaMemcpy(block.data(), wholeGradient(p), block.size() * 4, cudaMemcpyDeviceToHost);
+      scatterShard(a_.params[p], a_.tp, tensor_, block.data(), whole.data());
+      result.paramGrads[a_.params[p].name] = std::move(whole);
+    }
+  for (auto &[p, buffer] : gathered)
+    release(buffer, Queue::compute());
+  return check("the gradient taps");
 }
 
 bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>> &losses, StepResult &result) {
@@ -246,17 +326,8 @@ bool CudaRank::optimizerStep(int64_t step, const std::vector<std::vector<double>
   std::map<std::pair<size_t, size_t>, Buffer> remote; // (param, use index) -> received
   if (!reduceGradients(gradient, remote) || !shareStatistics(losses, result))
     return false;
-  // Whole tensors: a tensor rank's block placed among zeros (the trainer
-  // adds the tensor ranks' parts); one replica's and context rank's, which
-  // hold the same reduced gradients.
-  if (options_.recordTaps && replica_ == 0 && context_ == 0)
-    for (size_t p = 0; p < a_.params.size(); ++p)
-      if (gradient[p] && speaksFor(p)) {
-        std::vector<float> block(held(p)), whole(a_.params[p].count(), 0.0f);
-        cudaMemcpy(block.data(), gradient[p], block.size() * 4, cudaMemcpyDeviceToHost);
-        scatterShard(a_.params[p], a_.tp, tensor_, block.data(), whole.data());
-        result.paramGrads[a_.params[p].name] = std::move(whole);
-      }
+  if (options_.recordTaps && !recordGradientTaps(gradient, result))
+    return false;
   if (!evaluating_ && !updateWeights(step, gradient, result))
     return false;
   for (auto &[key, t] : remote)

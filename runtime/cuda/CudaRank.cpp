@@ -45,7 +45,8 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
     : a_(artifact), options_(options), rank_(rank), pipe_(artifact.pipelineRankOf(rank)),
       replica_(artifact.replicaOf(rank)), context_(artifact.contextRankOf(rank)), tensor_(artifact.tensorRankOf(rank)),
       rows_(artifact.rowsPerRank()), gemmRows_(artifact.model.tokens() / artifact.cp),
-      contextRows_(artifact.contextRows(context_)), sharded_(artifact.distributedOptimizer && artifact.dp > 1), gpu_(gpu),
+      contextRows_(artifact.contextRows(context_)), sharded_(artifact.optimizerParts() > 1),
+      member_(artifact.reduceMemberOf(rank)), gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
@@ -76,7 +77,6 @@ CudaRank::~CudaRank() {
     for (int32_t *p : *group)
       cudaFree(p);
   cudaFree(stats_);
-  cudaFree(statPartials_);
   cudaFree(statTensors_);
   cudaFree(sharedStats_);
   cudaFree(arena_);
@@ -201,12 +201,15 @@ bool CudaRank::setupDevice() {
         return fail("out of GPU memory for the packed documents' positions");
     staticBytes_ += a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
   }
-  // shareStatistics' all-reduce: squares and zeros per parameter and tensor rank, losses,
+  for (size_t p = 0; p < a_.params.size(); ++p) {
+    firstChunk_.push_back(statChunks_);
+    statChunks_ += (held(p) + Artifact::gradientChunk(held(p)) - 1) / Artifact::gradientChunk(held(p));
+  }
+  // shareStatistics' all-reduce: squares and zeros per chunk and tensor rank, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
-  const size_t sharedCount = 2 * a_.params.size() * a_.tp +
+  const size_t sharedCount = 2 * statChunks_ * a_.tp +
                              a_.dp * a_.microbatches * a_.stages.back().losses.size() * a_.cp + 3 * a_.worldSize();
-  if (cudaMalloc(&stats_, 2 * a_.params.size() * sizeof(double) + sizeof(double)) != cudaSuccess ||
-      cudaMalloc(&statPartials_, a_.params.size() * squaresAndZerosScratch() * sizeof(double)) != cudaSuccess ||
+  if (cudaMalloc(&stats_, (2 * statChunks_ + 1) * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
@@ -216,7 +219,7 @@ bool CudaRank::setupDevice() {
 
 std::pair<int64_t, int64_t> CudaRank::ownShard(size_t p) const {
   const int64_t count = held(p);
-  return sharded_ ? a_.shardOf(count, replica_) : std::pair<int64_t, int64_t>{0, count};
+  return sharded_ ? a_.shardOf(count, member_) : std::pair<int64_t, int64_t>{0, count};
 }
 
 // ---- streams ---------------------------------------------------------------------
@@ -557,11 +560,11 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
 // ordered after the last update. The trainer calls these on its thread.
 bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
-  // Every replica and context rank holds the same weights (replica 0's
-  // context rank 0 speaks for them); with the distributed optimizer each
-  // replica holds its part of the moments. Each tensor rank holds its
-  // blocks (speaksFor).
-  if ((replica_ != 0 && !sharded_) || context_ != 0)
+  // Every replica and context rank holds the same weights (member 0 of the
+  // gradient group, replica 0's context rank 0, speaks for them); with the
+  // distributed optimizer each member holds its part of the moments. Each
+  // tensor rank holds its blocks (speaksFor).
+  if (member_ != 0 && !sharded_)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
     if (plans_[p].owner != pipe_ || !weights_.count(int(p)) || !speaksFor(p))
@@ -569,7 +572,7 @@ bool CudaRank::saveState(ParameterState &state) {
     const ParamInfo &info = a_.params[p];
     const auto [begin, end] = ownShard(p);
     std::vector<float> block(held(p));
-    if (replica_ == 0) {
+    if (member_ == 0) {
       cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
       scatterShardPart(info, a_.tp, tensor_, block.data(), 0, held(p), state.weights[p]);
     }

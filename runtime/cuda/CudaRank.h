@@ -271,6 +271,7 @@ private:
   bool reduceGradients(std::vector<float *> &gradient, std::map<std::pair<size_t, size_t>, Buffer> &remote);
   bool shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result);
   bool updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result);
+  bool recordGradientTaps(const std::vector<float *> &gradient, StepResult &result);
   /// bf16 models: the kernels' copies of the held weights, from the masters
   /// (with `receivedOnly`, those the owner's update did not already round).
   void refreshLowWeights(bool receivedOnly = false);
@@ -299,14 +300,19 @@ private:
   /// gradient the group sums), which has the same bits on each, tensor rank 0's.
   bool speaksFor(size_t p) const { return tensor_ == 0 || !heldWhole(p); }
   bool heldWhole(size_t p) const { return a_.params[p].tpSplit.empty() || isPartial(a_.params[p]); }
-  /// The distributed optimizer (ZeRO-1, dp > 1): an owner's replica d holds
-  /// Adam's moments of part d of each owned parameter (Artifact::shardOf),
-  /// updates that part and gathers the others' after the update (under
-  /// context parallelism each of a replica's context ranks holds and
-  /// updates the same part, the same bits; context rank 0 sends it).
+  /// The distributed optimizer (ZeRO-1, dp > 1): member m of an owner's
+  /// gradient group (Artifact::reduceMemberOf, dp x cp members) receives
+  /// the summed gradients of part m of each owned parameter alone (the
+  /// stage REDUCESCATTERs), holds Adam's moments of it, updates it and
+  /// gathers the other parts after the update.
   const bool sharded_;
-  /// Part `replica_` of parameter p (all of it without sharding).
+  const int64_t member_; // this rank's index in its gradient group
+  /// Part `member_` of parameter p (all of it without sharding).
   std::pair<int64_t, int64_t> ownShard(size_t p) const;
+  /// Each parameter's first statistics chunk (Artifact::gradientChunk of
+  /// its held block) in stats_, and their number.
+  std::vector<int64_t> firstChunk_;
+  int64_t statChunks_ = 0;
   const int gpu_;
   const std::atomic<bool> *peerFailed_;
   const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)
@@ -355,7 +361,7 @@ private:
   DeviceDocuments documents(int64_t mb) const {
     return {positions_.empty() ? nullptr : positions_[mb], firstKeys_.empty() ? nullptr : firstKeys_[mb]};
   }
-  double *stats_ = nullptr, *statPartials_ = nullptr, *sharedStats_ = nullptr;
+  double *stats_ = nullptr, *sharedStats_ = nullptr; // chunk statistics (2 statChunks_); shareStatistics' all-reduce
   StatsTensor *statTensors_ = nullptr; // the owned gradients of a step, for squaresAndZeros
   int64_t staticBytes_ = 0;   // weights, gradients, optimizer state, token ids
   int64_t live_ = 0, peak_ = 0; // staticBytes plus what the step allocates

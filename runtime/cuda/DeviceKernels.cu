@@ -46,30 +46,22 @@ __global__ void toBf16Kernel(const float *src, bf16 *dst, int64_t count) {
 
 // ---- optimizer ------------------------------------------------------------------------------
 
-constexpr int kStatBlocks = 256; // fixed: the sum's association depends on the size alone
+constexpr int kMaxStatChunks = 256; // Artifact::gradientChunk gives a tensor at most this many
 
-inline __host__ __device__ int statBlocks(int64_t count) {
-  const int64_t wanted = (count + kThreads - 1) / kThreads;
-  return int(wanted < 1 ? 1 : wanted > kStatBlocks ? kStatBlocks : wanted);
-}
-
-/// Per block (x) of a tensor (y): the sum of squares (double) and the zero
-/// count of a strided slice; a tensor of `count` floats uses statBlocks(count)
-/// blocks, whatever the grid.
-__global__ void squaresAndZerosKernel(const StatsTensor *tensors, double *partials) {
+/// Block (x, y): chunk x of range y, if it has one. Each thread adds every
+/// kThreads-th element of the chunk in order, then a fixed tree.
+__global__ void squaresAndZerosKernel(const StatsTensor *tensors, double *out) {
   const StatsTensor t = tensors[blockIdx.y];
-  const int used = statBlocks(t.count);
-  if (int(blockIdx.x) >= used)
+  const int64_t begin = blockIdx.x * t.chunk;
+  if (begin >= t.count)
     return;
-  const float *g = t.gradient;
-  const int64_t count = t.count;
-  partials += blockIdx.y * 2 * int64_t(kStatBlocks);
+  const int64_t end = begin + t.chunk < t.count ? begin + t.chunk : t.count;
   __shared__ double squares[kThreads], zeros[kThreads];
   double sq = 0, z = 0;
-  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < count; i += int64_t(kThreads) * used) {
-    double v = g[i];
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    double v = t.gradient[i];
     sq += v * v;
-    z += g[i] == 0.0f;
+    z += t.gradient[i] == 0.0f;
   }
   squares[threadIdx.x] = sq;
   zeros[threadIdx.x] = z;
@@ -82,26 +74,9 @@ __global__ void squaresAndZerosKernel(const StatsTensor *tensors, double *partia
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = squares[0];
-    partials[2 * blockIdx.x + 1] = zeros[0];
+    out[2 * (t.firstChunk + blockIdx.x)] = squares[0];
+    out[2 * (t.firstChunk + blockIdx.x) + 1] = zeros[0];
   }
-}
-
-/// One thread per tensor adds its blocks' partials in order.
-__global__ void finishSquaresAndZerosKernel(const StatsTensor *tensors, int64_t count, const double *partials,
-                                            double *out) {
-  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (k >= count)
-    return;
-  const StatsTensor t = tensors[k];
-  partials += k * 2 * int64_t(kStatBlocks);
-  double sq = 0, z = 0;
-  for (int b = 0; b < statBlocks(t.count); ++b) {
-    sq += partials[2 * b];
-    z += partials[2 * b + 1];
-  }
-  out[2 * t.slot] = sq;
-  out[2 * t.slot + 1] = z;
 }
 
 struct AdamWScalars {
@@ -181,13 +156,11 @@ __global__ void sgdKernel(float *w, const float *g, int64_t count, float lr, flo
 
 } // namespace
 
-void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, double *partials, cudaStream_t s) {
+void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, cudaStream_t s) {
   if (!count)
     return;
-  squaresAndZerosKernel<<<dim3(kStatBlocks, unsigned(count)), kThreads, 0, s>>>(tensors, partials);
-  finishSquaresAndZerosKernel<<<blocks(count), kThreads, 0, s>>>(tensors, count, partials, out);
+  squaresAndZerosKernel<<<dim3(kMaxStatChunks, unsigned(count)), kThreads, 0, s>>>(tensors, out);
 }
-int64_t squaresAndZerosScratch() { return 2 * kStatBlocks; }
 
 void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
            float beta2, float eps, float correction1, float correction2, float decay, bf16 *low, cudaStream_t s) {

@@ -360,18 +360,20 @@ void shareLoss(const ModelKernels &k, const float *maxima, const float *sums, co
 
 // ---- optimizer (the math of runtime/train/Optimizer.cpp, on the device) ----
 
-/// A gradient whose statistics go to out[2 slot] (sum of squares, double)
-/// and out[2 slot + 1] (number of zeros).
+/// A gradient range whose statistics go to out, one pair per chunk of
+/// `chunk` elements (Artifact::gradientChunk of the whole tensor; the
+/// range starts at a chunk boundary, its last chunk may be short):
+/// out[2 (firstChunk + c)] the sum of squares (double) of chunk c,
+/// out[2 (firstChunk + c) + 1] its number of zeros.
 struct StatsTensor {
   const float *gradient;
-  int64_t count;
-  int64_t slot;
+  int64_t count, chunk, firstChunk;
 };
-/// The statistics of `count` tensors (a device array) in two launches; each
-/// tensor's summation order depends on its size alone. partials:
-/// count * squaresAndZerosScratch() doubles.
-void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, double *partials, cudaStream_t s);
-int64_t squaresAndZerosScratch();
+/// The chunk statistics of `count` ranges (a device array) in one launch
+/// of up to kMaxStatChunks blocks a range: each chunk summed in one fixed
+/// order, whatever range holds it, so a tensor's chunks add up alike
+/// whether one rank or the distributed optimizer's parts computed them.
+void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, cudaStream_t s);
 /// `low` (may be null): the bf16 copy of w, rounded from the updated value.
 void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
            float beta2, float eps, float correction1, float correction2, float decay, bf16 *low, cudaStream_t s);

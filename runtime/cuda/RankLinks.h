@@ -59,17 +59,20 @@ public:
   /// bits of the same mesh on one GPU or the CPU).
   virtual std::string allReduceReplicas(const std::vector<std::pair<float *, int64_t>> &buffers,
                                         cudaStream_t stream) = 0;
-  /// A buffer every replica of the group holds, replica d's part of it
-  /// [shards[d].first, shards[d].second) (the distributed optimizer's
-  /// shards, Artifact::shardOf).
+  /// A buffer every member of the gradient group holds, member m's part of
+  /// it [shards[m].first, shards[m].second) (the distributed optimizer's
+  /// parts, Artifact::shardOf).
   struct ReplicaShards {
     float *data = nullptr;
     std::vector<std::pair<int64_t, int64_t>> shards;
   };
-  /// Gives every replica the other replicas' parts of each buffer, in
-  /// place, ordered as allReduceReplicas: part d from replica d's context
-  /// rank 0 (its context ranks hold the same part) to every member of the
-  /// gradient group.
+  /// The distributed optimizer's reduce-scatter: each member's part of
+  /// each buffer summed over the group into that part, in place (the rest
+  /// of its buffer left as it was), ordered and added as allReduceReplicas
+  /// (the same bits in the part).
+  virtual std::string reduceScatterReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
+  /// Gives every member the other members' parts of each buffer, in place,
+  /// ordered as allReduceReplicas: part m from member m.
   virtual std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
   /// Tensor parallelism: `count` elements of `dtype` at `data` summed
   /// (with `max`: their maximum) over this rank's tensor-parallel group, in

@@ -346,9 +346,21 @@ public:
     return combine(GroupAxis::Replicas, parts, Dtype::F32, false, stream, "the gradient all-reduce");
   }
 
-  /// Each replica copies the others' parts out of their buffers (behind
-  /// their events) into its own, whose parts it alone writes; as in
-  /// allReduceReplicas, none writes its buffers again before every replica
+  /// Each member combines every member's part m of each buffer into its
+  /// own (combine), in member order: allReduceReplicas' sum, part by part.
+  std::string reduceScatterReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
+    const size_t self = size_t(post_->membership(GroupAxis::Replicas, rank_).member);
+    std::vector<Part> parts;
+    for (const ReplicaShards &b : buffers) {
+      const auto [begin, end] = self < b.shards.size() ? b.shards[self] : std::pair<int64_t, int64_t>{0, 0};
+      parts.push_back({b.data, b.data + begin, begin, end - begin});
+    }
+    return combine(GroupAxis::Replicas, parts, Dtype::F32, false, stream, "the gradient reduce-scatter");
+  }
+
+  /// Each member copies the others' parts out of their buffers (behind
+  /// their events) into its own, whose part it alone writes; as in
+  /// allReduceReplicas, none writes its buffers again before every member
   /// has read them.
   std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
     std::vector<std::pair<float *, int64_t>> posted;
@@ -358,15 +370,13 @@ public:
     std::string why;
     if (!meet(GroupAxis::Replicas, posted, stream, all, why))
       return why;
-    // Members are replica x cp + context rank: part d comes from member d x cp.
-    const size_t cp = size_t(post_->mesh().cp);
-    const size_t self = size_t(post_->membership(GroupAxis::Replicas, rank_).member) / cp;
+    const size_t self = size_t(post_->membership(GroupAxis::Replicas, rank_).member);
     for (size_t k = 0; k < buffers.size(); ++k)
-      for (size_t d = 0; d < buffers[k].shards.size() && d * cp < all.size(); ++d) {
-        const auto [begin, end] = buffers[k].shards[d];
-        if (d != self && end > begin)
-          cudaMemcpyAsync(buffers[k].data + begin, all[d * cp].buffers[k].first + begin,
-                          (end - begin) * sizeof(float), cudaMemcpyDefault, stream);
+      for (size_t m = 0; m < buffers[k].shards.size() && m < all.size(); ++m) {
+        const auto [begin, end] = buffers[k].shards[m];
+        if (m != self && end > begin)
+          cudaMemcpyAsync(buffers[k].data + begin, all[m].buffers[k].first + begin, (end - begin) * sizeof(float),
+                          cudaMemcpyDefault, stream);
       }
     return finish(GroupAxis::Replicas, stream, "the weights' all-gather");
   }

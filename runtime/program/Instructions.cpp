@@ -73,6 +73,10 @@ std::string Instr::describe() const {
        << "->s" << dstStage << " mb" << mb << (kind == OpKind::Send ? " to r" : " from r")
        << peer << " [" << tokens << "x" << width << "]";
   } else if (kind == OpKind::AllReduce) {
+    if (collective == CollectiveOp::ReduceScatter) { // the distributed optimizer's: each member keeps its part
+      os.str("");
+      os << "REDUCESCATTER";
+    }
     os << " grads s" << stage << " dp [" << width << "]";
   } else if (kind == OpKind::Collective) {
     os.str("");

@@ -26,7 +26,8 @@ enum class OpKind {
   Recv,
   Free,           // pseudo-deallocation of out(stage, mb) once its send completed
   Optimizer,
-  AllReduce,      // a stage's gradients summed over the rank's data-parallel group (width: their floats)
+  AllReduce,      // a stage's gradients summed over the rank's data-parallel group (width: their floats;
+                  // collective ReduceScatter under the distributed optimizer: each member keeps its part)
   Collective,     // one tp / cp collective issued inside the compute instruction it follows
 };
 
@@ -66,9 +67,10 @@ struct Instr {
   int64_t tokens = 0, width = 0;        // shape [tokens, width]
   int64_t group = -1;                   // instructions of one group share it
   int64_t order = -1; // position in this rank's FIFO to/from `peer`, per direction
-  // COLLECTIVE only (stage and mb: the compute instruction's; [tokens x
-  // width]: what this rank puts in, i.e. its rows for an all-gather, the
-  // whole tensor for a reduce-scatter or an all-reduce).
+  // COLLECTIVE (stage and mb: the compute instruction's; [tokens x width]:
+  // what this rank puts in, i.e. its rows for an all-gather, the whole
+  // tensor for a reduce-scatter or an all-reduce); ALLREDUCE's all_reduce
+  // or reduce_scatter.
   CollectiveOp collective = CollectiveOp::AllReduce;
   MeshAxis axis = MeshAxis::Tensor;
 
@@ -77,7 +79,7 @@ struct Instr {
     return kind == OpKind::Forward || kind == OpKind::Backward ||
            kind == OpKind::BackwardInput || kind == OpKind::BackwardWeight;
   }
-  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`, `ALLREDUCE grads s2 dp [N]`,
+  /// `FWD(s2,mb3)`, `SEND act s0->s1 mb3 to r1 [TxW]`, `ALLREDUCE grads s2 dp [N]` (or REDUCESCATTER),
   /// `tp all_gather in (s2,mb3) [TxW]`.
   std::string describe() const;
 };

@@ -4,6 +4,7 @@
 // model kernels are the ones mhcc generated into the artifact given on the
 // command line (n = 4, 20 Sinkhorn iterations). Skips cleanly where no GPU
 // is visible.
+#include "runtime/artifact/Artifact.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "tests/runtime/ModelKernelsTest.h"
@@ -118,6 +119,55 @@ protected:
 };
 
 constexpr int64_t T = 96, S = 48, C = 64, N = 4, H = 4, F = 96, V = 53, K = N * N + 2 * N;
+
+/// The gradient statistics of a tensor computed whole and by the
+/// distributed optimizer's parts (Artifact::shardOf over 3 and 2 parts):
+/// the same chunk sums bit for bit, and their sum the float64 definition's.
+TEST_F(CudaKernels, GradientStatisticsByPartsGiveTheWholeBits) {
+  for (int64_t count : {int64_t(300000) + 17, int64_t(4096), int64_t(100)}) {
+    std::vector<float> g = random(size_t(count));
+    for (int64_t i = 0; i < count; i += 7)
+      g[i] = 0.0f;
+    const int64_t chunk = Artifact::gradientChunk(count), chunks = (count + chunk - 1) / chunk;
+    ASSERT_LE(chunks, 256);
+    const float *device = upload(g);
+    auto statistics = [&](int64_t parts) {
+      Artifact a;
+      a.dp = parts;
+      a.distributedOptimizer = parts > 1;
+      std::vector<cuda::StatsTensor> tensors;
+      for (int64_t m = 0; m < a.optimizerParts(); ++m) {
+        const auto [begin, end] = a.shardOf(count, m);
+        EXPECT_EQ(begin % chunk, 0) << "part " << m << " of " << parts << " starts inside a chunk";
+        if (end > begin)
+          tensors.push_back({device + begin, end - begin, chunk, begin / chunk});
+      }
+      auto *table = upload(tensors);
+      double *out = allocate<double>(size_t(2 * chunks));
+      cudaMemset(out, 0xff, 2 * chunks * sizeof(double)); // NaN: every chunk must be written
+      cuda::squaresAndZeros(table, int64_t(tensors.size()), out, nullptr);
+      std::vector<double> host(size_t(2 * chunks));
+      cudaDeviceSynchronize();
+      cudaMemcpy(host.data(), out, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+      return host;
+    };
+    const std::vector<double> whole = statistics(1);
+    for (int64_t parts : {2, 3})
+      EXPECT_EQ(std::memcmp(whole.data(), statistics(parts).data(), whole.size() * sizeof(double)), 0)
+          << parts << " parts of " << count << " elements";
+    double squares = 0, zeros = 0, want = 0, wantZeros = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      squares += whole[2 * c];
+      zeros += whole[2 * c + 1];
+    }
+    for (float v : g) {
+      want += double(v) * v;
+      wantZeros += v == 0.0f;
+    }
+    EXPECT_NEAR(squares, want, 1e-12 * want) << count;
+    EXPECT_EQ(zeros, wantZeros) << count;
+  }
+}
 
 TEST_F(CudaKernels, MatrixProducts) {
   auto a = random(T * C), b = random(C * F), dy = random(T * F);

@@ -527,6 +527,63 @@ TEST(Artifact, ValidationChecksEachStagesGradientAllReduce) {
             std::string::npos);
 }
 
+TEST(Artifact, DistributedOptimizerReducesByReduceScatter) {
+  std::string error;
+  std::optional<Artifact> original = artifactFromEnv("DP2_VPP2_ARTIFACT", error);
+  ASSERT_TRUE(original) << error;
+  Artifact a = *original;
+  a.distributedOptimizer = true;
+  EXPECT_NE(validateArtifact(a).find("a whole-gradient ALLREDUCE under the distributed optimizer"), std::string::npos)
+      << validateArtifact(a);
+  for (std::vector<Instr> &list : a.ranks)
+    for (Instr &i : list)
+      if (i.kind == OpKind::AllReduce)
+        i.collective = CollectiveOp::ReduceScatter;
+  EXPECT_EQ(validateArtifact(a), "");
+  EXPECT_EQ(firstOf(a.ranks[0], OpKind::AllReduce)->describe().rfind("REDUCESCATTER grads s2 dp [", 0), 0u);
+  std::optional<Artifact> back = decodeArtifact(encodeArtifact(a), error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_EQ(firstOf(back->ranks[1], OpKind::AllReduce)->collective, CollectiveOp::ReduceScatter);
+  Artifact plain = *original;
+  firstOf(plain.ranks[0], OpKind::AllReduce)->collective = CollectiveOp::ReduceScatter;
+  EXPECT_NE(validateArtifact(plain).find("a REDUCESCATTER without the distributed optimizer"), std::string::npos);
+}
+
+TEST(Artifact, OptimizerPartsAreWholeStatisticsChunksOfTheGradientGroup) {
+  Artifact a;
+  a.dp = 2;
+  a.cp = 3;
+  a.tp = 2;
+  a.pp = 2;
+  EXPECT_EQ(a.optimizerParts(), 1);
+  EXPECT_EQ(a.shardOf(1000, 0), (std::pair<int64_t, int64_t>{0, 1000}));
+  a.distributedOptimizer = true;
+  ASSERT_EQ(a.optimizerParts(), 6);
+  for (int64_t count : {int64_t(1), int64_t(255), int64_t(4096), int64_t(65536 * 3 + 5), int64_t(40000000)}) {
+    const int64_t chunk = Artifact::gradientChunk(count), chunks = (count + chunk - 1) / chunk;
+    EXPECT_EQ(chunk % 256, 0);
+    EXPECT_LE(chunks, 256) << count;
+    int64_t at = 0, largest = 0;
+    for (int64_t m = 0; m < a.optimizerParts(); ++m) {
+      const auto [begin, end] = a.shardOf(count, m);
+      EXPECT_EQ(begin, at) << "part " << m << " of " << count;
+      EXPECT_EQ(begin % chunk, 0) << "part " << m << " of " << count;
+      largest = std::max(largest, (end - begin + chunk - 1) / chunk);
+      at = end;
+    }
+    EXPECT_EQ(at, count);
+    EXPECT_LE(largest, (chunks + 5) / 6) << "parts of " << count << " differ by more than a chunk";
+  }
+  // Each member of a gradient group (replica x cp + context rank) updates its
+  // part; with one process a rank, that member's pipeline and tensor rank 0.
+  for (int64_t part = 0; part < 6; ++part) {
+    const int64_t rank = a.optimizerPartRank(part);
+    EXPECT_EQ(a.reduceMemberOf(rank), part);
+    EXPECT_EQ(a.optimizerShardOf(rank), part);
+    EXPECT_EQ(a.optimizerShardOf(rank + 1), -1) << "tensor rank 1 holds no part";
+  }
+}
+
 TEST(Artifact, InitializationDependsOnNameAndSeedOnly) {
   ParamInfo w{"layer0.attn.w_qkv", 8, 24, "normal", 0.02, true};
   std::vector<float> a = initialParameter(w, 1), b = initialParameter(w, 1), c = initialParameter(w, 2);

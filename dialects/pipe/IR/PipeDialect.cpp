@@ -90,6 +90,10 @@ LogicalResult AllReduceOp::verify() {
   if (schedule && schedule.getDp().value_or(1) * schedule.getCp().value_or(1) < 2)
     return emitOpError() << "needs a schedule with dp x cp > 1 (the schedule has dp = "
                          << schedule.getDp().value_or(1) << ", cp = " << schedule.getCp().value_or(1) << ")";
+  if (schedule && getScatter() != schedule.getDistributedOptimizer())
+    return emitOpError() << (getScatter() ? "scatters the sum, which only the distributed optimizer's members expect"
+                                          : "sums whole gradients in a schedule with distributed_optimizer, whose "
+                                            "reductions are reduce-scatters (scatter)");
   return success();
 }
 

@@ -52,8 +52,9 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     `sequence_parallel` (tp > 1 only): each tensor-parallel rank holds
     seq_len / tp of every sequence outside the tensor-parallel GEMMs, so
     every boundary carries that share. `distributed_optimizer` (dp > 1
-    only): the replicas shard the optimizer (ZeRO-1), each updating 1 / dp
-    of every parameter after the gradient ALLREDUCE.
+    only): Megatron's distributed optimizer (ZeRO-1) over the gradient group
+    (dp x cp): every gradient reduction is a reduce-scatter (`scatter`),
+    each member keeping Adam's moments of its part and updating it.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
@@ -98,10 +99,14 @@ def Pipe_AllReduceOp : Pipe_Op<"all_reduce", [HasParent<"RankOp">]> {
     `elements` is the number of gradient floats stage `stage` holds; it
     comes after that stage's last backward (W under ZB-H1), so that the
     group sums one chunk while the rank runs the others' backwards, and
-    before OPTIM (-pipe-verify-schedule checks all three).
+    before OPTIM (-pipe-verify-schedule checks all three). `scatter`
+    (printed REDUCESCATTER), exactly in a schedule with
+    `distributed_optimizer`: each member receives only its part of the sum
+    (whole statistics chunks, runtime Artifact::shardOf).
   }];
-  let arguments = (ins StrAttr:$group, Pipe_NonNegativeI64:$stage, Pipe_PositiveI64:$elements);
-  let assemblyFormat = "$group `stage` $stage $elements `elements` attr-dict";
+  let arguments = (ins StrAttr:$group, Pipe_NonNegativeI64:$stage, Pipe_PositiveI64:$elements,
+                       UnitAttr:$scatter);
+  let assemblyFormat = "$group `stage` $stage $elements `elements` (`scatter` $scatter^)? attr-dict";
   let hasVerifier = 1;
 }
 
