@@ -699,19 +699,25 @@ PY
     inproc="--in-process"; [ "$gpus" -lt 2 ] && inproc="--ranks-per-gpu 2"
     four="--in-process"; [ "$gpus" -lt 4 ] && four="--ranks-per-gpu $(( (4 + gpus - 1) / gpus ))"
     eight="--in-process"; [ "$gpus" -lt 8 ] && eight="--ranks-per-gpu $(( (8 + gpus - 1) / gpus ))"
-    # dp 2 with the distributed optimizer: each replica's part of the moments
-    # saved and loaded (every rank in this process: shared links on one GPU).
-    if [ -f tiny_dp2_zero1_pp1.mhcc ]; then
-      rm -rf ck_zero1
+    # ck_zero1 NAME ZERO1 PLAIN RANKS: dp 2 with the distributed optimizer,
+    # each member's part of the moments (and of a bf16 model's masters)
+    # saved and loaded, every rank in this process (shared links on one
+    # GPU): 10 + 10 == 20, and resumed without sharding at PLAIN exactly.
+    ck_zero1() {
+      local name=$1 zero1=$2 plain=$3 ranks=$4
+      [ -f "$zero1.mhcc" ] && [ -f "$plain.mhcc" ] || return 0
+      rm -rf "ck_$name"
       # shellcheck disable=SC2086
-      if ck_run zero1_full tiny_dp2_zero1_pp1 20 $inproc && ck_run zero1_a tiny_dp2_zero1_pp1 10 $inproc --save ck_zero1 &&
-         ck_run zero1_b tiny_dp2_zero1_pp1 20 $inproc --load ck_zero1 &&
-         ck_same "$logs/ck_zero1_full.jsonl" "$logs/ck_zero1_a.jsonl" "$logs/ck_zero1_b.jsonl" &&
-         ck_run zero1_to_plain tiny_dp2_pp1 20 $inproc --load ck_zero1/iter_0000010 &&
-         ck_same "$logs/ck_zero1_full.jsonl" "$logs/ck_zero1_to_plain.jsonl"
+      if ck_run "${name}_full" "$zero1" 20 $ranks && ck_run "${name}_a" "$zero1" 10 $ranks --save "ck_$name" &&
+         ck_run "${name}_b" "$zero1" 20 $ranks --load "ck_$name" &&
+         ck_same "$logs/ck_${name}_full.jsonl" "$logs/ck_${name}_a.jsonl" "$logs/ck_${name}_b.jsonl" &&
+         ck_run "${name}_to_plain" "$plain" 20 $inproc --load "ck_$name/iter_0000010" &&
+         ck_same "$logs/ck_${name}_full.jsonl" "$logs/ck_${name}_to_plain.jsonl"
       then r=PASS; else r=FAIL; fi
-      row "checkpoint dp 2 zero1 ($inproc) 10+10 == 20, resumed without sharding" $r "$(ck_cost "$logs/ck_zero1_a.log")"
-    fi
+      row "checkpoint $zero1 ($ranks) 10+10 == 20, resumed as $plain" $r "$(ck_cost "$logs/ck_${name}_a.log")"
+    }
+    ck_zero1 zero1 tiny_dp2_zero1_pp1 tiny_dp2_pp1 "$inproc"
+    ck_zero1 zero1_bf16 tiny_bf16_dp2_zero1_pp2 tiny_bf16_dp2_pp1 "$four"
     # ck_mesh NAME PP1 PP2 PLAIN: PP1's artifact (2 ranks) 10 + 10 == 20
     # iterations, resumed at PP2 (4 ranks), and resumed at PLAIN (one rank
     # a pipeline rank: step 11 within 1e-5 of the full run's lm loss; a

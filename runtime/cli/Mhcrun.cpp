@@ -483,9 +483,10 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
             << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
             << data.source() << " (" << data.size() << " tokens)" << std::endl;
   if (a.distributedOptimizer) {
-    // The CUDA backend shards the moments; each GPU keeps the whole fp32
-    // masters (the kernels' weights, or the source of their bf16 copies).
-    const bool mastersSharded = backend == "cpu";
+    // The CUDA backend shards the moments, and of a bf16 model the fp32
+    // masters (its kernels read the bf16 copies); an fp32 model's kernels
+    // read the masters, which each GPU keeps whole.
+    const bool mastersSharded = backend == "cpu" || a.model.dtype == "bf16";
     const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
     char line[240];
     std::snprintf(line, sizeof line,

@@ -150,7 +150,7 @@ public:
       for (size_t m = 0; m < b.shards.size(); ++m) {
         const auto [begin, end] = b.shards[m];
         if (end > begin)
-          ncclReduce(b.data + begin, b.data + begin, end - begin, ncclFloat, ncclSum, int(m), replicas_, stream);
+          ncclReduce(b.at(begin), b.at(begin), end - begin, ncclType(b.dtype), ncclSum, int(m), replicas_, stream);
       }
     return outcome(ncclGroupEnd(), "ncclReduce of the gradients' parts: ");
   }
@@ -161,7 +161,7 @@ public:
       for (size_t m = 0; m < b.shards.size(); ++m) {
         const auto [begin, end] = b.shards[m];
         if (end > begin)
-          ncclBroadcast(b.data + begin, b.data + begin, end - begin, ncclFloat, int(m), replicas_, stream);
+          ncclBroadcast(b.at(begin), b.at(begin), end - begin, ncclType(b.dtype), int(m), replicas_, stream);
       }
     return outcome(ncclGroupEnd(), "ncclBroadcast over the replicas: ");
   }

@@ -178,8 +178,7 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
   const size_t P = a_.params.size();
   const OptimizerScalars k = optimizerScalars(options_, step, result.gradNorm);
   result.learningRate = k.lr;
-  std::vector<RankLinks::ReplicaShards> gathered; // the distributed optimizer's parts,
-  std::vector<int> gatheredParams;                 // of these parameters
+  std::vector<RankLinks::ReplicaShards> gathered; // the distributed optimizer's parts
   for (size_t p = 0; p < P; ++p) {
     if (plans_[p].owner != pipe_ || plans_[p].uses.empty())
       continue;
@@ -187,45 +186,43 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     // update is the same arithmetic either way, so the same bits.
     const auto [begin, end] = ownShard(p);
     bf16 *low = bf16_ ? lowWeights_.at(int(p)) + begin : nullptr; // the kernels' copy, rounded in the same pass
-    float *w = weights_[int(p)] + begin;
+    float *w = end > begin ? weights_.at(int(p)) + (begin - masterRange(p).first) : nullptr;
     const float *g = gradient[p]; // the part's first element
     if (k.sgd)
       sgd(w, g, end - begin, float(k.lr), k.clip, low, compute_);
     else
       adamW(w, g, adamM_[int(p)], adamV_[int(p)], end - begin, float(k.lr), k.clip, k.beta1, k.beta2, k.eps,
             k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f, low, compute_);
-    if (sharded_) {
-      gatheredParams.push_back(int(p));
-      gathered.push_back({weights_[int(p)], {}});
+    if (sharded_) { // the others' parts: the kernels' copies (bf16), or the fp32 weights they read
+      gathered.push_back(partMasters_ ? RankLinks::ReplicaShards{lowWeights_.at(int(p)), Dtype::BF16, {}}
+                                      : RankLinks::ReplicaShards{weights_.at(int(p)), Dtype::F32, {}});
       for (int64_t m = 0; m < a_.optimizerParts(); ++m)
         gathered.back().shards.push_back(a_.shardOf(held(p), m));
     }
   }
   if (!check("optimizer update"))
     return false;
-  if (!gathered.empty()) {
+  if (!gathered.empty())
     if (std::string problem = links_->allGatherReplicas(gathered, compute_); !problem.empty())
       return fail("gathering the updated weights' parts: " + problem);
-    for (size_t k = 0; k < gathered.size() && bf16_; ++k) // the others' parts' bf16 copies, rounded here
-      for (int64_t m = 0; m < a_.optimizerParts(); ++m)
-        if (m != member_) {
-          const auto [begin, end] = gathered[k].shards[m];
-          toBf16(gathered[k].data + begin, lowWeights_.at(gatheredParams[k]) + begin, end - begin, compute_);
-        }
-  }
   for (auto &[peer, stream] : sendStream_)
     follow(stream, compute_);
+  // Other holders (a tied embedding's other pipeline ranks) get the whole
+  // updated weights: fp32, rounded there as the owner rounds, or under
+  // partMasters_ the bf16 copies themselves (the same bits).
   links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     const int64_t count = held(p);
+    const Dtype dtype = partMasters_ ? Dtype::BF16 : Dtype::F32;
     for (int64_t holder : plan.holders) {
-      if (holder == plan.owner)
+      if (holder == plan.owner || (plan.owner != pipe_ && holder != pipe_))
         continue;
+      void *data = partMasters_ ? static_cast<void *>(lowWeights_.at(int(p))) : weights_.at(int(p));
       if (plan.owner == pipe_)
-        links_->send(weights_[int(p)], count, Dtype::F32, globalPeer(holder), sendStream_[holder]);
+        links_->send(data, count, dtype, globalPeer(holder), sendStream_[holder]);
       else if (holder == pipe_)
-        links_->recv(weights_[int(p)], count, Dtype::F32, globalPeer(plan.owner), recvStream_[plan.owner]);
+        links_->recv(data, count, dtype, globalPeer(plan.owner), recvStream_[plan.owner]);
     }
   }
   if (std::string problem = links_->groupEnd(); !problem.empty())
@@ -252,7 +249,7 @@ bool CudaRank::allReduceGradients(const Instr &instr) {
       return fail(what + ": stage " + std::to_string(instr.stage) + ", which pipeline rank " +
                   std::to_string(pipe_) + " does not hold");
     const int64_t count = held(a_.stages[instr.stage].params[k].param);
-    buffers.push_back({it->second, {}});
+    buffers.push_back({it->second, Dtype::F32, {}});
     for (int64_t m = 0; m < a_.optimizerParts(); ++m)
       buffers.back().shards.push_back(a_.shardOf(count, m));
   }
@@ -267,7 +264,7 @@ bool CudaRank::allReduceGradients(const Instr &instr) {
   } else {
     std::vector<std::pair<float *, int64_t>> whole;
     for (const RankLinks::ReplicaShards &b : buffers)
-      whole.push_back({b.data, b.shards.back().second});
+      whole.push_back({static_cast<float *>(b.data), b.shards.back().second});
     problem = links_->allReduceReplicas(whole, replicaStream_);
   }
   if (!problem.empty())
@@ -292,7 +289,7 @@ bool CudaRank::recordGradientTaps(const std::vector<float *> &gradient, StepResu
     const auto [begin, end] = ownShard(p);
     if (end > begin)
       cudaMemcpyAsync(whole.data + begin, gradient[p], (end - begin) * 4, cudaMemcpyDeviceToDevice, compute_);
-    parts.push_back({whole.data, {}});
+    parts.push_back({whole.data, Dtype::F32, {}});
     for (int64_t m = 0; m < a_.optimizerParts(); ++m)
       parts.back().shards.push_back(a_.shardOf(held(p), m));
     gathered.push_back({p, whole});

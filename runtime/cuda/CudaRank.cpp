@@ -46,7 +46,9 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       replica_(artifact.replicaOf(rank)), context_(artifact.contextRankOf(rank)), tensor_(artifact.tensorRankOf(rank)),
       rows_(artifact.rowsPerRank()), gemmRows_(artifact.model.tokens() / artifact.cp),
       contextRows_(artifact.contextRows(context_)), sharded_(artifact.optimizerParts() > 1),
-      member_(artifact.reduceMemberOf(rank)), gpu_(gpu),
+      member_(artifact.reduceMemberOf(rank)),
+      partMasters_(sharded_ && artifact.model.dtype == "bf16"),
+      gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
       bf16_(artifact.model.dtype == "bf16"),
@@ -152,15 +154,16 @@ bool CudaRank::setupDevice() {
       continue;
     const ParamInfo &info = a_.params[param];
     const size_t bytes = held(param) * sizeof(float);
-    float *w = deviceBuffer(bytes, "parameter " + info.name);
-    if (!w)
+    const auto [masterBegin, masterEnd] = masterRange(param);
+    if (masterEnd > masterBegin &&
+        !(weights_[int(param)] = deviceBuffer((masterEnd - masterBegin) * sizeof(float), "parameter " + info.name)))
       return false;
-    weights_[int(param)] = w;
+    if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(held(param) * 2, info.name))))
+      return false;
     const std::vector<float> initial = initialParameter(info, a_.model.seed);
     std::vector<float> block(held(param));
     gatherShard(info, a_.tp, tensor_, initial.data(), block.data());
-    cudaMemcpy(w, block.data(), bytes, cudaMemcpyHostToDevice);
-    if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(held(param) * 2, info.name))))
+    if (!uploadWeights(param, block))
       return false;
     const std::string gradient = "the gradient of " + info.name;
     if (plan.owner == pipe_) {
@@ -215,6 +218,28 @@ bool CudaRank::setupDevice() {
     return fail("out of GPU memory for the gradient statistics");
   refreshLowWeights();
   return check("setup");
+}
+
+std::pair<int64_t, int64_t> CudaRank::masterRange(size_t p) const {
+  if (!partMasters_)
+    return {0, held(p)};
+  return plans_[p].owner == pipe_ ? ownShard(p) : std::pair<int64_t, int64_t>{0, 0};
+}
+
+bool CudaRank::uploadWeights(size_t p, const std::vector<float> &block) {
+  const auto [begin, end] = masterRange(p);
+  if (end > begin)
+    cudaMemcpy(weights_.at(int(p)), block.data() + begin, (end - begin) * sizeof(float), cudaMemcpyHostToDevice);
+  if (partMasters_) { // no whole master to round the kernels' copy from (refreshLowWeights): round the block
+    float *staged = nullptr;
+    if (cudaMalloc(&staged, block.size() * sizeof(float)) != cudaSuccess)
+      return fail("out of GPU memory staging parameter " + a_.params[p].name);
+    cudaMemcpy(staged, block.data(), block.size() * sizeof(float), cudaMemcpyHostToDevice);
+    toBf16(staged, lowWeights_.at(int(p)), int64_t(block.size()), compute_);
+    cudaStreamSynchronize(compute_);
+    cudaFree(staged);
+  }
+  return check("uploading a parameter");
 }
 
 std::pair<int64_t, int64_t> CudaRank::ownShard(size_t p) const {
@@ -546,13 +571,16 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
 
 void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   cudaSetDevice(gpu_);
-  if (replica_ != 0 || context_ != 0) // every replica and context rank holds the same weights; the first speaks
+  // Every member of the gradient group holds the same weights (member 0
+  // speaks), or under partMasters_ its part of them.
+  if (member_ != 0 && !partMasters_)
     return;
   for (size_t p = 0; p < a_.params.size(); ++p)
     if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
+      const auto [begin, end] = masterRange(p);
       std::vector<float> block(held(p));
-      cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
-      scatterShardPart(a_.params[p], a_.tp, tensor_, block.data(), 0, held(p), weights[p]);
+      cudaMemcpy(block.data() + begin, weights_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
+      scatterShardPart(a_.params[p], a_.tp, tensor_, block.data(), begin, end, weights[p]);
     }
 }
 
@@ -562,19 +590,23 @@ bool CudaRank::saveState(ParameterState &state) {
   cudaSetDevice(gpu_);
   // Every replica and context rank holds the same weights (member 0 of the
   // gradient group, replica 0's context rank 0, speaks for them); with the
-  // distributed optimizer each member holds its part of the moments. Each
-  // tensor rank holds its blocks (speaksFor).
+  // distributed optimizer each member holds its part of the moments (and
+  // under partMasters_ of the weights). Each tensor rank holds its blocks
+  // (speaksFor).
   if (member_ != 0 && !sharded_)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
-    if (plans_[p].owner != pipe_ || !weights_.count(int(p)) || !speaksFor(p))
+    if (plans_[p].owner != pipe_ || !speaksFor(p))
       continue;
     const ParamInfo &info = a_.params[p];
     const auto [begin, end] = ownShard(p);
     std::vector<float> block(held(p));
-    if (member_ == 0) {
-      cudaMemcpy(block.data(), weights_[int(p)], block.size() * 4, cudaMemcpyDeviceToHost);
-      scatterShardPart(info, a_.tp, tensor_, block.data(), 0, held(p), state.weights[p]);
+    if (member_ == 0 || partMasters_) {
+      const auto [masterBegin, masterEnd] = masterRange(p);
+      if (masterEnd > masterBegin)
+        cudaMemcpy(block.data() + masterBegin, weights_[int(p)], (masterEnd - masterBegin) * 4,
+                   cudaMemcpyDeviceToHost);
+      scatterShardPart(info, a_.tp, tensor_, block.data(), masterBegin, masterEnd, state.weights[p]);
     }
     std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
     for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
@@ -589,17 +621,21 @@ bool CudaRank::saveState(ParameterState &state) {
 
 bool CudaRank::loadState(const ParameterState &state) {
   cudaSetDevice(gpu_);
-  for (auto &[p, w] : weights_) { // every holder's copy
+  for (size_t p = 0; p < a_.params.size(); ++p) { // every holder's copy
+    if (!std::binary_search(plans_[p].holders.begin(), plans_[p].holders.end(), pipe_))
+      continue;
     const ParamInfo &info = a_.params[p];
     if (state.weights[p].size() != size_t(info.count()))
       return fail("the loaded state lacks parameter " + info.name);
     std::vector<float> block(held(p));
     gatherShard(info, a_.tp, tensor_, state.weights[p].data(), block.data());
-    cudaMemcpy(w, block.data(), block.size() * 4, cudaMemcpyHostToDevice);
-    if (plans_[p].owner != pipe_ || !adamM_.count(p))
+    if (!uploadWeights(p, block))
+      return false;
+    if (plans_[p].owner != pipe_ || !adamM_.count(int(p)))
       continue;
     const auto [begin, end] = ownShard(p);
-    for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_[p]}, std::pair{&state.adamV[p], adamV_[p]}})
+    for (auto [moments, device] :
+         {std::pair{&state.adamM[p], adamM_[int(p)]}, std::pair{&state.adamV[p], adamV_[int(p)]}})
       if (moments->size() == size_t(info.count())) {
         gatherShard(info, a_.tp, tensor_, moments->data(), block.data());
         cudaMemcpy(device, block.data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
@@ -610,6 +646,8 @@ bool CudaRank::loadState(const ParameterState &state) {
 }
 
 void CudaRank::refreshLowWeights(bool receivedOnly) {
+  if (partMasters_) // the copies are what the update, the gather and the holders' messages write
+    return;
   for (auto &[p, low] : lowWeights_)
     if (!receivedOnly || plans_[p].owner != pipe_)
       toBf16(weights_.at(p), low, held(p), compute_);

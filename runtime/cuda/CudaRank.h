@@ -307,6 +307,18 @@ private:
   /// gathers the other parts after the update.
   const bool sharded_;
   const int64_t member_; // this rank's index in its gradient group
+  /// bf16 models under the distributed optimizer (Megatron's 12 / parts
+  /// bytes a parameter element): an owner keeps the fp32 master of its part
+  /// alone and other holders none, as the kernels read the bf16 copies; the
+  /// parts' gather and the holders' messages carry the bf16 copies.
+  const bool partMasters_;
+  /// The elements of parameter p whose fp32 master this rank keeps
+  /// (weights_[p] points at the first): all of its block, its part
+  /// (partMasters_, owners), or none.
+  std::pair<int64_t, int64_t> masterRange(size_t p) const;
+  /// Sets this rank's master range and bf16 copy of parameter p from its
+  /// whole block (setup and loads).
+  bool uploadWeights(size_t p, const std::vector<float> &block);
   /// Part `member_` of parameter p (all of it without sharding).
   std::pair<int64_t, int64_t> ownShard(size_t p) const;
   /// Each parameter's first statistics chunk (Artifact::gradientChunk of

@@ -63,8 +63,10 @@ public:
   /// it [shards[m].first, shards[m].second) (the distributed optimizer's
   /// parts, Artifact::shardOf).
   struct ReplicaShards {
-    float *data = nullptr;
+    void *data = nullptr;
+    Dtype dtype = Dtype::F32; // reduceScatterReplicas: F32 only
     std::vector<std::pair<int64_t, int64_t>> shards;
+    char *at(int64_t element) const { return static_cast<char *>(data) + element * dtypeBytes(dtype); }
   };
   /// The distributed optimizer's reduce-scatter: each member's part of
   /// each buffer summed over the group into that part, in place (the rest

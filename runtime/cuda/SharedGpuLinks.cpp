@@ -352,8 +352,10 @@ public:
     const size_t self = size_t(post_->membership(GroupAxis::Replicas, rank_).member);
     std::vector<Part> parts;
     for (const ReplicaShards &b : buffers) {
+      if (b.dtype != Dtype::F32)
+        return "the gradient reduce-scatter sums fp32 buffers only";
       const auto [begin, end] = self < b.shards.size() ? b.shards[self] : std::pair<int64_t, int64_t>{0, 0};
-      parts.push_back({b.data, b.data + begin, begin, end - begin});
+      parts.push_back({b.data, b.at(begin), begin, end - begin});
     }
     return combine(GroupAxis::Replicas, parts, Dtype::F32, false, stream, "the gradient reduce-scatter");
   }
@@ -365,7 +367,7 @@ public:
   std::string allGatherReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) override {
     std::vector<std::pair<float *, int64_t>> posted;
     for (const ReplicaShards &b : buffers)
-      posted.push_back({b.data, b.shards.empty() ? 0 : b.shards.back().second});
+      posted.push_back({static_cast<float *>(b.data), b.shards.empty() ? 0 : b.shards.back().second});
     std::vector<SharedGpuPost::Contribution> all;
     std::string why;
     if (!meet(GroupAxis::Replicas, posted, stream, all, why))
@@ -374,9 +376,10 @@ public:
     for (size_t k = 0; k < buffers.size(); ++k)
       for (size_t m = 0; m < buffers[k].shards.size() && m < all.size(); ++m) {
         const auto [begin, end] = buffers[k].shards[m];
+        const int64_t bytes = dtypeBytes(buffers[k].dtype);
         if (m != self && end > begin)
-          cudaMemcpyAsync(buffers[k].data + begin, all[m].buffers[k].first + begin, (end - begin) * sizeof(float),
-                          cudaMemcpyDefault, stream);
+          cudaMemcpyAsync(buffers[k].at(begin), reinterpret_cast<const char *>(all[m].buffers[k].first) + begin * bytes,
+                          (end - begin) * bytes, cudaMemcpyDefault, stream);
       }
     return finish(GroupAxis::Replicas, stream, "the weights' all-gather");
   }
