@@ -51,7 +51,7 @@ struct PipelineOptions {
   int64_t cp = 1;              // context-parallel ranks sharing each sequence
   int64_t tp = 1;              // tensor-parallel ranks splitting each layer
   bool sequenceParallel = false; // Megatron's sequence parallelism (tp > 1)
-  bool distributedOptimizer = false; // ZeRO-1 over the data-parallel replicas (dp > 1)
+  bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group (dp > 1)
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

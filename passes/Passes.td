@@ -98,7 +98,7 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     Option<"sequenceParallel", "sequence-parallel", "bool", "false",
            "Sequence parallelism (tp > 1): every boundary carries seq_len / (cp x tp) tokens">,
     Option<"distributedOptimizer", "distributed-optimizer", "bool", "false",
-           "ZeRO-1 (dp > 1): each replica updates 1 / dp of every parameter">,
+           "ZeRO-1 (dp > 1): each member of the dp x cp gradient group reduce-scatters the gradients and updates its part">,
   ];
 }
 

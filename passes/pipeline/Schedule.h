@@ -70,7 +70,7 @@ struct ScheduleSpec {
   int64_t cp = 1; // context-parallel ranks per sequence: tokens is already T / cp; dp x cp > 1 adds the ALLREDUCE
   int64_t tp = 1; // tensor-parallel ranks per layer (with sequence parallelism tokens is T / (cp x tp))
   bool sequenceParallel = false;
-  bool distributedOptimizer = false; // ZeRO-1 over the dp replicas (their OPTIM updates 1 / dp each)
+  bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group: REDUCESCATTERs, OPTIM updates a part
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch

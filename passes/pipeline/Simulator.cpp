@@ -155,11 +155,22 @@ private:
 
   /// AdamW over the parameters of rank r's stages (ms); on a shared host
   /// (the CPU backend) one update of every parameter that all ranks wait for.
+  /// The rank's update; under the distributed optimizer its part of it
+  /// (1 / group) and the all-gather of the updated parts (each link
+  /// carrying (group - 1) / group of the weights, at the activations'
+  /// element size: a bf16 model gathers its bf16 copies).
   double optimizerTime(int64_t r) const {
     int64_t params = 0;
     for (size_t s = spec_.sharedCores > 0 ? 0 : r; s < spec_.stages.size(); s += spec_.sharedCores > 0 ? 1 : p_)
       params += spec_.stages[s].params;
-    return params * spec_.optimizerNsPerParam * 1e-6;
+    const double group = double(schedule_.reduceGroup());
+    if (!schedule_.distributedOptimizer || group < 2)
+      return params * spec_.optimizerNsPerParam * 1e-6;
+    double gather = 0;
+    if (spec_.linkBytesPerTime > 0)
+      gather = (group - 1) / group * double(params) * double(spec_.elementBytes) / spec_.linkBytesPerTime +
+               (group - 1) * spec_.linkLatency;
+    return params / group * spec_.optimizerNsPerParam * 1e-6 + gather;
   }
 
   int64_t messageBytes(const Instr &instr) const {

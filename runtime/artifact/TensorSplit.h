@@ -83,7 +83,7 @@ inline void scatterShard(const ParamInfo &info, int64_t tp, int64_t t, const flo
 }
 
 /// whole's part of tensor rank t = block, but only the block's elements
-/// [begin, end) (a replica's part under the distributed optimizer); the
+/// [begin, end) (a member's part under the distributed optimizer); the
 /// other elements of whole are left as they are. `whole` is sized (zeros)
 /// to the tensor when it is not yet.
 inline void scatterShardPart(const ParamInfo &info, int64_t tp, int64_t t, const float *block, int64_t begin,

@@ -483,16 +483,17 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
             << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
             << data.source() << " (" << data.size() << " tokens)" << std::endl;
   if (a.distributedOptimizer) {
-    // The CUDA backend shards the moments, and of a bf16 model the fp32
-    // masters (its kernels read the bf16 copies); an fp32 model's kernels
-    // read the masters, which each GPU keeps whole.
-    const bool mastersSharded = backend == "cpu" || a.model.dtype == "bf16";
+    // Both backends shard the moments; the CUDA backend also a bf16 model's
+    // fp32 masters (its kernels read the bf16 copies). An fp32 model's
+    // kernels read the masters, which each GPU keeps whole, and the CPU
+    // backend keeps every weight on every rank.
+    const bool mastersSharded = backend == "cuda" && a.model.dtype == "bf16";
     const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
     char line[240];
     std::snprintf(line, sizeof line,
                   "mhcrun: distributed optimizer: %s sharded over %lld parts (dp x cp), "
                   "%.2f MiB a rank (%.2f MiB without sharding)",
-                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each GPU)",
+                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each rank)",
                   static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
     std::cout << line << std::endl;
   }
@@ -544,9 +545,10 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // A GPU process saves the parameters its rank owns whole; the moments'
-  // parts of the other replicas, or the other tensor ranks' blocks, would be
-  // missing from the checkpoint.
+  // A GPU process saves what its rank holds: under the distributed
+  // optimizer its part of the moments (and of a bf16 model's masters), under
+  // tensor parallelism its blocks; the others' would be missing from the
+  // checkpoint.
   const bool partsElsewhere = artifact->distributedOptimizer || artifact->tp > 1;
   if (partsElsewhere && backend == "cuda" && !f.saveDir.empty() &&
       (placement || (!f.inProcess && f.ranksPerGpu == 1 && artifact->worldSize() > 1)))
@@ -554,7 +556,7 @@ int runMhcrun(int argc, char **argv) {
                 (artifact->tp > 1 ? std::string("with tensor parallelism") : "with the distributed optimizer") +
                 " on GPUs needs every rank in one process (--in-process or --ranks-per-gpu N): one process a GPU "
                 "would save only its " +
-                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "part of Adam's moments"));
+                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "part of Adam's moments and masters"));
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);

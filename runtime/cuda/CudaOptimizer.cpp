@@ -73,7 +73,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
     if (plan.uses.size() == 1) {
       gradient[p] = useData(0);
     } else {
-      gradient[p] = reduced_[int(p)] + begin;
+      gradient[p] = reduced_[int(p)]; // the part's sum
       cudaMemcpyAsync(gradient[p], useData(0), count * 4, cudaMemcpyDeviceToDevice, compute_);
       for (size_t u = 1; u < plan.uses.size(); ++u)
         addInto(gradient[p], useData(u), count, compute_);

@@ -168,12 +168,13 @@ bool CudaRank::setupDevice() {
     const std::string gradient = "the gradient of " + info.name;
     if (plan.owner == pipe_) {
       const auto [begin, end] = ownShard(param);
-      const size_t momentBytes = (end - begin) * sizeof(float);
+      const size_t partBytes = (end - begin) * sizeof(float); // what this member updates
       if (options_.optimizer != "sgd" &&
-          (!(adamM_[int(param)] = deviceBuffer(momentBytes, "the Adam state of " + info.name)) ||
-           !(adamV_[int(param)] = deviceBuffer(momentBytes, "the Adam state of " + info.name))))
+          (!(adamM_[int(param)] = deviceBuffer(partBytes, "the Adam state of " + info.name)) ||
+           !(adamV_[int(param)] = deviceBuffer(partBytes, "the Adam state of " + info.name))))
         return false;
-      if (plan.uses.size() > 1 && !(reduced_[int(param)] = deviceBuffer(bytes, gradient)))
+      if (plan.uses.size() > 1 &&
+          !(reduced_[int(param)] = deviceBuffer(std::max(partBytes, sizeof(float)), gradient)))
         return false;
     }
     for (const ParamUse &use : plan.uses)

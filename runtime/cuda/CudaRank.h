@@ -359,7 +359,9 @@ private:
   std::map<std::tuple<int64_t, int64_t, size_t>, Buffer> postPartials_;
   std::unique_ptr<Gemms> gemms_;
   std::unique_ptr<ModelKernels> kernels_; // the artifact's generated kernels, loaded on this GPU
-  std::map<int, float *> weights_, adamM_, adamV_, reduced_; // by parameter; weights_ are the fp32 masters
+  // By parameter: the fp32 masters (masterRange), Adam's moments and the sum of several
+  // uses (reduced_) of the part this rank updates (ownShard).
+  std::map<int, float *> weights_, adamM_, adamV_, reduced_;
   std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
   std::unique_ptr<RankLinks> links_;                       // NCCL or shared-GPU (RankLinks.h)

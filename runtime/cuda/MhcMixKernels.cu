@@ -7,6 +7,51 @@
 //
 //===----------------------------------------------------------------------===//
 
+/// dx += scale[t] x (the RMS term of the mHC entry's input gradient; x and
+/// dx the residual stream).
+template <typename R>
+__device__ __forceinline__ void rowScaleAdd(const R *x, const float *scale, R *dx, int64_t rows, int64_t width) {
+  if constexpr (residualAsActivations<R>()) {
+    if (width % kVec == 0 && aligned16(x) && aligned16(dx)) {
+      for (int64_t i = gridThread() * kVec; i < rows * width; i += gridThreads() * kVec) {
+        const float sc = scale[i / width];
+        float xv[kVec], dv[kVec];
+        loadVec(x + i, xv);
+        loadVec(dx + i, dv);
+        for (int k = 0; k < kVec; ++k) {
+          const float g = sc * xv[k];
+          dv[k] = dv[k] + g;
+        }
+        storeVec(dx + i, dv);
+      }
+      return;
+    }
+  } else if (width % 4 == 0 && alignedQuad(x) && alignedQuad(dx)) {
+    for (int64_t i = gridThread() * 4; i < rows * width; i += gridThreads() * 4) {
+      const float sc = scale[i / width];
+      float xv[4], dv[4];
+      loadQuad(x + i, xv);
+      loadQuad(dx + i, dv);
+      for (int k = 0; k < 4; ++k) {
+        const float g = sc * xv[k];
+        dv[k] = dv[k] + g;
+      }
+      storeQuad(dx + i, dv);
+    }
+    return;
+  }
+  for (int64_t i = gridThread(); i < rows * width; i += gridThreads()) {
+    const float g = scale[i / width] * load(x[i]);
+    store(&dx[i], load(dx[i]) + g);
+  }
+}
+
+extern "C" __global__ void mhcc_row_scale_add(const res_t *x, const float *scale, res_t *dx, int64_t rows,
+                                              int64_t width) {
+  kernelPrologue();
+  rowScaleAdd(x, scale, dx, rows, width);
+}
+
 /// The pre-mix of kVec consecutive columns c.. of token t, u[t, c + e] =
 /// sum_s h_pre[t, s] x[t, s, c + e] summed over s in order from +0, in two
 /// halves so that callers can put several vectors' loads in flight (16-byte

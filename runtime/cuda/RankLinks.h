@@ -70,8 +70,10 @@ public:
   };
   /// The distributed optimizer's reduce-scatter: each member's part of
   /// each buffer summed over the group into that part, in place (the rest
-  /// of its buffer left as it was), ordered and added as allReduceReplicas
-  /// (the same bits in the part).
+  /// of its buffer left as it was), ordered as allReduceReplicas.
+  /// Shared-GPU links add as allReduceReplicas does (the same bits in the
+  /// part); NCCL reduces each part to its member in its own order, the same
+  /// sum at two members, at more possibly not allReduceReplicas' bits.
   virtual std::string reduceScatterReplicas(const std::vector<ReplicaShards> &buffers, cudaStream_t stream) = 0;
   /// Gives every member the other members' parts of each buffer, in place,
   /// ordered as allReduceReplicas: part m from member m.
