@@ -9,7 +9,7 @@
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
-#   tools/gpu_suite.sh prune GPUS [transport|mesh|context]
+#   tools/gpu_suite.sh prune GPUS [transport|mesh|context|bench]
 #                               (here, after bundle) fits .gpu_bundle into the
 #                               device tool's 64 MiB carry for a machine of
 #                               GPUS (1 or 2) H200s: drops the artifacts it
@@ -17,7 +17,8 @@
 #                               `transport` keeps the C=4096/7168 bf16
 #                               layouts instead of the benchmarks, `mesh`
 #                               the dp / tp / SP groups, `context` the cp
-#                               groups and tiny's references)
+#                               groups and tiny's references; two GPUs:
+#                               `bench` keeps the benchmarks and traces alone)
 #   tools/gpu_suite.sh adopt-goldens DIR
 #                               (here) copies golden_values_h200_*.json from
 #                               an unpacked suite_logs.tgz into goldens/: the
@@ -195,9 +196,17 @@ declare -A ARTIFACT=(
   [small_pp4_vpp2]="models/small.json --microbatches 8 --pp 4 --vpp 2"
   [1b_pp4]="models/1b.json --microbatches 8 --pp 4"
   [1b_pp4_vpp2]="models/1b.json --microbatches 8 --pp 4 --vpp 2"
+  # The mesh on two GPUs (issues 13, 16): 1b_pp1's global batch of 8
+  # microbatches over two data-parallel replicas (with and without the
+  # distributed optimizer), and split by tp 2 + SP and by cp 2.
+  [1b_dp2_pp1]="models/1b.json --microbatches 4 --pp 1 --dp 2"
+  [1b_dp2_zero1_pp1]="models/1b.json --microbatches 4 --pp 1 --dp 2 --distributed-optimizer"
+  [1b_tp2_sp_pp1]="models/1b.json --microbatches 8 --pp 1 --tp 2 --sequence-parallel"
+  [1b_cp2_pp1]="models/1b.json --microbatches 8 --pp 1 --cp 2"
 )
 BENCH_DEFAULT="small_pp1 small_n1_pp1 small_pp2 small_pp2_zb small_pp2_vpp2 small_pp4 small_pp4_vpp2
-               1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2 1b_pp4 1b_pp4_vpp2"
+               1b_pp1 1b_n1_pp1 1b_pp2 1b_pp2_vpp2 1b_pp4 1b_pp4_vpp2
+               1b_dp2_pp1 1b_dp2_zero1_pp1 1b_tp2_sp_pp1 1b_cp2_pp1"
 # H200 SXM peaks MFU is judged against: fp32 without tensor cores (the
 # backend runs fp32 without TF32), and dense bf16 tensor cores (measured,
 # docs/gpu_results.md) for bf16 models.
@@ -304,7 +313,18 @@ prune)
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
       ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./tiny_bf16_fp32_residual_edge_chunks*
   fi
-  if [ "${3:-}" != context ]; then
+  if [ "${3:-}" = bench ]; then
+    # Two GPUs, the benchmarks and traces alone (GPU_SUITE_PARTS="trace
+    # bench"): every parity, golden and checkpoint artifact and the tests go.
+    for a in ./*.mhcc ./*.bubble ./*.peak ./*.trace.json; do
+      case $a in
+      ./1b_* | ./small_*) ;;
+      *) rm -f "$a" ;;
+      esac
+    done
+    rm -f ./gpu_test ./gpu_training_test ./cuda_*kernels_test ./attention_bench
+  fi
+  if [ "${3:-}" != context ] && [ "${3:-}" != bench ]; then
     # The cp groups but the artifact of the "vs" rows (`prune 1 context`
     # keeps them all, and the cp checkpoint rows' artifacts).
     for a in ./*_cp2_* ./*_cp4_*; do
@@ -314,7 +334,7 @@ prune)
       esac
     done
   fi
-  if [ "${3:-}" != mesh ] && [ "${3:-}" != context ]; then
+  if [ "${3:-}" != mesh ] && [ "${3:-}" != context ] && [ "${3:-}" != bench ]; then
     # The dp / tp groups but the artifacts of the "vs" and checkpoint rows
     # (`prune 1 mesh` keeps them all; `transport` the transport models').
     for a in ./*_dp2_* ./*_tp2_*; do
@@ -888,9 +908,11 @@ sys.exit(0 if steady else 1)")
 
   if [[ $parts == *" bench "* ]]; then
     for name in ${GPU_SUITE_BENCH:-$BENCH_DEFAULT}; do
+      [ -f "$name.mhcc" ] || { row "bench $name" SKIP "not in this bundle (pruned)"; continue; }
       case "$name" in
         *_pp4*) [ "$gpus" -ge 4 ] || { row "bench $name" SKIP "needs 4 GPUs, $gpus visible"; continue; } ;;
-        *_pp2*) [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
+        *_pp2* | *_dp2_* | *_tp2_* | *_cp2_*)
+          [ "$gpus" -ge 2 ] || { row "bench $name" SKIP "needs 2 GPUs, $gpus visible"; continue; } ;;
       esac
       bench_numbers ./mhcrun "$name" "$logs/bench_$name" && r=PASS || r=FAIL
       if [ -x ./mhcrun_baseline ]; then
