@@ -89,13 +89,7 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << schedule.pp * schedule.dp << " ranks, rank = pipeline rank x dp + replica); replica d takes "
          << "microbatches d, d + " << schedule.dp << ", ... of the global batch of " << schedule.dp * schedule.microbatches
          << "; each stage's ALLREDUCE sums its gradients over the replicas right after the stage's last backward, "
-            "while the rank goes on with its other stages' (a bucket per model chunk)"
-         << (schedule.distributedOptimizer
-                 ? "; distributed optimizer: a REDUCESCATTER instead, each member of the gradient group (dp x "
-                   "cp) keeping Adam's moments of its part of every parameter, updating it and all-gathering the "
-                   "weights"
-                 : "")
-         << "\n";
+            "while the rank goes on with its other stages' (a bucket per model chunk)\n";
     if (schedule.cp > 1)
       os << "context parallel: cp = " << schedule.cp << " ranks share each sequence (world = pp x dp x cp = "
          << schedule.pp * schedule.dp * schedule.cp
@@ -105,6 +99,12 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << " tokens a microbatch; attention exchanges q, k, v within the group (each rank its own queries and keys), and "
             "the ALLREDUCE spans dp x cp = "
          << schedule.dp * schedule.cp << " ranks\n";
+    if (schedule.distributedOptimizer)
+      os << "distributed optimizer: each stage's gradient reduction is a REDUCESCATTER over the gradient group (dp x "
+            "cp = "
+         << schedule.dp * schedule.cp
+         << " ranks), each member keeping Adam's moments of its part of every parameter, updating it and "
+            "all-gathering the weights\n";
     if (schedule.tp > 1)
       os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "
          << schedule.pp * schedule.dp * schedule.cp * schedule.tp

@@ -80,7 +80,7 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "reduce-scatter after the row-parallel ones), so every boundary carries that share"),
                 cl::cat(pipelineCategory()));
   binder.option(distributedOptimizer, "distributed-optimizer",
-                cl::desc("With --dp: Megatron's distributed optimizer (ZeRO-1): each member of the gradient "
+                cl::desc("With --dp or --cp: Megatron's distributed optimizer (ZeRO-1): each member of the gradient "
                          "group (dp x cp ranks) receives its part of the summed gradients (a REDUCESCATTER "
                          "instead of the ALLREDUCE), keeps Adam's moments of that part alone, updates it and "
                          "all-gathers the updated weights"),
@@ -123,9 +123,9 @@ std::optional<OptionError> PipelineOptions::validate() const {
   if (sequenceParallel && tp < 2)
     return OptionError{"sequence-parallel", "splits sequences over the tensor-parallel ranks; it needs --tp 2 or "
                                             "more"};
-  if (distributedOptimizer && dp < 2)
-    return OptionError{"distributed-optimizer", "shards the optimizer over the data-parallel replicas; it needs "
-                                                "--dp 2 or more"};
+  if (distributedOptimizer && dp * cp < 2)
+    return OptionError{"distributed-optimizer", "shards the optimizer over the gradient group (dp x cp ranks); it "
+                                                "needs --dp or --cp of 2 or more"};
   // Bounds checked where the flags enter, so no product below overflows and
   // no phase is asked for millions of lists (issue 14): far past any real
   // run, small enough that a compile stays quick.

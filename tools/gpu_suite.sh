@@ -153,6 +153,8 @@ declare -A ARTIFACT=(
   [tiny_cp2_pp2_vpp2]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
   [tiny_cp2_edge_chunks]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout E|tttt||mL"
   [tiny_cp2_pp2_zb]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL --schedule zb-h1"
+  # The distributed optimizer over the context ranks alone (dp 1).
+  [tiny_cp2_zero1_pp2]="models/tiny.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL --distributed-optimizer"
   [tiny_bf16_cp2_pp1]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 1"
   [tiny_bf16_cp2_pp2_vpp2]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 2 --vpp 2 --layout Et|t|t|tmL"
   [tiny_bf16_cp2_pp2_zb]="models/tiny_bf16.json --microbatches 4 --cp 2 --pp 2 --layout Ett|ttmL --schedule zb-h1"
@@ -474,7 +476,7 @@ run)
       [c7168_bf16_tp2_sp]="-:c7168_bf16_tp2_sp_pp1 c7168_bf16_tp2_sp_pp2_vpp2"
       # Context parallelism: cp 2 at each layout against cp 2 PP1, and the CPU's cp 2;
       # packed documents (masks and positions across the two ranks' chunks).
-      [tiny_cp2]="tiny_cp2_pp1:tiny_cp2_pp1 tiny_cp2_pp2 tiny_cp2_pp2_vpp2 tiny_cp2_edge_chunks tiny_cp2_pp2_zb"
+      [tiny_cp2]="tiny_cp2_pp1:tiny_cp2_pp1 tiny_cp2_pp2 tiny_cp2_pp2_vpp2 tiny_cp2_edge_chunks tiny_cp2_pp2_zb tiny_cp2_zero1_pp2"
       [tiny_bf16_cp2]="tiny_bf16_cp2_pp1:tiny_bf16_cp2_pp1 tiny_bf16_cp2_pp2_vpp2 tiny_bf16_cp2_pp2_zb"
       [small_bf16_cp2]="small_bf16_cp2_m2_pp1:small_bf16_cp2_m2_pp1 small_bf16_cp2_m2_pp2_vpp2"
       [hybrid_cp2]="hybrid_cp2_pp1:hybrid_cp2_pp1 hybrid_cp2_pp2_vpp2_empty"

@@ -84,7 +84,7 @@ struct Artifact {
   /// Megatron's sequence parallelism (tp > 1): outside the tensor-parallel
   /// GEMMs each tensor-parallel rank holds seq_len / tp of every sequence.
   bool sequenceParallel = false;
-  /// Megatron's distributed optimizer (ZeRO-1, dp > 1): each member of the
+  /// Megatron's distributed optimizer (ZeRO-1, dp x cp > 1): each member of the
   /// gradient group (dp x cp, reduceMemberOf) receives only its part of the
   /// summed gradients (a reduce-scatter), keeps Adam's moments of that part
   /// and updates it; the parts are then all-gathered (shardOf).

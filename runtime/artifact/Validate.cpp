@@ -41,9 +41,9 @@ public:
     if (m.seqLen % (2 * a_.cp) != 0 && a_.cp > 1)
       return "seq_len " + std::to_string(m.seqLen) + " does not split into 2 cp = " + std::to_string(2 * a_.cp) +
              " equal chunks";
-    if (a_.distributedOptimizer && a_.dp < 2)
-      return "the distributed optimizer shards over the data-parallel replicas and needs dp > 1 (dp = " +
-             std::to_string(a_.dp) + ")";
+    if (a_.distributedOptimizer && a_.reduceGroupSize() < 2)
+      return "the distributed optimizer shards over the gradient group and needs dp x cp > 1 (dp = " +
+             std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + ")";
     if (a_.sequenceParallel && (a_.tp < 2 || (m.seqLen / a_.cp) % a_.tp != 0))
       return "sequence parallelism needs tp > 1 dividing seq_len / cp = " + std::to_string(m.seqLen / a_.cp) +
              " (tp = " + std::to_string(a_.tp) + ")";

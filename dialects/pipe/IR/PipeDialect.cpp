@@ -45,9 +45,8 @@ LogicalResult ScheduleOp::verify() {
   if (getKind() != "gpipe" && getKind() != "1f1b" && getKind() != "interleaved" &&
       getKind() != "zb-h1")
     return emitOpError() << "unknown schedule kind '" << getKind() << "'";
-  if (getDistributedOptimizer() && getDp().value_or(1) < 2)
-    return emitOpError() << "distributed_optimizer shards the optimizer over the data-parallel replicas; it needs "
-                            "dp > 1";
+  if (getDistributedOptimizer() && getDp().value_or(1) * getCp().value_or(1) < 2)
+    return emitOpError() << "distributed_optimizer shards the optimizer over the gradient group; it needs dp x cp > 1";
   if (getSequenceParallel() && getTp().value_or(1) < 2)
     return emitOpError() << "sequence_parallel splits sequences over the tensor-parallel ranks; it needs tp > 1";
   return success();

@@ -51,7 +51,7 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     ((pipeline rank x dp + replica) x cp + context rank) x tp + tensor rank.
     `sequence_parallel` (tp > 1 only): each tensor-parallel rank holds
     seq_len / tp of every sequence outside the tensor-parallel GEMMs, so
-    every boundary carries that share. `distributed_optimizer` (dp > 1
+    every boundary carries that share. `distributed_optimizer` (dp x cp > 1
     only): Megatron's distributed optimizer (ZeRO-1) over the gradient group
     (dp x cp): every gradient reduction is a reduce-scatter (`scatter`),
     each member keeping Adam's moments of its part and updating it.
