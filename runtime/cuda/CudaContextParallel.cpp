@@ -50,11 +50,8 @@ void copyContextRows(char *block, char *all, int64_t r, int64_t cp, int64_t seq,
   const int64_t chunkBytes = seq / (2 * cp) * rowBytes;
   for (int64_t part = 0; part < 2; ++part) {
     const int64_t index = part == 0 ? r : 2 * cp - 1 - r;
-    char *local = block + part * chunkBytes, *ordered = all + index * chunkBytes;
-    if (toMicrobatch)
-      stridedCopy(ordered, seq * rowBytes, local, 2 * chunkBytes, chunkBytes, sequences, stream);
-    else
-      stridedCopy(local, 2 * chunkBytes, ordered, seq * rowBytes, chunkBytes, sequences, stream);
+    copySequenceRun(block + part * chunkBytes, 2 * chunkBytes, all, index * chunkBytes, seq * rowBytes, chunkBytes,
+                    sequences, toMicrobatch, stream);
   }
 }
 

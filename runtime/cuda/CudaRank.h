@@ -56,6 +56,19 @@ inline void stridedCopy(void *to, int64_t toPitch, const void *from, int64_t fro
                     cudaMemcpyDeviceToDevice, stream);
 }
 
+/// Moves one run of rows of each of a microbatch's `sequences` sequences
+/// between a packed buffer (the runs `packedPitch` bytes apart) and the
+/// microbatch's order (the run `at` bytes into each `sequenceBytes`-long
+/// sequence): how sequence parallelism's and context parallelism's
+/// rank-major buffers meet the microbatch.
+inline void copySequenceRun(char *packed, int64_t packedPitch, char *ordered, int64_t at, int64_t sequenceBytes,
+                            int64_t runBytes, int64_t sequences, bool toMicrobatch, cudaStream_t stream) {
+  if (toMicrobatch)
+    stridedCopy(ordered + at, sequenceBytes, packed, packedPitch, runBytes, sequences, stream);
+  else
+    stridedCopy(packed, packedPitch, ordered + at, sequenceBytes, runBytes, sequences, stream);
+}
+
 /// What CudaRank::forwardSpan may join of the mHC forward (bf16 models).
 enum class MhcForwardFusion { Unfused, Entry, PostResAndEntry };
 

@@ -45,16 +45,14 @@ namespace {
 /// Copies rows between the rank-major order (rank t's rows together: its
 /// share of each of `sequences` sequences in turn) and the microbatch's,
 /// `rowBytes` a row: one 2D copy a rank (a share of each sequence a step).
-void permuteRows(const char *from, char *to, int64_t tp, int64_t share, int64_t seq, int64_t sequences,
+void permuteRows(const void *from, void *to, int64_t tp, int64_t share, int64_t seq, int64_t sequences,
                  int64_t rowBytes, bool toMicrobatch, cudaStream_t stream) {
+  char *rankMajor = static_cast<char *>(const_cast<void *>(toMicrobatch ? from : to));
+  char *ordered = static_cast<char *>(const_cast<void *>(toMicrobatch ? to : from));
   const int64_t shareBytes = share * rowBytes;
-  for (int64_t t = 0; t < tp; ++t) {
-    const int64_t rankMajor = t * sequences * shareBytes, ordered = t * shareBytes; // rank t's first row in each
-    if (toMicrobatch)
-      stridedCopy(to + ordered, seq * rowBytes, from + rankMajor, shareBytes, shareBytes, sequences, stream);
-    else
-      stridedCopy(to + rankMajor, shareBytes, from + ordered, seq * rowBytes, shareBytes, sequences, stream);
-  }
+  for (int64_t t = 0; t < tp; ++t)
+    copySequenceRun(rankMajor + t * sequences * shareBytes, shareBytes, ordered, t * shareBytes, seq * rowBytes,
+                    shareBytes, sequences, toMicrobatch, stream);
 }
 
 } // namespace
@@ -74,8 +72,7 @@ template <typename A> const A *CudaRank::allRows(const A *local, int64_t cols) {
     return nullptr;
   }
   const int64_t seq = a_.model.seqLen / a_.cp, share = seq / a_.tp; // a context rank's rows a sequence
-  permuteRows(reinterpret_cast<const char *>(rankMajor), reinterpret_cast<char *>(all), a_.tp, share, seq,
-              gemmRows_ / seq, cols * int64_t(sizeof(A)), true, compute_);
+  permuteRows(rankMajor, all, a_.tp, share, seq, gemmRows_ / seq, cols * int64_t(sizeof(A)), true, compute_);
   return all;
 }
 
@@ -94,8 +91,7 @@ template <typename A> bool CudaRank::reducePartial(A *partial, A *out, int64_t c
     return fail(problem);
   A *rankMajor = scratchOf<A>(gemmRows_ * cols), *mine = add ? scratchOf<A>(rows_ * cols) : out;
   const int64_t seq = a_.model.seqLen / a_.cp, share = seq / a_.tp;
-  permuteRows(reinterpret_cast<const char *>(partial), reinterpret_cast<char *>(rankMajor), a_.tp, share, seq,
-              gemmRows_ / seq, cols * int64_t(sizeof(A)), false, compute_);
+  permuteRows(partial, rankMajor, a_.tp, share, seq, gemmRows_ / seq, cols * int64_t(sizeof(A)), false, compute_);
   if (std::string problem = links_->reduceScatterTensor(rankMajor, mine, rows_ * cols, kActivations<A>, compute_);
       !problem.empty())
     return fail("a tensor-parallel reduce-scatter: " + problem);
