@@ -315,6 +315,34 @@ TEST(Schedule, CommunicationTimeAddsToTheCriticalPath) {
   EXPECT_GT(paid, free);
 }
 
+// The distributed optimizer over dp 2: each stage's REDUCESCATTER costs half
+// the ALLREDUCE's link time, and OPTIM half the update plus the gather of
+// the other part at the activations' element size.
+TEST(Schedule, DistributedOptimizerPaysHalfTheReductionAndGathersItsParts) {
+  ScheduleSpec spec = uniformSpec(ScheduleKind::OneFOneB, 2, 1, 4);
+  for (StageSpec &stage : spec.stages)
+    stage.params = 1000;
+  spec.dp = 2;
+  spec.optimizerNsPerParam = 1000; // OPTIM of 1000 parameters: 1 time unit
+  const double plain = buildAndSimulate(spec).result.makespan;
+  spec.distributedOptimizer = true;
+  const Built zero1 = buildAndSimulate(spec);
+  for (const std::vector<Instr> &list : zero1.schedule.ranks)
+    for (const Instr &i : list)
+      if (i.kind == OpKind::AllReduce)
+        EXPECT_EQ(i.collective, runtime::CollectiveOp::ReduceScatter) << i.describe();
+  EXPECT_NEAR(plain - zero1.result.makespan, 0.5, 1e-9) << "free links: half the update";
+  spec.linkBytesPerTime = 4000; // 1000 fp32 gradients all-reduced over 2: 1 time unit
+  spec.elementBytes = 2;
+  spec.distributedOptimizer = false;
+  const double paidPlain = buildAndSimulate(spec).result.makespan;
+  spec.distributedOptimizer = true;
+  const double paidZero1 = buildAndSimulate(spec).result.makespan;
+  // The last stage's reduction (1 -> 0.5) and its OPTIM (1 -> 0.5 + a bf16
+  // gather of 0.25) end the step.
+  EXPECT_NEAR(paidPlain - paidZero1, 0.75, 1e-9);
+}
+
 // A boundary's element size is its own (an fp32 residual stream beside bf16
 // activations carries 4 bytes a value): its messages take twice as long and
 // its output buffers hold twice the bytes of the spec's 2-byte elements.
