@@ -286,7 +286,8 @@ private:
   bool updateWeights(int64_t step, const std::vector<float *> &gradient, StepResult &result);
   bool recordGradientTaps(const std::vector<float *> &gradient, StepResult &result);
   /// bf16 models: the kernels' copies of the held weights, from the masters
-  /// (with `receivedOnly`, those the owner's update did not already round).
+  /// (with `receivedOnly`, those the owner's update did not already round);
+  /// nothing under partMasters_, whose copies are written where they change.
   void refreshLowWeights(bool receivedOnly = false);
 
   const Artifact &a_;
@@ -313,7 +314,7 @@ private:
   /// gradient the group sums), which has the same bits on each, tensor rank 0's.
   bool speaksFor(size_t p) const { return tensor_ == 0 || !heldWhole(p); }
   bool heldWhole(size_t p) const { return a_.params[p].tpSplit.empty() || isPartial(a_.params[p]); }
-  /// The distributed optimizer (ZeRO-1, dp > 1): member m of an owner's
+  /// The distributed optimizer (ZeRO-1, dp x cp > 1): member m of an owner's
   /// gradient group (Artifact::reduceMemberOf, dp x cp members) receives
   /// the summed gradients of part m of each owned parameter alone (the
   /// stage REDUCESCATTERs), holds Adam's moments of it, updates it and
