@@ -56,7 +56,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
     return fail("sending gradients to their owners: " + problem);
   for (auto &[peer, stream] : recvStream_)
     follow(compute_, stream);
-  cudaMemsetAsync(stats_, 0, 2 * statChunks_ * sizeof(double), compute_);
+  cudaMemsetAsync(stats_, 0, 2 * statChunks() * sizeof(double), compute_);
   gradient.assign(P, nullptr);
   std::vector<StatsTensor> tensors;
   for (size_t p = 0; p < P; ++p) {
@@ -108,7 +108,7 @@ bool CudaRank::reduceGradients(std::vector<float *> &gradient, std::map<std::pai
 /// sum is the same whichever members computed them.
 bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, StepResult &result) {
   const size_t P = a_.params.size(), L = a_.stages.back().losses.size(), world = a_.worldSize();
-  const size_t globalMicrobatches = a_.dp * a_.microbatches, chunks = size_t(statChunks_);
+  const size_t globalMicrobatches = a_.dp * a_.microbatches, chunks = size_t(statChunks());
   const size_t cp = a_.cp, lossAt = 2 * chunks * a_.tp, peakAt = lossAt + globalMicrobatches * L * cp,
                reservedAt = peakAt + world;
   const size_t stopAt = reservedAt + world;
@@ -120,7 +120,7 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
     cudaMemcpy(mine, stats_, 2 * chunks * sizeof(double), cudaMemcpyDeviceToHost);
     for (size_t p = 0; p < P; ++p)
       if (!speaksFor(p))
-        std::fill(mine + 2 * firstChunk_[p], mine + 2 * (p + 1 < P ? firstChunk_[p + 1] : statChunks_), 0.0);
+        std::fill(mine + 2 * firstChunk_[p], mine + 2 * firstChunk_[p + 1], 0.0);
   }
   for (int64_t mb = 0; mb < a_.microbatches && tensor_ == 0; ++mb) // every tensor rank has the same losses
     for (size_t l = 0; l < L; ++l)
@@ -148,9 +148,8 @@ bool CudaRank::shareStatistics(const std::vector<std::vector<double>> &losses, S
   int64_t zeros = 0;
   for (size_t p = 0; p < P; ++p)
     for (int64_t t = 0; t < a_.tp; ++t) { // each entry from one rank: the all-reduce's sum is exact
-      const int64_t last = p + 1 < P ? firstChunk_[p + 1] : statChunks_;
       double tensorSquares = 0, tensorZeros = 0;
-      for (int64_t c = firstChunk_[p]; c < last; ++c) {
+      for (int64_t c = firstChunk_[p]; c < firstChunk_[p + 1]; ++c) {
         tensorSquares += stats[2 * (chunks * t + c)];
         tensorZeros += stats[2 * (chunks * t + c) + 1];
       }
@@ -194,10 +193,8 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
       adamW(w, g, adamM_[int(p)], adamV_[int(p)], end - begin, float(k.lr), k.clip, k.beta1, k.beta2, k.eps,
             k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f, low, compute_);
     if (sharded_) { // the others' parts: the kernels' copies (bf16), or the fp32 weights they read
-      gathered.push_back(partMasters_ ? RankLinks::ReplicaShards{lowWeights_.at(int(p)), Dtype::BF16, {}}
-                                      : RankLinks::ReplicaShards{weights_.at(int(p)), Dtype::F32, {}});
-      for (int64_t m = 0; m < a_.optimizerParts(); ++m)
-        gathered.back().shards.push_back(a_.shardOf(held(p), m));
+      gathered.push_back(partMasters_ ? partsOf(p, lowWeights_.at(int(p)), Dtype::BF16)
+                                      : partsOf(p, weights_.at(int(p)), Dtype::F32));
     }
   }
   if (!check("optimizer update"))
@@ -248,10 +245,7 @@ bool CudaRank::allReduceGradients(const Instr &instr) {
     if (it == slotGrads_.end())
       return fail(what + ": stage " + std::to_string(instr.stage) + ", which pipeline rank " +
                   std::to_string(pipe_) + " does not hold");
-    const int64_t count = held(a_.stages[instr.stage].params[k].param);
-    buffers.push_back({it->second, Dtype::F32, {}});
-    for (int64_t m = 0; m < a_.optimizerParts(); ++m)
-      buffers.back().shards.push_back(a_.shardOf(count, m));
+    buffers.push_back(partsOf(a_.stages[instr.stage].params[k].param, it->second, Dtype::F32));
   }
   // Behind the stage's last backward; the compute stream goes on with the
   // other chunks' backwards while the replicas' sums run (the optimizer's
@@ -279,7 +273,7 @@ bool CudaRank::allReduceGradients(const Instr &instr) {
 /// members' parts gathered first (every member takes part).
 bool CudaRank::recordGradientTaps(const std::vector<float *> &gradient, StepResult &result) {
   std::vector<RankLinks::ReplicaShards> parts;
-  std::vector<std::pair<size_t, Buffer>> gathered;
+  std::map<size_t, Buffer> gathered; // by parameter, sharded only
   for (size_t p = 0; p < a_.params.size() && sharded_; ++p) {
     if (plans_[p].owner != pipe_ || plans_[p].uses.empty())
       continue;
@@ -289,26 +283,19 @@ bool CudaRank::recordGradientTaps(const std::vector<float *> &gradient, StepResu
     const auto [begin, end] = ownShard(p);
     if (end > begin)
       cudaMemcpyAsync(whole.data + begin, gradient[p], (end - begin) * 4, cudaMemcpyDeviceToDevice, compute_);
-    parts.push_back({whole.data, Dtype::F32, {}});
-    for (int64_t m = 0; m < a_.optimizerParts(); ++m)
-      parts.back().shards.push_back(a_.shardOf(held(p), m));
-    gathered.push_back({p, whole});
+    parts.push_back(partsOf(p, whole.data, Dtype::F32));
+    gathered[p] = whole;
   }
   if (!parts.empty())
     if (std::string problem = links_->allGatherReplicas(parts, compute_); !problem.empty())
       return fail("gathering the gradients' parts for the taps: " + problem);
   if (!waitStreams({compute_}, "the gradient taps"))
     return false;
-  auto wholeGradient = [&](size_t p) -> const float * {
-    for (const auto &[q, buffer] : gathered)
-      if (q == p)
-        return buffer.data;
-    return gradient[p];
-  };
   for (size_t p = 0; p < a_.params.size() && member_ == 0; ++p)
     if (plans_[p].owner == pipe_ && !plans_[p].uses.empty() && speaksFor(p)) {
       std::vector<float> block(held(p)), whole(a_.params[p].count(), 0.0f);
-      cudaMemcpy(block.data(), wholeGradient(p), block.size() * 4, cudaMemcpyDeviceToHost);
+      const float *reduced = sharded_ ? gathered.at(p).data : gradient[p];
+      cudaMemcpy(block.data(), reduced, block.size() * 4, cudaMemcpyDeviceToHost);
       scatterShard(a_.params[p], a_.tp, tensor_, block.data(), whole.data());
       result.paramGrads[a_.params[p].name] = std::move(whole);
     }

@@ -206,14 +206,14 @@ bool CudaRank::setupDevice() {
     staticBytes_ += a_.microbatches * a_.model.tokens() * int64_t(sizeof(int32_t));
   }
   for (size_t p = 0; p < a_.params.size(); ++p) {
-    firstChunk_.push_back(statChunks_);
-    statChunks_ += (held(p) + Artifact::gradientChunk(held(p)) - 1) / Artifact::gradientChunk(held(p));
+    const int64_t chunk = Artifact::gradientChunk(held(p));
+    firstChunk_.push_back(firstChunk_.back() + (held(p) + chunk - 1) / chunk);
   }
   // shareStatistics' all-reduce: squares and zeros per chunk and tensor rank, losses,
   // then peak bytes, reserved bytes and stop signal per rank.
-  const size_t sharedCount = 2 * statChunks_ * a_.tp +
+  const size_t sharedCount = 2 * statChunks() * a_.tp +
                              a_.dp * a_.microbatches * a_.stages.back().losses.size() * a_.cp + 3 * a_.worldSize();
-  if (cudaMalloc(&stats_, (2 * statChunks_ + 1) * sizeof(double)) != cudaSuccess ||
+  if (cudaMalloc(&stats_, (2 * statChunks() + 1) * sizeof(double)) != cudaSuccess ||
       cudaMalloc(&statTensors_, a_.params.size() * sizeof(StatsTensor)) != cudaSuccess ||
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
@@ -241,6 +241,13 @@ bool CudaRank::uploadWeights(size_t p, const std::vector<float> &block) {
     cudaFree(staged);
   }
   return check("uploading a parameter");
+}
+
+RankLinks::ReplicaShards CudaRank::partsOf(size_t p, void *data, Dtype dtype) const {
+  RankLinks::ReplicaShards parts{data, dtype, {}};
+  for (int64_t m = 0; m < a_.optimizerParts(); ++m)
+    parts.shards.push_back(a_.shardOf(held(p), m));
+  return parts;
 }
 
 std::pair<int64_t, int64_t> CudaRank::ownShard(size_t p) const {

@@ -335,10 +335,13 @@ private:
   bool uploadWeights(size_t p, const std::vector<float> &block);
   /// Part `member_` of parameter p (all of it without sharding).
   std::pair<int64_t, int64_t> ownShard(size_t p) const;
+  /// `data`, a buffer of parameter p's held block, with every member's part.
+  RankLinks::ReplicaShards partsOf(size_t p, void *data, Dtype dtype) const;
   /// Each parameter's first statistics chunk (Artifact::gradientChunk of
-  /// its held block) in stats_, and their number.
-  std::vector<int64_t> firstChunk_;
-  int64_t statChunks_ = 0;
+  /// its held block) in stats_, then their number: parameter p's chunks are
+  /// [firstChunk_[p], firstChunk_[p + 1]).
+  std::vector<int64_t> firstChunk_{0};
+  int64_t statChunks() const { return firstChunk_.back(); }
   const int gpu_;
   const std::atomic<bool> *peerFailed_;
   const TestFaults faults_{rank_}; // the fault tests' hooks (runtime/exec/TestFaults.h)
@@ -389,7 +392,7 @@ private:
   DeviceDocuments documents(int64_t mb) const {
     return {positions_.empty() ? nullptr : positions_[mb], firstKeys_.empty() ? nullptr : firstKeys_[mb]};
   }
-  double *stats_ = nullptr, *sharedStats_ = nullptr; // chunk statistics (2 statChunks_); shareStatistics' all-reduce
+  double *stats_ = nullptr, *sharedStats_ = nullptr; // chunk statistics (2 statChunks()); shareStatistics' all-reduce
   StatsTensor *statTensors_ = nullptr; // the owned gradients of a step, for squaresAndZeros
   int64_t staticBytes_ = 0;   // weights, gradients, optimizer state, token ids
   int64_t live_ = 0, peak_ = 0; // staticBytes plus what the step allocates
