@@ -27,7 +27,8 @@
 # Environment for `run`: GPU_SUITE_PARTS (default "checks goldens checkpoint
 # bench"; checkpoint: tiny 10 + 10 iterations == 20 at PP1 and at PP2 with
 # --gpus 2, the PP2 checkpoint resumed under PP1, dp 2 zero1, tp 2 and cp 2
-# checkpoints resumed at other layouts, and SIGTERM to a --gpus 2
+# checkpoints resumed at other layouts (zero1 and tp 2 also with --gpus 2:
+# each rank's pieces in its own shard), and SIGTERM to a --gpus 2
 # run: exit 143, its final save resumes exactly; opt-in "ceilings":
 # tools/gemm_bench.cu's copy bandwidth and bf16 / fp32 GEMM table; opt-in
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
@@ -734,15 +735,16 @@ PY
     }
     ck_zero1 zero1 tiny_dp2_zero1_pp1 tiny_dp2_pp1 "$inproc" "$inproc"
     ck_zero1 zero1_bf16 tiny_bf16_dp2_zero1_pp2 tiny_bf16_dp2_pp1 "$four" "$inproc"
-    # ck_mesh NAME PP1 PP2 PLAIN: PP1's artifact (2 ranks) 10 + 10 == 20
-    # iterations, resumed at PP2 (4 ranks), and resumed at PLAIN (one rank
-    # a pipeline rank: step 11 within 1e-5 of the full run's lm loss; a
-    # block or row put in the wrong place would be far off).
+    # ck_mesh NAME PP1 PP2 PLAIN [RANKS]: PP1's artifact (2 ranks, placed by
+    # RANKS, default in this process) 10 + 10 == 20 iterations, resumed at
+    # PP2 (4 ranks), and resumed at PLAIN (one rank a pipeline rank: step 11
+    # within 1e-5 of the full run's lm loss; a block or row put in the wrong
+    # place would be far off).
     ck_mesh() {
-      local name=$1 pp1=$2 pp2=$3 plain=$4
+      local name=$1 pp1=$2 pp2=$3 plain=$4 ranks=${5:-$inproc}
       rm -rf "ck_$name"
       # shellcheck disable=SC2086
-      ck_run "${name}_full" "$pp1" 20 $inproc && ck_run "${name}_a" "$pp1" 10 $inproc --save "ck_$name" &&
+      ck_run "${name}_full" "$pp1" 20 $ranks && ck_run "${name}_a" "$pp1" 10 $ranks --save "ck_$name" &&
         ck_run "${name}_b" "$pp2" 20 $four --load "ck_$name" &&
         ck_same "$logs/ck_${name}_full.jsonl" "$logs/ck_${name}_a.jsonl" "$logs/ck_${name}_b.jsonl" &&
         ck_run "${name}_to_plain" "$plain" 11 --load "ck_$name/iter_0000010" &&
@@ -774,6 +776,13 @@ sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)"
       if ck_run pp2_to_pp1 tiny_pp1 20 --load ck_pp2/iter_0000010 &&
          ck_same "$logs/ck_pp1_full.jsonl" "$logs/ck_pp2_to_pp1.jsonl"; then r=PASS; else r=FAIL; fi
       row "checkpoint PP2 -> PP1 resume" $r "iterations 11-20 equal PP1's uninterrupted run"
+      # One process a GPU under the distributed optimizer and tp 2: each
+      # rank writes its parts or blocks as pieces of its own shard files.
+      ck_zero1 zero1_gpus tiny_dp2_zero1_pp1 tiny_dp2_pp1 "--gpus 2" "$inproc"
+      if [ -f tiny_tp2_pp1.mhcc ]; then
+        if ck_mesh tp2_gpus tiny_tp2_pp1 tiny_tp2_pp2 tiny_pp1 "--gpus 2"; then r=PASS; else r=FAIL; fi
+        row "checkpoint tp 2 (--gpus 2) 10+10 == 20 at PP2, resumed at tp 1" $r "$(ck_cost "$logs/ck_tp2_gpus_a.log")"
+      fi
       # SIGTERM to the --gpus parent after a couple of iterations: both ranks
       # agree on it through the statistics all-reduce, stop after the same
       # iteration N and save it; the parent exits 143; N + 3 iterations

@@ -82,21 +82,96 @@ inline void scatterShard(const ParamInfo &info, int64_t tp, int64_t t, const flo
   }
 }
 
+/// Elements [begin, end) of tensor rank `tensorRank`'s block of a tensor
+/// split over `tp` ranks (tp = 1: of the whole tensor): what one rank holds
+/// of a parameter, its block or, under the distributed optimizer, a
+/// member's part of it. Checkpoints of multi-process runs store pieces.
+struct TensorPiece {
+  int64_t tp = 1, tensorRank = 0, begin = 0, end = 0;
+  int64_t count() const { return end - begin; }
+};
+
+/// Calls run(wholeOffset, pieceOffset, length) for each contiguous run of
+/// the piece's elements in the whole tensor, in the piece's order.
+template <typename Run> void forEachPieceRun(const ParamInfo &info, const TensorPiece &piece, Run run) {
+  int64_t at = 0; // the shard run's first element in the block
+  for (const ShardRun &shard : shardRuns(info, piece.tp, piece.tensorRank)) {
+    const int64_t from = std::max(piece.begin, at), to = std::min(piece.end, at + shard.length);
+    if (from < to)
+      run(shard.offset + (from - at), from - piece.begin, to - from);
+    at += shard.length;
+  }
+}
+
+/// whole's elements of `piece` = data (the piece's count() elements); the
+/// others are left as they are. `whole` is sized (zeros) to the tensor when
+/// it is not yet.
+inline void scatterPiece(const ParamInfo &info, const TensorPiece &piece, const float *data,
+                         std::vector<float> &whole) {
+  if (whole.size() != size_t(info.count()))
+    whole.assign(info.count(), 0.0f);
+  forEachPieceRun(info, piece, [&](int64_t offset, int64_t in, int64_t length) {
+    std::copy_n(data + in, length, whole.begin() + offset);
+  });
+}
+
+/// The piece's elements of whole, in the piece's order.
+inline std::vector<float> gatherPiece(const ParamInfo &info, const TensorPiece &piece, const float *whole) {
+  std::vector<float> data(size_t(std::max<int64_t>(piece.count(), 0)));
+  forEachPieceRun(info, piece, [&](int64_t offset, int64_t in, int64_t length) {
+    std::copy_n(whole + offset, length, data.begin() + in);
+  });
+  return data;
+}
+
 /// whole's part of tensor rank t = block, but only the block's elements
 /// [begin, end) (a member's part under the distributed optimizer); the
 /// other elements of whole are left as they are. `whole` is sized (zeros)
 /// to the tensor when it is not yet.
 inline void scatterShardPart(const ParamInfo &info, int64_t tp, int64_t t, const float *block, int64_t begin,
                              int64_t end, std::vector<float> &whole) {
-  if (whole.size() != size_t(info.count()))
+  if (begin < end)
+    scatterPiece(info, {tp, t, begin, end}, block + begin, whole);
+  else if (whole.size() != size_t(info.count()))
     whole.assign(info.count(), 0.0f);
-  int64_t at = 0; // the run's first element in the block
-  for (const ShardRun &run : shardRuns(info, tp, t)) {
-    const int64_t from = std::max(begin, at), to = std::min(end, at + run.length);
-    if (from < to)
-      std::copy(block + from, block + to, whole.begin() + run.offset + (from - at));
-    at += run.length;
+}
+
+/// Why `pieces` do not hold every element of `info` exactly once (empty:
+/// they do). Pieces of an unsplit tensor are of the whole tensor, whatever
+/// their tensor rank.
+inline std::string piecesProblem(const ParamInfo &info, const std::vector<TensorPiece> &pieces) {
+  if (pieces.empty())
+    return "no piece of it";
+  const int64_t tp = pieces.front().tp;
+  if (tp < 1 || !splitProblem(info, tp).empty())
+    return "pieces split over " + std::to_string(tp) + " tensor ranks, which its shape does not allow";
+  const int64_t block = shardCount(info, tp), blocks = block == info.count() ? 1 : tp;
+  std::vector<std::vector<TensorPiece>> byRank(static_cast<size_t>(blocks));
+  for (const TensorPiece &piece : pieces) {
+    if (piece.tp != tp)
+      return "pieces split over both " + std::to_string(tp) + " and " + std::to_string(piece.tp) + " tensor ranks";
+    if (piece.tensorRank < 0 || piece.tensorRank >= tp || piece.begin < 0 || piece.begin >= piece.end ||
+        piece.end > block)
+      return "a piece [" + std::to_string(piece.begin) + ", " + std::to_string(piece.end) + ") of tensor rank " +
+             std::to_string(piece.tensorRank) + " outside its " + std::to_string(block) + "-element blocks";
+    byRank[size_t(blocks == 1 ? 0 : piece.tensorRank)].push_back(piece);
   }
+  for (size_t t = 0; t < byRank.size(); ++t) {
+    std::vector<TensorPiece> &list = byRank[t];
+    std::sort(list.begin(), list.end(), [](const TensorPiece &x, const TensorPiece &y) { return x.begin < y.begin; });
+    int64_t covered = 0;
+    for (const TensorPiece &piece : list) {
+      if (piece.begin != covered)
+        return "elements [" + std::to_string(std::min(piece.begin, covered)) + ", " +
+               std::to_string(std::max(piece.begin, covered)) + ") of tensor rank " + std::to_string(t) +
+               "'s block " + (piece.begin > covered ? "in no piece" : "in two pieces");
+      covered = piece.end;
+    }
+    if (covered != block)
+      return "elements [" + std::to_string(covered) + ", " + std::to_string(block) + ") of tensor rank " +
+             std::to_string(t) + "'s block in no piece";
+  }
+  return "";
 }
 
 } // namespace mhcc::runtime

@@ -30,8 +30,6 @@ bool Checkpointer::save(Trainer &trainer, std::string &error) {
   auto state = std::make_shared<ParameterState>();
   if (!trainer.saveState(*state, error))
     return false;
-  if (!writes_)
-    return true;
   const double copyMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   if (!finish(&error))
     return false;

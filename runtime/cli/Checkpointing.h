@@ -20,10 +20,10 @@ namespace mhcc::runtime {
 
 class Checkpointer {
 public:
-  /// With `writes` false it only takes part in each save (Trainer::saveState:
-  /// a CPU process holding a distributed optimizer's shard sends it to rank 0).
-  Checkpointer(std::string dir, TrainOptions options, CheckpointShard shard, bool speaker, bool writes = true)
-      : dir_(std::move(dir)), options_(std::move(options)), shard_(shard), speaker_(speaker), writes_(writes) {}
+  /// `shard`: this process's part of each save (all of it, or with one
+  /// process a rank what the rank holds).
+  Checkpointer(std::string dir, TrainOptions options, CheckpointShard shard, bool speaker)
+      : dir_(std::move(dir)), options_(std::move(options)), shard_(shard), speaker_(speaker) {}
   ~Checkpointer() { finish(); }
 
   /// Copies the trainer's state to the host and starts writing it as
@@ -37,7 +37,7 @@ private:
   std::string dir_;
   TrainOptions options_;
   CheckpointShard shard_;
-  bool speaker_, writes_;
+  bool speaker_;
   std::thread writer_;
   std::string writeError_; // set by the writer thread, read after join
   double writeMs_ = 0, copyMs_ = 0;

@@ -248,9 +248,9 @@ struct SocketFolder {
 };
 
 /// --export-safetensors: one file of every weight, so only a process that
-/// holds them all writes it (a multi-process run would need a gather).
-bool exportAll(Trainer &trainer, const std::string &path, const CheckpointShard &shard, std::string &error) {
-  if (shard.size > 1) {
+/// holds them all writes it (one process a GPU would need a gather).
+bool exportAll(Trainer &trainer, const std::string &path, bool holdsEveryWeight, std::string &error) {
+  if (!holdsEveryWeight) {
     error = "--export-safetensors needs every rank in one process; export from the checkpoint of a --save run "
             "with 'mhcrun ART --data D --backend cpu --load DIR --export-safetensors FILE'";
     return false;
@@ -287,9 +287,9 @@ bool restore(Trainer &trainer, const RunFlags &f, bool speaker, std::string &err
 struct Role {
   bool speaker = true;      // prints the lines and writes --metrics (rank 0)
   std::string rankPrefix;   // "rank R: " in a multi-process run
-  CheckpointShard shard;    // how the ranks split a checkpoint
-  bool writesFiles = true;  // saves and exports (false: a CPU rank > 0, whose rank 0 holds everything)
-  bool joinsSaves = false;  // a CPU rank > 0 holding a distributed optimizer's shard: sends it at each save
+  CheckpointShard shard;    // how the ranks split a checkpoint: each process writes what it holds
+  bool exports = true;      // writes --export-safetensors (a CPU rank > 0 leaves it to rank 0)
+  bool holdsEveryWeight = true; // one process, or a CPU rank: --export-safetensors can be written here
   bool agreedStop = false;  // stops on the signal the step's collective agreed on
   std::string backend;      // "cpu" or "cuda": names a measured device profile
   std::optional<int64_t> processRank; // one process a rank: this one's (its --trace is a part)
@@ -364,8 +364,8 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   if (!f.dumpDir.empty() && !dumpTensors(f.dumpDir, trainer, data, f.options, f.steps, nullptr, error))
     return fail(error);
   std::unique_ptr<Checkpointer> saver;
-  if (!f.saveDir.empty() && (role.writesFiles || role.joinsSaves))
-    saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker, role.writesFiles);
+  if (!f.saveDir.empty())
+    saver = std::make_unique<Checkpointer>(f.saveDir, f.options, shard, speaker);
   // The iteration's line and metrics (and the validation pass after it):
   // before a stop, so the last one is kept.
   auto printIteration = [&](const StepResult &r, const std::optional<StepResult> &validation) {
@@ -428,7 +428,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     std::fprintf(stderr, "\n");
   if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
     return fail(rankPrefix + error);
-  if (!f.exportPath.empty() && role.writesFiles && !exportAll(trainer, f.exportPath, shard, error))
+  if (!f.exportPath.empty() && role.exports && !exportAll(trainer, f.exportPath, role.holdsEveryWeight, error))
     return fail(rankPrefix + error);
   if (!f.tracePath.empty() && role.processRank) {
     // One process a rank: rank 0 merges every rank's part (TraceParts.h).
@@ -499,24 +499,25 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
   }
 }
 
-/// What this process does in the training loop: who speaks, writes files
-/// and joins saves, and how a multi-process run agrees on stops.
-Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string &backend, const Trainer &trainer,
-            const RunFlags &f, bool speaker, const std::string &rankPrefix) {
+/// What this process does in the training loop: who speaks, which part of
+/// a save it writes, whether it exports, and how a multi-process run agrees
+/// on stops.
+Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string &backend, const RunFlags &f,
+            bool speaker, const std::string &rankPrefix) {
   Role role;
   role.speaker = speaker;
   role.rankPrefix = rankPrefix;
   role.agreedStop = placement.has_value();
   role.backend = backend;
-  if (placement)
+  if (placement) {
     role.processRank = placement->rank;
-  if (placement && backend == "cpu") {
-    role.writesFiles = placement->rank == 0; // rank 0 holds every weight and moment (or gathers the shards')
-    role.joinsSaves = trainer.artifact().optimizerShardOf(placement->rank) > 0;
-  } else if (placement) {
     role.shard.rank = placement->rank;
     role.shard.size = placement->size;
     role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+    // Every CPU rank holds every weight (rank 0 exports them); a GPU rank
+    // its stages' weights, or their blocks or parts.
+    role.exports = backend != "cpu" || placement->rank == 0;
+    role.holdsEveryWeight = backend == "cpu";
   }
   return role;
 }
@@ -545,18 +546,6 @@ int runMhcrun(int argc, char **argv) {
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
     return fail(rankPrefix + error);
-  // A GPU process saves what its rank holds: under the distributed
-  // optimizer its part of the moments (and of a bf16 model's masters), under
-  // tensor parallelism its blocks; the others' would be missing from the
-  // checkpoint.
-  const bool partsElsewhere = artifact->distributedOptimizer || artifact->tp > 1;
-  if (partsElsewhere && backend == "cuda" && !f.saveDir.empty() &&
-      (placement || (!f.inProcess && f.ranksPerGpu == 1 && artifact->worldSize() > 1)))
-    return fail(rankPrefix + "--save " +
-                (artifact->tp > 1 ? std::string("with tensor parallelism") : "with the distributed optimizer") +
-                " on GPUs needs every rank in one process (--in-process or --ranks-per-gpu N): one process a GPU "
-                "would save only its " +
-                (artifact->tp > 1 ? "tensor rank's blocks of the weights" : "part of Adam's moments and masters"));
   std::optional<TokenDataset> data = TokenDataset::open(f.dataPath, error);
   if (!data)
     return fail(rankPrefix + error);
@@ -639,7 +628,7 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  const Role role = roleOf(placement, backend, *trainer, f, speaker, rankPrefix);
+  const Role role = roleOf(placement, backend, f, speaker, rankPrefix);
   return trainLoop(*trainer, *data, f, role);
 }
 

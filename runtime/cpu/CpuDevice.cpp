@@ -394,7 +394,7 @@ public:
     if (rank_ != 0)
       return true;
     state.weights = world_->params.weights;
-    world_->params.wholeMoments(state);
+    world_->params.heldMoments(world_->a, state);
     return true;
   }
   bool loadState(const ParameterState &state) override {

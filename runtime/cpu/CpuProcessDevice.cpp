@@ -140,19 +140,15 @@ public:
     return true;
   }
   void downloadParameters(std::vector<std::vector<float>> &weights) override { weights = params_.weights; }
-  // Rank 0 saves, with the shards' moments sent to it under the
-  // distributed optimizer (every shard's rank takes part in the save);
-  // every rank loads the weights, the moments' holders their parts.
+  // Rank 0 saves the weights (every rank holds all of them) and the moments
+  // it holds: all, or under the distributed optimizer part 0's; each other
+  // part's rank saves its part of the moments, as pieces of its own shard.
   bool saveState(ParameterState &state) override {
-    if (rank_ != 0)
-      return shard_ <= 0 || sendMoments();
-    state.weights = params_.weights;
-    if (!a_.distributedOptimizer) {
-      state.adamM = params_.adamM;
-      state.adamV = params_.adamV;
-      return true;
-    }
-    return gatherMoments(state);
+    if (rank_ == 0)
+      state.weights = params_.weights;
+    if (rank_ == 0 || shard_ > 0)
+      params_.heldMoments(a_, state);
+    return true;
   }
   bool loadState(const ParameterState &state) override {
     params_.load(a_, state, rank_ == 0 || shard_ >= 0);
@@ -323,8 +319,6 @@ private:
     return true;
   }
   bool updateOwnShard();
-  bool sendMoments();
-  bool gatherMoments(ParameterState &state);
 
   std::unique_ptr<SocketMesh> mesh_;
   const TestFaults faults_; // the fault tests' hooks (runtime/exec/TestFaults.h)
@@ -505,37 +499,6 @@ bool CpuProcessDevice::updateOwnShard() {
     pack.put(params_.weights[p].data() + begin, size_t(end - begin));
   }
   return mesh_->send(0, back, error_);
-}
-
-/// A part's rank (part > 0), at a save: its moments' part to rank 0.
-bool CpuProcessDevice::sendMoments() {
-  Frame frame{Frame::Moments, 0, rank_, 0, 0, {}};
-  Packer pack{frame.bytes};
-  for (const auto *moments : {&params_.shardM[shard_], &params_.shardV[shard_]})
-    for (const std::vector<float> &m : *moments)
-      pack.put(m.data(), m.size());
-  return mesh_->send(0, frame, error_);
-}
-
-/// Rank 0, at a save: every shard's moments put together by parameter.
-bool CpuProcessDevice::gatherMoments(ParameterState &state) {
-  const bool ok = readShardFrames(Frame::Moments, "moments", [this](int64_t d, Unpacker &in) {
-    for (auto *moments : {&params_.shardM[d], &params_.shardV[d]})
-      for (size_t p = 0; p < a_.params.size(); ++p) {
-        const auto [begin, end] = a_.shardOf(a_.params[p].count(), d);
-        (*moments)[p].resize(size_t(end - begin));
-        if (!in.get((*moments)[p].data(), (*moments)[p].size()))
-          return false;
-      }
-    return true;
-  });
-  if (ok)
-    params_.wholeMoments(state);
-  for (int64_t d = 1; d < a_.optimizerParts(); ++d) // held by their ranks only
-    for (auto *moments : {&params_.shardM[d], &params_.shardV[d]})
-      for (std::vector<float> &m : *moments)
-        std::vector<float>().swap(m);
-  return ok;
 }
 
 } // namespace

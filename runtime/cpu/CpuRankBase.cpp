@@ -108,17 +108,21 @@ MomentRanges HostParameters::shardMoments(const Artifact &a) {
   };
 }
 
-void HostParameters::wholeMoments(ParameterState &state) const {
-  state.adamM = adamM;
-  state.adamV = adamV;
-  for (size_t d = 0; d < shardM.size(); ++d)
-    for (size_t p = 0; p < shardM[d].size(); ++p) {
-      if (d == 0) {
-        state.adamM[p].clear();
-        state.adamV[p].clear();
-      }
-      state.adamM[p].insert(state.adamM[p].end(), shardM[d][p].begin(), shardM[d][p].end());
-      state.adamV[p].insert(state.adamV[p].end(), shardV[d][p].begin(), shardV[d][p].end());
+void HostParameters::heldMoments(const Artifact &a, ParameterState &state) const {
+  if (shardM.empty()) {
+    state.adamM = adamM;
+    state.adamV = adamV;
+    return;
+  }
+  for (int64_t d = 0; d < a.optimizerParts(); ++d)
+    for (size_t p = 0; heldShards[d] && p < shardM[d].size(); ++p) {
+      const auto [begin, end] = a.shardOf(a.params[p].count(), d);
+      if (begin == end)
+        continue;
+      const TensorPiece piece{1, 0, begin, end};
+      scatterPiece(a.params[p], piece, shardM[d][p].data(), state.adamM[p]);
+      scatterPiece(a.params[p], piece, shardV[d][p].data(), state.adamV[p]);
+      state.momentPieces[p].push_back(piece);
     }
 }
 

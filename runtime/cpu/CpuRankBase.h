@@ -71,9 +71,10 @@ struct HostParameters {
   /// Masters from `state` (moments too where given and `withMoments`: the
   /// held shards' parts of them).
   void load(const Artifact &a, const ParameterState &state, bool withMoments);
-  /// The moments by whole parameter (the shards put together, every one
-  /// held), for checkpoints.
-  void wholeMoments(ParameterState &state) const;
+  /// The moments this copy holds, for checkpoints: whole, or under the
+  /// distributed optimizer the held parts as pieces (ParameterState; every
+  /// part in one process makes them whole again).
+  void heldMoments(const Artifact &a, ParameterState &state) const;
 };
 
 using SlotGrads = std::vector<std::vector<std::vector<float>>>; // [stage][slot]

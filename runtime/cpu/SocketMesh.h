@@ -49,7 +49,7 @@ namespace mhcc::runtime {
 struct Frame {
   enum Kind : int32_t {
     Data = 1, Gather = 2, Reply = 3, Failure = 4, Heartbeat = 6, Reduce = 7, Collective = 8,
-    Shard = 9, ShardWeights = 10, Moments = 11 // the distributed optimizer's (CpuProcessDevice)
+    Shard = 9, ShardWeights = 10 // the distributed optimizer's (CpuProcessDevice)
   };
   int32_t kind = Data, payload = 0;
   int64_t src = 0, dst = 0, mb = 0;

@@ -600,7 +600,8 @@ bool CudaRank::saveState(ParameterState &state) {
   // gradient group, replica 0's context rank 0, speaks for them); with the
   // distributed optimizer each member holds its part of the moments (and
   // under partMasters_ of the weights). Each tensor rank holds its blocks
-  // (speaksFor).
+  // (speaksFor). Each fills its pieces and names them (the checkpoint puts
+  // them together, or with one process a rank writes them as they are).
   if (member_ != 0 && !sharded_)
     return true;
   for (size_t p = 0; p < a_.params.size(); ++p) {
@@ -611,11 +612,15 @@ bool CudaRank::saveState(ParameterState &state) {
     std::vector<float> block(held(p));
     if (member_ == 0 || partMasters_) {
       const auto [masterBegin, masterEnd] = masterRange(p);
-      if (masterEnd > masterBegin)
+      if (masterEnd > masterBegin) {
         cudaMemcpy(block.data() + masterBegin, weights_[int(p)], (masterEnd - masterBegin) * 4,
                    cudaMemcpyDeviceToHost);
-      scatterShardPart(info, a_.tp, tensor_, block.data(), masterBegin, masterEnd, state.weights[p]);
+        scatterShardPart(info, a_.tp, tensor_, block.data(), masterBegin, masterEnd, state.weights[p]);
+        state.weightPieces[p].push_back({a_.tp, tensor_, masterBegin, masterEnd});
+      }
     }
+    if (end == begin)
+      continue; // no part of the moments here (fewer elements than parts)
     std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
     for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
                                    std::pair{&state.adamV[p], adamV_.count(int(p)) ? adamV_[int(p)] : nullptr}}) {
@@ -623,6 +628,7 @@ bool CudaRank::saveState(ParameterState &state) {
         cudaMemcpy(block.data() + begin, device, (end - begin) * 4, cudaMemcpyDeviceToHost);
       scatterShardPart(info, a_.tp, tensor_, block.data(), begin, end, *moments);
     }
+    state.momentPieces[p].push_back({a_.tp, tensor_, begin, end});
   }
   return check("downloading the weights and moments for a checkpoint");
 }

@@ -14,6 +14,7 @@
 #define MHCC_RUNTIME_EXEC_DEVICE_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/artifact/TensorSplit.h"
 #include "runtime/program/Dtype.h"
 #include "runtime/exec/StepTypes.h"
 
@@ -74,6 +75,20 @@ struct StageState {
 /// saved under one layout loads under any other.
 struct ParameterState {
   std::vector<std::vector<float>> weights, adamM, adamV;
+  /// Where a device filled only pieces of an entry (a tensor rank's block,
+  /// a distributed-optimizer part): those pieces, by parameter (the
+  /// moments' for m and v alike). An empty list with a filled entry: all
+  /// of it. A save writes whole tensors where the pieces make them up (all
+  /// ranks in one process), else the pieces (one process a rank).
+  std::vector<std::vector<TensorPiece>> weightPieces, momentPieces;
+
+  /// Sizes every list to `params` entries, all empty.
+  void clear(size_t params) {
+    for (auto *entries : {&weights, &adamM, &adamV})
+      entries->assign(params, {});
+    weightPieces.assign(params, {});
+    momentPieces.assign(params, {});
+  }
 };
 
 /// A message posted by Device::exchange: SEND carries `buffer`; for a RECV

@@ -93,19 +93,65 @@ std::string sealMeta(nlohmann::json meta) {
   return meta.dump(1) + "\n";
 }
 
-bool writeShardFiles(const std::string &tmp, const std::string &suffix, const Artifact &a,
+/// The metadata key under which a shard file lists its pieces: tensor name
+/// -> {"of": whole tensor's name, "tp", "tensor_rank", "begin", "end"}.
+constexpr const char *kPiecesKey = "mhcc_pieces";
+
+/// Adds one entry of the state to `file`: the whole tensor where this
+/// process holds all of it (its pieces make it up, or it named none), else
+/// each piece as a tensor of its own, listed in `pieces`.
+bool addHeld(SafetensorsWriter &file, nlohmann::json &pieces, const ParamInfo &info, const std::string &name,
+             const std::vector<float> &values, const std::vector<TensorPiece> &held, bool wholeRun,
+             std::string &error) {
+  if (values.size() != size_t(info.count()))
+    return true; // not held here
+  const std::string problem = held.empty() ? "" : piecesProblem(info, held);
+  if (problem.empty()) {
+    file.addF32(name, {info.rows, info.cols}, values.data());
+    return true;
+  }
+  if (wholeRun) { // every rank in this process: its ranks missed a piece
+    error = "internal: the ranks' state of " + name + " is incomplete (" + problem + ")";
+    return false;
+  }
+  for (const TensorPiece &piece : held) {
+    const std::string pieceName = name + "@tp" + std::to_string(piece.tp) + "." + std::to_string(piece.tensorRank) +
+                                  "[" + std::to_string(piece.begin) + ":" + std::to_string(piece.end) + "]";
+    file.addF32(pieceName, {piece.count()}, gatherPiece(info, piece, values.data()).data());
+    pieces[pieceName] = {{"of", name},
+                         {"tp", piece.tp},
+                         {"tensor_rank", piece.tensorRank},
+                         {"begin", piece.begin},
+                         {"end", piece.end}};
+  }
+  return true;
+}
+
+bool writeShardFiles(const std::string &tmp, const CheckpointShard &shard, const Artifact &a,
                      const ParameterState &state, std::string &error) {
+  const std::string suffix = shard.size == 1 ? "" : "-rank" + std::to_string(shard.rank);
+  const bool wholeRun = shard.size == 1;
   SafetensorsWriter model, optim;
+  nlohmann::json modelPieces = nlohmann::json::object(), optimPieces = nlohmann::json::object();
+  static const std::vector<TensorPiece> kWhole;
+  auto piecesOf = [](const std::vector<std::vector<TensorPiece>> &lists, size_t p) -> const std::vector<TensorPiece> & {
+    return p < lists.size() ? lists[p] : kWhole;
+  };
   for (size_t p = 0; p < a.params.size(); ++p) {
     const ParamInfo &info = a.params[p];
-    if (state.weights[p].empty())
-      continue; // another rank's
-    model.addF32(info.name, {info.rows, info.cols}, state.weights[p].data());
-    optim.addF32(info.name + ".exp_avg", {info.rows, info.cols}, state.adamM[p].data());
-    optim.addF32(info.name + ".exp_avg_sq", {info.rows, info.cols}, state.adamV[p].data());
+    const std::vector<TensorPiece> &weightPieces = piecesOf(state.weightPieces, p),
+                                   &momentPieces = piecesOf(state.momentPieces, p);
+    if (!addHeld(model, modelPieces, info, info.name, state.weights[p], weightPieces, wholeRun, error) ||
+        !addHeld(optim, optimPieces, info, info.name + ".exp_avg", state.adamM[p], momentPieces, wholeRun, error) ||
+        !addHeld(optim, optimPieces, info, info.name + ".exp_avg_sq", state.adamV[p], momentPieces, wholeRun, error))
+      return false;
   }
   model.setMetadata("format", "mhcc fp32 master weights");
   optim.setMetadata("format", "mhcc Adam moments");
+  if (!modelPieces.empty())
+    model.setMetadata(kPiecesKey, modelPieces.dump());
+  if (!optimPieces.empty())
+    optim.setMetadata(kPiecesKey, optimPieces.dump());
   const std::string modelPath = tmp + "/model" + suffix + ".safetensors";
   const std::string optimPath = tmp + "/optim" + suffix + ".safetensors";
   if (!model.write(modelPath, error) || !syncPath(modelPath, error))
@@ -177,8 +223,7 @@ bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a
     error = "cannot create " + tmp + (ec ? ": " + ec.message() : "");
     return false;
   }
-  const std::string suffix = shard.size == 1 ? "" : "-rank" + std::to_string(shard.rank);
-  if (!writeShardFiles(tmp, suffix, a, state, error))
+  if (!writeShardFiles(tmp, shard, a, state, error))
     return false;
   if (shard.size > 1) {
     const std::string done = tmp + "/shard-rank" + std::to_string(shard.rank) + ".done";
@@ -295,6 +340,70 @@ bool readMeta(const std::string &path, const Artifact &a, nlohmann::json &meta, 
   return true;
 }
 
+/// A piece of a whole tensor from a shard file: where it goes, its values.
+struct HeldPiece {
+  TensorPiece piece;
+  std::vector<float> values;
+};
+using PieceMap = std::map<std::string, std::vector<HeldPiece>>; // by "model:" or "optim:" + the whole's name
+
+/// Moves the pieces a shard file lists (kPiecesKey) from `tensors` into
+/// `pieces`; false and `error` (naming the file) when the list or a piece
+/// is malformed.
+bool listPieces(const std::string &path, const std::map<std::string, std::string> &metadata,
+                std::map<std::string, SafetensorsTensor> &tensors, const std::string &kind, PieceMap &pieces,
+                std::string &error) {
+  auto listed = metadata.find(kPiecesKey);
+  if (listed == metadata.end())
+    return true;
+  auto malformed = [&](const std::string &what) {
+    error = path + ": malformed list of pieces (" + what + ")";
+    return false;
+  };
+  const nlohmann::json list = nlohmann::json::parse(listed->second, nullptr, false);
+  if (!list.is_object())
+    return malformed("not a JSON object");
+  for (const auto &[name, entry] : list.items()) {
+    auto integer = [&entry](const char *key) { return entry.contains(key) && entry[key].is_number_integer(); };
+    if (!entry.is_object() || !entry.contains("of") || !entry["of"].is_string() || !integer("tp") ||
+        !integer("tensor_rank") || !integer("begin") || !integer("end"))
+      return malformed("piece '" + name + "' needs \"of\", \"tp\", \"tensor_rank\", \"begin\" and \"end\"");
+    HeldPiece held{{entry["tp"].get<int64_t>(), entry["tensor_rank"].get<int64_t>(), entry["begin"].get<int64_t>(),
+                    entry["end"].get<int64_t>()},
+                   {}};
+    auto tensor = tensors.find(name);
+    const bool counted = held.piece.begin >= 0 && held.piece.end > held.piece.begin; // end - begin cannot overflow
+    if (tensor == tensors.end() || tensor->second.dtype != "F32" || !counted ||
+        tensor->second.bytes.size() % sizeof(float) != 0 ||
+        int64_t(tensor->second.bytes.size() / sizeof(float)) != held.piece.count())
+      return malformed("piece '" + name + "' has no F32 tensor of its " +
+                       (counted ? std::to_string(held.piece.count()) : std::string("(empty)")) + " elements");
+    held.values.resize(size_t(held.piece.count()));
+    std::memcpy(held.values.data(), tensor->second.bytes.data(), tensor->second.bytes.size());
+    tensors.erase(tensor);
+    pieces[kind + entry["of"].get<std::string>()].push_back(std::move(held));
+  }
+  return true;
+}
+
+/// out = the whole tensor `name` put together from its pieces; false and
+/// `error` when they do not make it up exactly.
+bool assemblePieces(const std::string &folder, const std::string &name, const ParamInfo &info,
+                    const std::vector<HeldPiece> &held, std::vector<float> &out, std::string &error) {
+  std::vector<TensorPiece> list;
+  for (const HeldPiece &h : held)
+    list.push_back(h.piece);
+  if (const std::string problem = piecesProblem(info, list); !problem.empty()) {
+    error = folder + ": the pieces of '" + name + "' do not make up its " + std::to_string(info.count()) +
+            " elements (" + problem + "): a rank's shard files are missing or from another save";
+    return false;
+  }
+  out.assign(size_t(info.count()), 0.0f);
+  for (const HeldPiece &h : held)
+    scatterPiece(info, h.piece, h.values.data(), out);
+  return true;
+}
+
 } // namespace
 
 bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &state, int64_t &iteration,
@@ -305,6 +414,7 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
     return false;
   const std::string fix = "; restore it or pass an earlier iter_* folder to --load";
   std::map<std::string, SafetensorsTensor> tensors; // every file's, "model:" or "optim:" + name
+  PieceMap pieces;                                  // by the whole tensor's key, as tensors
   for (const auto &[name, entry] : meta.at("files").items()) {
     const std::string path = folder + "/" + name;
     std::vector<char> bytes;
@@ -317,15 +427,28 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
       return false;
     }
     std::map<std::string, SafetensorsTensor> part;
-    std::map<std::string, std::string> unused;
-    if (!parseSafetensors(path, bytes, part, unused, error))
+    std::map<std::string, std::string> metadata;
+    if (!parseSafetensors(path, bytes, part, metadata, error))
       return false;
     const std::string kind = name.rfind("model", 0) == 0 ? "model:" : "optim:";
+    if (!listPieces(path, metadata, part, kind, pieces, error)) {
+      error += fix;
+      return false;
+    }
     for (auto &[t, tensor] : part)
       tensors[kind + t] = std::move(tensor);
   }
   auto take = [&](const std::string &key, const ParamInfo &info, std::vector<float> &out) {
     auto it = tensors.find(key);
+    if (auto held = pieces.find(key); held != pieces.end()) {
+      if (it != tensors.end())
+        error = folder + ": '" + key.substr(6) + "' is in its files both whole and in pieces" + fix;
+      else if (assemblePieces(folder, key.substr(6), info, held->second, out, error))
+        return true;
+      else
+        error += fix;
+      return false;
+    }
     if (it == tensors.end() || it->second.dtype != "F32" ||
         it->second.bytes.size() != size_t(info.count()) * sizeof(float)) {
       error = folder + ": no F32 tensor '" + key.substr(6) + "' of " + std::to_string(info.count()) +
@@ -337,9 +460,7 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
     return true;
   };
   const size_t n = a.params.size();
-  state.weights.assign(n, {});
-  state.adamM.assign(n, {});
-  state.adamV.assign(n, {});
+  state.clear(n);
   for (size_t p = 0; p < n; ++p) {
     const ParamInfo &info = a.params[p];
     if (!take("model:" + info.name, info, state.weights[p]) ||
@@ -371,9 +492,7 @@ bool importWeights(const std::string &path, const Artifact &a, ParameterState &s
     return false;
   }
   const size_t n = a.params.size();
-  state.weights.assign(n, {});
-  state.adamM.assign(n, {});
-  state.adamV.assign(n, {});
+  state.clear(n);
   for (size_t p = 0; p < n; ++p) {
     const ParamInfo &info = a.params[p];
     auto it = tensors.find(info.name);

@@ -10,9 +10,16 @@
 // A save writes into DIR/iter_N.tmp, fsyncs every file, renames the folder,
 // fsyncs DIR, then replaces the pointer through a temporary and a rename:
 // a process killed at any moment leaves the previous checkpoint loadable.
-// In a multi-process run every rank writes a shard of the parameters it owns
+// In a multi-process run every rank writes a shard of what it holds
 // (model-rankR.safetensors, optim-rankR.safetensors) and rank 0, once every
-// shard is announced, writes meta.json and publishes the folder.
+// shard is announced, writes meta.json and publishes the folder. Where a
+// rank holds only pieces of a tensor (its tensor rank's block, its part of
+// a distributed optimizer's moments or masters) its shard stores each piece
+// as a tensor of its own, listed with its place in the whole under the
+// file's "mhcc_pieces" metadata (Megatron's distributed checkpoints keep
+// such offsets too); a load puts the pieces together and checks that they
+// hold every element exactly once. So the folder still loads under any
+// layout and mesh.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_IO_CHECKPOINT_H
@@ -27,8 +34,8 @@
 
 namespace mhcc::runtime {
 
-/// Which part of the parameters this process writes: all (size 1), or rank
-/// `rank`'s owned ones of a `size`-process run.
+/// Which part of the parameters this process writes: all (size 1), or what
+/// rank `rank` of a `size`-process run holds.
 struct CheckpointShard {
   int64_t rank = 0, size = 1;
   double timeoutSeconds = 600; // rank 0's wait for the other shards
@@ -37,9 +44,10 @@ struct CheckpointShard {
 /// "DIR/iter_0000010".
 std::string checkpointFolder(const std::string &dir, int64_t iteration);
 
-/// Saves `state` (the entries this process filled: all, or its owned
-/// parameters) as iteration `iteration`. False and `error` (one line naming
-/// the file) on failure; the previous checkpoint is untouched then.
+/// Saves `state` (the entries this process filled: all, or what its rank
+/// holds, whole or in the pieces `state` names) as iteration `iteration`.
+/// False and `error` (one line naming the file) on failure; the previous
+/// checkpoint is untouched then.
 bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a, const TrainOptions &options,
                     const ParameterState &state, const CheckpointShard &shard, std::string &error);
 

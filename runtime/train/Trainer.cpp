@@ -197,10 +197,7 @@ std::optional<StepResult> Trainer::evaluate(int64_t iterations, std::string &err
 }
 
 bool Trainer::saveState(ParameterState &state, std::string &error) {
-  const size_t n = artifact_.params.size();
-  state.weights.assign(n, {});
-  state.adamM.assign(n, {});
-  state.adamV.assign(n, {});
+  state.clear(artifact_.params.size());
   for (auto &device : devices_)
     if (!device->saveState(state)) {
       error = "rank " + std::to_string(device->rank()) + " saving its state: " + device->error();

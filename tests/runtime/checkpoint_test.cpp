@@ -5,11 +5,16 @@
 // - saved under PP2/VPP2 after 3, resumed under PP1 and PP4/VPP2 for 3 more
 //   ≡ 6 uninterrupted under that layout;
 // - the comparison can fail: resuming with the Adam moments zeroed differs;
-// - a corrupt, truncated or foreign checkpoint is refused naming the file.
+// - a corrupt, truncated or foreign checkpoint is refused naming the file;
+// - two processes' shards of pieces (tensor-rank blocks, optimizer parts)
+//   load as the whole state, bit for bit; missing or doubled pieces are
+//   refused naming the tensor.
 //
 // usage: checkpoint_test DATA PP1 PP2_VPP2 PP4_VPP2 OTHER_MODEL
+#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/io/Checkpoint.h"
+#include "runtime/io/Safetensors.h"
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
@@ -263,6 +268,135 @@ TEST(Checkpoint, RefusesResealedMalformedMeta) {
   ParameterState state;
   int64_t iteration = 0;
   EXPECT_TRUE(loadCheckpoint(dir, *artifact, state, iteration, error)) << error;
+}
+
+/// What rank `rank` of two processes would hold of `whole`: tensor rank
+/// `rank`'s block of each weight that splits over tp 2 (rank 0 the others
+/// whole), and half of every moment (of both blocks where split), as pieces.
+ParameterState processShare(const Artifact &a, const ParameterState &whole, int64_t rank, int &splitTensors) {
+  ParameterState share;
+  share.clear(a.params.size());
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    const ParamInfo &info = a.params[p];
+    const bool split = splitProblem(info, 2).empty() && shardCount(info, 2) < info.count();
+    const int64_t tp = split ? 2 : 1, block = shardCount(info, tp), half = block / 2;
+    splitTensors += split;
+    auto hold = [&](std::vector<float> &into, const std::vector<float> &from, TensorPiece piece) {
+      scatterPiece(info, piece, gatherPiece(info, piece, from.data()).data(), into);
+    };
+    if (split || rank == 0) {
+      const TensorPiece piece{tp, split ? rank : 0, 0, block};
+      hold(share.weights[p], whole.weights[p], piece);
+      share.weightPieces[p].push_back(piece);
+    }
+    for (int64_t t = 0; t < tp; ++t) {
+      const TensorPiece piece{tp, t, rank == 0 ? 0 : half, rank == 0 ? half : block};
+      if (piece.begin == piece.end)
+        continue;
+      hold(share.adamM[p], whole.adamM[p], piece);
+      hold(share.adamV[p], whole.adamV[p], piece);
+      share.momentPieces[p].push_back(piece);
+    }
+  }
+  return share;
+}
+
+bool sameState(const ParameterState &x, const ParameterState &y, std::string &why) {
+  for (auto [a, b] : {std::pair{&x.weights, &y.weights}, {&x.adamM, &y.adamM}, {&x.adamV, &y.adamV}})
+    for (size_t p = 0; p < a->size(); ++p)
+      if ((*a)[p].size() != (*b)[p].size() || std::memcmp((*a)[p].data(), (*b)[p].data(), (*a)[p].size() * 4) != 0)
+        return why = "parameter " + std::to_string(p), false;
+  return true;
+}
+
+TEST(Checkpoint, TwoProcessesPiecesLoadAsTheWholeState) {
+  std::unique_ptr<Trainer> trainer = makeTrainer(gPp1);
+  ASSERT_TRUE(trainer);
+  std::string error;
+  ASSERT_TRUE(trainer->step(error)) << error;
+  ParameterState whole;
+  ASSERT_TRUE(trainer->saveState(whole, error)) << error;
+  const Artifact &a = trainer->artifact();
+  int splitTensors = 0;
+  const ParameterState share0 = processShare(a, whole, 0, splitTensors), share1 = processShare(a, whole, 1, splitTensors);
+  ASSERT_GT(splitTensors, 0); // the model has tensor-split weights: the blocks are exercised
+  auto saveBoth = [&](const std::string &dir, const ParameterState &second) {
+    std::string why;
+    EXPECT_TRUE(saveCheckpoint(dir, 1, a, TrainOptions(), second, {1, 2, 10}, why)) << why; // rank 1 first: rank 0 waits for it
+    EXPECT_TRUE(saveCheckpoint(dir, 1, a, TrainOptions(), share0, {0, 2, 10}, why)) << why;
+  };
+  auto load = [&](const std::string &dir, ParameterState &state) {
+    int64_t iteration = 0;
+    return loadCheckpoint(dir, a, state, iteration, error);
+  };
+  const std::string dir = tempDir("pieces");
+  saveBoth(dir, share1);
+  { // rank 1's files hold pieces, listed with their places
+    std::map<std::string, SafetensorsTensor> tensors;
+    std::map<std::string, std::string> metadata;
+    ASSERT_TRUE(readSafetensors(checkpointFolder(dir, 1) + "/optim-rank1.safetensors", tensors, metadata, error))
+        << error;
+    EXPECT_NE(metadata["mhcc_pieces"].find("\"tensor_rank\":1"), std::string::npos) << metadata["mhcc_pieces"];
+    EXPECT_FALSE(tensors.count(a.params[0].name + ".exp_avg")); // no whole moment there
+  }
+  ParameterState loaded;
+  ASSERT_TRUE(load(dir, loaded)) << error;
+  std::string why;
+  EXPECT_TRUE(sameState(whole, loaded, why)) << why;
+
+  // A piece missing, or held twice: refused, naming the tensor.
+  ParameterState lacking = share1;
+  const size_t p = a.params.size() - 1;
+  lacking.momentPieces[p].clear();
+  lacking.adamM[p].clear();
+  lacking.adamV[p].clear();
+  const std::string missing = tempDir("pieces_missing");
+  saveBoth(missing, lacking);
+  EXPECT_FALSE(load(missing, loaded));
+  EXPECT_NE(error.find("the pieces of '" + a.params[p].name + ".exp_avg' do not make up"), std::string::npos) << error;
+  EXPECT_NE(error.find("in no piece"), std::string::npos) << error;
+  ParameterState doubled = share1; // rank 1 holds one element of rank 0's part too
+  TensorPiece overlap = share1.momentPieces[p].front();
+  ASSERT_GT(overlap.begin, 0);
+  overlap.begin -= 1;
+  doubled.momentPieces[p].push_back(overlap);
+  doubled.adamM[p] = whole.adamM[p];
+  doubled.adamV[p] = whole.adamV[p];
+  const std::string twice = tempDir("pieces_twice");
+  saveBoth(twice, doubled);
+  EXPECT_FALSE(load(twice, loaded));
+  EXPECT_NE(error.find("in two pieces"), std::string::npos) << error;
+  doubled.momentPieces[p].back() = share0.momentPieces[p].front(); // now rank 1 holds all of it, rank 0 a piece
+  const std::string both = tempDir("pieces_both");
+  saveBoth(both, doubled);
+  EXPECT_FALSE(load(both, loaded));
+  EXPECT_NE(error.find("both whole and in pieces"), std::string::npos) << error;
+
+  // One process holding every rank's pieces writes whole tensors, and
+  // refuses a state its ranks left incomplete.
+  ParameterState together = share0;
+  for (size_t q = 0; q < a.params.size(); ++q)
+    for (auto [into, from] : {std::pair{&together.weightPieces, &share1.weightPieces}, {&together.momentPieces, &share1.momentPieces}})
+      for (const TensorPiece &piece : (*from)[q]) {
+        (*into)[q].push_back(piece);
+        auto &values = into == &together.weightPieces ? together.weights[q] : together.adamM[q];
+        const auto &source = into == &together.weightPieces ? share1.weights[q] : share1.adamM[q];
+        scatterPiece(a.params[q], piece, gatherPiece(a.params[q], piece, source.data()).data(), values);
+        if (into == &together.momentPieces)
+          scatterPiece(a.params[q], piece, gatherPiece(a.params[q], piece, share1.adamV[q].data()).data(),
+                       together.adamV[q]);
+      }
+  const std::string single = tempDir("pieces_single");
+  ASSERT_TRUE(saveCheckpoint(single, 1, a, TrainOptions(), together, {}, error)) << error;
+  std::map<std::string, SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  ASSERT_TRUE(readSafetensors(checkpointFolder(single, 1) + "/optim.safetensors", tensors, metadata, error)) << error;
+  EXPECT_TRUE(tensors.count(a.params[0].name + ".exp_avg"));
+  EXPECT_FALSE(metadata.count("mhcc_pieces"));
+  ASSERT_TRUE(load(single, loaded)) << error;
+  EXPECT_TRUE(sameState(whole, loaded, why)) << why;
+  EXPECT_FALSE(saveCheckpoint(tempDir("pieces_incomplete"), 1, a, TrainOptions(), share0, {}, error));
+  EXPECT_NE(error.find("internal: the ranks' state of"), std::string::npos) << error;
 }
 
 } // namespace

@@ -11,12 +11,13 @@
 #    tp 2 + SP x pp 2, and dp 2 x pp 2 with the distributed optimizer (each
 #    replica's first rank updating its shard with the moments it alone holds);
 # 2. SIGTERM to the --processes parent: every rank stops after the same
-#    iteration, rank 0 saves it, the parent exits 143, no rank is left and
+#    iteration, the ranks save it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
 #    exactly as an uninterrupted run;
-# 3. the distributed optimizer across processes saves (rank 0 gathering the
-#    shards' moments) a checkpoint that resumes in one process exactly as an
-#    uninterrupted run.
+# 3. the distributed optimizer across processes saves (each part's rank
+#    writing its part of the moments as pieces of its own shard) a
+#    checkpoint that resumes in one process exactly as an uninterrupted run,
+#    and exports the same weights file as one process.
 # Usage: cpu_processes_test.sh PP2 PP2_VPP2 PP4 BF16_PP2 DP2_PP2 [MESH ...]
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
@@ -94,5 +95,23 @@ for artifact in "$@"; do
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 4 --load "${dir}/ck" \
     --metrics "${dir}/b.json" > /dev/null
   same_metrics "${dir}/full.json" "${dir}/a.json" "${dir}/b.json"
-  echo "ok: $(basename "${artifact}" .mhcc): saved across 4 processes (shards gathered), resumed bit-exactly"
+  # Each part's rank wrote its part of the moments as pieces of its own shard.
+  python3 - "${dir}/ck/iter_0000002" <<'PY'
+import glob, json, struct, sys
+holders = []
+for path in sorted(glob.glob(sys.argv[1] + "/optim-rank*.safetensors")):
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    if json.loads(header.get("__metadata__", {}).get("mhcc_pieces", "{}")):
+        holders.append(path.rsplit("/", 1)[1])
+assert len(holders) == 2, f"moment pieces in {holders}, expected the two parts' ranks"
+PY
+  echo "ok: $(basename "${artifact}" .mhcc): saved across 4 processes (each part's rank its pieces), resumed bit-exactly"
+  # --export-safetensors across processes: rank 0 holds every weight and writes the file alone.
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 2 --processes 4 \
+    --export-safetensors "${dir}/procs.safetensors" > /dev/null
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 2 \
+    --export-safetensors "${dir}/one.safetensors" > /dev/null
+  cmp "${dir}/procs.safetensors" "${dir}/one.safetensors"
+  echo "ok: $(basename "${artifact}" .mhcc): --export-safetensors across 4 processes == in one, byte for byte"
 done
