@@ -39,10 +39,12 @@ inline std::string splitProblem(const ParamInfo &info, int64_t tp) {
     return info.rows % tp ? std::to_string(info.rows) + " rows" : "";
   if (info.tpSplit == "cols")
     return info.cols % tp ? std::to_string(info.cols) + " columns" : "";
+  // (Divided, not multiplied: tp may come from a file, and 3 tp could overflow.)
   if (info.tpSplit == "qkv")
-    return info.cols % (3 * tp) ? std::to_string(info.cols / 3) + " columns of each of q, k and v" : "";
+    return info.cols % 3 || info.cols / 3 % tp ? std::to_string(info.cols / 3) + " columns of each of q, k and v" : "";
   if (info.tpSplit == "ab")
-    return info.cols % (2 * tp) ? std::to_string(info.cols / 2) + " columns of each of beta and alpha" : "";
+    return info.cols % 2 || info.cols / 2 % tp ? std::to_string(info.cols / 2) + " columns of each of beta and alpha"
+                                               : "";
   return "unknown tensor-parallel split '" + info.tpSplit + "'";
 }
 
@@ -96,6 +98,8 @@ struct TensorPiece {
 template <typename Run> void forEachPieceRun(const ParamInfo &info, const TensorPiece &piece, Run run) {
   int64_t at = 0; // the shard run's first element in the block
   for (const ShardRun &shard : shardRuns(info, piece.tp, piece.tensorRank)) {
+    if (at >= piece.end)
+      break;
     const int64_t from = std::max(piece.begin, at), to = std::min(piece.end, at + shard.length);
     if (from < to)
       run(shard.offset + (from - at), from - piece.begin, to - from);
@@ -143,7 +147,7 @@ inline std::string piecesProblem(const ParamInfo &info, const std::vector<Tensor
   if (pieces.empty())
     return "no piece of it";
   const int64_t tp = pieces.front().tp;
-  if (tp < 1 || !splitProblem(info, tp).empty())
+  if (tp < 1 || tp > info.count() || !splitProblem(info, tp).empty())
     return "pieces split over " + std::to_string(tp) + " tensor ranks, which its shape does not allow";
   const int64_t block = shardCount(info, tp), blocks = block == info.count() ? 1 : tp;
   std::vector<std::vector<TensorPiece>> byRank(static_cast<size_t>(blocks));

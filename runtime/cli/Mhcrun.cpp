@@ -36,6 +36,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 #include <tuple>
 #include <unistd.h>
@@ -499,6 +500,22 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
   }
 }
 
+/// Rank 0's random bytes in every process of the run (hex), so that a
+/// multi-process save meets in a folder no earlier run used.
+bool agreeRunToken(Bootstrap &bootstrap, std::string &token, std::string &error) {
+  std::random_device entropy;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%08x%08x", entropy(), entropy());
+  token = hex;
+  if (!bootstrap.broadcast(token, error))
+    return false;
+  if (token.size() != 16 || token.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    error = "rank 0's run token is malformed (the ranks run different mhcrun versions?)";
+    return false;
+  }
+  return true;
+}
+
 /// What this process does in the training loop: who speaks, which part of
 /// a save it writes, whether it exports, and how a multi-process run agrees
 /// on stops.
@@ -604,12 +621,14 @@ int runMhcrun(int argc, char **argv) {
   if (speaker)
     printRunBanner(a, backend, f, *data);
   std::unique_ptr<Bootstrap> bootstrap;
+  std::string runToken; // the multi-process saves' meeting folder (CheckpointShard::runToken)
   DeviceFactory devices;
   std::unique_ptr<SocketFolder> sockets;
   if (placement) {
     // Start-up (rank 0 preparing what it broadcasts) is not a step: at
     // least the 120 s it always had, whatever --recv-timeout says.
-    if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)))
+    if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)) ||
+        !agreeRunToken(*bootstrap, runToken, error))
       return fail(rankPrefix + error);
     if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
       return fail(rankPrefix + error);
@@ -628,7 +647,8 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  const Role role = roleOf(placement, backend, f, speaker, rankPrefix);
+  Role role = roleOf(placement, backend, f, speaker, rankPrefix);
+  role.shard.runToken = runToken;
   return trainLoop(*trainer, *data, f, role);
 }
 

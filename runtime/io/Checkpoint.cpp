@@ -213,7 +213,8 @@ std::string checkpointFolder(const std::string &dir, int64_t iteration) {
 
 bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a, const TrainOptions &options,
                     const ParameterState &state, const CheckpointShard &shard, std::string &error) {
-  const std::string folder = checkpointFolder(dir, iteration), tmp = folder + ".tmp";
+  const std::string folder = checkpointFolder(dir, iteration);
+  const std::string tmp = folder + ".tmp" + (shard.size > 1 && !shard.runToken.empty() ? "-" + shard.runToken : "");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (shard.size == 1)
@@ -262,8 +263,18 @@ bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a
       {"reset_position_ids", options.resetPositionIds},
       {"reset_attention_mask", options.resetAttentionMask},
       {"files", files}};
-  return writeSynced(tmp + "/meta.json", sealMeta(meta), error) && syncPath(tmp, error) &&
-         publish(dir, tmp, folder, iteration, error);
+  if (!writeSynced(tmp + "/meta.json", sealMeta(meta), error) || !syncPath(tmp, error) ||
+      !publish(dir, tmp, folder, iteration, error))
+    return false;
+  // What killed saves of this iteration left (their own iter_N.tmp-TOKEN).
+  const std::string stale = fs::path(folder).filename().string() + ".tmp";
+  std::vector<fs::path> left;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind(stale, 0) == 0)
+      left.push_back(it->path());
+  for (const fs::path &path : left)
+    fs::remove_all(path, ec);
+  return true;
 }
 
 namespace {
@@ -346,6 +357,7 @@ struct HeldPiece {
   std::vector<float> values;
 };
 using PieceMap = std::map<std::string, std::vector<HeldPiece>>; // by "model:" or "optim:" + the whole's name
+constexpr size_t kMaxPieces = size_t(1) << 16;                  // of one tensor
 
 /// Moves the pieces a shard file lists (kPiecesKey) from `tensors` into
 /// `pieces`; false and `error` (naming the file) when the list or a piece
@@ -378,10 +390,14 @@ bool listPieces(const std::string &path, const std::map<std::string, std::string
         int64_t(tensor->second.bytes.size() / sizeof(float)) != held.piece.count())
       return malformed("piece '" + name + "' has no F32 tensor of its " +
                        (counted ? std::to_string(held.piece.count()) : std::string("(empty)")) + " elements");
+    std::vector<HeldPiece> &list = pieces[kind + entry["of"].get<std::string>()];
+    if (list.size() >= kMaxPieces) // a run has tp x (dp x cp) at most; more would only slow the assembly
+      return malformed("more than " + std::to_string(kMaxPieces) + " pieces of '" + entry["of"].get<std::string>() +
+                       "'");
     held.values.resize(size_t(held.piece.count()));
     std::memcpy(held.values.data(), tensor->second.bytes.data(), tensor->second.bytes.size());
     tensors.erase(tensor);
-    pieces[kind + entry["of"].get<std::string>()].push_back(std::move(held));
+    list.push_back(std::move(held));
   }
   return true;
 }
@@ -436,7 +452,10 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
       return false;
     }
     for (auto &[t, tensor] : part)
-      tensors[kind + t] = std::move(tensor);
+      if (!tensors.emplace(kind + t, std::move(tensor)).second) {
+        error = folder + ": '" + t + "' is in two of its files" + fix;
+        return false;
+      }
   }
   auto take = [&](const std::string &key, const ParamInfo &info, std::vector<float> &out) {
     auto it = tensors.find(key);
@@ -444,7 +463,7 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
       if (it != tensors.end())
         error = folder + ": '" + key.substr(6) + "' is in its files both whole and in pieces" + fix;
       else if (assemblePieces(folder, key.substr(6), info, held->second, out, error))
-        return true;
+        return pieces.erase(held), true;
       else
         error += fix;
       return false;
@@ -467,6 +486,10 @@ bool loadCheckpoint(const std::string &dir, const Artifact &a, ParameterState &s
         !take("optim:" + info.name + ".exp_avg", info, state.adamM[p]) ||
         !take("optim:" + info.name + ".exp_avg_sq", info, state.adamV[p]))
       return false;
+  }
+  if (!pieces.empty()) { // of a tensor the model lacks: a file of another save
+    error = folder + ": pieces of '" + pieces.begin()->first.substr(6) + "', which is no tensor of the model" + fix;
+    return false;
   }
   iteration = meta.at("iteration").get<int64_t>();
   return true;

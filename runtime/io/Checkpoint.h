@@ -7,7 +7,8 @@
 // names the newest. Everything is stored by parameter name, never by rank,
 // so a checkpoint saved under one pipeline layout loads under any other.
 //
-// A save writes into DIR/iter_N.tmp, fsyncs every file, renames the folder,
+// A save writes into DIR/iter_N.tmp (iter_N.tmp-TOKEN in a multi-process
+// run: CheckpointShard::runToken), fsyncs every file, renames the folder,
 // fsyncs DIR, then replaces the pointer through a temporary and a rename:
 // a process killed at any moment leaves the previous checkpoint loadable.
 // In a multi-process run every rank writes a shard of what it holds
@@ -39,6 +40,11 @@ namespace mhcc::runtime {
 struct CheckpointShard {
   int64_t rank = 0, size = 1;
   double timeoutSeconds = 600; // rank 0's wait for the other shards
+  /// The same in every process of one run, different in the next (rank 0's
+  /// random bytes, broadcast at start-up): the ranks of a multi-process
+  /// save meet in DIR/iter_N.tmp-TOKEN, so the shards and markers a killed
+  /// run left in its own folder are never mistaken for this run's.
+  std::string runToken;
 };
 
 /// "DIR/iter_0000010".

@@ -50,7 +50,8 @@ public:
   /// rate a function of the step; there is no other RNG state.
   int64_t stepsDone() const { return stepsDone_; }
   /// Between steps: the weights and moments every local device owns, in
-  /// table order (a multi-process run fills only this process's owned ones).
+  /// table order (a multi-process run fills only what this process holds:
+  /// whole tensors, or blocks and parts named as pieces in `state`).
   bool saveState(ParameterState &state, std::string &error);
   /// Between steps: every local device takes `state` (all parameters), and
   /// the trainer continues after iteration `stepsDone`.

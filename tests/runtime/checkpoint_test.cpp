@@ -320,10 +320,10 @@ TEST(Checkpoint, TwoProcessesPiecesLoadAsTheWholeState) {
   int splitTensors = 0;
   const ParameterState share0 = processShare(a, whole, 0, splitTensors), share1 = processShare(a, whole, 1, splitTensors);
   ASSERT_GT(splitTensors, 0); // the model has tensor-split weights: the blocks are exercised
-  auto saveBoth = [&](const std::string &dir, const ParameterState &second) {
+  auto saveBoth = [&](const std::string &dir, const ParameterState &second, const ParameterState *first = nullptr) {
     std::string why;
     EXPECT_TRUE(saveCheckpoint(dir, 1, a, TrainOptions(), second, {1, 2, 10}, why)) << why; // rank 1 first: rank 0 waits for it
-    EXPECT_TRUE(saveCheckpoint(dir, 1, a, TrainOptions(), share0, {0, 2, 10}, why)) << why;
+    EXPECT_TRUE(saveCheckpoint(dir, 1, a, TrainOptions(), first ? *first : share0, {0, 2, 10}, why)) << why;
   };
   auto load = [&](const std::string &dir, ParameterState &state) {
     int64_t iteration = 0;
@@ -366,6 +366,17 @@ TEST(Checkpoint, TwoProcessesPiecesLoadAsTheWholeState) {
   saveBoth(twice, doubled);
   EXPECT_FALSE(load(twice, loaded));
   EXPECT_NE(error.find("in two pieces"), std::string::npos) << error;
+  // A tp no tensor splits over (3 tp would overflow): refused, not allocated.
+  ParameterState absurd0 = share0, absurd1 = share1;
+  for (ParameterState *absurd : {&absurd0, &absurd1})
+    for (size_t q = 0; q < a.params.size(); ++q)
+      for (TensorPiece &piece : absurd->weightPieces[q])
+        if (piece.tp == 2)
+          piece.tp = 6148914691236517206;
+  const std::string huge = tempDir("pieces_huge_tp");
+  saveBoth(huge, absurd1, &absurd0);
+  EXPECT_FALSE(load(huge, loaded));
+  EXPECT_NE(error.find("tensor ranks, which its shape does not allow"), std::string::npos) << error;
   doubled.momentPieces[p].back() = share0.momentPieces[p].front(); // now rank 1 holds all of it, rank 0 a piece
   const std::string both = tempDir("pieces_both");
   saveBoth(both, doubled);

@@ -87,9 +87,19 @@ echo "ok: SIGTERM to the --processes parent: both ranks stopped after iteration 
 for artifact in "$@"; do
   [[ "$(basename "${artifact}")" == *zero1* ]] || continue
   dir="${work}/zero1"
-  mkdir -p "${dir}"
+  # What killed saves of iteration 2 left: markers and a torn shard, in the
+  # folder of another run and in the unnamed one. This run meets in its own.
+  for stale in iter_0000002.tmp iter_0000002.tmp-0123456789abcdef; do
+    mkdir -p "${dir}/ck/${stale}"
+    for r in 1 2 3; do touch "${dir}/ck/${stale}/shard-rank${r}.done"; done
+    head -c 100 /dev/urandom > "${dir}/ck/${stale}/optim-rank1.safetensors"
+  done
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 2 --processes 4 \
     --save "${dir}/ck" --metrics "${dir}/a.json" > "${dir}/a.log"
+  if compgen -G "${dir}/ck/iter_0000002.tmp*" > /dev/null; then
+    echo "the stale save folders outlived the save: $(ls "${dir}/ck")" >&2
+    exit 1
+  fi
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 4 \
     --metrics "${dir}/full.json" > /dev/null
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 4 --load "${dir}/ck" \
