@@ -210,6 +210,35 @@ k = ['lm_loss', 'grad_norm', 'learning_rate']
 sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in k] for x in b]
          and a[1].get('validation_lm_loss') and a[3].get('validation_lm_loss') else 1)" 2> /dev/null; then r=PASS; else r=FAIL; fi
     row "validation passes (tiny PP1)" $r "$(grep -m1 'validation loss at iteration 4' "$logs/eval_gpu.log" | cut -c1-120)"
+    # Poisoned allocations (MHCC_POISON_ALLOCATIONS=1: every buffer a step
+    # allocates starts as NaN) give the plain run's metrics: no kernel reads
+    # memory nothing wrote (which would make bits depend on what was there).
+    local poisoned=0 tried="" art
+    for art in tiny_pp1 tiny_bf16_pp1 tiny_bf16_dp2_zero1_pp2 hybrid_pp1 small_bf16_m2_pp1; do
+      [ -f "$art.mhcc" ] || continue
+      local ranks=""; [[ $art == *dp2_zero1_pp2 ]] && ranks="--ranks-per-gpu 4"
+      # shellcheck disable=SC2086
+      timeout 120 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $ranks \
+        --metrics "$logs/poison_$art.plain.jsonl" > "$logs/poison_$art.plain.log" 2>&1 &&
+        MHCC_POISON_ALLOCATIONS=1 timeout 120 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $ranks \
+          --metrics "$logs/poison_$art.jsonl" > "$logs/poison_$art.log" 2>&1 &&
+        same_json_lines "$logs/poison_$art.plain.jsonl" "$logs/poison_$art.jsonl" || poisoned=$((poisoned + 1))
+      tried="$tried $art"
+    done
+    if [ -n "$tried" ] && [ "$poisoned" = 0 ]; then r=PASS; else r=FAIL; fi
+    row "poisoned allocations" $r "the plain run's metrics, 3 steps:$tried ($poisoned differ)"
+}
+
+# same_json_lines A B: the two metrics files' lines equal, but for the step's
+# time and what follows from it.
+same_json_lines() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+drop = {"elapsed_ms", "tokens_per_second", "tflops", "mfu"}
+rows = lambda p: [{k: v for k, v in json.loads(l).items() if k not in drop} for l in open(p)]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+sys.exit(0 if a and a == b else 1)
+PY
 }
 
 run_checkpoint() {

@@ -34,6 +34,16 @@ std::string mhcBackwardMode() {
   return value ? value : "";
 }
 
+/// MHCC_POISON_ALLOCATIONS=1 (a debugging aid): every buffer a step
+/// allocates without zeros starts as all-ones bytes (NaN in fp32 and bf16,
+/// -1 in int32), so a kernel that reads an element before anything wrote it
+/// shows as NaN in the losses at once, instead of as bits that depend on
+/// what an earlier buffer (or another rank sharing the GPU) left there.
+bool poisonFromEnvironment() {
+  const char *value = std::getenv("MHCC_POISON_ALLOCATIONS");
+  return value && std::string(value) == "1";
+}
+
 } // namespace
 
 std::string cudaWhat(cudaError_t status) {
@@ -55,7 +65,7 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
       mhcForwardFusion_(wideResidual_ ? MhcForwardFusion::Unfused : mhcForwardFusionFromEnvironment()),
       mixBackward_(bf16_ && !wideResidual_ && mhcBackwardMode() != "kernels"),
-      passAInPassC_(mixBackward_ && mhcBackwardMode() != "passes") {
+      passAInPassC_(mixBackward_ && mhcBackwardMode() != "passes"), poison_(poisonFromEnvironment()) {
   for (const StageProgram &p : artifact.stages)
     mixGroups_.push_back(mixBackward_ ? findMixGroups(p) : std::vector<MixGroup>{});
 }
@@ -375,8 +385,8 @@ Buffer CudaRank::allocate(int64_t count, Dtype dtype, Queue queue, bool zeroed) 
     if (recording_)
       planner_.recordAlloc(bytes, streamId(st), reinterpret_cast<uintptr_t>(p));
   }
-  if (zeroed)
-    cudaMemsetAsync(p, 0, sized.bytes(), st);
+  if (zeroed || poison_)
+    cudaMemsetAsync(p, zeroed ? 0 : 0xff, sized.bytes(), st);
   live_ += sized.bytes();
   peak_ = std::max(peak_, live_);
   return {static_cast<float *>(p), count, dtype};

@@ -401,6 +401,7 @@ private:
   // every step's buffers live at fixed offsets of one arena.
   PlannedAllocator planner_;
   bool recording_ = false;
+  const bool poison_; // MHCC_POISON_ALLOCATIONS (CudaRank.cpp)
   char *arena_ = nullptr;
   std::vector<cudaEvent_t> freeEvents_; // by recorded buffer, where a later one waits for its free
   std::map<cudaStream_t, int> streamIds_;
