@@ -34,6 +34,8 @@
 # "sanitizers": compute-sanitizer memcheck, racecheck and synccheck; opt-in
 # "profiles": device profiles of 1b, small and hybrid_1b for mhcc --device-profile;
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2;
+# opt-in "repeat": GPU_SUITE_REPEAT's artifacts run GPU_SUITE_REPEAT_N
+# times each, the same bits every time (tools/gpu_suite_optin.sh);
 # opt-in "trace": mhcrun --trace of GPU_SUITE_TRACE's artifacts, default
 # 1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2, checked against
 # mhcc's predicted trace, both into suite_logs.tgz, spans and bubbles side
@@ -494,6 +496,8 @@ run)
   [[ $parts == *" convergence "* ]] && run_convergence
 
   [[ $parts == *" faults "* ]] && run_faults
+
+  [[ $parts == *" repeat "* ]] && run_repeat
 
   if [[ $parts == *" trace "* ]]; then
     # The measured timeline (CUDA events on the streams that ran each

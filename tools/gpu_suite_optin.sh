@@ -123,3 +123,33 @@ run_faults() {
     done
   fi
 }
+
+run_repeat() {
+  # Run-to-run bits (opt-in): each of GPU_SUITE_REPEAT's entries
+  # ("ARTIFACT" or "ARTIFACT:FLAG,FLAG", e.g. "1b_dp2_zero1_pp1:--ranks-per-gpu=2")
+  # run GPU_SUITE_REPEAT_N times (default 10) for GPU_SUITE_REPEAT_STEPS
+  # steps (default 2); PASS when every run gives the same losses, grad norms
+  # and zero counts. Session 30 saw one run of eight of 1b at dp 2 with the
+  # distributed optimizer, ranks sharing one GPU, take other bits from step 1.
+  local entry art flags k sig
+  for entry in ${GPU_SUITE_REPEAT:-tiny_bf16_pp1}; do
+    art=${entry%%:*}
+    flags=""; [[ $entry == *:* ]] && flags=${entry#*:} && flags=${flags//,/ }
+    [ -f "$art.mhcc" ] || { row "repeat $art" SKIP "not in the bundle"; continue; }
+    declare -A seen=()
+    for k in $(seq "${GPU_SUITE_REPEAT_N:-10}"); do
+      # shellcheck disable=SC2086
+      timeout 300 ./mhcrun "$art.mhcc" --data corpus.txt --steps "${GPU_SUITE_REPEAT_STEPS:-2}" --no-progress $flags \
+        > "$logs/repeat_${art}_$k.log" 2>&1
+      sig=$(grep -oE "lm loss: [0-9.E+-]+|grad norm: [0-9.a-z]+|num zeros: [0-9]+" "$logs/repeat_${art}_$k.log" |
+            paste -sd' ')
+      [ -n "$sig" ] || sig="(no iteration line: $(tail -1 "$logs/repeat_${art}_$k.log" | cut -c1-60))"
+      seen[$sig]=$(( ${seen[$sig]:-0} + 1 ))
+    done
+    local counts=""
+    for sig in "${!seen[@]}"; do counts="$counts ${seen[$sig]}x [${sig:0:60}]"; done
+    if [ "${#seen[@]}" = 1 ] && [[ $counts != *"(no iteration line"* ]]; then r=PASS; else r=FAIL; fi
+    row "repeat $art ${flags:+($flags) }x${GPU_SUITE_REPEAT_N:-10}" $r "${#seen[@]} distinct:$counts"
+    unset seen
+  done
+}
