@@ -520,7 +520,7 @@ bool agreeRunToken(Bootstrap &bootstrap, std::string &token, std::string &error)
 /// a save it writes, whether it exports, and how a multi-process run agrees
 /// on stops.
 Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string &backend, const RunFlags &f,
-            bool speaker, const std::string &rankPrefix) {
+            bool speaker, const std::string &rankPrefix, const std::string &runToken) {
   Role role;
   role.speaker = speaker;
   role.rankPrefix = rankPrefix;
@@ -531,6 +531,7 @@ Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string 
     role.shard.rank = placement->rank;
     role.shard.size = placement->size;
     role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
+    role.shard.runToken = runToken;
     // Every CPU rank holds every weight (rank 0 exports them); a GPU rank
     // its stages' weights, or their blocks or parts.
     role.exports = backend != "cpu" || placement->rank == 0;
@@ -647,8 +648,7 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + error);
   if (!restore(*trainer, f, speaker, error))
     return fail(rankPrefix + error);
-  Role role = roleOf(placement, backend, f, speaker, rankPrefix);
-  role.shard.runToken = runToken;
+  const Role role = roleOf(placement, backend, f, speaker, rankPrefix, runToken);
   return trainLoop(*trainer, *data, f, role);
 }
 

@@ -625,20 +625,22 @@ bool CudaRank::saveState(ParameterState &state) {
       if (masterEnd > masterBegin) {
         cudaMemcpy(block.data() + masterBegin, weights_[int(p)], (masterEnd - masterBegin) * 4,
                    cudaMemcpyDeviceToHost);
-        scatterShardPart(info, a_.tp, tensor_, block.data(), masterBegin, masterEnd, state.weights[p]);
-        state.weightPieces[p].push_back({a_.tp, tensor_, masterBegin, masterEnd});
+        const TensorPiece piece{a_.tp, tensor_, masterBegin, masterEnd};
+        scatterPiece(info, piece, block.data() + masterBegin, state.weights[p]);
+        state.weightPieces[p].push_back(piece);
       }
     }
     if (end == begin)
       continue; // no part of the moments here (fewer elements than parts)
+    const TensorPiece piece{a_.tp, tensor_, begin, end};
     std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
     for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
                                    std::pair{&state.adamV[p], adamV_.count(int(p)) ? adamV_[int(p)] : nullptr}}) {
       if (device)
         cudaMemcpy(block.data() + begin, device, (end - begin) * 4, cudaMemcpyDeviceToHost);
-      scatterShardPart(info, a_.tp, tensor_, block.data(), begin, end, *moments);
+      scatterPiece(info, piece, block.data() + begin, *moments);
     }
-    state.momentPieces[p].push_back({a_.tp, tensor_, begin, end});
+    state.momentPieces[p].push_back(piece);
   }
   return check("downloading the weights and moments for a checkpoint");
 }

@@ -270,6 +270,23 @@ TEST(Checkpoint, RefusesResealedMalformedMeta) {
   EXPECT_TRUE(loadCheckpoint(dir, *artifact, state, iteration, error)) << error;
 }
 
+/// into's piece of a parameter = from's (the weights, or both moments),
+/// named in into's list of pieces.
+void holdPiece(const ParamInfo &info, size_t p, const TensorPiece &piece, const ParameterState &from,
+               ParameterState &into, bool moments) {
+  auto copy = [&](const std::vector<float> &source, std::vector<float> &target) {
+    scatterPiece(info, piece, gatherPiece(info, piece, source.data()).data(), target);
+  };
+  if (moments) {
+    copy(from.adamM[p], into.adamM[p]);
+    copy(from.adamV[p], into.adamV[p]);
+    into.momentPieces[p].push_back(piece);
+  } else {
+    copy(from.weights[p], into.weights[p]);
+    into.weightPieces[p].push_back(piece);
+  }
+}
+
 /// What rank `rank` of two processes would hold of `whole`: tensor rank
 /// `rank`'s block of each weight that splits over tp 2 (rank 0 the others
 /// whole), and half of every moment (of both blocks where split), as pieces.
@@ -281,22 +298,11 @@ ParameterState processShare(const Artifact &a, const ParameterState &whole, int6
     const bool split = splitProblem(info, 2).empty() && shardCount(info, 2) < info.count();
     const int64_t tp = split ? 2 : 1, block = shardCount(info, tp), half = block / 2;
     splitTensors += split;
-    auto hold = [&](std::vector<float> &into, const std::vector<float> &from, TensorPiece piece) {
-      scatterPiece(info, piece, gatherPiece(info, piece, from.data()).data(), into);
-    };
-    if (split || rank == 0) {
-      const TensorPiece piece{tp, split ? rank : 0, 0, block};
-      hold(share.weights[p], whole.weights[p], piece);
-      share.weightPieces[p].push_back(piece);
-    }
-    for (int64_t t = 0; t < tp; ++t) {
-      const TensorPiece piece{tp, t, rank == 0 ? 0 : half, rank == 0 ? half : block};
-      if (piece.begin == piece.end)
-        continue;
-      hold(share.adamM[p], whole.adamM[p], piece);
-      hold(share.adamV[p], whole.adamV[p], piece);
-      share.momentPieces[p].push_back(piece);
-    }
+    if (split || rank == 0)
+      holdPiece(info, p, {tp, split ? rank : 0, 0, block}, whole, share, false);
+    for (int64_t t = 0; t < tp; ++t)
+      if (const TensorPiece piece{tp, t, rank == 0 ? 0 : half, rank == 0 ? half : block}; piece.begin < piece.end)
+        holdPiece(info, p, piece, whole, share, true);
   }
   return share;
 }
@@ -386,17 +392,12 @@ TEST(Checkpoint, TwoProcessesPiecesLoadAsTheWholeState) {
   // One process holding every rank's pieces writes whole tensors, and
   // refuses a state its ranks left incomplete.
   ParameterState together = share0;
-  for (size_t q = 0; q < a.params.size(); ++q)
-    for (auto [into, from] : {std::pair{&together.weightPieces, &share1.weightPieces}, {&together.momentPieces, &share1.momentPieces}})
-      for (const TensorPiece &piece : (*from)[q]) {
-        (*into)[q].push_back(piece);
-        auto &values = into == &together.weightPieces ? together.weights[q] : together.adamM[q];
-        const auto &source = into == &together.weightPieces ? share1.weights[q] : share1.adamM[q];
-        scatterPiece(a.params[q], piece, gatherPiece(a.params[q], piece, source.data()).data(), values);
-        if (into == &together.momentPieces)
-          scatterPiece(a.params[q], piece, gatherPiece(a.params[q], piece, share1.adamV[q].data()).data(),
-                       together.adamV[q]);
-      }
+  for (size_t q = 0; q < a.params.size(); ++q) {
+    for (const TensorPiece &piece : share1.weightPieces[q])
+      holdPiece(a.params[q], q, piece, share1, together, false);
+    for (const TensorPiece &piece : share1.momentPieces[q])
+      holdPiece(a.params[q], q, piece, share1, together, true);
+  }
   const std::string single = tempDir("pieces_single");
   ASSERT_TRUE(saveCheckpoint(single, 1, a, TrainOptions(), together, {}, error)) << error;
   std::map<std::string, SafetensorsTensor> tensors;
