@@ -211,8 +211,10 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
          and a[1].get('validation_lm_loss') and a[3].get('validation_lm_loss') else 1)" 2> /dev/null; then r=PASS; else r=FAIL; fi
     row "validation passes (tiny PP1)" $r "$(grep -m1 'validation loss at iteration 4' "$logs/eval_gpu.log" | cut -c1-120)"
     # Poisoned allocations (MHCC_POISON_ALLOCATIONS=1: every buffer a step
-    # allocates starts as NaN) give the plain run's metrics: no kernel reads
-    # memory nothing wrote (which would make bits depend on what was there).
+    # allocates starts as NaN, and turns NaN when released) give the plain
+    # run's metrics: no kernel reads memory nothing wrote, or a buffer the
+    # executor released after what it took for the last reader (either
+    # would make bits depend on what was there).
     local poisoned=0 tried="" art
     for art in tiny_pp1 tiny_bf16_pp1 tiny_bf16_dp2_zero1_pp2 hybrid_pp1 small_bf16_m2_pp1; do
       [ -f "$art.mhcc" ] || continue

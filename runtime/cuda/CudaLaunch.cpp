@@ -83,6 +83,14 @@ const MixGroup *CudaRank::groupBefore(int64_t s, size_t index) const {
   return group && before && before->dOut == group->dx ? before : nullptr;
 }
 
+std::vector<int> CudaRank::backwardReads(int64_t s, size_t index) const {
+  std::vector<int> reads;
+  for (const MixGroup *g : {mixGroup(s, index), groupBefore(s, index)})
+    if (g)
+      reads.insert(reads.end(), {g->x, g->coef, g->y, g->dx, g->dCoef, g->dy, g->dOut, g->du});
+  return reads;
+}
+
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   const std::vector<ForwardInstr> &list = a_.stages[s].forward;
   if (!bf16_ || mhcForwardFusion_ == MhcForwardFusion::Unfused)

@@ -417,6 +417,8 @@ void CudaRank::release(Buffer &buffer, Queue queue) {
   if (!buffer)
     return;
   cudaStream_t st = stream(queue);
+  if (poison_) // a read after the release shows as NaN, not as the old bits
+    cudaMemsetAsync(buffer.data, 0xff, buffer.bytes(), st);
   std::string problem;
   if (planner_.planned()) {
     if (!planner_.free(reinterpret_cast<char *>(buffer.data) - arena_, streamId(st), planHooks(), problem))

@@ -127,6 +127,10 @@ public:
   /// followed by the post/res backward of the sublayer before (groupBefore),
   /// whose pass A then runs inside that pass C, else 1.
   size_t backwardSpan(int64_t stage, size_t index) const override;
+  /// A mixing group's values (MixGroups.h) at each of its three backwards
+  /// and at the pass C that runs the pass A of the group before: the
+  /// deferred passes read them after the instructions that own them ran.
+  std::vector<int> backwardReads(int64_t stage, size_t index) const override;
   /// Tensor parallelism: the COLLECTIVEs the kernels issue, checked as
   /// they go (CollectiveCheck.h).
   bool expectCollectives(const Instr *first, size_t count) override;

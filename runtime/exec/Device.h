@@ -174,6 +174,12 @@ public:
   /// all of them first (`fresh` then lists those of every one) and calls
   /// backward() once, for `index`.
   virtual size_t backwardSpan(int64_t stage, size_t index) const { return 1; }
+  /// Values backward instruction `index` reads besides its own (its
+  /// forward's inputs and output, its output gradient, the gradients it adds
+  /// into; BackwardFrees.h): a device that moves work between instructions
+  /// names them, and the executor, which releases each value of a whole
+  /// backward after its last reader, keeps them until this one has run.
+  virtual std::vector<int> backwardReads(int64_t stage, size_t index) const { return {}; }
 
   /// The tensor- and context-parallel collectives the next compute
   /// instruction issues from inside its kernels: the COLLECTIVE

@@ -12,6 +12,7 @@
 #define MHCC_RUNTIME_EXEC_EXECUTOR_H
 
 #include "runtime/exec/Device.h"
+#include "runtime/program/BackwardFrees.h"
 
 #include <chrono>
 #include <map>
@@ -66,6 +67,12 @@ private:
   void tapGradients(const StageProgram &program, const StageState &state, int64_t mb);
   /// Releases everything of (stage, mb) on the compute queue and forgets it.
   void releaseState(Key key);
+  /// Stage s's BackwardFrees with the device's extra reads, computed once.
+  const BackwardFrees &backwardFreesOf(int64_t stage);
+  /// Releases `values` and `aux` of a state whose backward has read them for
+  /// the last time (a gradient with a tap recorded first).
+  void releaseRead(const StageProgram &program, StageState &state, int64_t mb, const std::vector<int> &values,
+                   const std::vector<size_t> &aux);
   bool fail(const std::string &message);
   const StageProgram &program(int64_t stage) const { return artifact_.stages[stage]; }
 
@@ -76,6 +83,8 @@ private:
   const int64_t globalRank_; // as messages and traces name it
   const int64_t replica_;    // data-parallel replica: microbatch mb is mb x dp + replica of the global batch
   std::string where_, error_;
+
+  std::map<int64_t, BackwardFrees> backwardFrees_; // by stage
 
   // Per step.
   std::map<Key, StageState> states_;

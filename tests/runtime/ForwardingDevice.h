@@ -43,6 +43,9 @@ public:
     return inner_->backward(stage, mb, index, part, state, fresh);
   }
   size_t backwardSpan(int64_t stage, size_t index) const override { return inner_->backwardSpan(stage, index); }
+  std::vector<int> backwardReads(int64_t stage, size_t index) const override {
+    return inner_->backwardReads(stage, index);
+  }
   bool expectCollectives(const Instr *first, size_t count) override {
     return inner_->expectCollectives(first, count);
   }
