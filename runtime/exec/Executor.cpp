@@ -1,12 +1,25 @@
 //===- Executor.cpp - one rank's step: the instruction list, once -----------===//
 #include "runtime/exec/Executor.h"
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 namespace mhcc::runtime {
+namespace {
+
+/// MHCC_BACKWARD_RELEASE=end (docs/runtime.md, diagnostic switches): hold a
+/// stage's state until its backward ends, to tell a release problem from
+/// any other.
+bool releaseAsRead() {
+  const char *value = std::getenv("MHCC_BACKWARD_RELEASE");
+  return !value || std::strcmp(value, "end") != 0;
+}
+
+} // namespace
 
 Executor::Executor(const Artifact &artifact, const TrainOptions &options, Device &device)
     : artifact_(artifact), options_(options), device_(device), rank_(device.pipelineRank()),
-      globalRank_(device.rank()), replica_(device.replica()) {}
+      globalRank_(device.rank()), replica_(device.replica()), releaseAsRead_(releaseAsRead()) {}
 
 bool Executor::fail(const std::string &message) {
   if (error_.empty())
@@ -175,7 +188,7 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
   }
   // A whole backward releases each value and aux buffer after its last
   // reader (BackwardFrees.h); split into B and W, the state stays until W.
-  const BackwardFrees *frees = part == BackwardPart::Both ? &backwardFreesOf(s) : nullptr;
+  const BackwardFrees *frees = part == BackwardPart::Both && releaseAsRead_ ? &backwardFreesOf(s) : nullptr;
   if (frees)
     releaseRead(p, st, mb, frees->valuesUnread, frees->auxUnread);
   for (size_t index = 0; index < p.backward.size();) {

@@ -82,6 +82,7 @@ private:
   const int64_t rank_;       // the pipeline rank: whose list, which stages
   const int64_t globalRank_; // as messages and traces name it
   const int64_t replica_;    // data-parallel replica: microbatch mb is mb x dp + replica of the global batch
+  const bool releaseAsRead_; // a whole backward releases as it goes (BackwardFrees.h)
   std::string where_, error_;
 
   std::map<int64_t, BackwardFrees> backwardFrees_; // by stage

@@ -5,7 +5,8 @@
 // until they ran. End to end on the CPU backend: training gives the same
 // bits as with nothing released before the backward's end (a device that
 // declares every value read by the last instruction), with a lower peak,
-// and every backward call finds what it reads, its declared extras too.
+// and every backward call finds what it reads, its declared extras too;
+// MHCC_BACKWARD_RELEASE=end holds everything to the end again.
 //
 // usage: backward_frees_test DATA TRAIN_ARTIFACT ARTIFACT...
 #include "runtime/cpu/CpuDevice.h"
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -178,13 +180,17 @@ TEST(BackwardFrees, TrainingKeepsItsBitsWithALowerPeak) {
   const std::vector<StepResult> early = train(cpuDevices());
   const std::vector<StepResult> kept = train(declaring(true));
   const std::vector<StepResult> checked = train(declaring(false));
+  setenv("MHCC_BACKWARD_RELEASE", "end", 1); // the diagnostic switch: hold to the end
+  const std::vector<StepResult> held = train(cpuDevices());
+  unsetenv("MHCC_BACKWARD_RELEASE");
   ASSERT_EQ(early.size(), 2u);
   ASSERT_EQ(kept.size(), 2u);
   ASSERT_EQ(checked.size(), 2u);
+  ASSERT_EQ(held.size(), 2u);
   EXPECT_GT(gChecked.load(), 0);
   EXPECT_EQ(gMissing.load(), 0);
   for (size_t k = 0; k < 2; ++k)
-    for (const std::vector<StepResult> *other : {&kept, &checked}) {
+    for (const std::vector<StepResult> *other : {&kept, &checked, &held}) {
       EXPECT_EQ(std::memcmp(&early[k].lmLoss, &(*other)[k].lmLoss, sizeof(double)), 0) << "step " << k + 1;
       EXPECT_EQ(std::memcmp(&early[k].gradNorm, &(*other)[k].gradNorm, sizeof(double)), 0) << "step " << k + 1;
       EXPECT_EQ(early[k].numZeros, (*other)[k].numZeros) << "step " << k + 1;
@@ -193,9 +199,12 @@ TEST(BackwardFrees, TrainingKeepsItsBitsWithALowerPeak) {
   for (size_t r = 0; r < early[1].peakBytes.size(); ++r) {
     EXPECT_LT(early[1].peakBytes[r], kept[1].peakBytes[r]) << "rank " << r;
     EXPECT_LE(checked[1].peakBytes[r], kept[1].peakBytes[r]) << "rank " << r;
+    EXPECT_LE(kept[1].peakBytes[r], held[1].peakBytes[r]) << "rank " << r; // kept: aux still released
   }
-  std::printf("peak bytes of rank 0, released as read / kept to the backward's end: %lld / %lld\n",
-              static_cast<long long>(early[1].peakBytes[0]), static_cast<long long>(kept[1].peakBytes[0]));
+  std::printf("peak bytes of rank 0, released as read / values kept to the last instruction / all held to the "
+              "backward's end: %lld / %lld / %lld\n",
+              static_cast<long long>(early[1].peakBytes[0]), static_cast<long long>(kept[1].peakBytes[0]),
+              static_cast<long long>(held[1].peakBytes[0]));
 }
 
 } // namespace
