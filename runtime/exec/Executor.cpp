@@ -50,22 +50,22 @@ void Executor::tapGradients(const StageProgram &p, const StageState &st, int64_t
       tap(p.values[v], st.values[v], mb);
 }
 
-const BackwardFrees &Executor::backwardFreesOf(int64_t s) {
-  auto found = backwardFrees_.find(s);
+const BackwardFrees &Executor::backwardFreesOf(int64_t s, BackwardPart part) {
+  auto found = backwardFrees_.find({s, part});
   if (found != backwardFrees_.end())
     return found->second;
   const StageProgram &p = program(s);
   std::vector<std::vector<int>> extra(p.backward.size());
   for (size_t k = 0; k < extra.size(); ++k)
     extra[k] = device_.backwardReads(s, k);
-  return backwardFrees_[s] = backwardFrees(p, extra);
+  return backwardFrees_[{s, part}] = backwardFrees(p, extra, part);
 }
 
 void Executor::releaseRead(const StageProgram &p, StageState &st, int64_t mb, const std::vector<int> &values,
-                           const std::vector<size_t> &aux) {
+                           const std::vector<size_t> &aux, bool tapGradients) {
   for (int v : values) {
-    // A gradient is complete once its last reader ran: recorded as it goes.
-    if (p.values[v].tap.rfind("grad:", 0) == 0)
+    // A gradient is complete once its last reader ran.
+    if (tapGradients && p.values[v].tap.rfind("grad:", 0) == 0)
       tap(p.values[v], st.values[v], mb);
     device_.release(st.values[v], Queue::compute());
   }
@@ -186,11 +186,13 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
   } else if (p.gradOutput >= 0 && !takeOutputGradient(s, mb, st)) {
     return false;
   }
-  // A whole backward releases each value and aux buffer after its last
-  // reader (BackwardFrees.h); split into B and W, the state stays until W.
-  const BackwardFrees *frees = part == BackwardPart::Both && releaseAsRead_ ? &backwardFreesOf(s) : nullptr;
+  // Each value and aux buffer goes after its last reader (BackwardFrees.h;
+  // split, what W reads stays until W).
+  const BackwardFrees *frees = releaseAsRead_ ? &backwardFreesOf(s, part) : nullptr;
+  // Gradient taps are recorded as B releases them, or after B (tapGradients).
+  const bool tapReleased = part != BackwardPart::Weight;
   if (frees)
-    releaseRead(p, st, mb, frees->valuesUnread, frees->auxUnread);
+    releaseRead(p, st, mb, frees->valuesUnread, frees->auxUnread, tapReleased);
   for (size_t index = 0; index < p.backward.size();) {
     if (part == BackwardPart::Weight && p.forward[p.backward[index].forward].params.empty()) {
       ++index;
@@ -224,7 +226,7 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
     if (!device_.backward(s, mb, index, part, st, fresh))
       return fail(device_.error());
     for (size_t j = index; frees && j < index + span; ++j)
-      releaseRead(p, st, mb, frees->valuesAfter[j], frees->auxAfter[j]);
+      releaseRead(p, st, mb, frees->valuesAfter[j], frees->auxAfter[j], tapReleased);
     index += span;
   }
   if (part == BackwardPart::Input) {

@@ -67,12 +67,12 @@ private:
   void tapGradients(const StageProgram &program, const StageState &state, int64_t mb);
   /// Releases everything of (stage, mb) on the compute queue and forgets it.
   void releaseState(Key key);
-  /// Stage s's BackwardFrees with the device's extra reads, computed once.
-  const BackwardFrees &backwardFreesOf(int64_t stage);
+  /// Stage s's BackwardFrees for `part` with the device's extra reads, computed once.
+  const BackwardFrees &backwardFreesOf(int64_t stage, BackwardPart part);
   /// Releases `values` and `aux` of a state whose backward has read them for
-  /// the last time (a gradient with a tap recorded first).
+  /// the last time (with tapGradients, a gradient's tap recorded first).
   void releaseRead(const StageProgram &program, StageState &state, int64_t mb, const std::vector<int> &values,
-                   const std::vector<size_t> &aux);
+                   const std::vector<size_t> &aux, bool tapGradients);
   bool fail(const std::string &message);
   const StageProgram &program(int64_t stage) const { return artifact_.stages[stage]; }
 
@@ -82,10 +82,10 @@ private:
   const int64_t rank_;       // the pipeline rank: whose list, which stages
   const int64_t globalRank_; // as messages and traces name it
   const int64_t replica_;    // data-parallel replica: microbatch mb is mb x dp + replica of the global batch
-  const bool releaseAsRead_; // a whole backward releases as it goes (BackwardFrees.h)
+  const bool releaseAsRead_; // the backward releases as it goes (BackwardFrees.h)
   std::string where_, error_;
 
-  std::map<int64_t, BackwardFrees> backwardFrees_; // by stage
+  std::map<std::pair<int64_t, BackwardPart>, BackwardFrees> backwardFrees_; // by stage and part
 
   // Per step.
   std::map<Key, StageState> states_;

@@ -8,14 +8,17 @@
 // program: after each backward instruction, the values and aux buffers no
 // later backward instruction reads or adds into.
 //
-// Only for a backward run whole: under ZB-H1 the W half reads the inputs,
-// aux and output gradients B leaves, so the split halves release at W's end
-// as before. Plain C++, no device.
+// Split into B and W (ZB-H1), B releases what neither a later B nor any W
+// reads, and W the rest of what W reads after its last W reader: a W reads
+// its forward's inputs, its output gradient and its aux (and the stash B
+// left it), never an input gradient or its forward's output. Plain C++, no
+// device.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_PROGRAM_BACKWARDFREES_H
 #define MHCC_RUNTIME_PROGRAM_BACKWARDFREES_H
 
+#include "runtime/program/Instructions.h"
 #include "runtime/program/Program.h"
 
 #include <cstddef>
@@ -36,12 +39,19 @@ struct BackwardFrees {
 /// and output, its output gradient and the gradients it adds into.
 std::vector<int> ownBackwardReads(const StageProgram &p, const BackwardInstr &b);
 
-/// `extraReads[k]` (empty, or one list per backward instruction): values the
-/// device's backward instruction k reads besides its own (a backend that
-/// moves work between instructions, Device::backwardReads). The stage's
-/// boundary values (input, output and their gradients) are never listed:
-/// the executor sends or hands them over, and releases them itself.
-BackwardFrees backwardFrees(const StageProgram &p, const std::vector<std::vector<int>> &extraReads);
+/// What its W half reads: its forward's inputs and its output gradient;
+/// nothing for an instruction without weights (W skips it).
+std::vector<int> weightHalfReads(const StageProgram &p, const BackwardInstr &b);
+
+/// What `part` of the stage's backward releases, and where. `extraReads[k]`
+/// (empty, or one list per backward instruction): values the device's
+/// backward instruction k reads besides its own when it computes input
+/// gradients (a backend that moves work between instructions,
+/// Device::backwardReads). The stage's boundary values (input, output and
+/// their gradients) are never listed: the executor sends or hands them
+/// over, and releases them itself.
+BackwardFrees backwardFrees(const StageProgram &p, const std::vector<std::vector<int>> &extraReads,
+                            BackwardPart part = BackwardPart::Both);
 
 } // namespace mhcc::runtime
 

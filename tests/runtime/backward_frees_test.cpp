@@ -1,14 +1,16 @@
 // backwardFrees (runtime/program/BackwardFrees.h) and the executor's use of
 // it. On compiled programs (each layout given): every value but the stage's
 // boundary and every aux buffer is released exactly once, after its last
-// backward reader and never before one; a device's extra reads hold a value
-// until they ran. End to end on the CPU backend: training gives the same
-// bits as with nothing released before the backward's end (a device that
-// declares every value read by the last instruction), with a lower peak,
-// and every backward call finds what it reads, its declared extras too;
-// MHCC_BACKWARD_RELEASE=end holds everything to the end again.
+// backward reader and never before one, whole or split into B and W (B
+// keeps what W reads); a device's extra reads hold a value until they ran.
+// End to end on the CPU backend, whole (PP1) and split (ZB-H1): training
+// gives the same bits as with nothing released before the backward's end
+// (a device that declares every value read by the last instruction, and
+// MHCC_BACKWARD_RELEASE=end, which holds aux buffers too), with a lower
+// peak, and every backward call finds what it reads, its declared extras
+// too.
 //
-// usage: backward_frees_test DATA TRAIN_ARTIFACT ARTIFACT...
+// usage: backward_frees_test DATA PP1_ARTIFACT ZB_ARTIFACT ARTIFACT...
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/program/BackwardFrees.h"
 #include "runtime/train/Trainer.h"
@@ -25,7 +27,7 @@ namespace mhcc::runtime {
 namespace {
 
 std::optional<TokenDataset> gData;
-std::string gTrainArtifact;
+std::string gWholeArtifact, gSplitArtifact;
 std::vector<std::string> gArtifacts;
 
 std::vector<StageProgram> programs(const std::string &path) {
@@ -85,6 +87,43 @@ TEST(BackwardFrees, EachValueOnceAfterItsLastReader) {
     }
 }
 
+/// Where each value and aux buffer is released: B's lists, then W's
+/// (positions offset past B's).
+TEST(BackwardFrees, SplitBKeepsWhatWReadsAndWReleasesIt) {
+  for (const std::string &path : gArtifacts)
+    for (const StageProgram &p : programs(path)) {
+      SCOPED_TRACE(path + " stage " + std::to_string(p.stage));
+      const BackwardFrees b = backwardFrees(p, {}, BackwardPart::Input);
+      const BackwardFrees w = backwardFrees(p, {}, BackwardPart::Weight);
+      const std::map<int, long> inB = releasePoints(b), inW = releasePoints(w);
+      std::set<int> readByW;
+      for (const BackwardInstr &instr : p.backward)
+        for (int id : weightHalfReads(p, instr))
+          readByW.insert(id);
+      for (size_t v = 0; v < p.values.size(); ++v) {
+        const int id = int(v);
+        EXPECT_EQ(inB.count(id) + inW.count(id), boundary(p, id) ? 0u : 1u) << "value " << v;
+        if (readByW.count(id))
+          EXPECT_EQ(inB.count(id), 0u) << "B releases value " << v << ", which W reads";
+      }
+      for (size_t k = 0; k < p.backward.size(); ++k) {
+        for (int id : ownBackwardReads(p, p.backward[k]))
+          if (id >= 0 && inB.count(id))
+            EXPECT_GE(inB.at(id), long(k)) << "B releases value " << id << " before instruction " << k;
+        for (int id : weightHalfReads(p, p.backward[k]))
+          if (id >= 0 && inW.count(id))
+            EXPECT_GE(inW.at(id), long(k)) << "W releases value " << id << " before instruction " << k;
+      }
+      size_t aux = b.auxUnread.size() + w.auxUnread.size();
+      for (size_t k = 0; k < p.backward.size(); ++k) {
+        aux += b.auxAfter[k].size() + w.auxAfter[k].size();
+        for (size_t j : b.auxAfter[k])
+          EXPECT_TRUE(p.forward[j].params.empty()) << "B releases the aux of " << j << ", which W reads";
+      }
+      EXPECT_EQ(aux, p.forward.size());
+    }
+}
+
 TEST(BackwardFrees, AnExtraReadHoldsAValueUntilItRan) {
   for (const StageProgram &p : programs(gArtifacts.at(0))) {
     const BackwardFrees plain = backwardFrees(p, {});
@@ -109,9 +148,9 @@ TEST(BackwardFrees, AnExtraReadHoldsAValueUntilItRan) {
 std::atomic<int64_t> gChecked{0}, gMissing{0};
 
 /// Declares extra reads: every value for the last backward instruction
-/// (`keepAll`: nothing released early), or instruction k - 1's own reads
-/// for instruction k; checks at each whole backward that what it reads is
-/// there.
+/// (`keepAll`: nothing released early but aux), or instruction k - 1's own
+/// reads for instruction k; checks at each backward call that what it reads
+/// (its W half: weightHalfReads) is there.
 class DeclaringDevice final : public ForwardingDevice {
 public:
   DeclaringDevice(std::unique_ptr<Device> inner, const Artifact &a, bool keepAll)
@@ -120,7 +159,7 @@ public:
     const StageProgram &p = a_.stages[stage];
     if (keepAll_) {
       std::vector<int> all;
-      for (size_t v = 0; keepAll_ && index + 1 == p.backward.size() && v < p.values.size(); ++v)
+      for (size_t v = 0; index + 1 == p.backward.size() && v < p.values.size(); ++v)
         all.push_back(int(v));
       return all;
     }
@@ -129,17 +168,18 @@ public:
   bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
                 const std::vector<int> &fresh) override {
     const StageProgram &p = a_.stages[stage];
-    if (part == BackwardPart::Both) {
-      std::vector<int> reads = ownBackwardReads(p, p.backward[index]);
+    std::vector<int> reads = weightHalfReads(p, p.backward[index]);
+    if (part != BackwardPart::Weight) {
+      reads = ownBackwardReads(p, p.backward[index]);
       const std::vector<int> extra = backwardReads(stage, index);
       reads.insert(reads.end(), extra.begin(), extra.end());
-      for (int id : reads)
-        if (id >= 0 && id != p.output && !boundary(p, id) && !state.values[id]) {
-          ++gMissing;
-          ADD_FAILURE() << "stage " << stage << " backward " << index << ": value " << id << " released";
-        }
-      ++gChecked;
     }
+    for (int id : reads)
+      if (id >= 0 && !boundary(p, id) && !state.values[id]) {
+        ++gMissing;
+        ADD_FAILURE() << "stage " << stage << " backward " << index << ": value " << id << " released";
+      }
+    ++gChecked;
     return inner_->backward(stage, mb, index, part, state, fresh);
   }
 
@@ -157,9 +197,9 @@ DeviceFactory declaring(bool keepAll) {
   };
 }
 
-std::vector<StepResult> train(const DeviceFactory &devices) {
+std::vector<StepResult> train(const std::string &path, const DeviceFactory &devices) {
   std::string error;
-  std::optional<Artifact> artifact = readArtifact(gTrainArtifact, error);
+  std::optional<Artifact> artifact = readArtifact(path, error);
   EXPECT_TRUE(artifact) << error;
   if (!artifact)
     return {};
@@ -176,12 +216,14 @@ std::vector<StepResult> train(const DeviceFactory &devices) {
   return results;
 }
 
-TEST(BackwardFrees, TrainingKeepsItsBitsWithALowerPeak) {
-  const std::vector<StepResult> early = train(cpuDevices());
-  const std::vector<StepResult> kept = train(declaring(true));
-  const std::vector<StepResult> checked = train(declaring(false));
-  setenv("MHCC_BACKWARD_RELEASE", "end", 1); // the diagnostic switch: hold to the end
-  const std::vector<StepResult> held = train(cpuDevices());
+void expectSameBitsWithALowerPeak(const std::string &path) {
+  SCOPED_TRACE(path);
+  gChecked = gMissing = 0;
+  const std::vector<StepResult> early = train(path, cpuDevices());
+  const std::vector<StepResult> kept = train(path, declaring(true));
+  const std::vector<StepResult> checked = train(path, declaring(false));
+  setenv("MHCC_BACKWARD_RELEASE", "end", 1); // the diagnostic switch: hold everything to the end
+  const std::vector<StepResult> held = train(path, cpuDevices());
   unsetenv("MHCC_BACKWARD_RELEASE");
   ASSERT_EQ(early.size(), 2u);
   ASSERT_EQ(kept.size(), 2u);
@@ -197,23 +239,28 @@ TEST(BackwardFrees, TrainingKeepsItsBitsWithALowerPeak) {
     }
   ASSERT_FALSE(early[1].peakBytes.empty());
   for (size_t r = 0; r < early[1].peakBytes.size(); ++r) {
-    EXPECT_LT(early[1].peakBytes[r], kept[1].peakBytes[r]) << "rank " << r;
-    EXPECT_LE(checked[1].peakBytes[r], kept[1].peakBytes[r]) << "rank " << r;
+    EXPECT_LT(early[1].peakBytes[r], held[1].peakBytes[r]) << "rank " << r;
+    EXPECT_LE(early[1].peakBytes[r], kept[1].peakBytes[r]) << "rank " << r;
+    EXPECT_LE(checked[1].peakBytes[r], held[1].peakBytes[r]) << "rank " << r;
     EXPECT_LE(kept[1].peakBytes[r], held[1].peakBytes[r]) << "rank " << r; // kept: aux still released
+    std::printf("peak bytes of rank %zu, released as read / values kept to the last instruction / all held to the "
+                "backward's end: %lld / %lld / %lld\n",
+                r, static_cast<long long>(early[1].peakBytes[r]), static_cast<long long>(kept[1].peakBytes[r]),
+                static_cast<long long>(held[1].peakBytes[r]));
   }
-  std::printf("peak bytes of rank 0, released as read / values kept to the last instruction / all held to the "
-              "backward's end: %lld / %lld / %lld\n",
-              static_cast<long long>(early[1].peakBytes[0]), static_cast<long long>(kept[1].peakBytes[0]),
-              static_cast<long long>(held[1].peakBytes[0]));
 }
+
+TEST(BackwardFrees, WholeBackwardKeepsItsBitsWithALowerPeak) { expectSameBitsWithALowerPeak(gWholeArtifact); }
+
+TEST(BackwardFrees, SplitBackwardKeepsItsBitsWithALowerPeak) { expectSameBitsWithALowerPeak(gSplitArtifact); }
 
 } // namespace
 } // namespace mhcc::runtime
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: backward_frees_test DATA TRAIN_ARTIFACT ARTIFACT...\n");
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: backward_frees_test DATA PP1_ARTIFACT ZB_ARTIFACT ARTIFACT...\n");
     return 2;
   }
   std::string error;
@@ -222,8 +269,9 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "backward_frees_test: %s\n", error.c_str());
     return 2;
   }
-  mhcc::runtime::gTrainArtifact = argv[2];
-  for (int i = 3; i < argc; ++i)
+  mhcc::runtime::gWholeArtifact = argv[2];
+  mhcc::runtime::gSplitArtifact = argv[3];
+  for (int i = 4; i < argc; ++i)
     mhcc::runtime::gArtifacts.push_back(argv[i]);
   return RUN_ALL_TESTS();
 }
