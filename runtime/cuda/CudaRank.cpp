@@ -122,6 +122,15 @@ bool CudaRank::check(const char *what) {
   return e.empty() || fail(e);
 }
 
+void CudaRank::upload(void *device, const void *host, size_t bytes) {
+  // Not cudaMemcpy: from pageable memory it may return before its DMA has
+  // landed (on the legacy stream, which the non-blocking compute stream does
+  // not wait for), so a kernel right after it could read old bytes: session
+  // 30's one odd run (docs/gpu_results.md) fits. Here the host bytes are
+  // staged before the call returns, and the DMA is ordered on the stream.
+  cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, compute_);
+}
+
 float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
   void *ptr = nullptr;
   if (cudaMalloc(&ptr, std::max<size_t>(bytes, 4)) != cudaSuccess) {
@@ -202,7 +211,7 @@ bool CudaRank::setupDevice() {
     const std::vector<int32_t> rowMap(contextRows_.begin(), contextRows_.end());
     if (cudaMalloc(&rowMap_, rowMap.size() * sizeof(int32_t)) != cudaSuccess)
       return fail("out of GPU memory for the context-parallel row map");
-    cudaMemcpy(rowMap_, rowMap.data(), rowMap.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    upload(rowMap_, rowMap.data(), rowMap.size() * sizeof(int32_t));
     staticBytes_ += int64_t(rowMap.size() * sizeof(int32_t));
   }
   for (auto [wanted, group] : {std::pair{options_.resetPositionIds, &positions_},
@@ -228,6 +237,9 @@ bool CudaRank::setupDevice() {
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
   refreshLowWeights();
+  // deviceBuffer's fills ran on the legacy stream, which the compute stream
+  // does not wait for: all of setup's work lands before any step's.
+  cudaDeviceSynchronize();
   return check("setup");
 }
 
@@ -240,12 +252,12 @@ std::pair<int64_t, int64_t> CudaRank::masterRange(size_t p) const {
 bool CudaRank::uploadWeights(size_t p, const std::vector<float> &block) {
   const auto [begin, end] = masterRange(p);
   if (end > begin)
-    cudaMemcpy(weights_.at(int(p)), block.data() + begin, (end - begin) * sizeof(float), cudaMemcpyHostToDevice);
+    upload(weights_.at(int(p)), block.data() + begin, (end - begin) * sizeof(float));
   if (partMasters_) { // no whole master to round the kernels' copy from (refreshLowWeights): round the block
     float *staged = nullptr;
     if (cudaMalloc(&staged, block.size() * sizeof(float)) != cudaSuccess)
       return fail("out of GPU memory staging parameter " + a_.params[p].name);
-    cudaMemcpy(staged, block.data(), block.size() * sizeof(float), cudaMemcpyHostToDevice);
+    upload(staged, block.data(), block.size() * sizeof(float));
     toBf16(staged, lowWeights_.at(int(p)), int64_t(block.size()), compute_);
     cudaStreamSynchronize(compute_);
     cudaFree(staged);
@@ -503,8 +515,8 @@ void CudaRank::prepareCsrs(const StepInputs &inputs) {
           cudaMalloc(&dOffsets, offsets.size() * 4);
           cudaMalloc(&dPositions, positions.size() * 4);
         }
-        cudaMemcpy(dOffsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
-        cudaMemcpy(dPositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
+        upload(dOffsets, offsets.data(), offsets.size() * 4);
+        upload(dPositions, positions.data(), positions.size() * 4);
       }
     }
 }
@@ -520,12 +532,12 @@ bool CudaRank::beginStep(const StepInputs &inputs) {
   postPartials_.clear();
   live_ = peak_ = staticBytes_;
   for (int64_t mb = 0; mb < a_.microbatches; ++mb) {
-    cudaMemcpy(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(labels_[mb], inputs.labels[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+    upload(tokens_[mb], inputs.tokens[mb].data(), a_.model.tokens() * 4);
+    upload(labels_[mb], inputs.labels[mb].data(), a_.model.tokens() * 4);
     if (!positions_.empty())
-      cudaMemcpy(positions_[mb], inputs.positions[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+      upload(positions_[mb], inputs.positions[mb].data(), a_.model.tokens() * 4);
     if (!firstKeys_.empty())
-      cudaMemcpy(firstKeys_[mb], inputs.firstKeys[mb].data(), a_.model.tokens() * 4, cudaMemcpyHostToDevice);
+      upload(firstKeys_[mb], inputs.firstKeys[mb].data(), a_.model.tokens() * 4);
   }
   for (auto &[key, g] : slotGrads_)
     cudaMemsetAsync(g, 0, held(a_.stages[key.first].params[key.second].param) * 4, compute_);
@@ -587,98 +599,6 @@ void CudaRank::takeProfile(std::map<std::string, double> &profileMs) {
   for (auto &[name, ms] : profileMs_)
     profileMs[name] += ms;
   profileMs_.clear();
-}
-
-void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
-  cudaSetDevice(gpu_);
-  // Every member of the gradient group holds the same weights (member 0
-  // speaks), or under partMasters_ its part of them.
-  if (member_ != 0 && !partMasters_)
-    return;
-  for (size_t p = 0; p < a_.params.size(); ++p)
-    if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
-      const auto [begin, end] = masterRange(p);
-      std::vector<float> block(held(p));
-      cudaMemcpy(block.data() + begin, weights_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
-      scatterShardPart(a_.params[p], a_.tp, tensor_, block.data(), begin, end, weights[p]);
-    }
-}
-
-// Between steps every queue is idle, so plain (synchronous) copies are
-// ordered after the last update. The trainer calls these on its thread.
-bool CudaRank::saveState(ParameterState &state) {
-  cudaSetDevice(gpu_);
-  // Every replica and context rank holds the same weights (member 0 of the
-  // gradient group, replica 0's context rank 0, speaks for them); with the
-  // distributed optimizer each member holds its part of the moments (and
-  // under partMasters_ of the weights). Each tensor rank holds its blocks
-  // (speaksFor). Each fills its pieces and names them (the checkpoint puts
-  // them together, or with one process a rank writes them as they are).
-  if (member_ != 0 && !sharded_)
-    return true;
-  for (size_t p = 0; p < a_.params.size(); ++p) {
-    if (plans_[p].owner != pipe_ || !speaksFor(p))
-      continue;
-    const ParamInfo &info = a_.params[p];
-    const auto [begin, end] = ownShard(p);
-    std::vector<float> block(held(p));
-    if (member_ == 0 || partMasters_) {
-      const auto [masterBegin, masterEnd] = masterRange(p);
-      if (masterEnd > masterBegin) {
-        cudaMemcpy(block.data() + masterBegin, weights_[int(p)], (masterEnd - masterBegin) * 4,
-                   cudaMemcpyDeviceToHost);
-        const TensorPiece piece{a_.tp, tensor_, masterBegin, masterEnd};
-        scatterPiece(info, piece, block.data() + masterBegin, state.weights[p]);
-        state.weightPieces[p].push_back(piece);
-      }
-    }
-    if (end == begin)
-      continue; // no part of the moments here (fewer elements than parts)
-    const TensorPiece piece{a_.tp, tensor_, begin, end};
-    std::fill(block.begin(), block.end(), 0.0f); // SGD keeps no moments: zeros, as the CPU backend's
-    for (auto [moments, device] : {std::pair{&state.adamM[p], adamM_.count(int(p)) ? adamM_[int(p)] : nullptr},
-                                   std::pair{&state.adamV[p], adamV_.count(int(p)) ? adamV_[int(p)] : nullptr}}) {
-      if (device)
-        cudaMemcpy(block.data() + begin, device, (end - begin) * 4, cudaMemcpyDeviceToHost);
-      scatterPiece(info, piece, block.data() + begin, *moments);
-    }
-    state.momentPieces[p].push_back(piece);
-  }
-  return check("downloading the weights and moments for a checkpoint");
-}
-
-bool CudaRank::loadState(const ParameterState &state) {
-  cudaSetDevice(gpu_);
-  for (size_t p = 0; p < a_.params.size(); ++p) { // every holder's copy
-    if (!std::binary_search(plans_[p].holders.begin(), plans_[p].holders.end(), pipe_))
-      continue;
-    const ParamInfo &info = a_.params[p];
-    if (state.weights[p].size() != size_t(info.count()))
-      return fail("the loaded state lacks parameter " + info.name);
-    std::vector<float> block(held(p));
-    gatherShard(info, a_.tp, tensor_, state.weights[p].data(), block.data());
-    if (!uploadWeights(p, block))
-      return false;
-    if (plans_[p].owner != pipe_ || !adamM_.count(int(p)))
-      continue;
-    const auto [begin, end] = ownShard(p);
-    for (auto [moments, device] :
-         {std::pair{&state.adamM[p], adamM_[int(p)]}, std::pair{&state.adamV[p], adamV_[int(p)]}})
-      if (moments->size() == size_t(info.count())) {
-        gatherShard(info, a_.tp, tensor_, moments->data(), block.data());
-        cudaMemcpy(device, block.data() + begin, (end - begin) * 4, cudaMemcpyHostToDevice);
-      }
-  }
-  refreshLowWeights();
-  return check("uploading the weights and moments of a checkpoint");
-}
-
-void CudaRank::refreshLowWeights(bool receivedOnly) {
-  if (partMasters_) // the copies are what the update, the gather and the holders' messages write
-    return;
-  for (auto &[p, low] : lowWeights_)
-    if (!receivedOnly || plans_[p].owner != pipe_)
-      toBf16(weights_.at(p), low, held(p), compute_);
 }
 
 void CudaRank::abort() {

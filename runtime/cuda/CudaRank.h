@@ -167,6 +167,8 @@ private:
   int streamId(cudaStream_t stream);
   PlannedAllocator::Hooks planHooks();
   bool adoptMemoryPlan();
+  /// Host to device, ordered before every later kernel of the compute stream.
+  void upload(void *device, const void *host, size_t bytes);
   float *deviceBuffer(size_t bytes, const std::string &what);
   void prepareCsrs(const StepInputs &inputs);
   void markStart(cudaEvent_t &start);
