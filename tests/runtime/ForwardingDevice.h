@@ -3,12 +3,17 @@
 // Tests wrap the CPU backend's devices to give them a property a real
 // device has (timing its own work, computing several instructions at once)
 // and override only that; everything else goes to the wrapped device.
+// wrappedCpuDevices builds such a factory, trainSteps trains on it.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
 #define MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
 
+#include "runtime/cpu/CpuDevice.h"
 #include "runtime/exec/Device.h"
+#include "runtime/train/Trainer.h"
+
+#include <gtest/gtest.h>
 
 #include <memory>
 
@@ -67,6 +72,38 @@ public:
 protected:
   std::unique_ptr<Device> inner_;
 };
+
+/// The CPU backend's devices, each behind wrap(device, artifact).
+template <typename Wrap> DeviceFactory wrappedCpuDevices(Wrap wrap) {
+  return [wrap](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
+    std::vector<std::unique_ptr<Device>> devices = cpuDevices()(a, options, failed, error);
+    for (auto &d : devices)
+      d = wrap(std::move(d), a);
+    return devices;
+  };
+}
+
+/// `steps` steps of the artifact at `path` on `devices`; a step that fails
+/// is a test failure, and the results stop there.
+inline std::vector<StepResult> trainSteps(const std::string &path, const TokenDataset &data,
+                                          const DeviceFactory &devices, int steps) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(path, error);
+  EXPECT_TRUE(artifact) << error;
+  if (!artifact)
+    return {};
+  auto trainer = Trainer::create(std::move(*artifact), data, TrainOptions{}, devices, error);
+  EXPECT_TRUE(trainer) << error;
+  std::vector<StepResult> results;
+  for (int k = 0; trainer && k < steps; ++k) {
+    std::optional<StepResult> r = trainer->step(error);
+    EXPECT_TRUE(r) << error;
+    if (!r)
+      break;
+    results.push_back(*r);
+  }
+  return results;
+}
 
 } // namespace mhcc::runtime
 

@@ -189,31 +189,13 @@ private:
 };
 
 DeviceFactory declaring(bool keepAll) {
-  return [keepAll](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
-    std::vector<std::unique_ptr<Device>> devices = cpuDevices()(a, options, failed, error);
-    for (auto &d : devices)
-      d = std::make_unique<DeclaringDevice>(std::move(d), a, keepAll);
-    return devices;
-  };
+  return wrappedCpuDevices([keepAll](std::unique_ptr<Device> inner, const Artifact &a) -> std::unique_ptr<Device> {
+    return std::make_unique<DeclaringDevice>(std::move(inner), a, keepAll);
+  });
 }
 
 std::vector<StepResult> train(const std::string &path, const DeviceFactory &devices) {
-  std::string error;
-  std::optional<Artifact> artifact = readArtifact(path, error);
-  EXPECT_TRUE(artifact) << error;
-  if (!artifact)
-    return {};
-  auto trainer = Trainer::create(std::move(*artifact), *gData, TrainOptions{}, devices, error);
-  EXPECT_TRUE(trainer) << error;
-  std::vector<StepResult> results;
-  for (int k = 0; trainer && k < 2; ++k) {
-    std::optional<StepResult> r = trainer->step(error);
-    EXPECT_TRUE(r) << error;
-    if (!r)
-      break;
-    results.push_back(*r);
-  }
-  return results;
+  return trainSteps(path, *gData, devices, 2);
 }
 
 void expectSameBitsWithALowerPeak(const std::string &path) {

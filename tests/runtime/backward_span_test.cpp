@@ -62,31 +62,13 @@ private:
 };
 
 DeviceFactory spanning() {
-  return [](const Artifact &a, const TrainOptions &options, std::atomic<bool> &failed, std::string &error) {
-    std::vector<std::unique_ptr<Device>> devices = cpuDevices()(a, options, failed, error);
-    for (auto &d : devices)
-      d = std::make_unique<SpanningDevice>(std::move(d), a);
-    return devices;
-  };
+  return wrappedCpuDevices([](std::unique_ptr<Device> inner, const Artifact &a) -> std::unique_ptr<Device> {
+    return std::make_unique<SpanningDevice>(std::move(inner), a);
+  });
 }
 
 std::vector<StepResult> train(const std::string &path, const DeviceFactory &devices, int steps) {
-  std::string error;
-  std::optional<Artifact> artifact = readArtifact(path, error);
-  EXPECT_TRUE(artifact) << error;
-  if (!artifact)
-    return {};
-  auto trainer = Trainer::create(std::move(*artifact), *gData, TrainOptions{}, devices, error);
-  EXPECT_TRUE(trainer) << error;
-  std::vector<StepResult> results;
-  for (int k = 0; trainer && k < steps; ++k) {
-    std::optional<StepResult> r = trainer->step(error);
-    EXPECT_TRUE(r) << error;
-    if (!r)
-      break;
-    results.push_back(*r);
-  }
-  return results;
+  return trainSteps(path, *gData, devices, steps);
 }
 
 void expectSameBits(const std::string &path) {
