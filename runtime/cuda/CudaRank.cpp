@@ -138,7 +138,10 @@ float *CudaRank::deviceBuffer(size_t bytes, const std::string &what) {
     return nullptr;
   }
   staticBytes_ += static_cast<int64_t>(bytes);
-  cudaMemset(ptr, 0, bytes);
+  // On the compute stream, as the uploads after it: a cudaMemset runs on the
+  // legacy stream, which the compute stream does not wait for (it could
+  // land after an upload and zero the weights).
+  cudaMemsetAsync(ptr, 0, bytes, compute_);
   return static_cast<float *>(ptr);
 }
 
@@ -237,9 +240,7 @@ bool CudaRank::setupDevice() {
       cudaMalloc(&sharedStats_, sharedCount * sizeof(double)) != cudaSuccess)
     return fail("out of GPU memory for the gradient statistics");
   refreshLowWeights();
-  // deviceBuffer's fills ran on the legacy stream, which the compute stream
-  // does not wait for: all of setup's work lands before any step's.
-  cudaDeviceSynchronize();
+  cudaDeviceSynchronize(); // setup's work lands before any step's, on any stream
   return check("setup");
 }
 
