@@ -73,22 +73,11 @@ size_t CudaRank::backwardSpan(int64_t s, size_t index) const {
 }
 
 const MixGroup *CudaRank::groupBefore(int64_t s, size_t index) const {
-  const MixGroup *group = nullptr, *before = nullptr;
-  for (const MixGroup &g : mixGroups_[s]) {
-    if (g.coeffs == index)
-      group = &g;
-    if (g.postRes == index + 1)
-      before = &g;
-  }
-  return group && before && before->dOut == group->dx ? before : nullptr;
+  return mixGroupBefore(mixGroups_[s], index);
 }
 
 std::vector<int> CudaRank::backwardReads(int64_t s, size_t index) const {
-  std::vector<int> reads;
-  for (const MixGroup *g : {mixGroup(s, index), groupBefore(s, index)})
-    if (g)
-      reads.insert(reads.end(), {g->x, g->coef, g->y, g->dx, g->dCoef, g->dy, g->dOut, g->du});
-  return reads;
+  return mixGroupReads(mixGroups_[s], index);
 }
 
 size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
@@ -598,11 +587,6 @@ bool CudaRank::planMixing(int64_t s, int64_t mb, size_t index, StageState &st, i
   return true;
 }
 
-const MixGroup *CudaRank::mixGroup(int64_t s, size_t index) const {
-  for (const MixGroup &g : mixGroups_[s])
-    if (index == g.postRes || index == g.pre || index == g.coeffs)
-      return &g;
-  return nullptr;
-}
+const MixGroup *CudaRank::mixGroup(int64_t s, size_t index) const { return mixGroupAt(mixGroups_[s], index); }
 
 } // namespace mhcc::runtime::cuda

@@ -69,4 +69,30 @@ std::vector<MixGroup> findMixGroups(const StageProgram &p) {
   return groups;
 }
 
+const MixGroup *mixGroupAt(const std::vector<MixGroup> &groups, size_t index) {
+  for (const MixGroup &g : groups)
+    if (index == g.postRes || index == g.pre || index == g.coeffs)
+      return &g;
+  return nullptr;
+}
+
+const MixGroup *mixGroupBefore(const std::vector<MixGroup> &groups, size_t index) {
+  const MixGroup *group = nullptr, *before = nullptr;
+  for (const MixGroup &g : groups) {
+    if (g.coeffs == index)
+      group = &g;
+    if (g.postRes == index + 1)
+      before = &g;
+  }
+  return group && before && before->dOut == group->dx ? before : nullptr;
+}
+
+std::vector<int> mixGroupReads(const std::vector<MixGroup> &groups, size_t index) {
+  std::vector<int> reads;
+  for (const MixGroup *g : {mixGroupAt(groups, index), mixGroupBefore(groups, index)})
+    if (g)
+      reads.insert(reads.end(), {g->x, g->coef, g->y, g->dx, g->dCoef, g->dy, g->dOut, g->du});
+  return reads;
+}
+
 } // namespace mhcc::runtime

@@ -37,6 +37,20 @@ struct MixGroup {
 /// post/res and pre read). Ordered by postRes.
 std::vector<MixGroup> findMixGroups(const StageProgram &p);
 
+/// The group whose post/res, pre or coefficient backward is `index`, or null.
+const MixGroup *mixGroupAt(const std::vector<MixGroup> &groups, size_t index);
+
+/// Where `index` is a group's coefficient backward and the next backward
+/// instruction the post/res backward of the sublayer before it, whose
+/// output gradient that pass C writes (a backend may run its pass A inside
+/// that pass C): that group, else null.
+const MixGroup *mixGroupBefore(const std::vector<MixGroup> &groups, size_t index);
+
+/// What a backend running the groups as passes reads at backward
+/// instruction `index` beyond the instruction's own values (its group's
+/// values, and at a pass C the group before's): Device::backwardReads.
+std::vector<int> mixGroupReads(const std::vector<MixGroup> &groups, size_t index);
+
 } // namespace mhcc::runtime
 
 #endif // MHCC_RUNTIME_PROGRAM_MIXGROUPS_H

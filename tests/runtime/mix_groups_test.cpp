@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -78,6 +80,38 @@ bool hasGroupOf(const StageProgram &p, const MixGroup &g) {
     if (h.dx == g.dx)
       return true;
   return false;
+}
+
+/// What a backend running the passes reads beyond each instruction
+/// (mixGroupReads, CudaRank::backwardReads): at each of a group's three
+/// backwards its values, at a pass C followed by the sublayer before's
+/// post/res backward that group's too, elsewhere nothing.
+TEST(MixGroups, ThePassesReadTheirGroupsValues) {
+  std::string error;
+  std::optional<Artifact> a = readArtifact(gArtifacts.at(0), error);
+  ASSERT_TRUE(a) << error;
+  int64_t joined = 0;
+  for (const StageProgram &p : a->stages) {
+    const std::vector<MixGroup> groups = findMixGroups(p);
+    for (size_t k = 0; k < p.backward.size(); ++k) {
+      const MixGroup *g = mixGroupAt(groups, k);
+      const MixGroup *before = mixGroupBefore(groups, k);
+      const std::vector<int> reads = mixGroupReads(groups, k);
+      EXPECT_EQ(reads.size(), size_t(8 * ((g != nullptr) + (before != nullptr)))) << "backward " << k;
+      if (g)
+        for (int id : {g->x, g->coef, g->y, g->dx, g->dCoef, g->dy, g->dOut, g->du})
+          EXPECT_TRUE(std::count(reads.begin(), reads.end(), id)) << "backward " << k << " value " << id;
+      if (before) {
+        ++joined;
+        ASSERT_TRUE(g);
+        EXPECT_EQ(k, g->coeffs);
+        EXPECT_EQ(before->postRes, k + 1);
+        EXPECT_EQ(before->dOut, g->dx);
+        EXPECT_TRUE(std::count(reads.begin(), reads.end(), before->y));
+      }
+    }
+  }
+  EXPECT_GT(joined, 0) << "no pass C followed by the post/res backward before it";
 }
 
 TEST(MixGroups, ATermAddedInBetweenRefusesTheGroup) {
