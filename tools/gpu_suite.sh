@@ -36,6 +36,9 @@
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2;
 # opt-in "repeat": GPU_SUITE_REPEAT's artifacts run GPU_SUITE_REPEAT_N
 # times each, the same bits every time (tools/gpu_suite_optin.sh);
+# opt-in "memory": GPU_SUITE_MEMORY's artifacts (default 1b PP1, dp 2 with
+# and without the distributed optimizer, fp32) plain and with
+# --recompute-sublayers: peak a rank and ms/iter, the same bits;
 # opt-in "trace": mhcrun --trace of GPU_SUITE_TRACE's artifacts, default
 # 1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2, checked against
 # mhcc's predicted trace, both into suite_logs.tgz, spans and bubbles side
@@ -498,6 +501,8 @@ run)
   [[ $parts == *" faults "* ]] && run_faults
 
   [[ $parts == *" repeat "* ]] && run_repeat
+
+  [[ $parts == *" memory "* ]] && run_memory
 
   if [[ $parts == *" trace "* ]]; then
     # The measured timeline (CUDA events on the streams that ran each

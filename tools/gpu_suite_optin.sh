@@ -153,3 +153,38 @@ run_repeat() {
     unset seen
   done
 }
+
+run_memory() {
+  # Peak memory a rank and step time (opt-in), each of GPU_SUITE_MEMORY's
+  # entries ("ARTIFACT" or "ARTIFACT:FLAG,FLAG") plain and with
+  # --recompute-sublayers, 3 steps each; PASS when both give the same losses,
+  # grad norms and zero counts and the recomputed peak is lower. The
+  # figures beside issue 12's: 60% of the fp32 1b's 26,234 MiB.
+  local entry art flags name
+  for entry in ${GPU_SUITE_MEMORY:-1b_pp1 1b_dp2_pp1:--ranks-per-gpu=2 1b_dp2_zero1_pp1:--ranks-per-gpu=2 1b_f32_pp1}; do
+    art=${entry%%:*}
+    flags=""; [[ $entry == *:* ]] && flags=${entry#*:} && flags=${flags//,/ }
+    [ -f "$art.mhcc" ] || { row "memory $art" SKIP "not in the bundle"; continue; }
+    for name in plain recomputed; do
+      local recompute=""; [ $name = recomputed ] && recompute=--recompute-sublayers
+      # shellcheck disable=SC2086
+      timeout 300 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $flags $recompute \
+        --metrics "$logs/memory_${art}_$name.jsonl" > "$logs/memory_${art}_$name.log" 2>&1
+    done
+    local summary
+    summary=$(python3 - "$logs/memory_${art}_plain.jsonl" "$logs/memory_${art}_recomputed.jsonl" <<'PY' 2> /dev/null
+import json, sys
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+keys = ["lm_loss", "grad_norm", "num_zeros"]
+same = all(len(r) == 3 for r in runs) and [[x.get(k) for k in keys] for x in runs[0]] == [[x.get(k) for k in keys] for x in runs[1]]
+peak = [r[-1]["peak_bytes_max"] / 2**20 for r in runs]
+ms = [sorted(x["elapsed_ms"] for x in r[1:])[0] for r in runs]
+ok = same and peak[1] < peak[0]
+print(("PASS" if ok else "FAIL") + " peak MiB a rank %.1f / %.1f recomputed (%.1f%% / %.1f%% of 26,234); ms/iter %.1f / %.1f; %s"
+      % (peak[0], peak[1], 100 * peak[0] / 26234, 100 * peak[1] / 26234, ms[0], ms[1], "same bits" if same else "BITS DIFFER"))
+PY
+)
+    [ -n "$summary" ] || summary="FAIL (no metrics: $(tail -1 "$logs/memory_${art}_plain.log" | cut -c1-80))"
+    row "memory $art${flags:+ ($flags)}" "${summary%% *}" "${summary#* }"
+  done
+}

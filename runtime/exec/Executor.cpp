@@ -1,8 +1,10 @@
 //===- Executor.cpp - one rank's step: the instruction list, once -----------===//
 #include "runtime/exec/Executor.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace mhcc::runtime {
 namespace {
@@ -50,6 +52,35 @@ void Executor::tapGradients(const StageProgram &p, const StageState &st, int64_t
       tap(p.values[v], st.values[v], mb);
 }
 
+const RecomputePlan &Executor::recomputePlanOf(int64_t s) {
+  auto found = recomputePlans_.find(s);
+  if (found != recomputePlans_.end())
+    return found->second;
+  const StageProgram &p = program(s);
+  std::vector<size_t> spanStarts;
+  for (size_t i = 0; i < p.forward.size(); i += std::max<size_t>(device_.forwardSpan(s, i), 1))
+    spanStarts.push_back(i);
+  std::vector<std::vector<int>> extra(p.backward.size());
+  for (size_t k = 0; k < extra.size(); ++k)
+    extra[k] = device_.backwardReads(s, k);
+  return recomputePlans_[s] = recomputePlan(p, spanStarts, extra);
+}
+
+bool Executor::recomputeFor(int64_t s, int64_t mb, StageState &st, size_t index, size_t span) {
+  auto dropped = dropped_.find({s, mb});
+  if (dropped == dropped_.end())
+    return true;
+  const RecomputePlan &plan = recomputePlanOf(s);
+  for (size_t j = index; j < index + span; ++j)
+    for (size_t g : plan.needs[j])
+      if (dropped->second[g]) {
+        if (!runForward(s, mb, st, plan.segments[g].first, plan.segments[g].second, true))
+          return false;
+        dropped->second[g] = false;
+      }
+  return true;
+}
+
 const BackwardFrees &Executor::backwardFreesOf(int64_t s, BackwardPart part) {
   auto found = backwardFrees_.find({s, part});
   if (found != backwardFrees_.end())
@@ -81,6 +112,7 @@ void Executor::releaseState(Key key) {
     for (Buffer &b : *list)
       device_.release(b, Queue::compute());
   states_.erase(it);
+  dropped_.erase(key);
 }
 
 bool Executor::forward(int64_t s, int64_t mb) {
@@ -112,12 +144,40 @@ bool Executor::forward(int64_t s, int64_t mb) {
       activationsIn_.erase(in);
     }
   }
-  for (size_t i = 0; i < p.forward.size();) {
+  if (!options_.recompute)
+    return runForward(s, mb, st, 0, p.forward.size(), false);
+  // Segment by segment, each dropped but for its checkpoints once it ran.
+  const RecomputePlan &plan = recomputePlanOf(s);
+  std::vector<bool> &dropped = dropped_[key];
+  dropped.assign(plan.segments.size(), false);
+  for (size_t g = 0; g < plan.segments.size(); ++g) {
+    if (!runForward(s, mb, st, plan.segments[g].first, plan.segments[g].second, false))
+      return false;
+    if (!plan.drops(g))
+      continue;
+    releaseRead(p, st, mb, plan.dropped[g], {}, false);
+    for (size_t j = plan.segments[g].first; j < plan.segments[g].second; ++j)
+      device_.release(st.aux[j], Queue::compute());
+    dropped[g] = true;
+  }
+  return error_.empty();
+}
+
+bool Executor::runForward(int64_t s, int64_t mb, StageState &st, size_t begin, size_t end, bool again) {
+  const StageProgram &p = program(s);
+  for (size_t i = begin; i < end;) {
     const size_t span = std::clamp<size_t>(device_.forwardSpan(s, i), 1, p.forward.size() - i);
+    if (i + span > end)
+      return fail("internal: a forward span crosses a recomputed segment's end");
+    // Run again, a span may write a checkpoint still held: it writes a
+    // fresh buffer, dropped after (the same bits), and the held one stays.
+    std::vector<std::pair<int, Buffer>> held;
     for (size_t j = i; j < i + span; ++j) {
       const ForwardInstr &f = p.forward[j];
       const ValueInfo &v = p.values[f.output];
       Buffer &out = st.values[f.output];
+      if (out)
+        held.emplace_back(f.output, std::exchange(out, Buffer{}));
       out = device_.allocate(v.rows * v.cols, dtypeOf(v.dtype), Queue::compute(), false);
       if (f.auxSize) // raw floats the device lays out
         st.aux[j] = device_.allocate(device_.auxCount(s, j), Dtype::F32, Queue::compute(), false);
@@ -126,7 +186,11 @@ bool Executor::forward(int64_t s, int64_t mb) {
     }
     if (!device_.forward(s, mb, i, st))
       return fail(device_.error());
-    for (size_t j = i; j < i + span; ++j) {
+    for (auto &[id, buffer] : held) {
+      device_.release(st.values[id], Queue::compute());
+      st.values[id] = buffer;
+    }
+    for (size_t j = i; j < i + span && !again; ++j) {
       const ForwardInstr &f = p.forward[j];
       const Buffer &out = st.values[f.output];
       if (f.op == Prim::CrossEntropy) {
@@ -201,6 +265,8 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
     const size_t span = part == BackwardPart::Weight
                             ? 1
                             : std::clamp<size_t>(device_.backwardSpan(s, index), 1, p.backward.size() - index);
+    if (options_.recompute && !recomputeFor(s, mb, st, index, span))
+      return false;
     std::vector<int> fresh;
     for (size_t j = index; j < index + span; ++j) {
       const BackwardInstr &b = p.backward[j];
@@ -248,6 +314,7 @@ bool Executor::backward(int64_t s, int64_t mb, BackwardPart part) {
   for (auto *list : {&st.aux, &st.stash})
     for (Buffer &b : *list)
       device_.release(b, Queue::compute());
+  dropped_.erase(key);
   if (p.gradInput < 0)
     states_.erase(key);
   return error_.empty();
@@ -323,6 +390,7 @@ bool Executor::computeStep(const std::vector<Instr> &list, size_t &index) {
 
 bool Executor::runPipeline() {
   states_.clear();
+  dropped_.clear();
   activationsIn_.clear();
   gradientsIn_.clear();
   outputPeer_.clear();

@@ -13,6 +13,7 @@
 
 #include "runtime/exec/Device.h"
 #include "runtime/program/BackwardFrees.h"
+#include "runtime/program/Recompute.h"
 
 #include <chrono>
 #include <map>
@@ -51,6 +52,13 @@ private:
   /// the last of them.
   bool computeStep(const std::vector<Instr> &list, size_t &index);
   bool forward(int64_t stage, int64_t mb);
+  /// Forward instructions [begin, end) of (stage, mb), whole spans; `again`:
+  /// recomputing them (no loss read, no tap; held checkpoints kept).
+  bool runForward(int64_t stage, int64_t mb, StageState &state, size_t begin, size_t end, bool again);
+  /// With TrainOptions::recompute: runs again every dropped segment the
+  /// backward instructions [index, index + span) need (Recompute.h).
+  bool recomputeFor(int64_t stage, int64_t mb, StageState &state, size_t index, size_t span);
+  const RecomputePlan &recomputePlanOf(int64_t stage);
   bool backward(int64_t stage, int64_t mb, BackwardPart part);
   bool takeOutputGradient(int64_t stage, int64_t mb, StageState &state);
   bool communicate(const std::vector<const Instr *> &group);
@@ -86,12 +94,14 @@ private:
   std::string where_, error_;
 
   std::map<std::pair<int64_t, BackwardPart>, BackwardFrees> backwardFrees_; // by stage and part
+  std::map<int64_t, RecomputePlan> recomputePlans_;                         // by stage
 
   // Per step.
   std::map<Key, StageState> states_;
   std::map<Key, Transfer> activationsIn_, gradientsIn_; // arrived, not yet consumed
   std::map<Key, int64_t> outputPeer_; // where each sent output went: its FREE follows that queue
   std::set<Key> weightPending_;       // B ran, W has not: the state stays
+  std::map<Key, std::vector<bool>> dropped_; // with recompute: by segment, released and not yet run again
   struct PendingRead {
     std::string name; // tap key, or empty for a loss
     int64_t mb = 0;

@@ -86,13 +86,14 @@ template <typename Wrap> DeviceFactory wrappedCpuDevices(Wrap wrap) {
 /// `steps` steps of the artifact at `path` on `devices`; a step that fails
 /// is a test failure, and the results stop there.
 inline std::vector<StepResult> trainSteps(const std::string &path, const TokenDataset &data,
-                                          const DeviceFactory &devices, int steps) {
+                                          const DeviceFactory &devices, int steps,
+                                          const TrainOptions &options = TrainOptions{}) {
   std::string error;
   std::optional<Artifact> artifact = readArtifact(path, error);
   EXPECT_TRUE(artifact) << error;
   if (!artifact)
     return {};
-  auto trainer = Trainer::create(std::move(*artifact), data, TrainOptions{}, devices, error);
+  auto trainer = Trainer::create(std::move(*artifact), data, options, devices, error);
   EXPECT_TRUE(trainer) << error;
   std::vector<StepResult> results;
   for (int k = 0; trainer && k < steps; ++k) {

@@ -1,0 +1,262 @@
+// Activation recomputation (runtime/program/Recompute.h, mhcrun
+// --recompute-sublayers). On compiled programs, with one-instruction spans
+// and with the CUDA backend's fused spans (a post-res mix with the next
+// sublayer's coefficients and pre-mix): the segments cover the forward in
+// order on span boundaries, one per residual update; the last drops
+// nothing; no dropped value is read by a later segment's forward. End to
+// end on the CPU backend, whole (PP1), interleaved (PP2/VPP2), split
+// (ZB-H1) and hybrid with an empty chunk: the same bits as without it, a
+// forward run again for every dropped segment, a lower peak (but under
+// ZB-H1, whose pending W halves keep their inputs either way), and every
+// backward finds what it reads. An artifact under tensor or context
+// parallelism is refused.
+//
+// usage: recompute_test DATA TP_ARTIFACT ARTIFACT...
+#include "runtime/program/BackwardFrees.h"
+#include "runtime/program/MixGroups.h"
+#include "runtime/program/Recompute.h"
+#include "tests/runtime/ForwardingDevice.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <set>
+
+namespace mhcc::runtime {
+namespace {
+
+std::optional<TokenDataset> gData;
+std::string gTensorParallel;
+std::vector<std::string> gArtifacts;
+
+/// The CUDA backend's grouping: a post-res mix with the next sublayer's
+/// coefficients and pre-mix.
+size_t fusedSpan(const StageProgram &p, size_t i) {
+  const std::vector<ForwardInstr> &f = p.forward;
+  return f[i].op == Prim::MhcPostRes && i + 2 < f.size() && f[i + 1].op == Prim::MhcCoeffs &&
+                 f[i + 2].op == Prim::MhcPre
+             ? 3
+             : 1;
+}
+
+std::vector<size_t> spanStarts(const StageProgram &p, bool fused) {
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < p.forward.size(); i += fused ? fusedSpan(p, i) : 1)
+    starts.push_back(i);
+  return starts;
+}
+
+TEST(Recompute, SegmentsCoverTheForwardOnSpanBoundaries) {
+  ASSERT_FALSE(gArtifacts.empty());
+  int64_t dropping = 0;
+  for (const std::string &path : gArtifacts) {
+    std::string error;
+    std::optional<Artifact> a = readArtifact(path, error);
+    ASSERT_TRUE(a) << path << ": " << error;
+    for (const StageProgram &p : a->stages)
+      for (bool fused : {false, true}) {
+        SCOPED_TRACE(path + " stage " + std::to_string(p.stage) + (fused ? " fused" : ""));
+        const std::vector<size_t> starts = spanStarts(p, fused);
+        const RecomputePlan plan = recomputePlan(p, starts, {});
+        ASSERT_FALSE(plan.segments.empty());
+        EXPECT_EQ(plan.segments.front().first, 0u);
+        EXPECT_EQ(plan.segments.back().second, p.forward.size());
+        size_t updates = 0;
+        for (size_t g = 0; g < plan.segments.size(); ++g) {
+          const auto [begin, end] = plan.segments[g];
+          EXPECT_LT(begin, end);
+          if (g > 0)
+            EXPECT_EQ(plan.segments[g - 1].second, begin);
+          EXPECT_TRUE(std::count(starts.begin(), starts.end(), begin)) << "segment " << g << " cuts a span";
+          for (size_t j = begin; j < end; ++j) {
+            EXPECT_EQ(plan.segmentOf[j], g);
+            updates += p.forward[j].op == Prim::MhcPostRes || p.forward[j].op == Prim::Residual;
+          }
+        }
+        // One segment per residual update, and the tail after the last.
+        EXPECT_GE(plan.segments.size(), updates);
+        EXPECT_LE(plan.segments.size(), updates + 1);
+        EXPECT_TRUE(plan.dropped.back().empty());
+        for (size_t g = 0; g < plan.dropped.size(); ++g)
+          for (int id : plan.dropped[g]) {
+            ++dropping;
+            EXPECT_NE(id, p.output);
+            bool produced = false;
+            for (size_t j = plan.segments[g].first; j < plan.segments[g].second; ++j)
+              produced = produced || p.forward[j].output == id;
+            EXPECT_TRUE(produced) << "value " << id << " dropped by segment " << g << ", which does not write it";
+            for (size_t j = plan.segments[g].second; j < p.forward.size(); ++j)
+              EXPECT_EQ(std::count(p.forward[j].inputs.begin(), p.forward[j].inputs.end(), id), 0)
+                  << "value " << id << " dropped, but instruction " << j << " of a later segment reads it";
+          }
+        for (size_t k = 0; k < p.backward.size(); ++k) {
+          const size_t own = plan.segmentOf[p.backward[k].forward];
+          if (plan.drops(own))
+            EXPECT_TRUE(std::count(plan.needs[k].begin(), plan.needs[k].end(), own)) << "backward " << k;
+        }
+      }
+  }
+  EXPECT_GT(dropping, 0) << "nothing dropped anywhere";
+}
+
+TEST(Recompute, AnExtraReadNeedsItsSegment) {
+  std::string error;
+  std::optional<Artifact> a = readArtifact(gArtifacts.at(0), error);
+  ASSERT_TRUE(a) << error;
+  const StageProgram &p = a->stages.at(0);
+  const RecomputePlan plain = recomputePlan(p, spanStarts(p, false), {});
+  ASSERT_GT(plain.segments.size(), 2u);
+  ASSERT_FALSE(plain.dropped[0].empty());
+  // The first backward instruction (the last segment's) declares a read of
+  // a value the first segment drops: it needs that segment run again.
+  std::vector<std::vector<int>> extra(p.backward.size());
+  extra[0] = {plain.dropped[0].front()};
+  const RecomputePlan declared = recomputePlan(p, spanStarts(p, false), extra);
+  EXPECT_EQ(std::count(plain.needs[0].begin(), plain.needs[0].end(), 0u), 0);
+  EXPECT_EQ(std::count(declared.needs[0].begin(), declared.needs[0].end(), 0u), 1);
+}
+
+// ---- end to end --------------------------------------------------------------
+
+std::atomic<int64_t> gForwards{0}, gMissing{0};
+
+/// The CUDA backend's shape: fused forward spans (run here one by one) and
+/// the extra reads of its mixing passes (mixGroupReads, CudaRank's); checks
+/// every backward call finds what it reads.
+class FusingDevice final : public ForwardingDevice {
+public:
+  FusingDevice(std::unique_ptr<Device> inner, const Artifact &a) : ForwardingDevice(std::move(inner)), a_(a) {
+    for (const StageProgram &p : a.stages)
+      groups_.push_back(findMixGroups(p));
+  }
+  size_t forwardSpan(int64_t stage, size_t index) const override { return fusedSpan(a_.stages[stage], index); }
+  bool forward(int64_t stage, int64_t mb, size_t index, StageState &state) override {
+    for (size_t j = index; j < index + forwardSpan(stage, index); ++j) {
+      ++gForwards;
+      if (!inner_->forward(stage, mb, j, state))
+        return false;
+    }
+    return true;
+  }
+  std::vector<int> backwardReads(int64_t stage, size_t index) const override {
+    return mixGroupReads(groups_.at(stage), index); // CudaRank's
+  }
+  bool backward(int64_t stage, int64_t mb, size_t index, BackwardPart part, StageState &state,
+                const std::vector<int> &fresh) override {
+    const StageProgram &p = a_.stages[stage];
+    std::vector<int> reads = weightHalfReads(p, p.backward[index]);
+    if (part != BackwardPart::Weight) {
+      reads = ownBackwardReads(p, p.backward[index]);
+      // A declared gradient exists once an earlier instruction made it.
+      for (int id : backwardReads(stage, index))
+        if (!isGradient(p, id) || madeBefore(p, id, index))
+          reads.push_back(id);
+    }
+    for (int id : reads)
+      if (id >= 0 && id != p.output && id != p.gradOutput && id != p.gradInput && !state.values[id]) {
+        ++gMissing;
+        ADD_FAILURE() << "stage " << stage << " backward " << index << ": value " << id << " missing";
+      }
+    return inner_->backward(stage, mb, index, part, state, fresh);
+  }
+
+private:
+  static bool isGradient(const StageProgram &p, int id) {
+    for (const ForwardInstr &f : p.forward)
+      if (f.output == id)
+        return false;
+    return id != p.input;
+  }
+  static bool madeBefore(const StageProgram &p, int id, size_t index) {
+    for (size_t k = 0; k < index; ++k) {
+      const std::vector<int> own = ownBackwardReads(p, p.backward[k]);
+      if (std::count(own.begin(), own.end(), id))
+        return true;
+    }
+    return false;
+  }
+
+  const Artifact &a_;
+  std::vector<std::vector<MixGroup>> groups_; // by stage
+};
+
+struct RecomputeRun {
+  std::vector<StepResult> steps;
+  int64_t forwards = 0;
+};
+
+RecomputeRun train(const std::string &path, bool recompute) {
+  TrainOptions options;
+  options.recompute = recompute;
+  gForwards = 0;
+  const DeviceFactory fusing =
+      wrappedCpuDevices([](std::unique_ptr<Device> inner, const Artifact &a) -> std::unique_ptr<Device> {
+        return std::make_unique<FusingDevice>(std::move(inner), a);
+      });
+  RecomputeRun run;
+  run.steps = trainSteps(path, *gData, fusing, 2, options);
+  run.forwards = gForwards.load();
+  return run;
+}
+
+TEST(Recompute, TrainingKeepsItsBitsWithALowerPeak) {
+  for (const std::string &path : gArtifacts) {
+    SCOPED_TRACE(path);
+    gMissing = 0;
+    const RecomputeRun plain = train(path, false), again = train(path, true);
+    ASSERT_EQ(plain.steps.size(), 2u);
+    ASSERT_EQ(again.steps.size(), 2u);
+    EXPECT_EQ(gMissing.load(), 0);
+    EXPECT_GT(again.forwards, plain.forwards) << "no segment was run again";
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(std::memcmp(&plain.steps[k].lmLoss, &again.steps[k].lmLoss, sizeof(double)), 0) << "step " << k + 1;
+      EXPECT_EQ(std::memcmp(&plain.steps[k].gradNorm, &again.steps[k].gradNorm, sizeof(double)), 0)
+          << "step " << k + 1;
+      EXPECT_EQ(plain.steps[k].numZeros, again.steps[k].numZeros) << "step " << k + 1;
+    }
+    int64_t plainMax = 0, againMax = 0;
+    for (size_t r = 0; r < plain.steps[1].peakBytes.size(); ++r) {
+      plainMax = std::max(plainMax, plain.steps[1].peakBytes[r]);
+      againMax = std::max(againMax, again.steps[1].peakBytes[r]);
+    }
+    // Under ZB-H1 the last stage's peak is its pending W halves, which
+    // keep their inputs either way: only the bits are asked there.
+    if (path.find("_zb") == std::string::npos)
+      EXPECT_LT(againMax, plainMax);
+    std::printf("%s: peak bytes (largest rank) %lld without, %lld recomputing; forward calls %lld / %lld\n",
+                path.c_str(), static_cast<long long>(plainMax), static_cast<long long>(againMax),
+                static_cast<long long>(plain.forwards), static_cast<long long>(again.forwards));
+  }
+}
+
+TEST(Recompute, RefusedUnderTensorParallelism) {
+  std::string error;
+  std::optional<Artifact> artifact = readArtifact(gTensorParallel, error);
+  ASSERT_TRUE(artifact) << error;
+  TrainOptions options;
+  options.recompute = true;
+  EXPECT_FALSE(Trainer::create(std::move(*artifact), *gData, options, cpuDevices(), error));
+  EXPECT_NE(error.find("--recompute-sublayers with an artifact compiled for tp 2"), std::string::npos) << error;
+}
+
+} // namespace
+} // namespace mhcc::runtime
+
+int main(int argc, char **argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: recompute_test DATA TP_ARTIFACT ARTIFACT...\n");
+    return 2;
+  }
+  std::string error;
+  mhcc::runtime::gData = mhcc::runtime::TokenDataset::open(argv[1], error);
+  if (!mhcc::runtime::gData) {
+    std::fprintf(stderr, "recompute_test: %s\n", error.c_str());
+    return 2;
+  }
+  mhcc::runtime::gTensorParallel = argv[2];
+  for (int i = 3; i < argc; ++i)
+    mhcc::runtime::gArtifacts.push_back(argv[i]);
+  return RUN_ALL_TESTS();
+}
