@@ -190,7 +190,10 @@ struct CpuWorld {
     lock.unlock();
     work(group.sources);
     lock.lock();
-    return barrier(rank, group, members, lock, [] {}, problem);
+    // Every member passed the first barrier and reads the others' sources:
+    // none may return (and free its source) before all have read, even when
+    // a rank elsewhere failed meanwhile.
+    return barrier(rank, group, members, lock, [] {}, problem, false);
   }
   /// A collective of global rank `rank`'s tensor-parallel group.
   template <typename Work>
@@ -230,12 +233,12 @@ struct CpuWorld {
 
   /// Waits until every rank of `members` arrived at `group`; `onLast` runs
   /// once, by the last to arrive, with the lock held. False when a rank
-  /// failed meanwhile, or with `problem` when the wait for a member that has
-  /// not arrived found it stuck (stuckProblem: the receives' rule, so no
-  /// collective waits forever).
+  /// failed meanwhile (unless `stopOnFailure` is false), or with `problem`
+  /// when the wait for a member that has not arrived found it stuck
+  /// (stuckProblem: the receives' rule, so no collective waits forever).
   template <typename OnLast>
   bool barrier(int64_t rank, Group &group, const std::vector<int64_t> &members, std::unique_lock<std::mutex> &lock,
-               OnLast onLast, std::string &problem) {
+               OnLast onLast, std::string &problem, bool stopOnFailure = true) {
     const uint64_t mine = group.generation;
     group.arrived.push_back(rank);
     if (group.arrived.size() == members.size()) {
@@ -253,7 +256,7 @@ struct CpuWorld {
         if (std::find(group.arrived.begin(), group.arrived.end(), members[k]) == group.arrived.end())
           missing = members[k];
       waitingOn[rank] = missing;
-      if (failed)
+      if (failed && stopOnFailure)
         ok = false;
       else if (problem = stuckProblem(rank, missing, start); !problem.empty())
         ok = false;
