@@ -232,7 +232,7 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     # Recomputed sublayers (--recompute-sublayers, also poisoned: a dropped
     # buffer read before its recompute shows) give the plain run's metrics
     # but for memory, with a lower peak.
-    local differ=0 peaks="" plain again
+    local differ=0 peaks=""
     tried=""
     for art in tiny_bf16_pp1 tiny_bf16_pp2_vpp2 tiny_bf16_pp2_zb hybrid_pp1 small_bf16_m2_pp1 1b_pp1; do
       [ -f "$art.mhcc" ] || continue
@@ -246,9 +246,12 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
       MHCC_POISON_ALLOCATIONS=1 timeout 120 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $ranks \
         --recompute-sublayers --metrics "$logs/recompute_$art.jsonl" > "$logs/recompute_$art.log" 2>&1 &&
         same_json_lines "$logs/poison_$art.plain.jsonl" "$logs/recompute_$art.jsonl" memory || differ=$((differ + 1))
-      plain=$(python3 -c "import json; print(round(json.loads(open('$logs/poison_$art.plain.jsonl').readlines()[-1])['peak_bytes_max'] / 2**20, 1))" 2> /dev/null)
-      again=$(python3 -c "import json; print(round(json.loads(open('$logs/recompute_$art.jsonl').readlines()[-1])['peak_bytes_max'] / 2**20, 1))" 2> /dev/null)
-      tried="$tried $art"; peaks="$peaks $art ${plain:-?}/${again:-?}"
+      peaks="$peaks $art $(python3 - "$logs/poison_$art.plain.jsonl" "$logs/recompute_$art.jsonl" <<'PY' 2> /dev/null || echo ?
+import json, sys
+print("/".join("%.1f" % (json.loads(open(p).readlines()[-1])["peak_bytes_max"] / 2**20) for p in sys.argv[1:]))
+PY
+)"
+      tried="$tried $art"
     done
     if [ -n "$tried" ] && [ "$differ" = 0 ]; then r=PASS; else r=FAIL; fi
     row "recomputed sublayers" $r "the plain bits, 3 steps ($differ differ); peak MiB plain/recomputed:$peaks"

@@ -60,10 +60,14 @@ const RecomputePlan &Executor::recomputePlanOf(int64_t s) {
   std::vector<size_t> spanStarts;
   for (size_t i = 0; i < p.forward.size(); i += std::max<size_t>(device_.forwardSpan(s, i), 1))
     spanStarts.push_back(i);
-  std::vector<std::vector<int>> extra(p.backward.size());
-  for (size_t k = 0; k < extra.size(); ++k)
-    extra[k] = device_.backwardReads(s, k);
-  return recomputePlans_[s] = recomputePlan(p, spanStarts, extra);
+  return recomputePlans_[s] = recomputePlan(p, spanStarts, deviceReadsOf(s));
+}
+
+std::vector<std::vector<int>> Executor::deviceReadsOf(int64_t s) const {
+  std::vector<std::vector<int>> reads(program(s).backward.size());
+  for (size_t k = 0; k < reads.size(); ++k)
+    reads[k] = device_.backwardReads(s, k);
+  return reads;
 }
 
 bool Executor::recomputeFor(int64_t s, int64_t mb, StageState &st, size_t index, size_t span) {
@@ -85,11 +89,7 @@ const BackwardFrees &Executor::backwardFreesOf(int64_t s, BackwardPart part) {
   auto found = backwardFrees_.find({s, part});
   if (found != backwardFrees_.end())
     return found->second;
-  const StageProgram &p = program(s);
-  std::vector<std::vector<int>> extra(p.backward.size());
-  for (size_t k = 0; k < extra.size(); ++k)
-    extra[k] = device_.backwardReads(s, k);
-  return backwardFrees_[{s, part}] = backwardFrees(p, extra, part);
+  return backwardFrees_[{s, part}] = backwardFrees(program(s), deviceReadsOf(s), part);
 }
 
 void Executor::releaseRead(const StageProgram &p, StageState &st, int64_t mb, const std::vector<int> &values,

@@ -59,6 +59,8 @@ private:
   /// backward instructions [index, index + span) need (Recompute.h).
   bool recomputeFor(int64_t stage, int64_t mb, StageState &state, size_t index, size_t span);
   const RecomputePlan &recomputePlanOf(int64_t stage);
+  /// Device::backwardReads of each of stage's backward instructions.
+  std::vector<std::vector<int>> deviceReadsOf(int64_t stage) const;
   bool backward(int64_t stage, int64_t mb, BackwardPart part);
   bool takeOutputGradient(int64_t stage, int64_t mb, StageState &state);
   bool communicate(const std::vector<const Instr *> &group);

@@ -35,12 +35,13 @@ BackwardFrees backwardFrees(const StageProgram &p, const std::vector<std::vector
   for (size_t k = 0; k < B; ++k) {
     const BackwardInstr &b = p.backward[k];
     const bool weighted = !p.forward[b.forward].params.empty();
-    for (int id : weightHalfReads(p, b))
+    const std::vector<int> weightReads = weightHalfReads(p, b);
+    for (int id : weightReads)
       mark(weightValue, id, true);
     if (weighted)
       mark(weightAux, b.forward, true);
     if (part == BackwardPart::Weight) {
-      for (int id : weightHalfReads(p, b))
+      for (int id : weightReads)
         mark(lastValue, id, long(k));
       if (weighted)
         mark(lastAux, b.forward, long(k));

@@ -3,7 +3,9 @@
 // Tests wrap the CPU backend's devices to give them a property a real
 // device has (timing its own work, computing several instructions at once)
 // and override only that; everything else goes to the wrapped device.
-// wrappedCpuDevices builds such a factory, trainSteps trains on it.
+// wrappedCpuDevices builds such a factory, trainSteps trains on it,
+// expectSameStepBits compares two runs, and missingBackwardReads says what
+// a backward call finds released.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_TESTS_RUNTIME_FORWARDINGDEVICE_H
@@ -11,10 +13,13 @@
 
 #include "runtime/cpu/CpuDevice.h"
 #include "runtime/exec/Device.h"
+#include "runtime/program/BackwardFrees.h"
 #include "runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 namespace mhcc::runtime {
@@ -104,6 +109,49 @@ inline std::vector<StepResult> trainSteps(const std::string &path, const TokenDa
     results.push_back(*r);
   }
   return results;
+}
+
+/// Step by step, the same lm loss and grad norm bits and zero counts.
+inline void expectSameStepBits(const std::vector<StepResult> &a, const std::vector<StepResult> &b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(std::memcmp(&a[k].lmLoss, &b[k].lmLoss, sizeof(double)), 0) << "step " << k + 1;
+    EXPECT_EQ(std::memcmp(&a[k].gradNorm, &b[k].gradNorm, sizeof(double)), 0) << "step " << k + 1;
+    EXPECT_EQ(a[k].numZeros, b[k].numZeros) << "step " << k + 1;
+  }
+}
+
+/// What backward instruction `index` of `p` reads that `state` no longer
+/// holds: its own values (its W half's under BackwardPart::Weight) and,
+/// computing input gradients, the `declared` extra reads (a declared
+/// gradient once an earlier instruction made it). The stage's output and
+/// the gradients it sends or receives are the executor's to hand over.
+inline std::vector<int> missingBackwardReads(const StageProgram &p, size_t index, BackwardPart part,
+                                             const std::vector<int> &declared, const StageState &state) {
+  auto isGradient = [&](int id) {
+    return id != p.input && std::none_of(p.forward.begin(), p.forward.end(),
+                                         [&](const ForwardInstr &f) { return f.output == id; });
+  };
+  auto madeBefore = [&](int id) {
+    for (size_t k = 0; k < index; ++k) {
+      const std::vector<int> own = ownBackwardReads(p, p.backward[k]);
+      if (std::count(own.begin(), own.end(), id))
+        return true;
+    }
+    return false;
+  };
+  std::vector<int> reads = weightHalfReads(p, p.backward[index]);
+  if (part != BackwardPart::Weight) {
+    reads = ownBackwardReads(p, p.backward[index]);
+    for (int id : declared)
+      if (!isGradient(id) || madeBefore(id))
+        reads.push_back(id);
+  }
+  std::vector<int> missing;
+  for (int id : reads)
+    if (id >= 0 && id != p.output && id != p.gradOutput && id != p.gradInput && !state.values[id])
+      missing.push_back(id);
+  return missing;
 }
 
 } // namespace mhcc::runtime
