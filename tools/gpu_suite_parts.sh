@@ -231,12 +231,14 @@ sys.exit(0 if len(a) == 4 and [[x[i] for i in k] for x in a] == [[x[i] for i in 
     row "poisoned allocations" $r "the plain run's metrics, 3 steps:$tried ($poisoned differ)"
     # Recomputed sublayers (--recompute-sublayers, also poisoned: a dropped
     # buffer read before its recompute shows) give the plain run's metrics
-    # but for memory, with a lower peak.
+    # but for memory, with a lower peak; under tp 2 + SP and cp 2 the
+    # recomputed forwards issue their collectives inside the backward.
     local differ=0 peaks=""
     tried=""
-    for art in tiny_bf16_pp1 tiny_bf16_pp2_vpp2 tiny_bf16_pp2_zb hybrid_pp1 small_bf16_m2_pp1 1b_pp1; do
+    for art in tiny_bf16_pp1 tiny_bf16_pp2_vpp2 tiny_bf16_pp2_zb hybrid_pp1 small_bf16_m2_pp1 1b_pp1 \
+               tiny_tp2_sp_pp1 tiny_cp2_pp1; do
       [ -f "$art.mhcc" ] || continue
-      local ranks=""; [[ $art == *_pp2* ]] && ranks="--ranks-per-gpu 2"
+      local ranks=""; [[ $art == *_pp2* || $art == *_tp2* || $art == *_cp2* ]] && ranks="--ranks-per-gpu 2"
       if [ ! -f "$logs/poison_$art.plain.jsonl" ]; then
         # shellcheck disable=SC2086
         timeout 120 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $ranks \

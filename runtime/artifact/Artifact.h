@@ -12,6 +12,7 @@
 #ifndef MHCC_RUNTIME_ARTIFACT_ARTIFACT_H
 #define MHCC_RUNTIME_ARTIFACT_ARTIFACT_H
 
+#include "runtime/program/Collectives.h"
 #include "runtime/program/Instructions.h"
 #include "runtime/program/Model.h"
 #include "runtime/program/Program.h"
@@ -100,6 +101,10 @@ struct Artifact {
   std::optional<Prediction> prediction;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
+  /// What the tp / cp collectives' shapes depend on.
+  CollectiveMesh collectiveMesh() const {
+    return {tp, cp, sequenceParallel, model.tokens(), model.hidden, model.heads};
+  }
   int64_t worldSize() const { return pp * dp * cp * tp; }
   /// "pp = 2 x dp = 2 x tp = 2": the mesh's factors above 1 (pp always).
   std::string meshDescription() const {

@@ -196,16 +196,7 @@ public:
   /// stage program (runtime/program/Collectives.h): FWD over the forward
   /// list, the backwards over the backward list.
   std::vector<Instr> stepCollectives(int64_t s, OpKind kind) const {
-    const StageProgram &p = a_.stages[s];
-    std::vector<CollectiveStep> prims;
-    if (kind == OpKind::Forward)
-      for (const ForwardInstr &f : p.forward)
-        prims.push_back({f.op, true, !f.params.empty()});
-    else
-      for (const BackwardInstr &b : p.backward)
-        prims.push_back({p.forward[b.forward].op, !b.gradInputs.empty(), !p.forward[b.forward].params.empty()});
-    const CollectiveMesh mesh{a_.tp, a_.cp, a_.sequenceParallel, a_.model.tokens(), a_.model.hidden, a_.model.heads};
-    return collectivesOf(prims, kind, mesh);
+    return stageCollectives(a_.stages[s], kind, a_.collectiveMesh());
   }
 
   /// Each compute step is followed by exactly the collectives its stage

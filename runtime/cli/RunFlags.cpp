@@ -46,7 +46,7 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
   app.add_flag("--recompute-sublayers", o.recompute,
                "Activation recomputation (Megatron's full, uniform, one layer): keep each sublayer's input, release "
                "the rest after its forward and compute it again before its backward: less memory, one more forward "
-               "of every sublayer, the same bits (not under --tp or --cp artifacts)");
+               "of every sublayer, the same bits");
   app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);

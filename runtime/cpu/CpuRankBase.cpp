@@ -377,6 +377,16 @@ bool CpuRankBase::collectivesIssued() {
   return problem.empty() || fail(problem);
 }
 
+bool CpuRankBase::interposeCollectives(const Instr *first, size_t count) {
+  collectives_.interpose(first, count);
+  return true;
+}
+
+bool CpuRankBase::resumeCollectives() {
+  const std::string problem = collectives_.resume();
+  return problem.empty() || fail(problem);
+}
+
 void CpuRankBase::takeProfile(std::map<std::string, double> &profileMs) {
   for (auto &[name, ms] : profile_)
     profileMs[name] += ms;

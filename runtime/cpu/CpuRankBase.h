@@ -142,6 +142,8 @@ public:
   void waitFor(Transfer &) override {} // a receive completes inside exchange
   bool expectCollectives(const Instr *first, size_t count) override;
   bool collectivesIssued() override;
+  bool interposeCollectives(const Instr *first, size_t count) override;
+  bool resumeCollectives() override;
   void takeProfile(std::map<std::string, double> &profileMs) override;
 
 protected:

@@ -135,6 +135,8 @@ public:
   /// they go (CollectiveCheck.h).
   bool expectCollectives(const Instr *first, size_t count) override;
   bool collectivesIssued() override;
+  bool interposeCollectives(const Instr *first, size_t count) override;
+  bool resumeCollectives() override;
   bool exchange(std::vector<Transfer> &group) override;
   void waitFor(Transfer &arrival) override;
   void takeProfile(std::map<std::string, double> &profileMs) override;

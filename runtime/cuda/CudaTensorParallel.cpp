@@ -30,6 +30,16 @@ bool CudaRank::collectivesIssued() {
   return problem.empty() || fail(problem);
 }
 
+bool CudaRank::interposeCollectives(const Instr *first, size_t count) {
+  collectives_.interpose(first, count);
+  return true;
+}
+
+bool CudaRank::resumeCollectives() {
+  const std::string problem = collectives_.resume();
+  return problem.empty() || fail(problem);
+}
+
 bool CudaRank::tensorAllReduce(void *data, int64_t count, Dtype dtype, bool max) {
   if (std::string problem = collectives_.issue(MeshAxis::Tensor, max ? CollectiveOp::AllReduceMax : CollectiveOp::AllReduce,
                                                count, 1);

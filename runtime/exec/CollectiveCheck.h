@@ -14,6 +14,8 @@
 #include "runtime/artifact/Artifact.h"
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace mhcc::runtime {
 
@@ -51,11 +53,31 @@ public:
            " collectives the schedule lists; the next was " + planned_[issued_].describe() + kDisagree;
   }
 
+  /// A forward run again inside a backward (activation recomputation)
+  /// issues its own collectives between the backward's: checked against
+  /// `count` from `first` until resume(), which then goes on with the
+  /// backward's list where it stopped.
+  void interpose(const Instr *first, size_t count) {
+    outer_.push_back({planned_, plannedCount_, issued_});
+    expect(first, count);
+  }
+  /// "" when the interposed list was issued whole; the outer list resumes
+  /// either way.
+  std::string resume() {
+    std::string problem = finished();
+    if (!outer_.empty()) {
+      std::tie(planned_, plannedCount_, issued_) = outer_.back();
+      outer_.pop_back();
+    }
+    return problem.empty() ? "" : "a recomputed forward: " + problem;
+  }
+
 private:
   static constexpr const char *kDisagree =
       " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)";
   const Instr *planned_ = nullptr;
   size_t plannedCount_ = 0, issued_ = 0;
+  std::vector<std::tuple<const Instr *, size_t, size_t>> outer_; // interrupted lists
 };
 
 } // namespace mhcc::runtime

@@ -192,6 +192,15 @@ public:
   /// After that compute instruction: false (error() says why) unless its
   /// kernels issued every collective expected.
   virtual bool collectivesIssued() { return true; }
+  /// Activation recomputation runs a segment's forward again inside a
+  /// backward: its collectives (not in the schedule, derived by every
+  /// rank of the group from the same stage program, runtime/program/
+  /// Collectives.h's stageCollectives) come between the backward's. The
+  /// device checks its kernels' against `count` from `first` until
+  /// resumeCollectives, then goes on with the backward's list; false
+  /// (error() says why) when the interposed ones were not issued whole.
+  virtual bool interposeCollectives(const Instr *first, size_t count) { return count == 0; }
+  virtual bool resumeCollectives() { return true; }
 
   // ---- communication ----------------------------------------------------------
   /// Posts one group of SEND / RECV instructions together (NCCL's group

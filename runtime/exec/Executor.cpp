@@ -75,11 +75,24 @@ bool Executor::recomputeFor(int64_t s, int64_t mb, StageState &st, size_t index,
   if (dropped == dropped_.end())
     return true;
   const RecomputePlan &plan = recomputePlanOf(s);
+  const CollectiveMesh mesh = artifact_.collectiveMesh();
   for (size_t j = index; j < index + span; ++j)
     for (size_t g : plan.needs[j])
       if (dropped->second[g]) {
-        if (!runForward(s, mb, st, plan.segments[g].first, plan.segments[g].second, true))
-          return false;
+        // Its tp / cp collectives come between the backward's; every rank
+        // of the group runs the same segment at the same point.
+        const auto [begin, end] = plan.segments[g];
+        std::vector<Instr> issued = stageCollectives(program(s), OpKind::Forward, mesh, begin, end);
+        for (Instr &c : issued) {
+          c.stage = s;
+          c.mb = mb;
+        }
+        if (!device_.interposeCollectives(issued.data(), issued.size()))
+          return fail(device_.error().empty() ? "this backend runs no tensor- or context-parallel collectives"
+                                              : device_.error());
+        const bool ran = runForward(s, mb, st, begin, end, true);
+        if (!device_.resumeCollectives() || !ran)
+          return ran ? fail(device_.error()) : false;
         dropped->second[g] = false;
       }
   return true;

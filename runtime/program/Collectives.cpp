@@ -1,6 +1,8 @@
 //===- Collectives.cpp - the tp / cp collectives of one compute step -------===//
 #include "runtime/program/Collectives.h"
 
+#include <algorithm>
+
 namespace mhcc::runtime {
 namespace {
 
@@ -152,6 +154,18 @@ std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKin
       backwardCollectives(list, p, kind, mesh, sizes);
   }
   return out;
+}
+
+std::vector<Instr> stageCollectives(const StageProgram &p, OpKind kind, const CollectiveMesh &mesh, size_t begin,
+                                    size_t end) {
+  std::vector<CollectiveStep> prims;
+  if (kind == OpKind::Forward)
+    for (size_t j = begin; j < std::min(end, p.forward.size()); ++j)
+      prims.push_back({p.forward[j].op, true, !p.forward[j].params.empty()});
+  else
+    for (const BackwardInstr &b : p.backward)
+      prims.push_back({p.forward[b.forward].op, !b.gradInputs.empty(), !p.forward[b.forward].params.empty()});
+  return collectivesOf(prims, kind, mesh);
 }
 
 std::vector<ListedCollectiveError>

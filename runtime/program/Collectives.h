@@ -18,6 +18,7 @@
 #include "runtime/program/Instructions.h"
 #include "runtime/program/Program.h"
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -48,6 +49,13 @@ struct CollectiveStep {
 /// forward list for FWD, the backward list for the others).
 /// OpKind::Collective instructions with stage and mb unset.
 std::vector<Instr> collectivesOf(const std::vector<CollectiveStep> &prims, OpKind kind, const CollectiveMesh &mesh);
+
+/// The collectives a compute step of stage program `p` issues: FWD over
+/// forward instructions [begin, end) (all of them by default; a segment
+/// run again by activation recomputation, runtime/program/Recompute.h),
+/// BWD, B and W over the backward list. Stage and mb unset.
+std::vector<Instr> stageCollectives(const StageProgram &p, OpKind kind, const CollectiveMesh &mesh, size_t begin = 0,
+                                    size_t end = SIZE_MAX);
 
 /// One difference between a rank's list and the collectives its compute
 /// steps issue: the instruction it is found at, and what is wrong there.

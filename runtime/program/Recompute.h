@@ -10,7 +10,9 @@
 // dropped value or aux buffer, the executor runs the segment's forward
 // again from its checkpoints: the same kernels on the same inputs, so the
 // same bits. The stage's last segment (its output, the LM head and loss)
-// is never dropped. Plain C++, no device.
+// is never dropped. Under tp or cp a segment run again issues its forward's
+// collectives inside the backward (Device::interposeCollectives). Plain
+// C++, no device.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_PROGRAM_RECOMPUTE_H

@@ -20,13 +20,6 @@ Trainer::~Trainer() {
 
 std::unique_ptr<Trainer> Trainer::create(Artifact artifact, const TokenDataset &data, TrainOptions options,
                                          const DeviceFactory &devices, std::string &error) {
-  if (options.recompute && (artifact.tp > 1 || artifact.cp > 1)) {
-    error = "--recompute-sublayers with an artifact compiled for tp " + std::to_string(artifact.tp) + ", cp " +
-            std::to_string(artifact.cp) +
-            ": a forward run again would issue collectives its compiled schedule does not list; leave the flag "
-            "out, or compile with --tp 1 --cp 1";
-    return nullptr;
-  }
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(artifact), data, std::move(options)));
   trainer->devices_ = devices(trainer->artifact_, trainer->options_, trainer->failed_, error);
   if (trainer->devices_.empty())

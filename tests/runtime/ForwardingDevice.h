@@ -60,6 +60,10 @@ public:
     return inner_->expectCollectives(first, count);
   }
   bool collectivesIssued() override { return inner_->collectivesIssued(); }
+  bool interposeCollectives(const Instr *first, size_t count) override {
+    return inner_->interposeCollectives(first, count);
+  }
+  bool resumeCollectives() override { return inner_->resumeCollectives(); }
   bool exchange(std::vector<Transfer> &group) override { return inner_->exchange(group); }
   void waitFor(Transfer &arrival) override { inner_->waitFor(arrival); }
   void beginInstruction(const std::string &name) override { inner_->beginInstruction(name); }

@@ -1,6 +1,7 @@
 // CollectiveCheck: the collectives a compute step's kernels issue against the
 // COLLECTIVE instructions the schedule lists after it (both backends use it,
-// so a runtime that disagrees with the compiler fails with both named).
+// so a runtime that disagrees with the compiler fails with both named), and a
+// recomputed forward's list interposed inside a backward's.
 #include "runtime/exec/CollectiveCheck.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +60,34 @@ TEST(CollectiveCheck, NothingListedAcceptsNothing) {
   check.expect(nullptr, 0);
   EXPECT_EQ(check.finished(), "");
   EXPECT_NE(check.issue(MeshAxis::Tensor, CollectiveOp::AllReduce, 4, 1), "");
+}
+
+TEST(CollectiveCheck, AnInterposedListRunsInsideAndTheOuterResumes) {
+  std::vector<Instr> backward = {collective(MeshAxis::Tensor, CollectiveOp::AllGather, 64, 32),
+                                 collective(MeshAxis::Tensor, CollectiveOp::ReduceScatter, 128, 32)};
+  std::vector<Instr> recomputed = {collective(MeshAxis::Context, CollectiveOp::AllGather, 128, 16)};
+  CollectiveCheck check;
+  check.expect(backward.data(), backward.size());
+  EXPECT_EQ(check.issue(MeshAxis::Tensor, CollectiveOp::AllGather, 64, 32), "");
+  check.interpose(recomputed.data(), recomputed.size());
+  // The backward's next is not what the recomputed forward lists.
+  EXPECT_NE(check.issue(MeshAxis::Tensor, CollectiveOp::ReduceScatter, 128, 32), "");
+  EXPECT_EQ(check.issue(MeshAxis::Context, CollectiveOp::AllGather, 128, 16), "");
+  EXPECT_EQ(check.resume(), "");
+  EXPECT_EQ(check.issue(MeshAxis::Tensor, CollectiveOp::ReduceScatter, 128, 32), "");
+  EXPECT_EQ(check.finished(), "");
+}
+
+TEST(CollectiveCheck, AnInterposedListLeftShortFailsAndStillResumes) {
+  std::vector<Instr> backward = {collective(MeshAxis::Tensor, CollectiveOp::AllReduce, 8, 1)};
+  std::vector<Instr> recomputed = {collective(MeshAxis::Tensor, CollectiveOp::AllGather, 64, 32)};
+  CollectiveCheck check;
+  check.expect(backward.data(), backward.size());
+  check.interpose(recomputed.data(), recomputed.size());
+  const std::string problem = check.resume();
+  EXPECT_NE(problem.find("a recomputed forward: its kernels issued 0 of the 1"), std::string::npos) << problem;
+  EXPECT_EQ(check.issue(MeshAxis::Tensor, CollectiveOp::AllReduce, 8, 1), "");
+  EXPECT_EQ(check.finished(), "");
 }
 
 } // namespace

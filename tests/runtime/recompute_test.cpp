@@ -8,10 +8,12 @@
 // (ZB-H1) and hybrid with an empty chunk: the same bits as without it, a
 // forward run again for every dropped segment, a lower peak (but under
 // ZB-H1, whose pending W halves keep their inputs either way), and every
-// backward finds what it reads. An artifact under tensor or context
-// parallelism is refused.
+// backward finds what it reads. Under tensor, sequence and context
+// parallelism too: a segment run again issues its forward's collectives
+// inside the backward, which the device checks against the list derived
+// for it (Device::interposeCollectives).
 //
-// usage: recompute_test DATA TP_ARTIFACT ARTIFACT...
+// usage: recompute_test DATA ARTIFACT...
 #include "runtime/program/BackwardFrees.h"
 #include "runtime/program/MixGroups.h"
 #include "runtime/program/Recompute.h"
@@ -27,7 +29,6 @@ namespace mhcc::runtime {
 namespace {
 
 std::optional<TokenDataset> gData;
-std::string gTensorParallel;
 std::vector<std::string> gArtifacts;
 
 /// The CUDA backend's grouping: a post-res mix with the next sublayer's
@@ -192,22 +193,45 @@ TEST(Recompute, TrainingKeepsItsBitsWithALowerPeak) {
     }
     // Under ZB-H1 the last stage's peak is its pending W halves, which
     // keep their inputs either way: only the bits are asked there.
-    if (path.find("_zb") == std::string::npos)
+    if (path.find("_zb") == std::string::npos) {
       EXPECT_LT(againMax, plainMax);
+    }
     std::printf("%s: peak bytes (largest rank) %lld without, %lld recomputing; forward calls %lld / %lld\n",
                 path.c_str(), static_cast<long long>(plainMax), static_cast<long long>(againMax),
                 static_cast<long long>(plain.forwards), static_cast<long long>(again.forwards));
   }
 }
 
-TEST(Recompute, RefusedUnderTensorParallelism) {
+/// Interposes one collective fewer than a recomputed segment issues.
+class ShortListDevice final : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  bool interposeCollectives(const Instr *first, size_t count) override {
+    return inner_->interposeCollectives(first, count > 0 ? count - 1 : 0);
+  }
+};
+
+TEST(Recompute, ARecomputedForwardsCollectivesAreChecked) {
+  // The first artifact under tensor parallelism; its recomputed segments
+  // issue collectives, and one left out of their list stops the step.
+  const std::string path = "tiny_tp2_cp2_m4_pp1";
+  auto found = std::find_if(gArtifacts.begin(), gArtifacts.end(),
+                            [&](const std::string &a) { return a.find(path) != std::string::npos; });
+  ASSERT_NE(found, gArtifacts.end());
   std::string error;
-  std::optional<Artifact> artifact = readArtifact(gTensorParallel, error);
+  std::optional<Artifact> artifact = readArtifact(*found, error);
   ASSERT_TRUE(artifact) << error;
   TrainOptions options;
   options.recompute = true;
-  EXPECT_FALSE(Trainer::create(std::move(*artifact), *gData, options, cpuDevices(), error));
-  EXPECT_NE(error.find("--recompute-sublayers with an artifact compiled for tp 2"), std::string::npos) << error;
+  options.recvTimeoutSeconds = 2; // the ranks the failed ones leave waiting
+  const DeviceFactory shortList =
+      wrappedCpuDevices([](std::unique_ptr<Device> inner, const Artifact &) -> std::unique_ptr<Device> {
+        return std::make_unique<ShortListDevice>(std::move(inner));
+      });
+  auto trainer = Trainer::create(std::move(*artifact), *gData, options, shortList, error);
+  ASSERT_TRUE(trainer) << error;
+  EXPECT_FALSE(trainer->step(error));
+  EXPECT_NE(error.find("where the schedule lists no more"), std::string::npos) << error;
 }
 
 } // namespace
@@ -215,8 +239,8 @@ TEST(Recompute, RefusedUnderTensorParallelism) {
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: recompute_test DATA TP_ARTIFACT ARTIFACT...\n");
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: recompute_test DATA ARTIFACT...\n");
     return 2;
   }
   std::string error;
@@ -225,8 +249,7 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "recompute_test: %s\n", error.c_str());
     return 2;
   }
-  mhcc::runtime::gTensorParallel = argv[2];
-  for (int i = 3; i < argc; ++i)
+  for (int i = 2; i < argc; ++i)
     mhcc::runtime::gArtifacts.push_back(argv[i]);
   return RUN_ALL_TESTS();
 }
