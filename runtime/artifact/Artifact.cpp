@@ -481,6 +481,7 @@ std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &er
   }
   try {
     Artifact artifact = artifactFromJson(json::parse(bytes.begin() + kHeaderSize, bytes.end()));
+    artifact.checksum = checksum;
     std::string problem = validateArtifact(artifact);
     if (problem.empty() && version < artifactVersionOf(artifact))
       problem = "format " + std::to_string(version) + " cannot hold residual_dtype \"" +

@@ -99,6 +99,9 @@ struct Artifact {
   std::optional<DeviceCode> deviceCode;
   /// Absent in artifacts from before the prediction was recorded.
   std::optional<Prediction> prediction;
+  /// XXH3-64 of the payload it was decoded from (0 for one built in
+  /// memory): what the processes of a run compare (runtime/cli/RunSettings.h).
+  uint64_t checksum = 0;
 
   int64_t rankOf(int64_t stage) const { return stage % pp; }
   /// What the tp / cp collectives' shapes depend on.

@@ -13,6 +13,7 @@
 #include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
+#include "runtime/cli/RunSettings.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cli/TraceParts.h"
 #include "runtime/cpu/CpuDevice.h"
@@ -516,6 +517,19 @@ bool agreeRunToken(Bootstrap &bootstrap, std::string &token, std::string &error)
   return true;
 }
 
+/// Rank 0's settings in every process, each compared with its own: a rank
+/// started with other flags or another artifact stops here, naming the
+/// setting (runtime/cli/RunSettings.h), before it could train another model
+/// or wait in a collective the others never issue.
+bool agreeRunSettings(Bootstrap &bootstrap, const std::vector<std::pair<std::string, std::string>> &settings,
+                      std::string &error) {
+  std::string rank0 = encodeRunSettings(settings);
+  if (!bootstrap.broadcast(rank0, error))
+    return false;
+  error = runSettingsDifference(rank0, settings);
+  return error.empty();
+}
+
 /// What this process does in the training loop: who speaks, which part of
 /// a save it writes, whether it exports, and how a multi-process run agrees
 /// on stops.
@@ -622,6 +636,14 @@ int runMhcrun(int argc, char **argv) {
   if (speaker)
     printRunBanner(a, backend, f, *data);
   std::unique_ptr<Bootstrap> bootstrap;
+  // From here on a rank that fails ends the whole run (Bootstrap::abortRun):
+  // the others may be waiting for it where no timeout reaches.
+  auto failRank = [&](const std::string &message) {
+    const int status = fail(rankPrefix + message);
+    if (bootstrap)
+      bootstrap->abortRun();
+    return status;
+  };
   std::string runToken; // the multi-process saves' meeting folder (CheckpointShard::runToken)
   DeviceFactory devices;
   std::unique_ptr<SocketFolder> sockets;
@@ -629,10 +651,11 @@ int runMhcrun(int argc, char **argv) {
     // Start-up (rank 0 preparing what it broadcasts) is not a step: at
     // least the 120 s it always had, whatever --recv-timeout says.
     if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)) ||
-        !agreeRunToken(*bootstrap, runToken, error))
-      return fail(rankPrefix + error);
+        !agreeRunToken(*bootstrap, runToken, error) ||
+        !agreeRunSettings(*bootstrap, sharedRunSettings(f, a, backend, data->size()), error))
+      return failRank(error);
     if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
-      return fail(rankPrefix + error);
+      return failRank(error);
     devices = backend == "cpu" ? cpuProcessDevice(placement->rank, placement->size, sockets->path)
                                : cudaRankDevice(*placement, *bootstrap);
   } else {
@@ -645,11 +668,14 @@ int runMhcrun(int argc, char **argv) {
   installStopHandler();
   std::unique_ptr<Trainer> trainer = Trainer::create(std::move(*artifact), *data, f.options, devices, error);
   if (!trainer)
-    return fail(rankPrefix + error);
+    return failRank(error);
   if (!restore(*trainer, f, speaker, error))
-    return fail(rankPrefix + error);
+    return failRank(error);
   const Role role = roleOf(placement, backend, f, speaker, rankPrefix, runToken);
-  return trainLoop(*trainer, *data, f, role);
+  const int status = trainLoop(*trainer, *data, f, role);
+  if (status == 1 && bootstrap)
+    bootstrap->abortRun(); // its line printed; a stop by signal (128 + it) is agreed by every rank
+  return status;
 }
 
 } // namespace mhcc::runtime

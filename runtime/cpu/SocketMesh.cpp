@@ -127,8 +127,12 @@ std::unique_ptr<SocketMesh> SocketMesh::connect(int64_t rank, int64_t size, cons
   }
   for (int64_t accepted = rank + 1; accepted < size; ++accepted) {
     pollfd waiting{listener, POLLIN, 0};
-    const int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-    if (ms <= 0 || ::poll(&waiting, 1, ms) <= 0)
+    int ready = 0;
+    do { // a signal that does not end the process (mpirun forwards SIGCONT) is no timeout
+      const int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      ready = ms <= 0 ? 0 : ::poll(&waiting, 1, ms);
+    } while (ready < 0 && errno == EINTR);
+    if (ready <= 0)
       return fail("ranks above " + std::to_string(rank) + " did not all connect to " + mine + " within " +
                   seconds(connectSeconds) + " s");
     int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);

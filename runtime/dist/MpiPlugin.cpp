@@ -62,4 +62,15 @@ void mhcc_mpi_finalize() {
     MPI_Finalize();
 }
 
+/// Ends every process of the job (MPI_Abort), for a rank that failed:
+/// mpirun and srun wait for the others otherwise, which may wait for it in
+/// NCCL's initialization or a socket forever. Nothing before MPI_Init.
+void mhcc_mpi_abort(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized)
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 } // extern "C"

@@ -86,6 +86,7 @@ class MpiBootstrap : public Bootstrap {
 public:
   using BroadcastFn = int (*)(char *, long, long *, char *, int);
   using FinalizeFn = void (*)();
+  using AbortFn = void (*)(int);
 
   static std::unique_ptr<MpiBootstrap> load(const std::string &launcher, std::string &error) {
     std::string path = "libmhcc_mpi.so";
@@ -110,16 +111,19 @@ public:
     }
     auto broadcast = reinterpret_cast<BroadcastFn>(dlsym(handle, "mhcc_mpi_broadcast"));
     auto finalize = reinterpret_cast<FinalizeFn>(dlsym(handle, "mhcc_mpi_finalize"));
-    if (!broadcast || !finalize) {
-      error = path + " lacks mhcc_mpi_broadcast / mhcc_mpi_finalize; rebuild it with this mhcrun";
+    auto abort = reinterpret_cast<AbortFn>(dlsym(handle, "mhcc_mpi_abort"));
+    if (!broadcast || !finalize || !abort) {
+      error = path + " lacks mhcc_mpi_broadcast / mhcc_mpi_finalize / mhcc_mpi_abort; rebuild it with this mhcrun";
       return nullptr;
     }
     auto b = std::unique_ptr<MpiBootstrap>(new MpiBootstrap());
     b->broadcast_ = broadcast;
     b->finalize_ = finalize;
+    b->abort_ = abort;
     return b;
   }
   ~MpiBootstrap() override { finalize_(); }
+  void abortRun() override { abort_(1); }
 
   bool broadcast(std::string &bytes, std::string &error) override {
     // Sizes first, then the bytes, in one call of the plugin.
@@ -139,6 +143,7 @@ private:
   MpiBootstrap() = default;
   BroadcastFn broadcast_ = nullptr;
   FinalizeFn finalize_ = nullptr;
+  AbortFn abort_ = nullptr;
 };
 
 } // namespace

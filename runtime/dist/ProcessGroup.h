@@ -41,6 +41,11 @@ public:
   /// Rank 0's `bytes` replace every other rank's; false and `error` (naming
   /// the launcher and the fix) on failure or after `timeoutSeconds`.
   virtual bool broadcast(std::string &bytes, std::string &error) = 0;
+  /// This rank failed (its line printed): end every rank of the run.
+  /// mpirun and srun would wait for the others, which may wait for this one
+  /// in NCCL's initialization or a collective forever (MPI_Abort); under
+  /// mhcrun's own launcher nothing, as it stops the others itself.
+  virtual void abortRun() {}
 };
 
 std::unique_ptr<Bootstrap> makeBootstrap(const ProcessPlacement &placement, double timeoutSeconds,

@@ -14,6 +14,8 @@
 #    iteration, the ranks save it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
 #    exactly as an uninterrupted run;
+# 2b. under mpirun, a rank started with another flag names it and ends the
+#    job (MPI_Abort) instead of leaving rank 0 waiting;
 # 3. the distributed optimizer across processes saves (each part's rank
 #    writing its part of the moments as pieces of its own shard) a
 #    checkpoint that resumes in one process exactly as an uninterrupted run,
@@ -82,6 +84,27 @@ test ! -e "${bootstrap}" || { echo "the bootstrap folder ${bootstrap} was left b
 same_metrics "${dir}/full.json" "${dir}/a.json" "${dir}/b.json"
 echo "ok: SIGTERM to the --processes parent: both ranks stopped after iteration ${n}, exit 143, saved," \
   "no process or folder left, resumed bit-exactly"
+
+# 2b. Under mpirun, ranks given other flags (two command lines, MPMD): the
+# rank that differs names the flag and ends the job (MPI_Abort), where rank
+# 0 would otherwise wait for its socket for 120 s.
+if command -v mpirun > /dev/null && [ -z "${MHCC_TEST_NO_MPI:-}" ]; then
+  dir="${work}/mpmd"
+  mkdir -p "${dir}"
+  rc=0
+  start=${SECONDS}
+  timeout 100 mpirun --allow-run-as-root --oversubscribe \
+    -np 1 "${mhcrun}" "${pp2}" --data "${corpus}" --backend cpu --no-progress --steps 2 : \
+    -np 1 "${mhcrun}" "${pp2}" --data "${corpus}" --backend cpu --no-progress --steps 2 --lr 0.001 \
+    > "${dir}/mpmd.log" 2>&1 || rc=$?
+  if grep -q "rank 1: --lr is '0.001' here but '0.003' on rank 0" "${dir}/mpmd.log"; then
+    [ "${rc}" != 0 ] && [ "${rc}" != 124 ] && [ $((SECONDS - start)) -lt 60 ] ||
+      { echo "mpirun with other flags on rank 1 exited ${rc} after $((SECONDS - start)) s" >&2; exit 1; }
+    echo "ok: mpirun, rank 1 given another --lr: named, the job ended (exit ${rc}, $((SECONDS - start)) s)"
+  else
+    echo "note: mpirun did not run here (sandbox?); skipped: $(tail -1 "${dir}/mpmd.log")"
+  fi
+fi
 
 # 3. The distributed optimizer's save across processes.
 for artifact in "$@"; do

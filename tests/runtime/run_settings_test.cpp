@@ -1,0 +1,93 @@
+// The settings every process of a run must share (runtime/cli/RunSettings.h):
+// equal settings agree; a differing flag that changes the step, the data
+// order or the ranks' meeting points is named with both values; output-only
+// flags may differ; an encoding this mhcrun does not read is refused.
+#include "runtime/cli/RunSettings.h"
+
+#include <gtest/gtest.h>
+
+namespace mhcc::runtime {
+namespace {
+
+struct Rank {
+  RunFlags flags;
+  Artifact artifact;
+  std::string backend = "cpu";
+  size_t tokens = 4096;
+  std::vector<std::pair<std::string, std::string>> settings() const {
+    return sharedRunSettings(flags, artifact, backend, tokens);
+  }
+};
+
+TEST(RunSettings, TheSameSettingsAgree) {
+  Rank zero, other;
+  zero.artifact.checksum = other.artifact.checksum = 0x1234;
+  EXPECT_EQ(runSettingsDifference(encodeRunSettings(zero.settings()), other.settings()), "");
+}
+
+TEST(RunSettings, ADifferentFlagIsNamedWithBothValues) {
+  Rank zero;
+  const std::string rank0 = encodeRunSettings(zero.settings());
+  {
+    Rank other;
+    other.flags.options.lr = 1e-3;
+    const std::string d = runSettingsDifference(rank0, other.settings());
+    EXPECT_NE(d.find("--lr is '0.001' here but '0.003' on rank 0"), std::string::npos) << d;
+    EXPECT_NE(d.find("the same mhcrun flags"), std::string::npos) << d;
+  }
+  {
+    Rank other;
+    other.flags.options.recompute = true;
+    const std::string d = runSettingsDifference(rank0, other.settings());
+    EXPECT_NE(d.find("--recompute-sublayers is 'on' here but 'off' on rank 0"), std::string::npos) << d;
+  }
+  {
+    Rank other;
+    other.flags.saveDir = "/ckpt";
+    const std::string d = runSettingsDifference(rank0, other.settings());
+    EXPECT_NE(d.find("--save is '/ckpt' here but (not given) on rank 0"), std::string::npos) << d;
+  }
+  {
+    Rank other;
+    other.artifact.checksum = 0xabc;
+    const std::string d = runSettingsDifference(rank0, other.settings());
+    EXPECT_NE(d.find("the artifact (checksum) is '0000000000000abc' here"), std::string::npos) << d;
+  }
+  {
+    Rank other;
+    other.tokens = 100;
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--data (tokens)"), std::string::npos);
+  }
+  {
+    Rank other; // differs in the 17th digit: still told apart
+    other.flags.options.adamEps = 1e-8 * (1 + 1e-15);
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--adam-eps is '1.0000000000000012e-08' here but '1e-08'"),
+              std::string::npos)
+        << runSettingsDifference(rank0, other.settings());
+  }
+  {
+    Rank other;
+    other.flags.steps = 7;
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--steps is '7'"), std::string::npos);
+  }
+}
+
+TEST(RunSettings, OutputOnlyFlagsMayDiffer) {
+  Rank zero, other;
+  other.flags.metricsPath = "rank1.jsonl";
+  other.flags.noProgress = true;
+  other.flags.peakTflops = 989;
+  EXPECT_EQ(runSettingsDifference(encodeRunSettings(zero.settings()), other.settings()), "");
+}
+
+TEST(RunSettings, AnotherEncodingIsRefused) {
+  Rank zero;
+  const std::string rank0 = encodeRunSettings(zero.settings());
+  EXPECT_NE(runSettingsDifference("", zero.settings()).find("different mhcrun versions"), std::string::npos);
+  EXPECT_NE(runSettingsDifference("--colour=blue\n" + rank0, zero.settings()).find("different mhcrun versions"),
+            std::string::npos);
+  EXPECT_NE(runSettingsDifference(rank0 + "--more=1\n", zero.settings()).find("more settings"), std::string::npos);
+}
+
+} // namespace
+} // namespace mhcc::runtime
