@@ -396,6 +396,7 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   artifact.tp = schedule.tp;
   artifact.sequenceParallel = schedule.sequenceParallel;
   artifact.distributedOptimizer = schedule.distributedOptimizer;
+  artifact.recomputeSublayers = schedule.recomputeSublayers;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

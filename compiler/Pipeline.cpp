@@ -85,6 +85,11 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "instead of the ALLREDUCE), keeps Adam's moments of that part alone, updates it and "
                          "all-gathers the updated weights"),
                 cl::cat(pipelineCategory()));
+  binder.option(recomputeSublayers, "recompute-sublayers",
+                cl::desc("Activation recomputation (Megatron's full, uniform, one layer): each sublayer keeps its "
+                         "input residual and runs its forward again before its backward; the partition, the "
+                         "predicted step and memory count it, and mhcrun recomputes (the same bits)"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -200,6 +205,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   partition.vpp = options.vpp;
   partition.layout = options.layout;
   partition.memoryCapGib = options.memoryCapGib;
+  partition.recomputeSublayers = options.recomputeSublayers;
   pm.addPass(createPipePartition(partition));
   if (options.compileTo < Phase::P2P)
     return;
@@ -215,6 +221,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.tp = options.tp;
   schedule.sequenceParallel = options.sequenceParallel;
   schedule.distributedOptimizer = options.distributedOptimizer;
+  schedule.recomputeSublayers = options.recomputeSublayers;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

@@ -52,6 +52,7 @@ struct PipelineOptions {
   int64_t tp = 1;              // tensor-parallel ranks splitting each layer
   bool sequenceParallel = false; // Megatron's sequence parallelism (tp > 1)
   bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group (dp > 1)
+  bool recomputeSublayers = false;   // activation recomputation, costed and recorded in the artifact
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

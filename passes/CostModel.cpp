@@ -111,6 +111,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.savedBytesPerToken = residual + bytes * (6 * c + d.heads);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.checkpointBytesPerToken = residual;
     u.mixings = 1;
     break;
   case UnitKind::GdnSublayer:
@@ -125,6 +126,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
         residual + bytes * 2 * c + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.checkpointBytesPerToken = residual;
     u.mixings = 1;
     break;
   case UnitKind::MlpSublayer:
@@ -136,6 +138,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.savedBytesPerToken = residual + bytes * (2 * c + 3 * f);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
+    u.checkpointBytesPerToken = residual;
     u.mixings = 1;
     break;
   case UnitKind::Contract:

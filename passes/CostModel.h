@@ -69,6 +69,12 @@ struct UnitCost {
   /// parallelism shards its rows; the rest (projections, attention and FFN
   /// internals, logits) splits over the group.
   int64_t replicatedSavedBytesPerToken = 0;
+  /// Under activation recomputation (--recompute-sublayers): what a
+  /// sublayer keeps from its forward to its backward, its input residual
+  /// (replicated like it); the rest of savedBytesPerToken is dropped and
+  /// computed again, one more forward, before its backward. 0: a unit the
+  /// recomputation leaves alone (everything but the three sublayers).
+  int64_t checkpointBytesPerToken = 0;
 };
 
 /// Whether tensor parallelism splits a unit's compute over the group (the

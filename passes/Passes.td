@@ -51,6 +51,9 @@ def PipePartition : Pass<"pipe-partition", "mlir::ModuleOp"> {
            "Megatron-style layout string; empty: cost-balanced automatic partition">,
     Option<"memoryCapGib", "memory-cap-gib", "double", "0",
            "Memory per virtual stage for the automatic partition; 0: no cap">,
+    Option<"recomputeSublayers", "recompute-sublayers", "bool", "false",
+           "Cost the automatic partition with activation recomputation: a sublayer keeps its input "
+           "residual and runs its forward twice">,
   ];
   let dependentDialects = ["::mhcc::pipe::PipeDialect"];
 }
@@ -99,6 +102,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
            "Sequence parallelism (tp > 1): every boundary carries seq_len / (cp x tp) tokens">,
     Option<"distributedOptimizer", "distributed-optimizer", "bool", "false",
            "ZeRO-1 (dp > 1): each member of the dp x cp gradient group reduce-scatters the gradients and updates its part">,
+    Option<"recomputeSublayers", "recompute-sublayers", "bool", "false",
+           "Activation recomputation: recorded on the pipe.schedule; the stages' costs keep each sublayer's "
+           "input residual alone and add a second forward to its backward">,
   ];
 }
 

@@ -32,7 +32,8 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
       return signalPassFailure();
     }
     FailureOr<pipeline::ScheduleSpec> spec =
-        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp, tp, sequenceParallel);
+        scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp, tp, sequenceParallel,
+                       recomputeSublayers);
     if (failed(spec))
       return signalPassFailure();
     spec->dp = dp;

@@ -76,7 +76,7 @@ pipeline::ModelShape modelShapeOf(func::FuncOp func) {
   return shape;
 }
 
-FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func) {
+FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func, bool recomputeSublayers) {
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(dims))
     return failure();
@@ -96,9 +96,11 @@ FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp fu
       continue;
     UnitCost cost = unitCost(*unitKindOf(&op), *dims);
     pipeline::PartitionUnit &unit = units[index];
-    unit.time += 3 * cost.forwardFlopsPerToken * tokens;
+    // Recomputed, a sublayer keeps its input residual and runs its forward twice.
+    const bool recomputed = recomputeSublayers && cost.checkpointBytesPerToken > 0;
+    unit.time += (recomputed ? 4 : 3) * cost.forwardFlopsPerToken * tokens;
     unit.parameterBytes += kBytesPerParameter * cost.params;
-    unit.activationBytes += cost.savedBytesPerToken * tokens;
+    unit.activationBytes += (recomputed ? cost.checkpointBytesPerToken : cost.savedBytesPerToken) * tokens;
   }
   return units;
 }
@@ -207,10 +209,52 @@ static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::
   }
 }
 
+namespace {
+
+/// Activation recomputation's effect on one stage, unit by unit in program
+/// order, as the runtime cuts it (runtime/program/Recompute.h): every
+/// sublayer drops what it saved but its input residual after its forward,
+/// and runs its forward again before its backward; the stage's last
+/// segment is never dropped, so a sublayer that ends the stage keeps all.
+struct RecomputeTally {
+  struct Unit {
+    int64_t dropped = 0;
+    double forwardMs = 0;
+  };
+  std::optional<Unit> last; // the latest sublayer, if nothing followed it yet
+  int64_t dropped = 0, largest = 0;
+  double forwardMs = 0;
+
+  /// A unit saving `saved` bytes, of which `checkpoint` are its input
+  /// residual (0: a unit recomputation leaves alone).
+  void add(int64_t saved, int64_t checkpoint, double unitForwardMs) {
+    commitLast();
+    if (checkpoint > 0)
+      last = Unit{saved - checkpoint, unitForwardMs};
+  }
+  void commitLast() {
+    if (!last)
+      return;
+    dropped += last->dropped;
+    largest = std::max(largest, last->dropped);
+    forwardMs += last->forwardMs;
+    last.reset();
+  }
+  /// The last unit still pending ends the stage: kept whole.
+  void applyTo(pipeline::StageSpec &stage) const {
+    stage.savedBytes -= dropped;
+    stage.recomputedBytes = dropped;
+    stage.recomputeWorkingBytes = largest;
+    stage.backwardTime += forwardMs; // W (weightGradTime) runs no forward again
+  }
+};
+
+} // namespace
+
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
                                                  const SimulationOptions &options, int64_t cp, int64_t tp,
-                                                 bool sequenceParallel) {
+                                                 bool sequenceParallel, bool recomputeSublayers) {
   FailureOr<pipeline::Layout> layout = layoutOf(func);
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(layout) || failed(dims))
@@ -228,6 +272,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.cp = cp;
   spec.tp = tp;
   spec.sequenceParallel = sequenceParallel;
+  spec.recomputeSublayers = recomputeSublayers;
   spec.elementBytes = dims->dtypeBytes();
   const DeviceProfile &profile = options.profile;
   spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
@@ -236,6 +281,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});
   std::vector<std::vector<runtime::CollectiveStep>> collectiveSteps(stages);
+  std::vector<RecomputeTally> recompute(stages);
   for (Operation &op : func.getBody().front()) {
     if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
       int64_t src = boundary.getSrcStage();
@@ -271,10 +317,16 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))
       collectiveSteps[stageAttr.getInt()].push_back(step);
     const int64_t replicatedRows = sequenceParallel ? computedTokens / tp : computedTokens;
-    stage.savedBytes += (cost.savedBytesPerToken - cost.replicatedSavedBytesPerToken) * computedTokens / tp +
-                        cost.replicatedSavedBytesPerToken * replicatedRows;
+    const int64_t saved = (cost.savedBytesPerToken - cost.replicatedSavedBytesPerToken) * computedTokens / tp +
+                          cost.replicatedSavedBytesPerToken * replicatedRows;
+    stage.savedBytes += saved;
     stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
+    if (recomputeSublayers)
+      recompute[stageAttr.getInt()].add(saved, cost.checkpointBytesPerToken * replicatedRows,
+                                        profile.forwardMs(cost, computedTokens, tp, sequenceParallel));
   }
+  for (int64_t s = 0; s < stages; ++s)
+    recompute[s].applyTo(spec.stages[s]);
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   addCollectives(spec, collectiveSteps,
                  {tp, cp, sequenceParallel, dims->tokens(), dims->hidden, dims->heads});
@@ -293,7 +345,7 @@ FailureOr<pipeline::SimulationResult> simulateModuleSchedule(ModuleOp module, co
   pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
   FailureOr<pipeline::ScheduleSpec> spec =
       scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options, schedule.cp,
-                     schedule.tp, schedule.sequenceParallel);
+                     schedule.tp, schedule.sequenceParallel, schedule.recomputeSublayers);
   if (failed(spec))
     return failure();
   return pipeline::simulateSchedule(schedule, *spec);
@@ -313,7 +365,8 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       schedule.dp > 1 ? i64(schedule.dp) : IntegerAttr(), schedule.cp > 1 ? i64(schedule.cp) : IntegerAttr(),
       schedule.tp > 1 ? i64(schedule.tp) : IntegerAttr(),
       schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr(),
-      schedule.distributedOptimizer ? builder.getUnitAttr() : UnitAttr());
+      schedule.distributedOptimizer ? builder.getUnitAttr() : UnitAttr(),
+      schedule.recomputeSublayers ? builder.getUnitAttr() : UnitAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   // A message has its boundary's element type (the residual may be f32 in a bf16 model).
   llvm::DenseMap<int64_t, Type> boundaryElements;
@@ -386,6 +439,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.tp = op.getTp().value_or(1);
   schedule.sequenceParallel = op.getSequenceParallel();
   schedule.distributedOptimizer = op.getDistributedOptimizer();
+  schedule.recomputeSublayers = op.getRecomputeSublayers();
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {

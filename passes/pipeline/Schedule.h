@@ -50,6 +50,11 @@ struct StageSpec {
   double backwardTime = 0;    // BWD, or B + W
   double weightGradTime = 0;  // W's share of backwardTime (zero-bubble split)
   int64_t savedBytes = 0;     // activations kept from FWD to BWD, per microbatch
+  /// Activation recomputation: of a microbatch's activations, what its FWD
+  /// drops and the backward computes again (not in savedBytes). A BWD
+  /// holds the largest one sublayer's at a time; ZB-H1's B all of it,
+  /// until W has read it.
+  int64_t recomputedBytes = 0, recomputeWorkingBytes = 0;
   int64_t params = 0;         // parameters the stage updates (the optimizer's work)
   /// Width per token of the stage's output boundary (0 for the last stage).
   int64_t outputWidth = 0;
@@ -71,6 +76,7 @@ struct ScheduleSpec {
   int64_t tp = 1; // tensor-parallel ranks per layer (with sequence parallelism tokens is T / (cp x tp))
   bool sequenceParallel = false;
   bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group: REDUCESCATTERs, OPTIM updates a part
+  bool recomputeSublayers = false;   // activation recomputation: in the stages' costs; recorded with the schedule
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
@@ -92,7 +98,7 @@ struct ScheduleSpec {
 struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int64_t pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, microbatches = 1, groupSize = 1;
-  bool sequenceParallel = false, distributedOptimizer = false;
+  bool sequenceParallel = false, distributedOptimizer = false, recomputeSublayers = false;
   std::vector<std::vector<Instr>> ranks;
   /// Ranks one ALLREDUCE sums over: the data-parallel replicas and their context-parallel ranks.
   int64_t reduceGroup() const { return dp * cp; }

@@ -418,8 +418,14 @@ private:
       if (s < stages_ - 1 && !(localGrad ? st.bwd.count({s + 1, instr.mb}) : st.gradIn.count(key)))
         return fail("its output gradient has not arrived");
       st.bwd.insert(key);
-      if (instr.kind == OpKind::Backward)
+      if (instr.kind == OpKind::Backward) {
+        // Recomputed segment by segment, each released as it is read.
+        track(r, stage->recomputeWorkingBytes);
+        track(r, -stage->recomputeWorkingBytes);
         release(r, key, stage);
+      } else {
+        track(r, stage->recomputedBytes); // W reads what B recomputed
+      }
       break;
     }
     case OpKind::BackwardWeight:
@@ -492,7 +498,7 @@ private:
   void release(int64_t r, std::pair<int64_t, int64_t> key, const StageSpec *stage) {
     RankState &st = ranks_[r];
     --st.inFlight;
-    int64_t freed = stage->savedBytes;
+    int64_t freed = stage->savedBytes + (schedule_.kind == ScheduleKind::ZeroBubbleH1 ? stage->recomputedBytes : 0);
     auto it = st.inBytes.find(key);
     if (it != st.inBytes.end()) {
       freed += it->second;

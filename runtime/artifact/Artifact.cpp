@@ -383,6 +383,8 @@ json toJson(const Artifact &a) {
   pipeline["tp"] = a.tp; // the tensor-parallel ranks of each layer
   pipeline["sequence_parallel"] = a.sequenceParallel;
   pipeline["distributed_optimizer"] = a.distributedOptimizer;
+  if (a.recomputeSublayers) // absent otherwise: the artifacts of before read the same
+    pipeline["recompute_sublayers"] = true;
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
@@ -405,6 +407,8 @@ Artifact artifactFromJson(const json &j) {
       pipeline.contains("sequence_parallel") && strictValue<bool>(pipeline.at("sequence_parallel"), "sequence_parallel");
   a.distributedOptimizer = pipeline.contains("distributed_optimizer") &&
                            strictValue<bool>(pipeline.at("distributed_optimizer"), "distributed_optimizer");
+  a.recomputeSublayers = pipeline.contains("recompute_sublayers") &&
+                         strictValue<bool>(pipeline.at("recompute_sublayers"), "recompute_sublayers");
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);

@@ -90,6 +90,9 @@ struct Artifact {
   /// summed gradients (a reduce-scatter), keeps Adam's moments of that part
   /// and updates it; the parts are then all-gathered (shardOf).
   bool distributedOptimizer = false;
+  /// Compiled with --recompute-sublayers: mhcrun recomputes each sublayer's
+  /// activations (TrainOptions::recompute), as the prediction assumed.
+  bool recomputeSublayers = false;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage

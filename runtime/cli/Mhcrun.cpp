@@ -484,6 +484,10 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
             << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", " << a.microbatches
             << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
             << data.source() << " (" << data.size() << " tokens)" << std::endl;
+  if (f.options.recompute)
+    std::cout << "mhcrun: activation recomputation: each sublayer's forward runs again before its backward ("
+              << (a.recomputeSublayers ? "compiled with --recompute-sublayers" : "--recompute-sublayers") << ")"
+              << std::endl;
   if (a.distributedOptimizer) {
     // Both backends shard the moments; the CUDA backend also a bf16 model's
     // fp32 masters (its kernels read the bf16 copies). An fp32 model's
@@ -574,6 +578,7 @@ int runMhcrun(int argc, char **argv) {
   std::optional<Artifact> artifact = readArtifact(f.artifactPath, error);
   if (!artifact)
     return fail(rankPrefix + error);
+  f.options.recompute = f.options.recompute || artifact->recomputeSublayers; // as its prediction assumed
   GpuInventory gpus = queryGpus();
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())

@@ -284,6 +284,17 @@ TEST(Artifact, EncodeDecodeRoundTrip) {
   EXPECT_EQ(encodeArtifact(*b), encodeArtifact(a));
   EXPECT_EQ(b->params[0].name, "embed.weight");
   EXPECT_EQ(b->stages[0].forward[0].op, Prim::Embed);
+  EXPECT_FALSE(b->recomputeSublayers);
+  // Activation recomputation is written only when on, so artifacts without
+  // it are encoded as they were before it existed; the checksum of what was
+  // read comes back with it.
+  EXPECT_EQ(encodeArtifact(a).find("recompute_sublayers"), std::string::npos);
+  a.recomputeSublayers = true;
+  std::optional<Artifact> c = decodeArtifact(encodeArtifact(a), error);
+  ASSERT_TRUE(c) << error;
+  EXPECT_TRUE(c->recomputeSublayers);
+  EXPECT_NE(c->checksum, 0u);
+  EXPECT_NE(c->checksum, b->checksum);
 }
 
 // An edited, resealed payload whose integer member holds a float: 3.3e40

@@ -55,13 +55,17 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     only): Megatron's distributed optimizer (ZeRO-1) over the gradient group
     (dp x cp): every gradient reduction is a reduce-scatter (`scatter`),
     each member keeping Adam's moments of its part and updating it.
+    `recompute_sublayers`: activation recomputation (Megatron's full,
+    uniform, one layer): each sublayer keeps its input residual from its
+    forward to its backward and runs its forward again before it; the
+    instructions are the same, the costs and memory are not.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
     Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp,
     OptionalAttr<Pipe_PositiveI64>:$cp, OptionalAttr<Pipe_PositiveI64>:$tp,
-    UnitAttr:$sequence_parallel, UnitAttr:$distributed_optimizer);
+    UnitAttr:$sequence_parallel, UnitAttr:$distributed_optimizer, UnitAttr:$recompute_sublayers);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;

@@ -173,6 +173,47 @@ TEST(Schedule, OneFOneBRankZeroPeakIsPMicrobatches) {
   }
 }
 
+/// `spec` (each stage saving 1000 bytes) under recomputation: 800 of them
+/// dropped, the largest sublayer's 300, the forward run again.
+ScheduleSpec recomputing(ScheduleSpec spec) {
+  for (StageSpec &stage : spec.stages) {
+    stage.savedBytes = 200;
+    stage.recomputedBytes = 800;
+    stage.recomputeWorkingBytes = 300;
+    stage.backwardTime += stage.forwardTime;
+  }
+  return spec;
+}
+
+TEST(Schedule, RecomputationHoldsCheckpointsAndOneSublayerUnderOneFOneB) {
+  // A stage saving 1000 bytes a microbatch, 800 of them recomputed (the
+  // largest sublayer's 300): 1F1B holds p microbatches of the 200 checkpoint
+  // bytes and, during a backward, one sublayer's working set; the backward
+  // gains the forward run again.
+  const int64_t p = 4;
+  ScheduleSpec plain = uniformSpec(ScheduleKind::OneFOneB, p, 1, 4 * p, 16);
+  ScheduleSpec recompute = recomputing(plain);
+  const Built a = buildAndSimulate(plain), b = buildAndSimulate(recompute);
+  const int64_t oneOutput = plain.tokens * plain.stages[0].outputWidth * plain.elementBytes;
+  EXPECT_GE(b.result.peakBytes[0], p * 200 + 300);
+  EXPECT_LE(b.result.peakBytes[0], p * 200 + 300 + p * oneOutput);
+  EXPECT_LT(b.result.peakBytes[0], a.result.peakBytes[0]);
+  EXPECT_GT(b.result.makespan, a.result.makespan);
+}
+
+TEST(Schedule, RecomputationUnderZeroBubbleHoldsWhatBRecomputedUntilW) {
+  // B computes every dropped activation again and W reads them: between the
+  // two a microbatch holds all it saved. The last rank, whose B follows each
+  // FWD at once and whose W come later, peaks where it did without (the CPU
+  // backend measures no gain either, recompute_test); rank 0 gains.
+  const int64_t p = 2;
+  ScheduleSpec plain = uniformSpec(ScheduleKind::ZeroBubbleH1, p, 1, 4 * p, 16);
+  ScheduleSpec recompute = recomputing(plain);
+  const Built a = buildAndSimulate(plain), b = buildAndSimulate(recompute);
+  EXPECT_EQ(b.result.peakBytes[p - 1], a.result.peakBytes[p - 1]);
+  EXPECT_LT(b.result.peakBytes[0], a.result.peakBytes[0]); // forwards waiting for their B hold checkpoints
+}
+
 TEST(Schedule, BoundaryMessagesCarryTheStageWidth) {
   ScheduleSpec spec = uniformSpec(ScheduleKind::Interleaved, 2, 2, 4, 28672);
   Built built = buildAndSimulate(spec);
