@@ -9,10 +9,10 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cli/Mhcrun.h"
 
-#include "runtime/artifact/TensorSplit.h"
 #include "runtime/cli/Checkpointing.h"
 #include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
+#include "runtime/cli/RunLines.h"
 #include "runtime/cli/RunSettings.h"
 #include "runtime/cli/TensorDump.h"
 #include "runtime/cli/TraceParts.h"
@@ -39,7 +39,6 @@
 #include <optional>
 #include <random>
 #include <thread>
-#include <tuple>
 #include <unistd.h>
 
 namespace mhcc::runtime {
@@ -48,72 +47,9 @@ namespace {
 // One line on stderr and exit status 1 (RunFlags.h).
 constexpr auto fail = failLine;
 
-std::string timestamp() {
-  std::time_t now = std::time(nullptr);
-  char buffer[32];
-  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
-  return buffer;
-}
 
-std::string formatLine(const StepResult &r, int64_t steps, int64_t samplesPerStep, double flopsPerToken,
-                       double peakTflops) {
-  char line[1024];
-  double peakMiB = 0;
-  std::string perRank; // " (per rank a b ...)" with more than one rank
-  for (int64_t bytes : r.peakBytes) {
-    char mib[32];
-    std::snprintf(mib, sizeof mib, " %.1f", bytes / 1048576.0);
-    perRank += mib;
-    peakMiB = std::max(peakMiB, bytes / 1048576.0);
-  }
-  perRank = r.peakBytes.size() > 1 ? " (per rank" + perRank + ")" : "";
-  std::snprintf(line, sizeof line,
-                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration "
-                "(ms): %.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E |%s "
-                "grad norm: %.3f | num zeros: %lld | tokens per second: %.1f | TFLOP/s: %.3f |%s peak "
-                "memory (MiB): %.1f%s |",
-                timestamp().c_str(), (long long)r.step, (long long)steps,
-                (long long)(r.step * samplesPerStep), r.seconds * 1e3, r.learningRate,
-                (long long)samplesPerStep, r.lmLoss,
-                r.mtpLoss ? (" mtp loss: " + [&] {
-                  char b[32];
-                  std::snprintf(b, sizeof b, "%.6E", *r.mtpLoss);
-                  return std::string(b);
-                }() + " |").c_str()
-                          : "",
-                r.gradNorm, (long long)r.numZeros, r.tokens / r.seconds,
-                r.tokens / r.seconds * flopsPerToken / 1e12,
-                peakTflops > 0 ? (" MFU: " + [&] {
-                  char b[32];
-                  std::snprintf(b, sizeof b, "%.2f%%", 100.0 * r.tokens / r.seconds * flopsPerToken / 1e12 / peakTflops);
-                  return std::string(b);
-                }() + " |").c_str()
-                               : "",
-                peakMiB, perRank.c_str());
-  return line;
-}
 
-void progress(int64_t done, int64_t total, double lmLoss) {
-  const int width = 30;
-  int filled = static_cast<int>(width * done / std::max<int64_t>(1, total));
-  std::fprintf(stderr, "\r[%s%s] %lld/%lld  lm loss %.4f ", std::string(filled, '#').c_str(),
-               std::string(width - filled, '.').c_str(), (long long)done, (long long)total, lmLoss);
-  std::fflush(stderr);
-}
 
-/// Device time by rank and primitive, largest first, then the host phases.
-void printProfile(const std::map<std::string, double> &profileMs, int64_t iterations) {
-  std::vector<std::pair<double, std::string>> rows;
-  for (const auto &[name, ms] : profileMs)
-    rows.push_back({ms / iterations, name});
-  std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) {
-    bool hostA = a.second.rfind("host:", 0) == 0, hostB = b.second.rfind("host:", 0) == 0;
-    return hostA != hostB ? hostB : a.first > b.first;
-  });
-  std::printf("mhcrun: profile, ms per iteration (mean of %lld)\n", (long long)iterations);
-  for (const auto &[ms, name] : rows)
-    std::printf("  %10.2f  %s\n", ms, name.c_str());
-}
 
 /// Resolves --backend auto / launchers / --gpus into "cpu" or "cuda"; "" and
 /// `error` when the combination is impossible.
@@ -156,63 +92,8 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   return backend;
 }
 
-/// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
-/// bytes a parameter element, of the parameters its stages use, its
-/// tensor-parallel blocks of them), the largest over the ranks: sharded over
-/// the gradient group's parts under the distributed optimizer, and without it.
-std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded) {
-  int64_t sharded = 0, whole = 0;
-  for (int64_t r = 0; r < a.pp; ++r) {
-    std::vector<bool> uses(a.params.size(), false);
-    for (size_t s = r; s < a.stages.size(); s += a.pp)
-      for (const ParamSlot &slot : a.stages[s].params)
-        uses[slot.param] = true;
-    for (int64_t d = 0; d < a.optimizerParts(); ++d) {
-      int64_t shard = 0, all = 0;
-      for (size_t p = 0; p < a.params.size(); ++p)
-        if (uses[p]) {
-          const int64_t count = shardCount(a.params[p], a.tp);
-          const auto [begin, end] = a.shardOf(count, d);
-          shard += mastersSharded ? 12 * (end - begin) : 8 * (end - begin) + 4 * count;
-          all += 12 * count;
-        }
-      sharded = std::max(sharded, shard);
-      whole = std::max(whole, all);
-    }
-  }
-  return {sharded, whole};
-}
 
-/// The validation pass's line, Megatron's format.
-std::string validationLine(const StepResult &v) {
-  char text[256];
-  std::snprintf(text, sizeof text, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
-                (long long)v.step, v.lmLoss, std::exp(std::min(v.lmLoss, 20.0)));
-  std::string line = text;
-  if (v.mtpLoss) {
-    std::snprintf(text, sizeof text, " mtp loss value: %.6E |", *v.mtpLoss);
-    line += text;
-  }
-  const std::string rule(line.size(), '-');
-  return rule + "\n" + line + "\n" + rule;
-}
 
-/// One --metrics line. Keys are snake_case, one style (docs/runtime.md);
-/// tools/metrics_to_golden.py maps them to Megatron's golden-value names.
-nlohmann::json metricsLine(const StepResult &r, double flopsPerToken) {
-  const int64_t peakMax = r.peakBytes.empty() ? 0 : *std::max_element(r.peakBytes.begin(), r.peakBytes.end());
-  nlohmann::json line = {{"iteration", r.step},          {"lm_loss", r.lmLoss},
-                         {"grad_norm", r.gradNorm},      {"num_zeros", r.numZeros},
-                         {"tokens_per_second", r.tokens / r.seconds},
-                         {"tflops", r.tokens / r.seconds * flopsPerToken / 1e12},
-                         {"elapsed_ms", r.seconds * 1e3}, {"learning_rate", r.learningRate},
-                         {"peak_bytes_per_rank", r.peakBytes}, {"peak_bytes_max", peakMax}};
-  if (r.mtpLoss)
-    line["mtp_loss"] = *r.mtpLoss;
-  if (!r.deviceReservedBytes.empty())
-    line["device_reserved_bytes_per_rank"] = r.deviceReservedBytes;
-  return line;
-}
 
 /// Where the CPU ranks of a multi-process run meet (SocketMesh): the --processes
 /// parent's bootstrap folder, or under mpirun / srun a folder rank 0 makes
@@ -373,11 +254,11 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   auto printIteration = [&](const StepResult &r, const std::optional<StepResult> &validation) {
     if (bar)
       std::fprintf(stderr, "\r%80s\r", "");
-    std::cout << formatLine(r, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
+    std::cout << iterationLine(r, f.steps, samplesPerStep, flopsPerToken, totalPeak) << std::endl;
     if (validation)
       std::cout << validationLine(*validation) << std::endl;
     if (bar)
-      progress(r.step, f.steps, r.lmLoss);
+      printProgress(r.step, f.steps, r.lmLoss);
     if (metrics) {
       nlohmann::json line = metricsLine(r, flopsPerToken);
       if (validation) {
@@ -465,45 +346,6 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   return 0;
 }
 
-/// The run's first lines (the speaking rank's): the model, backend, mesh,
-/// layout and data; with the distributed optimizer, its state per rank.
-void printRunBanner(const Artifact &a, const std::string &backend, const RunFlags &f, const TokenDataset &data) {
-  std::string mesh = ", pp = " + std::to_string(a.pp) + ", vpp = " + std::to_string(a.vpp);
-  if (a.dp > 1)
-    mesh += ", dp = " + std::to_string(a.dp);
-  if (a.cp > 1)
-    mesh += ", cp = " + std::to_string(a.cp) + " (" + std::to_string(a.rowsPerRank()) +
-            " tokens of each microbatch a rank)";
-  if (a.tp > 1)
-    mesh += ", tp = " + std::to_string(a.tp) +
-            (a.sequenceParallel ? " with sequence parallelism (" + std::to_string(a.rowsPerRank()) +
-                                      " tokens of each microbatch a rank outside the GEMMs)"
-                                : std::string());
-  std::cout << "mhcrun: " << a.model.name << " (model " << a.modelHash << "), backend " << backend << mesh
-            << ", layout " << a.layout << ", schedule " << a.scheduleKind
-            << (backend == "cuda" ? ", memory plan " + f.memoryPlan : std::string()) << ", " << a.microbatches
-            << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
-            << data.source() << " (" << data.size() << " tokens)" << std::endl;
-  if (f.options.recompute)
-    std::cout << "mhcrun: activation recomputation: each sublayer's forward runs again before its backward ("
-              << (a.recomputeSublayers ? "compiled with --recompute-sublayers" : "--recompute-sublayers") << ")"
-              << std::endl;
-  if (a.distributedOptimizer) {
-    // Both backends shard the moments; the CUDA backend also a bf16 model's
-    // fp32 masters (its kernels read the bf16 copies). An fp32 model's
-    // kernels read the masters, which each GPU keeps whole, and the CPU
-    // backend keeps every weight on every rank.
-    const bool mastersSharded = backend == "cuda" && a.model.dtype == "bf16";
-    const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
-    char line[240];
-    std::snprintf(line, sizeof line,
-                  "mhcrun: distributed optimizer: %s sharded over %lld parts (dp x cp), "
-                  "%.2f MiB a rank (%.2f MiB without sharding)",
-                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each rank)",
-                  static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
-    std::cout << line << std::endl;
-  }
-}
 
 /// Rank 0's random bytes in every process of the run (hex), so that a
 /// multi-process save meets in a folder no earlier run used.
@@ -558,6 +400,58 @@ Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string 
   return role;
 }
 
+/// Where this process's ranks run, checked against the artifact: nullopt to
+/// train here (every rank in this process, or this process one rank of a
+/// launcher's); else the exit status, after one line for an impossible
+/// combination, or after the ranks this process started (--gpus,
+/// --processes) have ended.
+std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optional<ProcessPlacement> &placement,
+                              const GpuInventory &gpus, const std::string &backend, char **argv,
+                              const std::string &rankPrefix) {
+  if (f.gpus > 0 && f.gpus != a.worldSize())
+    return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has " +
+                (a.worldSize() > a.pp ? a.meshDescription() + " ranks"
+                                                      : "pp = " + std::to_string(a.pp) + " pipeline ranks") +
+                ", one per GPU; pass --gpus " + std::to_string(a.worldSize()) + " or recompile with --pp " +
+                std::to_string(f.gpus));
+  if (f.ranksPerGpu > 1) {
+    if (placement)
+      return fail(rankPrefix + "--ranks-per-gpu shares GPUs between the ranks of one process; run without " +
+                  placement->launcher);
+    if (backend != "cuda")
+      return fail("--ranks-per-gpu " + std::to_string(f.ranksPerGpu) +
+                  " shares GPUs between CUDA ranks; the CPU backend runs every rank on the host already");
+    f.inProcess = true;
+  }
+  if (backend == "cuda" && !placement) {
+    const int64_t ranks = a.worldSize();
+    if (std::string missing = missingGpus(gpus, ranks, f.ranksPerGpu, ranks > a.pp ? a.meshDescription() : "");
+        !missing.empty())
+      return fail(missing);
+    if (ranks > 1 && !f.inProcess && !f.dumpDir.empty())
+      return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
+    if (ranks > 1 && !f.inProcess)
+      return launchRanks(ranks, "/proc/self/exe", argv, std::cerr);
+  }
+  const int64_t world = a.worldSize();
+  const std::string mesh = a.meshDescription();
+  if (backend == "cpu" && placement && placement->size != world)
+    return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
+                " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +
+                std::to_string(world));
+  if (backend == "cpu" && !placement && f.processes > 0) {
+    if (f.processes != world)
+      return fail("--processes " + std::to_string(f.processes) + ": the artifact has " + mesh +
+                  " ranks, one per process; pass --processes " + std::to_string(world));
+    if (!f.dumpDir.empty())
+      return fail("--dump-tensors needs every rank in this process: drop --processes");
+    return launchRanks(world, "/proc/self/exe", argv, std::cerr);
+  }
+  if (backend == "cpu" && f.memoryPlanGiven)
+    std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
+  return std::nullopt;
+}
+
 } // namespace
 
 int runMhcrun(int argc, char **argv) {
@@ -593,47 +487,8 @@ int runMhcrun(int argc, char **argv) {
     return fail(rankPrefix + std::string(f.options.resetPositionIds ? "--reset-position-ids" : "--reset-attention-mask") +
                 ": " + f.dataPath + " has no document boundaries (a text file is one stream); give a Megatron "
                 "indexed dataset (tools/mhc-prep turns text or JSONL into one)");
-  if (f.gpus > 0 && f.gpus != artifact->worldSize())
-    return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has " +
-                (artifact->worldSize() > artifact->pp ? artifact->meshDescription() + " ranks"
-                                                      : "pp = " + std::to_string(artifact->pp) + " pipeline ranks") +
-                ", one per GPU; pass --gpus " + std::to_string(artifact->worldSize()) + " or recompile with --pp " +
-                std::to_string(f.gpus));
-  if (f.ranksPerGpu > 1) {
-    if (placement)
-      return fail(rankPrefix + "--ranks-per-gpu shares GPUs between the ranks of one process; run without " +
-                  placement->launcher);
-    if (backend != "cuda")
-      return fail("--ranks-per-gpu " + std::to_string(f.ranksPerGpu) +
-                  " shares GPUs between CUDA ranks; the CPU backend runs every rank on the host already");
-    f.inProcess = true;
-  }
-  if (backend == "cuda" && !placement) {
-    const int64_t ranks = artifact->worldSize();
-    if (std::string missing = missingGpus(gpus, ranks, f.ranksPerGpu, ranks > artifact->pp ? artifact->meshDescription() : "");
-        !missing.empty())
-      return fail(missing);
-    if (ranks > 1 && !f.inProcess && !f.dumpDir.empty())
-      return fail("--dump-tensors needs every rank in this process: add --in-process, or use --backend cpu");
-    if (ranks > 1 && !f.inProcess)
-      return launchRanks(ranks, "/proc/self/exe", argv, std::cerr);
-  }
-  const int64_t world = artifact->worldSize();
-  const std::string mesh = artifact->meshDescription();
-  if (backend == "cpu" && placement && placement->size != world)
-    return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
-                " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +
-                std::to_string(world));
-  if (backend == "cpu" && !placement && f.processes > 0) {
-    if (f.processes != world)
-      return fail("--processes " + std::to_string(f.processes) + ": the artifact has " + mesh +
-                  " ranks, one per process; pass --processes " + std::to_string(world));
-    if (!f.dumpDir.empty())
-      return fail("--dump-tensors needs every rank in this process: drop --processes");
-    return launchRanks(world, "/proc/self/exe", argv, std::cerr);
-  }
-  if (backend == "cpu" && f.memoryPlanGiven)
-    std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
+  if (std::optional<int> done = placeRanks(f, *artifact, placement, gpus, backend, argv, rankPrefix))
+    return *done;
   // In a multi-process run rank 0 speaks for all (every rank has the step's
   // numbers after the all-reduce); the others report only errors.
   const bool speaker = !placement || placement->rank == 0;

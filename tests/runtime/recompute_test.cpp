@@ -67,8 +67,9 @@ TEST(Recompute, SegmentsCoverTheForwardOnSpanBoundaries) {
         for (size_t g = 0; g < plan.segments.size(); ++g) {
           const auto [begin, end] = plan.segments[g];
           EXPECT_LT(begin, end);
-          if (g > 0)
+          if (g > 0) {
             EXPECT_EQ(plan.segments[g - 1].second, begin);
+          }
           EXPECT_TRUE(std::count(starts.begin(), starts.end(), begin)) << "segment " << g << " cuts a span";
           for (size_t j = begin; j < end; ++j) {
             EXPECT_EQ(plan.segmentOf[j], g);
@@ -93,8 +94,9 @@ TEST(Recompute, SegmentsCoverTheForwardOnSpanBoundaries) {
           }
         for (size_t k = 0; k < p.backward.size(); ++k) {
           const size_t own = plan.segmentOf[p.backward[k].forward];
-          if (plan.drops(own))
+          if (plan.drops(own)) {
             EXPECT_TRUE(std::count(plan.needs[k].begin(), plan.needs[k].end(), own)) << "backward " << k;
+          }
         }
       }
   }
