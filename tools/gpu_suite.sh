@@ -9,7 +9,7 @@
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
-#   tools/gpu_suite.sh prune GPUS [transport|mesh|context|bench]
+#   tools/gpu_suite.sh prune GPUS [transport|mesh|context|bench|memory]
 #                               (here, after bundle) fits .gpu_bundle into the
 #                               device tool's 64 MiB carry for a machine of
 #                               GPUS (1 or 2) H200s: drops the artifacts it
@@ -36,9 +36,11 @@
 # opt-in "faults": a rank SIGKILLed or stuck mid-step under --gpus 2;
 # opt-in "repeat": GPU_SUITE_REPEAT's artifacts run GPU_SUITE_REPEAT_N
 # times each, the same bits every time (tools/gpu_suite_optin.sh);
-# opt-in "memory": GPU_SUITE_MEMORY's artifacts (default 1b PP1, dp 2 with
-# and without the distributed optimizer, fp32) plain and with
-# --recompute-sublayers: peak a rank and ms/iter, the same bits;
+# opt-in "memory": GPU_SUITE_MEMORY's artifacts (default 1b PP1, PP2 and
+# PP2/VPP2 and dp 2 with and without the distributed optimizer, their ranks
+# sharing the GPU, and fp32 PP1) plain and with --recompute-sublayers: peak
+# a rank against the fp32 1b's at the layout, ms/iter, the same bits
+# (`prune 1 memory` keeps what it and the repeat part need);
 # opt-in "trace": mhcrun --trace of GPU_SUITE_TRACE's artifacts, default
 # 1b_pp1 small_pp1 small_pp2 small_pp2_vpp2 1b_pp2_vpp2, checked against
 # mhcc's predicted trace, both into suite_logs.tgz, spans and bubbles side
@@ -312,6 +314,8 @@ prune)
     # One GPU, the transport models: their bf16 layouts (ranks sharing the
     # GPU) and the tiny groups; the benchmarks and every fp32 large model go.
     rm -f ./1b_* ./hybrid_1b_* ./small_* ./c4096_pp* ./c7168_pp* ./tiny_bf16_fp32_residual* ./tiny_n1_*
+  elif [ "${3:-}" = memory ]; then
+    : # below: the memory part's 1b artifacts alone
   else
     # One GPU: the parity groups' PP2 layouts stay (their ranks share the
     # GPU: gpu_training_test, runtime/cuda/RankLinks.h) but for the
@@ -320,6 +324,19 @@ prune)
     # (The fp32 residual's edge chunks too: its other layouts stay.)
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
       ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./tiny_bf16_fp32_residual_edge_chunks*
+  fi
+  if [ "${3:-}" = memory ]; then
+    # One GPU, the memory and repeat parts alone (GPU_SUITE_PARTS="memory
+    # repeat"): their 1b artifacts (compiled by bundle; `prune 1` above
+    # removed the PP2 and fp32 ones, so prune from a fresh bundle) and mhcrun.
+    for a in ./*.mhcc ./*.bubble ./*.peak ./*.trace.json; do
+      case $a in
+      ./1b_pp1.mhcc | ./1b_pp2.mhcc | ./1b_pp2_vpp2.mhcc | ./1b_dp2_pp1.mhcc | ./1b_dp2_zero1_pp1.mhcc | \
+        ./1b_f32_pp1.mhcc) ;;
+      *) rm -f "$a" ;;
+      esac
+    done
+    rm -f ./gpu_test ./gpu_training_test ./cuda_*kernels_test ./attention_bench ./gemm_bench
   fi
   if [ "${3:-}" = bench ]; then
     # Two GPUs, the benchmarks and traces alone (GPU_SUITE_PARTS="trace
@@ -342,7 +359,7 @@ prune)
       esac
     done
   fi
-  if [ "${3:-}" != mesh ] && [ "${3:-}" != context ] && [ "${3:-}" != bench ]; then
+  if [ "${3:-}" != mesh ] && [ "${3:-}" != context ] && [ "${3:-}" != bench ] && [ "${3:-}" != memory ]; then
     # The dp / tp groups but the artifacts of the "vs" and checkpoint rows
     # (`prune 1 mesh` keeps them all; `transport` the transport models').
     for a in ./*_dp2_* ./*_tp2_*; do
