@@ -36,6 +36,39 @@ int fail(const std::string &message) {
 
 namespace {
 
+/// Bytes a parameter element costs a CUDA rank besides activations: the
+/// fp32 master (what an fp32 model's kernels read; a bf16 model's read a
+/// bf16 copy beside it), Adam's two fp32 moments and the fp32 main gradient.
+/// The distributed optimizer splits the moments, and a bf16 model's
+/// masters, over its `parts` (what mhcrun's banner prints per rank).
+double cudaStateBytesPerParameter(bool bf16, int64_t parts) {
+  const double copy = bf16 ? 2 : 0, master = 4, moments = 8, gradient = 4;
+  if (parts <= 1)
+    return copy + master + moments + gradient;
+  return copy + gradient + (bf16 ? (master + moments) / double(parts) : master + moments / double(parts));
+}
+
+/// Each rank's predicted device memory on the CUDA backend: its stages'
+/// parameters (tensor-parallel blocks) at cudaStateBytesPerParameter, plus
+/// the simulated peak of live activations and boundary buffers.
+void printDeviceMemory(const pipeline::Schedule &schedule, const pipeline::ScheduleSpec &spec,
+                       const pipeline::SimulationResult &result, bool bf16, llvm::raw_ostream &os) {
+  const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
+  const double perParameter = cudaStateBytesPerParameter(bf16, parts);
+  os << llvm::formatv("predicted device memory a rank on the CUDA backend (the parameters' state at {0:F1} B "
+                      "each, plus the peak activations; workspaces, the pool's slack and the CUDA context not "
+                      "counted):",
+                      perParameter);
+  for (int64_t r = 0; r < schedule.pp; ++r) {
+    int64_t params = 0;
+    for (size_t s = r; s < spec.stages.size(); s += schedule.pp)
+      params += spec.stages[s].params;
+    const double state = double(params) * perParameter;
+    os << " rank " << r << " " << humanBytes(state + double(result.peakBytes[r])) << " (" << humanBytes(state)
+       << " + " << humanBytes(double(result.peakBytes[r])) << ")" << (r + 1 < schedule.pp ? ";" : "\n");
+  }
+}
+
 /// What the pipeline phases decided, if they ran: layout, boundaries and the
 /// schedule's predicted bubble and memory (with --print-schedule, the full
 /// per-rank timeline).
@@ -121,6 +154,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << "; the time splits the GEMMs and heads evenly and keeps the mixing, expand, contract and final norm "
             "whole on every rank unless sequence parallelism shards their rows (the embedding's lookup whole "
             "either way), each collective priced as a ring over the link\n";
+    if (FailureOr<ModelInfo> dims = modelInfoOf(func); succeeded(dims))
+      printDeviceMemory(schedule, *spec, result, dims->dtype == "bf16", os);
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
   }
