@@ -140,7 +140,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
             "all-gathering the weights\n";
     if (schedule.recomputeSublayers)
       os << "activation recomputation: each sublayer keeps its input residual from its forward to its backward "
-            "and runs its forward again before it (the peaks and step above count it; mhcrun recomputes)\n";
+            "and runs its forward again before it (the peaks and step above count it, but for the recomputed "
+            "forwards' collectives under tp or cp; mhcrun recomputes)\n";
     if (schedule.tp > 1)
       os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "
          << schedule.pp * schedule.dp * schedule.cp * schedule.tp

@@ -92,6 +92,10 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
   int64_t c = d.hidden, n = d.streams, v = d.vocab, f = d.ffnHidden;
   int64_t bytes = d.dtypeBytes();
   int64_t residual = d.residualBytes() * n * c; // a token's input residual, kept for the backward
+  // Recomputed, a sublayer keeps its input residual; at n > 1 also what the
+  // CUDA backend's fused span (the previous post-res mix with this
+  // coefficients and pre-mix) carries across the cut: u and the coefficients.
+  int64_t checkpoint = residual + (n > 1 ? bytes * c + 4 * (n * n + 2 * n) : 0);
   double norm = 4.0 * c;
   switch (kind) {
   case UnitKind::Embedding:
@@ -111,7 +115,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.savedBytesPerToken = residual + bytes * (6 * c + d.heads);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
-    u.checkpointBytesPerToken = residual;
+    u.checkpointBytesPerToken = checkpoint;
     u.mixings = 1;
     break;
   case UnitKind::GdnSublayer:
@@ -126,7 +130,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
         residual + bytes * 2 * c + 4 * (11 * c + 5 * d.heads) + 4 * (2 * c + c * (c / d.heads) / 64);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
-    u.checkpointBytesPerToken = residual;
+    u.checkpointBytesPerToken = checkpoint;
     u.mixings = 1;
     break;
   case UnitKind::MlpSublayer:
@@ -138,7 +142,7 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.savedBytesPerToken = residual + bytes * (2 * c + 3 * f);
     u.replicatedSavedBytesPerToken = residual + bytes * 2 * c;
     u.mixingFlopsPerToken = mhcMixingFlops(d);
-    u.checkpointBytesPerToken = residual;
+    u.checkpointBytesPerToken = checkpoint;
     u.mixings = 1;
     break;
   case UnitKind::Contract:

@@ -71,7 +71,8 @@ struct UnitCost {
   int64_t replicatedSavedBytesPerToken = 0;
   /// Under activation recomputation (--recompute-sublayers): what a
   /// sublayer keeps from its forward to its backward, its input residual
-  /// (replicated like it); the rest of savedBytesPerToken is dropped and
+  /// (and at n > 1 the u and coefficients a fused GPU span carries across;
+  /// replicated like the residual); the rest of savedBytesPerToken is dropped and
   /// computed again, one more forward, before its backward. 0: a unit the
   /// recomputation leaves alone (everything but the three sublayers).
   int64_t checkpointBytesPerToken = 0;

@@ -23,7 +23,8 @@ struct PipeVerifySchedulePass : public impl::PipeVerifyScheduleBase<PipeVerifySc
       pipeline::Schedule schedule = readSchedule(scheduleOp, &ops);
       FailureOr<pipeline::ScheduleSpec> spec =
           scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize,
-                         SimulationOptions{}, schedule.cp, schedule.tp, schedule.sequenceParallel);
+                         SimulationOptions{}, schedule.cp, schedule.tp, schedule.sequenceParallel,
+                         schedule.recomputeSublayers);
       if (failed(spec))
         return signalPassFailure();
       if (spec->pp != schedule.pp || spec->vpp != schedule.vpp) {

@@ -277,6 +277,10 @@ prune)
   gpus=${2:?usage: tools/gpu_suite.sh prune GPUS (1 or 2)}
   [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
   cd "$bundle" || exit 2
+  if [ "${3:-}" = memory ] && [ "$gpus" != 1 ]; then
+    echo "gpu_suite: prune $gpus memory: the memory part runs on one GPU (its PP2 ranks share it); use prune 1 memory"
+    exit 2
+  fi
   # Four GPUs are not lent: the PP4 artifacts and the 4-microbatch models they compare against.
   rm -f ./*_pp4* ./*_m4_*
   if [ "$gpus" -ge 2 ]; then

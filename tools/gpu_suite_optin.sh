@@ -191,7 +191,11 @@ print(("PASS" if ok else "FAIL") + " peak MiB a rank (%% of the fp32 1b's at thi
       % (pct(ranks[0]), pct(ranks[1]), ms[0], ms[1], "same bits" if same else "BITS DIFFER"))
 PY
 )
-    [ -n "$summary" ] || summary="FAIL (no metrics: $(tail -1 "$logs/memory_${art}_plain.log" | cut -c1-80))"
+    if [ -z "$summary" ]; then
+      local failed=plain
+      [ -s "$logs/memory_${art}_plain.jsonl" ] && failed=recomputed
+      summary="FAIL (no metrics from the $failed run: $(tail -1 "$logs/memory_${art}_$failed.log" | cut -c1-80))"
+    fi
     row "memory $art${flags:+ ($flags)}" "${summary%% *}" "${summary#* }"
   done
 }

@@ -445,8 +445,22 @@ Artifact artifactFromJson(const json &j) {
 } // namespace
 
 uint32_t artifactVersionOf(const Artifact &artifact) {
+  if (artifact.recomputeSublayers)
+    return 4;
   return artifact.model.residualStorage() != artifact.model.dtype ? 3 : 2;
 }
+
+namespace {
+
+/// What makes an artifact need artifactVersionOf's format, for the message
+/// that refuses an older header.
+std::string featureOfFormat(const Artifact &artifact) {
+  if (artifact.recomputeSublayers)
+    return "recompute_sublayers";
+  return "residual_dtype \"" + artifact.model.residualStorage() + "\" in a " + artifact.model.dtype + " model";
+}
+
+} // namespace
 
 std::string encodeArtifact(const Artifact &artifact) {
   std::string payload = toJson(artifact).dump();
@@ -488,8 +502,8 @@ std::optional<Artifact> decodeArtifact(const std::string &bytes, std::string &er
     artifact.checksum = checksum;
     std::string problem = validateArtifact(artifact);
     if (problem.empty() && version < artifactVersionOf(artifact))
-      problem = "format " + std::to_string(version) + " cannot hold residual_dtype \"" +
-                artifact.model.residualStorage() + "\" in a " + artifact.model.dtype + " model (format 3 does)";
+      problem = "format " + std::to_string(version) + " cannot hold " + featureOfFormat(artifact) + " (format " +
+                std::to_string(artifactVersionOf(artifact)) + " does)";
     if (!problem.empty()) {
       error = "inconsistent artifact: " + problem + "; recompile it";
       return std::nullopt;

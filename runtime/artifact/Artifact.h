@@ -29,12 +29,14 @@ namespace mhcc::runtime {
 inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\0'};
 /// 2: every stage value carries its storage dtype (bf16 models). 3: the
 /// model's residual_dtype differs from its dtype (an fp32 residual stream in
-/// a bf16 model), which a format-2 reader would ignore and misread; every
-/// other artifact is still written as 2. This mhcrun reads both.
-inline constexpr uint32_t kArtifactVersion = 3, kOldestArtifactVersion = 2;
+/// a bf16 model), which a format-2 reader would ignore and misread. 4:
+/// compiled with --recompute-sublayers, which an older reader would ignore
+/// (training without the memory the prediction assumed). Every other
+/// artifact is still written as 2. This mhcrun reads them all.
+inline constexpr uint32_t kArtifactVersion = 4, kOldestArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
-inline constexpr char kMhccVersion[] = "0.2.0";
+inline constexpr char kMhccVersion[] = "0.3.0";
 /// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
 inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxTensorParallel = 64,
                          kMaxWorldSize = 65536;

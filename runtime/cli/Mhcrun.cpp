@@ -130,12 +130,15 @@ struct SocketFolder {
   }
 };
 
+constexpr const char *kExportNeedsOneProcess =
+    "--export-safetensors needs every rank in one process; export from the checkpoint of a --save run with "
+    "'mhcrun ART --data D --backend cpu --load DIR --export-safetensors FILE'";
+
 /// --export-safetensors: one file of every weight, so only a process that
 /// holds them all writes it (one process a GPU would need a gather).
 bool exportAll(Trainer &trainer, const std::string &path, bool holdsEveryWeight, std::string &error) {
   if (!holdsEveryWeight) {
-    error = "--export-safetensors needs every rank in one process; export from the checkpoint of a --save run "
-            "with 'mhcrun ART --data D --backend cpu --load DIR --export-safetensors FILE'";
+    error = kExportNeedsOneProcess; // refused at start-up (placeRanks); kept for any other caller
     return false;
   }
   ParameterState state;
@@ -414,6 +417,8 @@ std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optiona
                                                       : "pp = " + std::to_string(a.pp) + " pipeline ranks") +
                 ", one per GPU; pass --gpus " + std::to_string(a.worldSize()) + " or recompile with --pp " +
                 std::to_string(f.gpus));
+  if (placement && backend == "cuda" && !f.exportPath.empty())
+    return fail(rankPrefix + kExportNeedsOneProcess); // at start-up, not after the whole run
   if (f.ranksPerGpu > 1) {
     if (placement)
       return fail(rankPrefix + "--ranks-per-gpu shares GPUs between the ranks of one process; run without " +
@@ -472,7 +477,12 @@ int runMhcrun(int argc, char **argv) {
   std::optional<Artifact> artifact = readArtifact(f.artifactPath, error);
   if (!artifact)
     return fail(rankPrefix + error);
-  f.options.recompute = f.options.recompute || artifact->recomputeSublayers; // as its prediction assumed
+  // As the artifact's prediction assumed, unless the command line says otherwise.
+  f.options.recompute = !f.noRecompute && (f.options.recompute || artifact->recomputeSublayers);
+  if (f.options.recompute && !f.deviceProfileOut.empty())
+    return fail(rankPrefix + "--device-profile-out: " + f.artifactPath +
+                " was compiled with --recompute-sublayers, whose recomputed forwards the profile would count as "
+                "forwards; add --no-recompute-sublayers to measure it");
   GpuInventory gpus = queryGpus();
   const std::string backend = chooseBackend(f, *artifact, placement, gpus, error);
   if (backend.empty())
@@ -496,23 +506,31 @@ int runMhcrun(int argc, char **argv) {
   if (speaker)
     printRunBanner(a, backend, f, *data);
   std::unique_ptr<Bootstrap> bootstrap;
+  std::unique_ptr<SocketFolder> sockets;
   // From here on a rank that fails ends the whole run (Bootstrap::abortRun):
-  // the others may be waiting for it where no timeout reaches.
+  // the others may be waiting for it where no timeout reaches. What this
+  // process printed is flushed and its socket folder removed first, as an
+  // abort ends it without destructors.
+  auto abortRun = [&] {
+    if (!bootstrap)
+      return;
+    std::fflush(stdout);
+    sockets.reset();
+    bootstrap->abortRun();
+  };
   auto failRank = [&](const std::string &message) {
     const int status = fail(rankPrefix + message);
-    if (bootstrap)
-      bootstrap->abortRun();
+    abortRun();
     return status;
   };
   std::string runToken; // the multi-process saves' meeting folder (CheckpointShard::runToken)
   DeviceFactory devices;
-  std::unique_ptr<SocketFolder> sockets;
   if (placement) {
     // Start-up (rank 0 preparing what it broadcasts) is not a step: at
     // least the 120 s it always had, whatever --recv-timeout says.
     if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)) ||
         !agreeRunToken(*bootstrap, runToken, error) ||
-        !agreeRunSettings(*bootstrap, sharedRunSettings(f, a, backend, data->size()), error))
+        !agreeRunSettings(*bootstrap, sharedRunSettings(f, a, backend, dataFingerprint(*data), mhccEnvironment()), error))
       return failRank(error);
     if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
       return failRank(error);
@@ -533,8 +551,8 @@ int runMhcrun(int argc, char **argv) {
     return failRank(error);
   const Role role = roleOf(placement, backend, f, speaker, rankPrefix, runToken);
   const int status = trainLoop(*trainer, *data, f, role);
-  if (status == 1 && bootstrap)
-    bootstrap->abortRun(); // its line printed; a stop by signal (128 + it) is agreed by every rank
+  if (status == 1)
+    abortRun(); // its line printed; a stop by signal (128 + it) is agreed by every rank
   return status;
 }
 

@@ -46,7 +46,10 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
   app.add_flag("--recompute-sublayers", o.recompute,
                "Activation recomputation (Megatron's full, uniform, one layer): keep each sublayer's input, release "
                "the rest after its forward and compute it again before its backward: less memory, one more forward "
-               "of every sublayer, the same bits");
+               "of every sublayer, the same bits (the default for an artifact compiled with it)");
+  app.add_flag("--no-recompute-sublayers", f.noRecompute,
+               "Keep every activation even where the artifact was compiled with --recompute-sublayers (more memory "
+               "than its prediction, one forward less)");
   app.add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--clip-grad", o.clipGrad, "Global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
@@ -164,6 +167,11 @@ int checkRunFlags(RunFlags &f, const CLI::Option *plan) {
     f.splitTrain = train;
     f.splitValid = valid;
   }
+  if (o.recompute && f.noRecompute)
+    return fail("--recompute-sublayers and --no-recompute-sublayers: pass one of them");
+  if (o.recompute && !f.deviceProfileOut.empty())
+    return fail("--device-profile-out with --recompute-sublayers: the profile would count each recomputed forward "
+                "as a forward and mhcc --recompute-sublayers would add it again; measure without recomputation");
   if (f.evalInterval > 0 && f.splitValid == 0)
     return fail("--eval-interval needs validation data: give --split a positive second weight (e.g. 98,2)");
   // NaN passes CLI11's range checks (every comparison with it is false).

@@ -26,6 +26,7 @@ struct RunFlags {
   int64_t splitTrain = 100, splitValid = 0; // --split, parsed
   TrainOptions options;
   bool noProgress = false, inProcess = false;
+  bool noRecompute = false; // --no-recompute-sublayers: not even where the artifact was compiled with it
   double peakTflops = 0;
   bool memoryPlanGiven = false;
 };

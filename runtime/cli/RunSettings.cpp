@@ -1,10 +1,13 @@
 //===- RunSettings.cpp - what every process of a run must share ------------===//
 #include "runtime/cli/RunSettings.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <unistd.h>
+#include <xxhash.h>
 
 namespace mhcc::runtime {
 namespace {
@@ -26,14 +29,18 @@ std::string flag(bool on) { return on ? "on" : "off"; }
 } // namespace
 
 std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlags &f, const Artifact &a,
-                                                                   const std::string &backend, size_t dataTokens) {
+                                                                   const std::string &backend,
+                                                                   const std::string &dataFingerprint,
+                                                                   const std::string &environment) {
   const TrainOptions &o = f.options;
   char checksum[24];
   std::snprintf(checksum, sizeof checksum, "%016llx", static_cast<unsigned long long>(a.checksum));
   return {
+      {"mhcrun (version)", kMhccVersion},
       {"the artifact (checksum)", checksum},
       {"--backend", backend},
-      {"--data (tokens)", std::to_string(dataTokens)},
+      {"--data (tokens, sampled XXH3)", dataFingerprint},
+      {"the MHCC_ environment", environment},
       {"--steps", std::to_string(f.steps)},
       {"--data-seed", std::to_string(o.dataSeed)},
       {"--split", std::to_string(f.splitTrain) + "," + std::to_string(f.splitValid)},
@@ -50,14 +57,40 @@ std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlag
       {"--adam-beta1", number(o.beta1)},
       {"--adam-beta2", number(o.beta2)},
       {"--adam-eps", number(o.adamEps)},
-      {"--profile", flag(o.profile)},
       {"--trace", flag(!f.tracePath.empty())},
       {"--save", f.saveDir},
       {"--save-interval", std::to_string(f.saveInterval)},
-      {"--load", f.loadDir},
-      {"--init-from", f.initFrom},
-      {"--export-safetensors", flag(!f.exportPath.empty())},
+      {"--load", flag(!f.loadDir.empty())},
+      {"--init-from", flag(!f.initFrom.empty())},
   };
+}
+
+std::string dataFingerprint(const TokenDataset &data) {
+  constexpr size_t kSamples = 65536;
+  const size_t n = data.size(), step = std::max<size_t>(1, n / kSamples);
+  std::vector<int32_t> sampled;
+  for (size_t i = 0; i < n && sampled.size() < kSamples; i += step)
+    sampled.push_back(data.token(i));
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(sampled.data(), sampled.size() * sizeof(int32_t))));
+  return std::to_string(n) + " " + hash;
+}
+
+std::string mhccEnvironment() {
+  std::vector<std::string> entries;
+  for (char **e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name.rfind("MHCC_", 0) == 0 && name != "MHCC_RANK" && name != "MHCC_LOCAL_RANK" &&
+        name != "MHCC_WORLD_SIZE" && name != "MHCC_BOOTSTRAP_DIR")
+      entries.push_back(entry);
+  }
+  std::sort(entries.begin(), entries.end());
+  std::string joined;
+  for (const std::string &entry : entries)
+    joined += (joined.empty() ? "" : " ") + entry;
+  return joined;
 }
 
 std::string encodeRunSettings(const std::vector<std::pair<std::string, std::string>> &settings) {

@@ -16,6 +16,7 @@
 
 #include "runtime/artifact/Artifact.h"
 #include "runtime/cli/RunFlags.h"
+#include "runtime/data/Dataset.h"
 
 #include <cstddef>
 #include <string>
@@ -24,12 +25,26 @@
 
 namespace mhcc::runtime {
 
-/// The settings, as (flag, value) pairs in a fixed order: the artifact's
-/// checksum, the backend chosen, the data's size in tokens (its path may
-/// differ between hosts), every flag that changes the step, the data order,
-/// or when the ranks meet (saves, validation, profiles, traces).
+/// The settings, as (flag, value) pairs in a fixed order: mhcrun's version,
+/// the artifact's checksum, the backend chosen, the data's fingerprint (its
+/// path may differ between hosts), the MHCC_ environment (kernel choices
+/// change bits), and every flag that changes the step, the data order, or
+/// when the ranks meet (saves, validation, traces); of --load and
+/// --init-from whether they are given (a checkpoint's path may differ too).
 std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlags &f, const Artifact &a,
-                                                                   const std::string &backend, size_t dataTokens);
+                                                                   const std::string &backend,
+                                                                   const std::string &dataFingerprint,
+                                                                   const std::string &environment);
+
+/// The data's size in tokens and an XXH3 of up to 65,536 tokens spread
+/// evenly over it: another file, a blend in another order or with other
+/// weights' parts almost surely differs, without reading a large dataset.
+std::string dataFingerprint(const TokenDataset &data);
+
+/// This process's MHCC_ environment variables but the ones that place it
+/// (MHCC_RANK, MHCC_LOCAL_RANK, MHCC_WORLD_SIZE, MHCC_BOOTSTRAP_DIR),
+/// sorted, "NAME=VALUE" joined by spaces.
+std::string mhccEnvironment();
 
 /// One "flag=value" line each, what rank 0 broadcasts.
 std::string encodeRunSettings(const std::vector<std::pair<std::string, std::string>> &settings);

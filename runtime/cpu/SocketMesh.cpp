@@ -129,7 +129,8 @@ std::unique_ptr<SocketMesh> SocketMesh::connect(int64_t rank, int64_t size, cons
     pollfd waiting{listener, POLLIN, 0};
     int ready = 0;
     do { // a signal that does not end the process (mpirun forwards SIGCONT) is no timeout
-      const int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      const int ms = int(std::min<decltype(left)>(left, 1 << 30)); // --recv-timeout may exceed an int of ms
       ready = ms <= 0 ? 0 : ::poll(&waiting, 1, ms);
     } while (ready < 0 && errno == EINTR);
     if (ready <= 0)

@@ -41,8 +41,8 @@ public:
     }
     const std::string issued = std::string(meshAxisName(axis)) + " " + collectiveOpName(op) + " [" +
                                std::to_string(rows) + "x" + std::to_string(cols) + "]";
-    return "its kernels issued collective #" + std::to_string(issued_ + 1) + " as " + issued +
-           ", where the schedule lists " + (next ? next->describe() : std::string("no more")) + kDisagree;
+    return "its kernels issued collective #" + std::to_string(issued_ + 1) + " as " + issued + ", where " +
+           listName() + " lists " + (next ? next->describe() : std::string("no more")) + disagreement();
   }
 
   /// After the instruction: "" when every listed collective was issued.
@@ -50,7 +50,7 @@ public:
     if (issued_ == plannedCount_)
       return "";
     return "its kernels issued " + std::to_string(issued_) + " of the " + std::to_string(plannedCount_) +
-           " collectives the schedule lists; the next was " + planned_[issued_].describe() + kDisagree;
+           " collectives " + listName() + " lists; the next was " + planned_[issued_].describe() + disagreement();
   }
 
   /// A forward run again inside a backward (activation recomputation)
@@ -64,7 +64,7 @@ public:
   /// "" when the interposed list was issued whole; the outer list resumes
   /// either way.
   std::string resume() {
-    std::string problem = finished();
+    std::string problem = finished(); // named as the interposed list's
     if (!outer_.empty()) {
       std::tie(planned_, plannedCount_, issued_) = outer_.back();
       outer_.pop_back();
@@ -73,8 +73,17 @@ public:
   }
 
 private:
-  static constexpr const char *kDisagree =
-      " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)";
+  /// Whose list is checked: the compiled schedule's, or (interposed) the
+  /// one the runtime derived for a recomputed forward.
+  std::string listName() const {
+    return outer_.empty() ? "the schedule" : "the recomputed segment's list (derived from its stage program)";
+  }
+  std::string disagreement() const {
+    return outer_.empty()
+               ? " (the runtime and the compiler disagree on this step's collectives: a bug, please report it)"
+               : " (the kernels and the stage program disagree on a recomputed forward's collectives: a bug, "
+                 "please report it)";
+  }
   const Instr *planned_ = nullptr;
   size_t plannedCount_ = 0, issued_ = 0;
   std::vector<std::tuple<const Instr *, size_t, size_t>> outer_; // interrupted lists

@@ -10,6 +10,8 @@
 #    reduce-scatters and the context gathers over sockets), bf16 at
 #    tp 2 + SP x pp 2, and dp 2 x pp 2 with the distributed optimizer (each
 #    replica's first rank updating its shard with the moments it alone holds);
+# 1b. with --recompute-sublayers under tp 2 across processes (the
+#    recomputed forwards' collectives over the sockets): the same numbers;
 # 2. SIGTERM to the --processes parent: every rank stops after the same
 #    iteration, the ranks save it, the parent exits 143, no rank is left and
 #    the bootstrap folder is gone; the checkpoint resumes (in one process)
@@ -31,12 +33,14 @@ python=/usr/bin/python3
 source "${root}/tests/runtime/fault_helpers.sh"
 
 # 1. Parity.
+declare -A world # by artifact name: its ranks, one process each
 for artifact in "$@"; do
   name=$(basename "${artifact}" .mhcc)
   # One process per rank of the mesh: pp x dp x cp x tp.
   pp=$("${python}" -c "import re,sys, math; t = sys.stdin.read()
 print(math.prod(int(m.group(1)) if m else 1 for m in (re.search(k + r' = (\d+)', t) for k in ('pp', 'dp', 'cp', 'tp'))))" \
        < <("${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 1 2>&1))
+  world[${name}]=${pp}
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 3 \
     --metrics "${work}/${name}.in.json" > /dev/null
   "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 3 \
@@ -53,6 +57,26 @@ print(math.prod(int(m.group(1)) if m else 1 for m in (re.search(k + r' = (\d+)',
       echo "note: mpirun did not run here (sandbox?); skipped: $(tail -1 "${work}/${name}.mpi.log")"
     fi
   fi
+done
+
+# 1b. Recomputation across processes under tensor parallelism: the
+# recomputed forwards' collectives, issued inside the backward, meet over
+# the sockets in the same order on every rank: the plain run's numbers.
+for artifact in "$@"; do
+  name=$(basename "${artifact}" .mhcc)
+  [[ "${name}" == *_tp2_* ]] || continue
+  "${mhcrun}" "${root}/${artifact}" --data "${corpus}" --backend cpu --no-progress --steps 3 \
+    --processes "${world[${name}]}" --recompute-sublayers --metrics "${work}/${name}.recompute.json" \
+    > "${work}/${name}.recompute.log"
+  grep -q "activation recomputation" "${work}/${name}.recompute.log"
+  SAME_METRICS_BUT_MEMORY=1 same_metrics "${work}/${name}.in.json" "${work}/${name}.recompute.json"
+  "${python}" - "${work}/${name}.in.json" "${work}/${name}.recompute.json" <<'PY'
+import json, sys
+plain, recomputed = ([json.loads(l)["peak_bytes_max"] for l in open(p)] for p in sys.argv[1:])
+assert recomputed[-1] < plain[-1], f"peak {recomputed[-1]} recomputing, {plain[-1]} without"
+PY
+  echo "ok: ${name}: --processes ${world[${name}]} --recompute-sublayers == one process without, bit for bit"
+  break
 done
 
 # 2. SIGTERM to the parent.

@@ -233,7 +233,9 @@ TEST(Recompute, ARecomputedForwardsCollectivesAreChecked) {
   auto trainer = Trainer::create(std::move(*artifact), *gData, options, shortList, error);
   ASSERT_TRUE(trainer) << error;
   EXPECT_FALSE(trainer->step(error));
-  EXPECT_NE(error.find("where the schedule lists no more"), std::string::npos) << error;
+  EXPECT_NE(error.find("where the recomputed segment's list (derived from its stage program) lists no more"),
+            std::string::npos)
+      << error;
 }
 
 } // namespace

@@ -13,9 +13,10 @@ struct Rank {
   RunFlags flags;
   Artifact artifact;
   std::string backend = "cpu";
-  size_t tokens = 4096;
+  std::string data = "4096 0123456789abcdef";
+  std::string environment = "MHCC_PDL=1";
   std::vector<std::pair<std::string, std::string>> settings() const {
-    return sharedRunSettings(flags, artifact, backend, tokens);
+    return sharedRunSettings(flags, artifact, backend, data, environment);
   }
 };
 
@@ -55,8 +56,20 @@ TEST(RunSettings, ADifferentFlagIsNamedWithBothValues) {
   }
   {
     Rank other;
-    other.tokens = 100;
-    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--data (tokens)"), std::string::npos);
+    other.data = "4096 fedcba9876543210";
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--data (tokens, sampled XXH3)"), std::string::npos);
+  }
+  {
+    Rank other; // a kernel choice changes bits
+    other.environment = "MHCC_MHC_BACKWARD=passes MHCC_PDL=1";
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("the MHCC_ environment is 'MHCC_MHC_BACKWARD"),
+              std::string::npos);
+  }
+  {
+    Rank other;
+    other.flags.loadDir = "/ckpt";
+    EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--load is 'on' here but 'off'"),
+              std::string::npos);
   }
   {
     Rank other; // differs in the 17th digit: still told apart
@@ -77,7 +90,22 @@ TEST(RunSettings, OutputOnlyFlagsMayDiffer) {
   other.flags.metricsPath = "rank1.jsonl";
   other.flags.noProgress = true;
   other.flags.peakTflops = 989;
+  other.flags.options.profile = true;           // each rank times its own
+  other.flags.exportPath = "weights.safetensors"; // rank 0 alone exports
   EXPECT_EQ(runSettingsDifference(encodeRunSettings(zero.settings()), other.settings()), "");
+  // A checkpoint's path may differ between hosts; whether one is loaded not.
+  zero.flags.loadDir = "/a/ckpt";
+  other.flags.loadDir = "/b/ckpt";
+  EXPECT_EQ(runSettingsDifference(encodeRunSettings(zero.settings()), other.settings()), "");
+}
+
+TEST(RunSettings, TheDataFingerprintSeesContentNotOnlySize) {
+  TokenDataset a(std::vector<int32_t>(100000, 7)), b(std::vector<int32_t>(100000, 7)), c(std::vector<int32_t>(100000, 7));
+  EXPECT_EQ(dataFingerprint(a), dataFingerprint(b));
+  std::vector<int32_t> other(100000, 7);
+  other[50000] = 8; // read: under 131,072 tokens the sample is the first 65,536
+  EXPECT_NE(dataFingerprint(TokenDataset(other)), dataFingerprint(c));
+  EXPECT_EQ(dataFingerprint(a).rfind("100000 ", 0), 0u);
 }
 
 TEST(RunSettings, AnotherEncodingIsRefused) {

@@ -201,6 +201,25 @@ TEST(Schedule, RecomputationHoldsCheckpointsAndOneSublayerUnderOneFOneB) {
   EXPECT_GT(b.result.makespan, a.result.makespan);
 }
 
+TEST(Schedule, RecomputationLowersEveryRanksPeakUnderGPipeAndInterleaved) {
+  // Whatever holds microbatches in flight holds checkpoints instead of
+  // activations: every rank's peak falls by what its in-flight microbatches
+  // dropped, less at most one working set (where a backward's peak is the
+  // rank's; no boundary buffer changes).
+  for (auto [kind, v] : {std::pair{ScheduleKind::GPipe, int64_t(1)}, std::pair{ScheduleKind::Interleaved, int64_t(2)}}) {
+    SCOPED_TRACE(scheduleKindName(kind));
+    const ScheduleSpec plain = uniformSpec(kind, 2, v, 4, 16);
+    const Built a = buildAndSimulate(plain), b = buildAndSimulate(recomputing(plain));
+    for (size_t r = 0; r < a.result.peakBytes.size(); ++r) {
+      const int64_t inFlight = a.result.peakInFlight[r];
+      EXPECT_EQ(b.result.peakInFlight[r], inFlight) << "rank " << r;
+      const int64_t fell = a.result.peakBytes[r] - b.result.peakBytes[r];
+      EXPECT_GE(fell, inFlight * 800 - 300) << "rank " << r;
+      EXPECT_LE(fell, inFlight * 800) << "rank " << r;
+    }
+  }
+}
+
 TEST(Schedule, RecomputationUnderZeroBubbleHoldsWhatBRecomputedUntilW) {
   // B computes every dropped activation again and W reads them: between the
   // two a microbatch holds all it saved. The last rank, whose B follows each
