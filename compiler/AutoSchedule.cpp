@@ -18,25 +18,37 @@ namespace {
 struct Candidate {
   std::string kind;
   int64_t vpp = 1;
+  bool recompute = false; // activation recomputation, tried under a memory cap
   OwningOpRef<ModuleOp> module;
   pipeline::SimulationResult result;
   int64_t peakBytes = 0;
   std::string refusal; // why it was not compiled; empty when it was
 
   std::string name() const {
-    return vpp > 1 ? llvm::formatv("{0} vpp={1}", kind, vpp).str() : kind;
+    return (vpp > 1 ? llvm::formatv("{0} vpp={1}", kind, vpp).str() : kind) + (recompute ? " +recompute" : "");
   }
 };
 
 /// The candidates: with a layout, the kinds its chunk count allows; else
-/// one chunk for 1F1B and ZB-H1, 2..kAutoMaxVpp chunks interleaved.
+/// one chunk for 1F1B and ZB-H1, 2..kAutoMaxVpp chunks interleaved, and
+/// under --memory-cap-gib each also with activation recomputation (slower,
+/// so kept only where the cap refuses the same schedule without it).
 std::vector<Candidate> candidatesFor(const PipelineOptions &options) {
   std::vector<Candidate> candidates;
+  const bool tryRecompute = options.layout.empty() && options.memoryCapGib > 0 && !options.recomputeSublayers;
   auto add = [&](const char *kind, int64_t vpp) {
     Candidate c;
     c.kind = kind;
     c.vpp = vpp;
+    c.recompute = options.recomputeSublayers;
     candidates.push_back(std::move(c));
+    if (tryRecompute) {
+      Candidate r;
+      r.kind = kind;
+      r.vpp = vpp;
+      r.recompute = true;
+      candidates.push_back(std::move(r));
+    }
   };
   if (!options.layout.empty()) {
     if (options.vpp == 1) {
@@ -61,6 +73,7 @@ void compileCandidate(ModuleOp imported, const PipelineOptions &base, const Simu
   PipelineOptions options = base;
   options.schedule = c.kind;
   options.vpp = c.vpp;
+  options.recomputeSublayers = c.recompute;
   if (std::optional<OptionError> error = options.validate()) {
     c.refusal = error->message;
     return;
@@ -95,8 +108,21 @@ void compileCandidate(ModuleOp imported, const PipelineOptions &base, const Simu
 OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptions &options,
                                           const SimulationOptions &simulation, llvm::raw_ostream &report) {
   std::vector<Candidate> candidates = candidatesFor(options);
-  for (Candidate &c : candidates)
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    Candidate &c = candidates[k];
+    // A recomputing twin (right after its plain candidate) is compiled
+    // only where the plain one did not fit.
+    const bool twin = k > 0 && c.recompute && !candidates[k - 1].recompute && candidates[k - 1].kind == c.kind &&
+                      candidates[k - 1].vpp == c.vpp;
+    if (twin && candidates[k - 1].refusal.empty()) {
+      c.refusal = "-"; // dropped below
+      continue;
+    }
     compileCandidate(imported, options, simulation, c);
+  }
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [](const Candidate &c) { return c.refusal == "-"; }),
+                   candidates.end());
   // Fastest first; ties by the smaller activation peak, then by name so the
   // ranking is the same on every machine.
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate &a, const Candidate &b) {
@@ -115,11 +141,11 @@ OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptio
   for (const Candidate &c : candidates) {
     if (c.refusal.empty()) {
       ++rank;
-      report << llvm::formatv("  {0}. {1,-17} step {2:F3} ms, bubble {3:F4}, peak {4}{5}\n", rank, c.name(),
+      report << llvm::formatv("  {0}. {1,-28} step {2:F3} ms, bubble {3:F4}, peak {4}{5}\n", rank, c.name(),
                               c.result.makespan, c.result.bubbleFraction, humanBytes(double(c.peakBytes)),
                               rank == 1 ? "  <- chosen" : "");
     } else
-      report << llvm::formatv("  -. {0,-17} refused: {1}\n", c.name(), c.refusal);
+      report << llvm::formatv("  -. {0,-28} refused: {1}\n", c.name(), c.refusal);
   }
   if (candidates.empty() || !candidates.front().refusal.empty())
     return nullptr;

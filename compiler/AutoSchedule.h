@@ -6,7 +6,8 @@
 // simulator's rates, and keeps the fastest predicted step (ties: the smaller
 // peak of live activations). Candidates the partition cannot place (too few
 // layers, over --memory-cap-gib) or the schedule refuses are ranked as
-// refused, with the reason.
+// refused, with the reason; under --memory-cap-gib one the cap refuses is
+// tried again with activation recomputation.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_COMPILER_AUTOSCHEDULE_H
