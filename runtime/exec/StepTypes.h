@@ -48,10 +48,12 @@ struct TrainOptions {
   /// one arena (runtime/memory/MemoryPlan.h), so later steps allocate
   /// nothing; false: the stream-ordered pool in every step.
   bool staticMemoryPlan = true;
-  /// Activation recomputation (mhcrun --recompute-sublayers,
-  /// runtime/program/Recompute.h): every sublayer's activations but its
-  /// input are released after its forward and computed again before its
-  /// backward. The same bits; one more forward of every sublayer.
+  /// Activation recomputation (runtime/program/Recompute.h): every
+  /// sublayer's activations but its input are released after its forward
+  /// and computed again before its backward. The same bits; one more
+  /// forward of every sublayer. Resolved by the caller: mhcrun sets it for
+  /// --recompute-sublayers or an artifact compiled with it
+  /// (Artifact::recomputeSublayers), unless --no-recompute-sublayers.
   bool recompute = false;
   /// Record each instruction's start and end for mhcrun --trace: the host
   /// clock on the CPU backend, whose instructions run when issued; events on
