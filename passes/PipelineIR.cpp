@@ -101,6 +101,11 @@ FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp fu
     unit.time += (recomputed ? 4 : 3) * cost.forwardFlopsPerToken * tokens;
     unit.parameterBytes += kBytesPerParameter * cost.params;
     unit.activationBytes += (recomputed ? cost.checkpointBytesPerToken : cost.savedBytesPerToken) * tokens;
+    if (recomputed) { // in program order: the layer's last sublayer comes last
+      const double drop = double(cost.savedBytesPerToken - cost.checkpointBytesPerToken) * tokens;
+      unit.lastSublayerDrop = drop;
+      unit.largestSublayerDrop = std::max(unit.largestSublayerDrop, drop);
+    }
   }
   return units;
 }

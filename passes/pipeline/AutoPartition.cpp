@@ -29,8 +29,18 @@ std::optional<PartitionResult> partitionChain(const std::vector<PartitionUnit> &
     bytes[i + 1] = bytes[i] + units[i].parameterBytes +
                    request.pp * units[i].activationBytes;
   }
+  // largest[i][j]: the largest sublayer drop of units [i, j), for the one
+  // working set a recomputing backward holds (all zero without it).
+  std::vector<std::vector<double>> largest(n + 1, std::vector<double>(n + 1, 0));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j <= n; ++j)
+      largest[i][j] = std::max(largest[i][j - 1], units[j - 1].largestSublayerDrop);
   auto segmentTime = [&](int64_t from, int64_t to) { return time[to] - time[from]; };
-  auto segmentBytes = [&](int64_t from, int64_t to) { return bytes[to] - bytes[from]; };
+  auto segmentBytes = [&](int64_t from, int64_t to) {
+    if (to <= from)
+      return 0.0;
+    return bytes[to] - bytes[from] + request.pp * units[to - 1].lastSublayerDrop + largest[from][to];
+  };
   auto fits = [&](int64_t from, int64_t to) {
     return request.memoryCapBytes <= 0 || segmentBytes(from, to) <= request.memoryCapBytes;
   };

@@ -24,6 +24,12 @@ struct PartitionUnit {
   double time = 0;          // forward + backward of one microbatch, any unit
   double parameterBytes = 0; // weights, gradients and optimizer state
   double activationBytes = 0; // kept from forward to backward, one microbatch
+  /// Under activation recomputation (activationBytes then holds only the
+  /// checkpoints): what its last sublayer and its largest sublayer drop,
+  /// one microbatch. A stage keeps its last sublayer whole (the runtime
+  /// never drops a stage's last segment), in every microbatch in flight,
+  /// and a backward holds one sublayer's working set at a time.
+  double lastSublayerDrop = 0, largestSublayerDrop = 0;
 };
 
 struct PartitionRequest {

@@ -137,6 +137,30 @@ TEST(AutoPartition, MemoryCapForcesMoreBalancedMemory) {
   EXPECT_NE(error.find("memory cap"), std::string::npos) << error;
 }
 
+TEST(AutoPartition, RecomputationChargesTheLastSublayerAndOneWorkingSet) {
+  // Each layer's last sublayer drops 300 bytes a microbatch, its largest
+  // 400: a stage ending in a layer keeps that one whole in each of the p
+  // microbatches in flight, and every stage holds one working set.
+  std::string error;
+  std::vector<PartitionUnit> units = chain(4, 1.0, 0.1);
+  auto plain = partitionChain(units, {2, 1, 0}, error);
+  ASSERT_TRUE(plain) << error;
+  ASSERT_EQ(plain->layout.toString(), "Ett|ttmL");
+  for (PartitionUnit &u : units)
+    if (u.symbol == 't') {
+      u.lastSublayerDrop = 300;
+      u.largestSublayerDrop = 400;
+    }
+  auto recomputed = partitionChain(units, {2, 1, 0}, error);
+  ASSERT_TRUE(recomputed) << error;
+  ASSERT_EQ(recomputed->layout.toString(), "Ett|ttmL");
+  EXPECT_DOUBLE_EQ(recomputed->stageBytes[0], plain->stageBytes[0] + 2 * 300 + 400);
+  EXPECT_DOUBLE_EQ(recomputed->stageBytes[1], plain->stageBytes[1] + 400); // ends in L: nothing kept whole
+  // A cap the plain charge meets and the recomputing one does not.
+  EXPECT_TRUE(partitionChain(chain(4, 1.0, 0.1), {2, 1, 3450}, error)) << error;
+  EXPECT_FALSE(partitionChain(units, {2, 1, 3450}, error));
+}
+
 TEST(AutoPartition, IsOptimalAgainstBruteForce) {
   // Every way to cut 6 layers (+E, L) into 3 stages with E first and L last.
   std::vector<PartitionUnit> units = {{'E', 0, 0.3, 0, 0}, {'t', 0, 1.0, 0, 0}, {'t', 0, 2.0, 0, 0},
