@@ -49,7 +49,8 @@ void PipelineOptions::bindOptions(Binder &binder) {
                 cl::cat(pipelineCategory()));
   binder.option(schedule, "schedule",
                 cl::desc("gpipe, 1f1b, interleaved, zb-h1, or auto: the fastest predicted of "
-                         "1f1b, zb-h1 and interleaved with 2-4 chunks (default: 1f1b, "
+                         "1f1b, zb-h1 and interleaved with 2-4 chunks, under --memory-cap-gib also with "
+                         "--recompute-sublayers where the cap refuses them (default: 1f1b, "
                          "interleaved if --vpp > 1)"),
                 cl::cat(pipelineCategory()));
   binder.option(microbatchGroup, "microbatch-group",
