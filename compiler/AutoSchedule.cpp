@@ -111,10 +111,10 @@ OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptio
   for (size_t k = 0; k < candidates.size(); ++k) {
     Candidate &c = candidates[k];
     // A recomputing twin (right after its plain candidate) is compiled
-    // only where the plain one did not fit.
+    // only where the memory cap refused the plain one.
     const bool twin = k > 0 && c.recompute && !candidates[k - 1].recompute && candidates[k - 1].kind == c.kind &&
                       candidates[k - 1].vpp == c.vpp;
-    if (twin && candidates[k - 1].refusal.empty()) {
+    if (twin && candidates[k - 1].refusal.find("memory cap") == std::string::npos) {
       c.refusal = "-"; // dropped below
       continue;
     }
@@ -123,8 +123,8 @@ OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptio
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                   [](const Candidate &c) { return c.refusal == "-"; }),
                    candidates.end());
-  // Fastest first; ties by the smaller activation peak, then by name so the
-  // ranking is the same on every machine.
+  // Fastest first; ties by the smaller activation peak, then in candidate
+  // order (a stable sort), so the ranking is the same on every machine.
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate &a, const Candidate &b) {
     if (a.refusal.empty() != b.refusal.empty())
       return a.refusal.empty();

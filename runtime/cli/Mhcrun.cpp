@@ -530,7 +530,7 @@ int runMhcrun(int argc, char **argv) {
     // least the 120 s it always had, whatever --recv-timeout says.
     if (!(bootstrap = makeBootstrap(*placement, std::max(120.0, f.options.recvTimeoutSeconds), error)) ||
         !agreeRunToken(*bootstrap, runToken, error) ||
-        !agreeRunSettings(*bootstrap, sharedRunSettings(f, a, backend, dataFingerprint(*data), mhccEnvironment()), error))
+        !agreeRunSettings(*bootstrap, sharedRunSettings(f, a, backend, dataFingerprint(*data, f.options.dataSeed, a.model.seqLen), mhccEnvironment()), error))
       return failRank(error);
     if (backend == "cpu" && !(sockets = SocketFolder::agree(*placement, *bootstrap, error)))
       return failRank(error);

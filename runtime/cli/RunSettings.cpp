@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
-#include <unistd.h>
 #include <xxhash.h>
 
 namespace mhcc::runtime {
@@ -65,31 +64,28 @@ std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlag
   };
 }
 
-std::string dataFingerprint(const TokenDataset &data) {
-  constexpr size_t kSamples = 65536;
-  const size_t n = data.size(), step = std::max<size_t>(1, n / kSamples);
-  std::vector<int32_t> sampled;
-  for (size_t i = 0; i < n && sampled.size() < kSamples; i += step)
-    sampled.push_back(data.token(i));
+std::string dataFingerprint(const TokenDataset &data, uint64_t seed, int64_t seqLen) {
+  // What the ranks would train on: the first windows the sampler draws
+  // (blend weights, split and order included), read whole and few.
+  constexpr int64_t kWindows = 8;
+  std::vector<int32_t> tokens(seqLen * kWindows), labels(seqLen * kWindows);
+  for (int64_t k = 0; k < kWindows; ++k)
+    data.sample(seed, k / 2, k % 2, seqLen, 1, tokens.data() + k * seqLen, labels.data() + k * seqLen);
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(sampled.data(), sampled.size() * sizeof(int32_t))));
-  return std::to_string(n) + " " + hash;
+                static_cast<unsigned long long>(XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t)) ^
+                                                XXH3_64bits(labels.data(), labels.size() * sizeof(int32_t)) * 3));
+  return std::to_string(data.size()) + " " + hash;
 }
 
 std::string mhccEnvironment() {
-  std::vector<std::string> entries;
-  for (char **e = environ; e && *e; ++e) {
-    const std::string entry = *e;
-    const std::string name = entry.substr(0, entry.find('='));
-    if (name.rfind("MHCC_", 0) == 0 && name != "MHCC_RANK" && name != "MHCC_LOCAL_RANK" &&
-        name != "MHCC_WORLD_SIZE" && name != "MHCC_BOOTSTRAP_DIR")
-      entries.push_back(entry);
-  }
-  std::sort(entries.begin(), entries.end());
+  // The kernel choices (they may change bits, and the tensor-parallel ranks
+  // compute the mixing redundantly); the rest may differ between hosts
+  // (MHCC_CPU_THREADS) or keep the bits (MHCC_PDL, the debugging switches).
   std::string joined;
-  for (const std::string &entry : entries)
-    joined += (joined.empty() ? "" : " ") + entry;
+  for (const char *name : {"MHCC_ATTENTION", "MHCC_MHC_BACKWARD", "MHCC_MHC_FORWARD"})
+    if (const char *value = std::getenv(name))
+      joined += std::string(joined.empty() ? "" : " ") + name + "=" + value;
   return joined;
 }
 

@@ -27,8 +27,8 @@ namespace mhcc::runtime {
 
 /// The settings, as (flag, value) pairs in a fixed order: mhcrun's version,
 /// the artifact's checksum, the backend chosen, the data's fingerprint (its
-/// path may differ between hosts), the MHCC_ environment (kernel choices
-/// change bits), and every flag that changes the step, the data order, or
+/// path may differ between hosts), the kernel choices of the MHCC_
+/// environment (they may change bits), and every flag that changes the step, the data order, or
 /// when the ranks meet (saves, validation, traces); of --load and
 /// --init-from whether they are given (a checkpoint's path may differ too).
 std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlags &f, const Artifact &a,
@@ -36,14 +36,14 @@ std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlag
                                                                    const std::string &dataFingerprint,
                                                                    const std::string &environment);
 
-/// The data's size in tokens and an XXH3 of up to 65,536 tokens spread
-/// evenly over it: another file, a blend in another order or with other
-/// weights' parts almost surely differs, without reading a large dataset.
-std::string dataFingerprint(const TokenDataset &data);
+/// The data's size in tokens and an XXH3 of the first windows the sampler
+/// draws with `seed` (seqLen tokens each): another file, a blend in another
+/// order or with other weights, another split almost surely differs,
+/// without reading a large dataset.
+std::string dataFingerprint(const TokenDataset &data, uint64_t seed, int64_t seqLen);
 
-/// This process's MHCC_ environment variables but the ones that place it
-/// (MHCC_RANK, MHCC_LOCAL_RANK, MHCC_WORLD_SIZE, MHCC_BOOTSTRAP_DIR),
-/// sorted, "NAME=VALUE" joined by spaces.
+/// The MHCC_ environment variables that choose kernels (MHCC_ATTENTION,
+/// MHCC_MHC_BACKWARD, MHCC_MHC_FORWARD), "NAME=VALUE" joined by spaces.
 std::string mhccEnvironment();
 
 /// One "flag=value" line each, what rank 0 broadcasts.

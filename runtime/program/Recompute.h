@@ -9,8 +9,9 @@
 // whatever a fused span carries across). Before the backward first needs a
 // dropped value or aux buffer, the executor runs the segment's forward
 // again from its checkpoints: the same kernels on the same inputs, so the
-// same bits. The stage's last segment (its output, the LM head and loss)
-// is never dropped. Under tp or cp a segment run again issues its forward's
+// same bits. The stage's last segment (its output; the LM head and loss,
+// or with MTP the last MTP module's tail, as MTP's own residual updates
+// cut segments after the main LM head) is never dropped. Under tp or cp a segment run again issues its forward's
 // collectives inside the backward (Device::interposeCollectives). Plain
 // C++, no device.
 //

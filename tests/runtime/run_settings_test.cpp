@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace mhcc::runtime {
 namespace {
 
@@ -60,7 +62,7 @@ TEST(RunSettings, ADifferentFlagIsNamedWithBothValues) {
     EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("--data (tokens, sampled XXH3)"), std::string::npos);
   }
   {
-    Rank other; // a kernel choice changes bits
+    Rank other; // a kernel choice (it may change bits)
     other.environment = "MHCC_MHC_BACKWARD=passes MHCC_PDL=1";
     EXPECT_NE(runSettingsDifference(rank0, other.settings()).find("the MHCC_ environment is 'MHCC_MHC_BACKWARD"),
               std::string::npos);
@@ -99,13 +101,34 @@ TEST(RunSettings, OutputOnlyFlagsMayDiffer) {
   EXPECT_EQ(runSettingsDifference(encodeRunSettings(zero.settings()), other.settings()), "");
 }
 
-TEST(RunSettings, TheDataFingerprintSeesContentNotOnlySize) {
-  TokenDataset a(std::vector<int32_t>(100000, 7)), b(std::vector<int32_t>(100000, 7)), c(std::vector<int32_t>(100000, 7));
-  EXPECT_EQ(dataFingerprint(a), dataFingerprint(b));
-  std::vector<int32_t> other(100000, 7);
-  other[50000] = 8; // read: under 131,072 tokens the sample is the first 65,536
-  EXPECT_NE(dataFingerprint(TokenDataset(other)), dataFingerprint(c));
-  EXPECT_EQ(dataFingerprint(a).rfind("100000 ", 0), 0u);
+TEST(RunSettings, TheDataFingerprintIsWhatTheSamplerDraws) {
+  std::vector<int32_t> ids(100000);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = int32_t(i % 251);
+  const TokenDataset a(ids), b(ids);
+  EXPECT_EQ(dataFingerprint(a, 1234, 128), dataFingerprint(b, 1234, 128));
+  EXPECT_EQ(dataFingerprint(a, 1234, 128).rfind("100000 ", 0), 0u);
+  EXPECT_NE(dataFingerprint(a, 1234, 128), dataFingerprint(a, 99, 128)); // another data order
+  // A blend with other weights draws other windows.
+  std::vector<int32_t> other(ids.rbegin(), ids.rend());
+  std::vector<std::pair<double, TokenDataset>> even, skewed;
+  even.push_back({0.5, TokenDataset(ids)});
+  even.push_back({0.5, TokenDataset(other)});
+  skewed.push_back({0.1, TokenDataset(ids)});
+  skewed.push_back({0.9, TokenDataset(other)});
+  EXPECT_NE(dataFingerprint(TokenDataset::blend(std::move(even), "even"), 1234, 128),
+            dataFingerprint(TokenDataset::blend(std::move(skewed), "skewed"), 1234, 128));
+}
+
+TEST(RunSettings, TheEnvironmentComparedIsTheKernelChoices) {
+  ::setenv("MHCC_CPU_THREADS", "3", 1); // may differ between hosts
+  ::setenv("MHCC_PDL", "0", 1);         // the same bits either way
+  ::unsetenv("MHCC_ATTENTION");
+  ::unsetenv("MHCC_MHC_FORWARD");
+  ::setenv("MHCC_MHC_BACKWARD", "passes", 1);
+  EXPECT_EQ(mhccEnvironment(), "MHCC_MHC_BACKWARD=passes");
+  ::unsetenv("MHCC_MHC_BACKWARD");
+  EXPECT_EQ(mhccEnvironment(), "");
 }
 
 TEST(RunSettings, AnotherEncodingIsRefused) {
