@@ -9,6 +9,7 @@
 #include "compiler/AutoSchedule.h"
 
 #include "compiler/codegen/CudaCodegen.h"
+#include "dialects/mhc/IR/MhcOps.h"
 #include "compiler/Importer.h"
 #include "compiler/ModelGraph.h"
 #include "passes/ModelUnits.h"
@@ -48,11 +49,40 @@ double cudaStateBytesPerParameter(bool bf16, int64_t parts) {
   return copy + gradient + (bf16 ? (master + moments) / double(parts) : master + moments / double(parts));
 }
 
+/// What MTP's uses of the embedding and the LM head (parameters the stages'
+/// costs give to their first users) add on the CUDA backend, by pipeline
+/// rank: a gradient buffer a use; on the MTP rank, if another rank owns the
+/// embedding, its copy (a bf16 model's bf16 copy, and the fp32 master
+/// unless the distributed optimizer splits the masters); on each owner a
+/// buffer for its part of the summed gradient (runtime/cuda/CudaRank.cpp).
+std::vector<double> sharedParameterBytes(func::FuncOp func, const pipeline::Schedule &schedule, const ModelInfo &dims,
+                                         int64_t parts) {
+  std::vector<int64_t> modules(schedule.pp, 0); // MTP modules by rank
+  for (auto mtp : func.getOps<mhc::MtpOp>())
+    if (auto stage = mtp->getAttrOfType<IntegerAttr>(pipe::kStageAttr))
+      ++modules[stage.getInt() % schedule.pp];
+  std::vector<double> bytes(schedule.pp, 0);
+  const bool bf16 = dims.dtype == "bf16", partMasters = bf16 && parts > 1;
+  const double table = double(dims.vocab) * double(dims.hidden) / double(schedule.tp); // embedding or head, a rank's
+  for (int64_t r = 0; r < schedule.pp; ++r) {
+    if (modules[r] == 0)
+      continue;
+    bytes[r] += double(modules[r]) * 2 * 4 * table; // a gradient for each module's use of each
+    if (r != 0)                                      // the embedding held here too
+      bytes[r] += table * ((bf16 ? 2 : 0) + (partMasters ? 0 : 4));
+    bytes[0] += 4 * table / double(parts); // the embedding's owner: its part of the sum
+    bytes[r] += 4 * table / double(parts); // the head's owner (L's rank, MTP's): likewise
+  }
+  return bytes;
+}
+
 /// Each rank's predicted device memory on the CUDA backend: its stages'
-/// parameters (tensor-parallel blocks) at cudaStateBytesPerParameter, plus
-/// the simulated peak of live activations and boundary buffers.
+/// parameters (tensor-parallel blocks) at cudaStateBytesPerParameter, what
+/// MTP's shared parameters add, plus the simulated peak of live activations
+/// and boundary buffers.
 void printDeviceMemory(const pipeline::Schedule &schedule, const pipeline::ScheduleSpec &spec,
-                       const pipeline::SimulationResult &result, bool bf16, llvm::raw_ostream &os) {
+                       const pipeline::SimulationResult &result, const std::vector<double> &shared, bool bf16,
+                       llvm::raw_ostream &os) {
   const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
   const double perParameter = cudaStateBytesPerParameter(bf16, parts);
   os << llvm::formatv("predicted device memory a rank on the CUDA backend (the parameters' state at {0:F1} B "
@@ -63,7 +93,7 @@ void printDeviceMemory(const pipeline::Schedule &schedule, const pipeline::Sched
     int64_t params = 0;
     for (size_t s = r; s < spec.stages.size(); s += schedule.pp)
       params += spec.stages[s].params;
-    const double state = double(params) * perParameter;
+    const double state = double(params) * perParameter + shared[r];
     os << " rank " << r << " " << humanBytes(state + double(result.peakBytes[r])) << " (" << humanBytes(state)
        << " + " << humanBytes(double(result.peakBytes[r])) << ")" << (r + 1 < schedule.pp ? ";" : "\n");
   }
@@ -155,8 +185,11 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << "; the time splits the GEMMs and heads evenly and keeps the mixing, expand, contract and final norm "
             "whole on every rank unless sequence parallelism shards their rows (the embedding's lookup whole "
             "either way), each collective priced as a ring over the link\n";
-    if (FailureOr<ModelInfo> dims = modelInfoOf(func); succeeded(dims))
-      printDeviceMemory(schedule, *spec, result, dims->dtype == "bf16", os);
+    if (FailureOr<ModelInfo> dims = modelInfoOf(func); succeeded(dims)) {
+      const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
+      printDeviceMemory(schedule, *spec, result, sharedParameterBytes(func, schedule, *dims, parts),
+                        dims->dtype == "bf16", os);
+    }
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
   }

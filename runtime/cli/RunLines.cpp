@@ -2,6 +2,7 @@
 #include "runtime/cli/RunLines.h"
 
 #include "runtime/artifact/TensorSplit.h"
+#include "runtime/cuda/RankPlan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -86,25 +87,32 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 /// tensor-parallel blocks of them), the largest over the ranks: sharded over
 /// the gradient group's parts under the distributed optimizer, and without it.
 std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded) {
+  // The moments live on a parameter's owner (its first user's rank) alone;
+  // every rank holding it keeps a master, or with the masters sharded the
+  // owner its part (runtime/cuda/RankPlan.h).
+  const std::vector<cuda::ParamPlan> plans = cuda::planParameters(a);
   int64_t sharded = 0, whole = 0;
-  for (int64_t r = 0; r < a.pp; ++r) {
-    std::vector<bool> uses(a.params.size(), false);
-    for (size_t s = r; s < a.stages.size(); s += a.pp)
-      for (const ParamSlot &slot : a.stages[s].params)
-        uses[slot.param] = true;
+  for (int64_t r = 0; r < a.pp; ++r)
     for (int64_t d = 0; d < a.optimizerParts(); ++d) {
       int64_t shard = 0, all = 0;
-      for (size_t p = 0; p < a.params.size(); ++p)
-        if (uses[p]) {
-          const int64_t count = shardCount(a.params[p], a.tp);
-          const auto [begin, end] = a.shardOf(count, d);
-          shard += mastersSharded ? 12 * (end - begin) : 8 * (end - begin) + 4 * count;
+      for (size_t p = 0; p < a.params.size(); ++p) {
+        const cuda::ParamPlan &plan = plans[p];
+        if (!std::binary_search(plan.holders.begin(), plan.holders.end(), r))
+          continue;
+        const int64_t count = shardCount(a.params[p], a.tp);
+        const auto [begin, end] = a.shardOf(count, d);
+        const int64_t part = end - begin;
+        if (plan.owner == r) {
+          shard += 8 * part + 4 * (mastersSharded ? part : count);
           all += 12 * count;
+        } else {
+          shard += mastersSharded ? 0 : 4 * count;
+          all += 4 * count;
         }
+      }
       sharded = std::max(sharded, shard);
       whole = std::max(whole, all);
     }
-  }
   return {sharded, whole};
 }
 
