@@ -30,25 +30,16 @@ struct Candidate {
 };
 
 /// The candidates: with a layout, the kinds its chunk count allows; else
-/// one chunk for 1F1B and ZB-H1, 2..kAutoMaxVpp chunks interleaved, and
-/// under --memory-cap-gib each also with activation recomputation (slower,
-/// so kept only where the cap refuses the same schedule without it).
+/// one chunk for 1F1B and ZB-H1, 2..kAutoMaxVpp chunks interleaved
+/// (compileAutoSchedule adds a recomputing twin where the cap refuses one).
 std::vector<Candidate> candidatesFor(const PipelineOptions &options) {
   std::vector<Candidate> candidates;
-  const bool tryRecompute = options.layout.empty() && options.memoryCapGib > 0 && !options.recomputeSublayers;
   auto add = [&](const char *kind, int64_t vpp) {
     Candidate c;
     c.kind = kind;
     c.vpp = vpp;
     c.recompute = options.recomputeSublayers;
     candidates.push_back(std::move(c));
-    if (tryRecompute) {
-      Candidate r;
-      r.kind = kind;
-      r.vpp = vpp;
-      r.recompute = true;
-      candidates.push_back(std::move(r));
-    }
   };
   if (!options.layout.empty()) {
     if (options.vpp == 1) {
@@ -108,21 +99,18 @@ void compileCandidate(ModuleOp imported, const PipelineOptions &base, const Simu
 OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptions &options,
                                           const SimulationOptions &simulation, llvm::raw_ostream &report) {
   std::vector<Candidate> candidates = candidatesFor(options);
+  const bool tryRecompute = options.layout.empty() && options.memoryCapGib > 0 && !options.recomputeSublayers;
   for (size_t k = 0; k < candidates.size(); ++k) {
-    Candidate &c = candidates[k];
-    // A recomputing twin (right after its plain candidate) is compiled
-    // only where the memory cap refused the plain one.
-    const bool twin = k > 0 && c.recompute && !candidates[k - 1].recompute && candidates[k - 1].kind == c.kind &&
-                      candidates[k - 1].vpp == c.vpp;
-    if (twin && candidates[k - 1].refusal.find("memory cap") == std::string::npos) {
-      c.refusal = "-"; // dropped below
-      continue;
+    compileCandidate(imported, options, simulation, candidates[k]);
+    // Where the memory cap refused it, the same schedule recomputing, right after it.
+    if (tryRecompute && !candidates[k].recompute && candidates[k].refusal.find("memory cap") != std::string::npos) {
+      Candidate twin;
+      twin.kind = candidates[k].kind;
+      twin.vpp = candidates[k].vpp;
+      twin.recompute = true;
+      candidates.insert(candidates.begin() + long(k) + 1, std::move(twin));
     }
-    compileCandidate(imported, options, simulation, c);
   }
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [](const Candidate &c) { return c.refusal == "-"; }),
-                   candidates.end());
   // Fastest first; ties by the smaller activation peak, then in candidate
   // order (a stable sort), so the ranking is the same on every machine.
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate &a, const Candidate &b) {

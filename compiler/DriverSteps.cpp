@@ -9,9 +9,9 @@
 #include "compiler/AutoSchedule.h"
 
 #include "compiler/codegen/CudaCodegen.h"
-#include "dialects/mhc/IR/MhcOps.h"
 #include "compiler/Importer.h"
 #include "compiler/ModelGraph.h"
+#include "dialects/mhc/IR/MhcOps.h"
 #include "passes/ModelUnits.h"
 #include "passes/PipelineIR.h"
 #include "runtime/cli/FlagChecks.h"
@@ -80,11 +80,12 @@ std::vector<double> sharedParameterBytes(func::FuncOp func, const pipeline::Sche
 /// parameters (tensor-parallel blocks) at cudaStateBytesPerParameter, what
 /// MTP's shared parameters add, plus the simulated peak of live activations
 /// and boundary buffers.
-void printDeviceMemory(const pipeline::Schedule &schedule, const pipeline::ScheduleSpec &spec,
-                       const pipeline::SimulationResult &result, const std::vector<double> &shared, bool bf16,
+void printDeviceMemory(func::FuncOp func, const ModelInfo &dims, const pipeline::Schedule &schedule,
+                       const pipeline::ScheduleSpec &spec, const pipeline::SimulationResult &result,
                        llvm::raw_ostream &os) {
   const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
-  const double perParameter = cudaStateBytesPerParameter(bf16, parts);
+  const double perParameter = cudaStateBytesPerParameter(dims.dtype == "bf16", parts);
+  const std::vector<double> shared = sharedParameterBytes(func, schedule, dims, parts);
   os << llvm::formatv("predicted device memory a rank on the CUDA backend (the parameters' state at {0:F1} B "
                       "each, plus the peak activations; workspaces, the pool's slack and the CUDA context not "
                       "counted):",
@@ -185,11 +186,8 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << "; the time splits the GEMMs and heads evenly and keeps the mixing, expand, contract and final norm "
             "whole on every rank unless sequence parallelism shards their rows (the embedding's lookup whole "
             "either way), each collective priced as a ring over the link\n";
-    if (FailureOr<ModelInfo> dims = modelInfoOf(func); succeeded(dims)) {
-      const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
-      printDeviceMemory(schedule, *spec, result, sharedParameterBytes(func, schedule, *dims, parts),
-                        dims->dtype == "bf16", os);
-    }
+    if (FailureOr<ModelInfo> dims = modelInfoOf(func); succeeded(dims))
+      printDeviceMemory(func, *dims, schedule, *spec, result, os);
     if (timeline)
       os << pipeline::formatTimeline(schedule, result);
   }

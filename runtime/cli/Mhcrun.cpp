@@ -47,10 +47,6 @@ namespace {
 // One line on stderr and exit status 1 (RunFlags.h).
 constexpr auto fail = failLine;
 
-
-
-
-
 /// Resolves --backend auto / launchers / --gpus into "cpu" or "cuda"; "" and
 /// `error` when the combination is impossible.
 std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optional<ProcessPlacement> &placement,
@@ -92,9 +88,6 @@ std::string chooseBackend(const RunFlags &f, const Artifact &a, const std::optio
   return backend;
 }
 
-
-
-
 /// Where the CPU ranks of a multi-process run meet (SocketMesh): the --processes
 /// parent's bootstrap folder, or under mpirun / srun a folder rank 0 makes
 /// and broadcasts, removed by rank 0 at the end (the sockets are connected
@@ -135,12 +128,9 @@ constexpr const char *kExportNeedsOneProcess =
     "'mhcrun ART --data D --backend cpu --load DIR --export-safetensors FILE'";
 
 /// --export-safetensors: one file of every weight, so only a process that
-/// holds them all writes it (one process a GPU would need a gather).
-bool exportAll(Trainer &trainer, const std::string &path, bool holdsEveryWeight, std::string &error) {
-  if (!holdsEveryWeight) {
-    error = kExportNeedsOneProcess; // refused at start-up (placeRanks); kept for any other caller
-    return false;
-  }
+/// holds them all writes it (one process a GPU would need a gather, which
+/// placeRanks refuses at start-up).
+bool exportAll(Trainer &trainer, const std::string &path, std::string &error) {
   ParameterState state;
   return trainer.saveState(state, error) &&
          exportWeights(path, trainer.artifact(), state, trainer.stepsDone(), error);
@@ -175,7 +165,6 @@ struct Role {
   std::string rankPrefix;   // "rank R: " in a multi-process run
   CheckpointShard shard;    // how the ranks split a checkpoint: each process writes what it holds
   bool exports = true;      // writes --export-safetensors (a CPU rank > 0 leaves it to rank 0)
-  bool holdsEveryWeight = true; // one process, or a CPU rank: --export-safetensors can be written here
   bool agreedStop = false;  // stops on the signal the step's collective agreed on
   std::string backend;      // "cpu" or "cuda": names a measured device profile
   std::optional<int64_t> processRank; // one process a rank: this one's (its --trace is a part)
@@ -314,7 +303,7 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
     std::fprintf(stderr, "\n");
   if (saver && trained > 0 && (!saver->save(trainer, error) || !saver->finish(&error)))
     return fail(rankPrefix + error);
-  if (!f.exportPath.empty() && role.exports && !exportAll(trainer, f.exportPath, role.holdsEveryWeight, error))
+  if (!f.exportPath.empty() && role.exports && !exportAll(trainer, f.exportPath, error))
     return fail(rankPrefix + error);
   if (!f.tracePath.empty() && role.processRank) {
     // One process a rank: rank 0 merges every rank's part (TraceParts.h).
@@ -348,7 +337,6 @@ int trainLoop(Trainer &trainer, const TokenDataset &data, const RunFlags &f, con
   std::printf("mhcrun: trained %lld iterations; lm loss %.4f -> %.4f\n", (long long)trained, *first, *last);
   return 0;
 }
-
 
 /// Rank 0's random bytes in every process of the run (hex), so that a
 /// multi-process save meets in a folder no earlier run used.
@@ -395,10 +383,9 @@ Role roleOf(const std::optional<ProcessPlacement> &placement, const std::string 
     role.shard.size = placement->size;
     role.shard.timeoutSeconds = std::max(600.0, f.options.recvTimeoutSeconds);
     role.shard.runToken = runToken;
-    // Every CPU rank holds every weight (rank 0 exports them); a GPU rank
-    // its stages' weights, or their blocks or parts.
-    role.exports = backend != "cpu" || placement->rank == 0;
-    role.holdsEveryWeight = backend == "cpu";
+    // Every CPU rank holds every weight: rank 0 exports them. (A GPU rank
+    // holds its stages' weights alone: placeRanks refused the export.)
+    role.exports = placement->rank == 0;
   }
   return role;
 }
@@ -414,7 +401,7 @@ std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optiona
   if (f.gpus > 0 && f.gpus != a.worldSize())
     return fail("--gpus " + std::to_string(f.gpus) + ": the artifact has " +
                 (a.worldSize() > a.pp ? a.meshDescription() + " ranks"
-                                                      : "pp = " + std::to_string(a.pp) + " pipeline ranks") +
+                                      : "pp = " + std::to_string(a.pp) + " pipeline ranks") +
                 ", one per GPU; pass --gpus " + std::to_string(a.worldSize()) + " or recompile with --pp " +
                 std::to_string(f.gpus));
   if (placement && backend == "cuda" && !f.exportPath.empty())

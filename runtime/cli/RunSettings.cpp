@@ -1,7 +1,6 @@
 //===- RunSettings.cpp - what every process of a run must share ------------===//
 #include "runtime/cli/RunSettings.h"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
