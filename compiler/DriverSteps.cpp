@@ -42,8 +42,9 @@ namespace {
 /// bf16 copy beside it), Adam's two fp32 moments and the fp32 main gradient.
 /// The distributed optimizer splits the moments, and a bf16 model's
 /// masters, over its `parts` (what mhcrun's banner prints per rank).
-double cudaStateBytesPerParameter(bool bf16, int64_t parts) {
-  const double copy = bf16 ? 2 : 0, master = 4, moments = 8, gradient = 4;
+double cudaStateBytesPerParameter(bool bf16, int64_t parts, bool remainders) {
+  // mhcrun --store-param-remainders: a master as its bf16 copy and 2 bytes.
+  const double copy = bf16 ? 2 : 0, master = remainders ? 2 : 4, moments = 8, gradient = 4;
   if (parts <= 1)
     return copy + master + moments + gradient;
   return copy + gradient + (bf16 ? (master + moments) / double(parts) : master + moments / double(parts));
@@ -56,7 +57,7 @@ double cudaStateBytesPerParameter(bool bf16, int64_t parts) {
 /// unless the distributed optimizer splits the masters); on each owner a
 /// buffer for its part of the summed gradient (runtime/cuda/CudaRank.cpp).
 std::vector<double> sharedParameterBytes(func::FuncOp func, const pipeline::Schedule &schedule, const ModelInfo &dims,
-                                         int64_t parts) {
+                                         int64_t parts, bool remainders) {
   std::vector<int64_t> modules(schedule.pp, 0); // MTP modules by rank
   for (auto mtp : func.getOps<mhc::MtpOp>())
     if (auto stage = mtp->getAttrOfType<IntegerAttr>(pipe::kStageAttr))
@@ -69,7 +70,7 @@ std::vector<double> sharedParameterBytes(func::FuncOp func, const pipeline::Sche
       continue;
     bytes[r] += double(modules[r]) * 2 * 4 * table; // a gradient for each module's use of each
     if (r != 0)                                      // the embedding held here too
-      bytes[r] += table * ((bf16 ? 2 : 0) + (partMasters ? 0 : 4));
+      bytes[r] += table * ((bf16 ? 2 : 0) + (partMasters || remainders ? 0 : 4));
     bytes[0] += 4 * table / double(parts); // the embedding's owner: its part of the sum
     bytes[r] += 4 * table / double(parts); // the head's owner (L's rank, MTP's): likewise
   }
@@ -84,20 +85,33 @@ void printDeviceMemory(func::FuncOp func, const ModelInfo &dims, const pipeline:
                        const pipeline::ScheduleSpec &spec, const pipeline::SimulationResult &result,
                        llvm::raw_ostream &os) {
   const int64_t parts = schedule.distributedOptimizer ? schedule.dp * schedule.cp : 1;
-  const double perParameter = cudaStateBytesPerParameter(dims.dtype == "bf16", parts);
-  const std::vector<double> shared = sharedParameterBytes(func, schedule, dims, parts);
+  const bool bf16 = dims.dtype == "bf16";
+  // Each rank's state and total, whole masters or (bf16) remainders.
+  auto ranks = [&](bool remainders) {
+    const double perParameter = cudaStateBytesPerParameter(bf16, parts, remainders);
+    const std::vector<double> shared = sharedParameterBytes(func, schedule, dims, parts, remainders);
+    std::string out;
+    for (int64_t r = 0; r < schedule.pp; ++r) {
+      int64_t params = 0;
+      for (size_t s = r; s < spec.stages.size(); s += schedule.pp)
+        params += spec.stages[s].params;
+      const double state = double(params) * perParameter + shared[r];
+      out += " rank " + std::to_string(r) + " " + humanBytes(state + double(result.peakBytes[r])) + " (" +
+             humanBytes(state) + " + " + humanBytes(double(result.peakBytes[r])) + ")" +
+             (r + 1 < schedule.pp ? ";" : "");
+    }
+    return out;
+  };
   os << llvm::formatv("predicted device memory a rank on the CUDA backend (the parameters' state at {0:F1} B "
                       "each, plus the peak activations; workspaces, the pool's slack and the CUDA context not "
                       "counted):",
-                      perParameter);
-  for (int64_t r = 0; r < schedule.pp; ++r) {
-    int64_t params = 0;
-    for (size_t s = r; s < spec.stages.size(); s += schedule.pp)
-      params += spec.stages[s].params;
-    const double state = double(params) * perParameter + shared[r];
-    os << " rank " << r << " " << humanBytes(state + double(result.peakBytes[r])) << " (" << humanBytes(state)
-       << " + " << humanBytes(double(result.peakBytes[r])) << ")" << (r + 1 < schedule.pp ? ";" : "\n");
-  }
+                      cudaStateBytesPerParameter(bf16, parts, false))
+     << ranks(false) << "\n";
+  if (bf16)
+    os << llvm::formatv("  with mhcrun --store-param-remainders (each fp32 master as its bf16 copy and 16 bits, "
+                        "{0:F1} B a parameter):",
+                        cudaStateBytesPerParameter(bf16, parts, true))
+       << ranks(true) << "\n";
 }
 
 /// What the pipeline phases decided, if they ran: layout, boundaries and the

@@ -135,6 +135,7 @@ run_repeat() {
   for entry in ${GPU_SUITE_REPEAT:-tiny_bf16_pp1}; do
     art=${entry%%:*}
     flags=""; [[ $entry == *:* ]] && flags=${entry#*:} && flags=${flags//,/ }
+    local tag=$art; [[ $flags == *--store-param-remainders* ]] && tag=${art}_remainders
     [ -f "$art.mhcc" ] || { row "repeat $art" SKIP "not in the bundle"; continue; }
     declare -A seen=()
     for k in $(seq "${GPU_SUITE_REPEAT_N:-10}"); do
@@ -163,18 +164,23 @@ run_memory() {
   # (sessions 3 and 30: PP1 26,234 MiB, which the dp ranks compare with too;
   # PP2 18,362 / 12,300; PP2/VPP2 19,229 / 13,167).
   local entry art flags name
-  for entry in ${GPU_SUITE_MEMORY:-1b_pp1 1b_pp2:--ranks-per-gpu=2 1b_pp2_vpp2:--ranks-per-gpu=2 1b_dp2_pp1:--ranks-per-gpu=2 1b_dp2_zero1_pp1:--ranks-per-gpu=2 1b_f32_pp1}; do
+  # --store-param-remainders: each fp32 master as its bf16 copy and 16 bits.
+  local defaults="1b_pp1 1b_pp2:--ranks-per-gpu=2 1b_pp2_vpp2:--ranks-per-gpu=2 1b_dp2_pp1:--ranks-per-gpu=2"
+  defaults+=" 1b_dp2_zero1_pp1:--ranks-per-gpu=2 1b_f32_pp1 1b_pp1:--store-param-remainders"
+  defaults+=" 1b_pp2:--ranks-per-gpu=2,--store-param-remainders 1b_pp2_vpp2:--ranks-per-gpu=2,--store-param-remainders"
+  for entry in ${GPU_SUITE_MEMORY:-$defaults}; do
     art=${entry%%:*}
     flags=""; [[ $entry == *:* ]] && flags=${entry#*:} && flags=${flags//,/ }
+    local tag=$art; [[ $flags == *--store-param-remainders* ]] && tag=${art}_remainders
     [ -f "$art.mhcc" ] || { row "memory $art" SKIP "not in the bundle"; continue; }
     for name in plain recomputed; do
       local recompute=""; [ $name = recomputed ] && recompute=--recompute-sublayers
       # shellcheck disable=SC2086
       timeout 300 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $flags $recompute \
-        --metrics "$logs/memory_${art}_$name.jsonl" > "$logs/memory_${art}_$name.log" 2>&1
+        --metrics "$logs/memory_${tag}_$name.jsonl" > "$logs/memory_${tag}_$name.log" 2>&1
     done
     local summary
-    summary=$(python3 - "$art" "$logs/memory_${art}_plain.jsonl" "$logs/memory_${art}_recomputed.jsonl" <<'PY' 2> /dev/null
+    summary=$(python3 - "$art" "$logs/memory_${tag}_plain.jsonl" "$logs/memory_${tag}_recomputed.jsonl" <<'PY' 2> /dev/null
 import json, sys
 art = sys.argv[1]
 runs = [[json.loads(l) for l in open(p)] for p in sys.argv[2:]]
@@ -193,8 +199,8 @@ PY
 )
     if [ -z "$summary" ]; then
       local failed=plain
-      [ -s "$logs/memory_${art}_plain.jsonl" ] && failed=recomputed
-      summary="FAIL (no metrics from the $failed run: $(tail -1 "$logs/memory_${art}_$failed.log" | cut -c1-80))"
+      [ -s "$logs/memory_${tag}_plain.jsonl" ] && failed=recomputed
+      summary="FAIL (no metrics from the $failed run: $(tail -1 "$logs/memory_${tag}_$failed.log" | cut -c1-80))"
     fi
     row "memory $art${flags:+ ($flags)}" "${summary%% *}" "${summary#* }"
   done

@@ -55,6 +55,9 @@ run_checks() {
       # Data parallelism: dp 2 at each layout against dp 2 PP1, and the CPU's dp 2.
       [tiny_dp2]="tiny_dp2_pp1:tiny_dp2_pp1 tiny_dp2_pp2_vpp2 tiny_dp2_pp2_zb tiny_dp2_zero1_pp1 tiny_dp2_zero1_pp2"
       [tiny_bf16_dp2]="tiny_bf16_dp2_pp1:tiny_bf16_dp2_pp1 tiny_bf16_dp2_pp2_vpp2 tiny_bf16_dp2_zero1_pp2"
+      # --store-param-remainders (masters as the bf16 copy and 16 bits), both backends settling ties alike.
+      [tiny_bf16_remainders]="tiny_bf16_pp1:tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_pp2_zb"
+      [tiny_bf16_dp2_remainders]="tiny_bf16_dp2_pp1:tiny_bf16_dp2_pp1 tiny_bf16_dp2_zero1_pp2"
       # Tensor parallelism: tp 2 at each layout against tp 2 PP1, and the CPU's tp 2.
       [tiny_tp2]="tiny_tp2_pp1:tiny_tp2_pp1 tiny_tp2_pp2 tiny_tp2_pp2_vpp2 tiny_tp2_pp2_zb"
       [tiny_bf16_tp2]="tiny_bf16_tp2_pp1:tiny_bf16_tp2_pp1 tiny_bf16_tp2_pp2_vpp2 tiny_bf16_tp2_pp2_zb"
@@ -89,7 +92,7 @@ run_checks() {
       [tiny_dp2_cp2]="tiny_dp2_cp2_pp1:tiny_dp2_cp2_pp1 tiny_dp2_cp2_zero1_pp2"
       [tiny_tp2_sp_cp2]="tiny_tp2_sp_cp2_pp1:tiny_tp2_sp_cp2_pp1 tiny_tp2_sp_cp2_pp2"
     )
-    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 tiny_dp2_cp2 tiny_cp4 small_bf16_cp4 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+    for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_bf16_remainders tiny_bf16_dp2_remainders tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 tiny_dp2_cp2 tiny_cp4 small_bf16_cp4 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
@@ -114,8 +117,10 @@ run_checks() {
       # rounding noise, 2-3e-3 apart by step 2 (docs/precision.md); the
       # layouts' bits are compared at that eps all the same.
       eps=; note=; [[ $name == small_bf16* ]] && eps=1e-5 && note=", adam eps 1e-5"
+      remainders=0; [[ $name == *_remainders ]] && remainders=1 && note+=", --store-param-remainders"
       if MHCC_ATTENTION=$attention MHCC_TEST_MEMORY_PLAN=$plan MHCC_TEST_PACKED_DOCUMENTS=$packed \
-         MHCC_TEST_ADAM_EPS=$eps timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
+         MHCC_TEST_ADAM_EPS=$eps MHCC_TEST_PARAM_REMAINDERS=$remainders \
+         timeout 420 ./gpu_training_test $args > "$logs/parity_$name.log" 2>&1; then
         r=PASS; else r=FAIL; fi
       [ -n "$pruned" ] && note+="; pruned:$pruned"
       row "parity $name ($(echo $kept | wc -w) layouts, x2$note)" $r \
@@ -319,6 +324,10 @@ PY
     }
     ck_zero1 zero1 tiny_dp2_zero1_pp1 tiny_dp2_pp1 "$inproc" "$inproc"
     ck_zero1 zero1_bf16 tiny_bf16_dp2_zero1_pp2 tiny_bf16_dp2_pp1 "$four" "$inproc"
+    # The same with each master kept as its bf16 copy and 16 bits (the pieces
+    # joined back into fp32 masters when saved, split again when loaded).
+    ck_zero1 zero1_bf16_remainders tiny_bf16_dp2_zero1_pp2 tiny_bf16_dp2_pp1 "$four --store-param-remainders" \
+      "$inproc --store-param-remainders"
     # ck_mesh NAME PP1 PP2 PLAIN [RANKS]: PP1's artifact (2 ranks, placed by
     # RANKS, default in this process) 10 + 10 == 20 iterations, resumed at
     # PP2 (4 ranks), and resumed at PLAIN (one rank a pipeline rank: step 11

@@ -464,6 +464,10 @@ int runMhcrun(int argc, char **argv) {
   std::optional<Artifact> artifact = readArtifact(f.artifactPath, error);
   if (!artifact)
     return fail(rankPrefix + error);
+  if (f.options.storeParamRemainders && artifact->model.dtype != "bf16")
+    return fail(rankPrefix + "--store-param-remainders: " + f.artifactPath + " holds an " + artifact->model.dtype +
+                " model, whose kernels read the fp32 masters themselves; the remainders (a master's low 16 bits "
+                "beside its bf16 copy) apply to bf16 models: drop the flag");
   // As the artifact's prediction assumed, unless the command line says otherwise.
   f.options.recompute = !f.noRecompute && (f.options.recompute || artifact->recomputeSublayers);
   if (f.options.recompute && !f.deviceProfileOut.empty())

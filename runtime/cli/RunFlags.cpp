@@ -60,6 +60,11 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
                  "AdamW's epsilon (Megatron's --adam-eps): the first step moves each weight by about lr x "
                  "g / (|g| + eps), so gradients far below eps move little");
   app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
+  app.add_flag("--store-param-remainders", o.storeParamRemainders,
+               "bf16 models: keep each fp32 master weight as the bf16 copy the kernels read and its low 16 bits "
+               "(Megatron's store_param_remainders): 2 bytes a parameter less on a GPU; a master exactly halfway "
+               "between two bf16 values moves one fp32 ulp toward its rounding (about once in 65,536 updates), "
+               "on both backends");
 }
 
 /// Where the ranks run: the backend's processes, GPUs and memory; the

@@ -86,34 +86,32 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 /// bytes a parameter element, of the parameters its stages use, its
 /// tensor-parallel blocks of them), the largest over the ranks: sharded over
 /// the gradient group's parts under the distributed optimizer, and without it.
-std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded) {
+int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &layout) {
   // The moments live on a parameter's owner (its first user's rank) alone;
   // every rank holding it keeps a master, or with the masters sharded the
-  // owner its part (runtime/cuda/RankPlan.h).
+  // owner its part, or with remainders the owner alone (the others' bf16
+  // copies arrive whole: runtime/cuda/RankPlan.h).
   const std::vector<cuda::ParamPlan> plans = cuda::planParameters(a);
-  int64_t sharded = 0, whole = 0;
+  const int64_t masterBytes = layout.remainders ? 2 : 4;
+  int64_t largest = 0;
   for (int64_t r = 0; r < a.pp; ++r)
-    for (int64_t d = 0; d < a.optimizerParts(); ++d) {
-      int64_t shard = 0, all = 0;
+    for (int64_t d = 0; d < (layout.sharded ? a.optimizerParts() : 1); ++d) {
+      int64_t bytes = 0;
       for (size_t p = 0; p < a.params.size(); ++p) {
         const cuda::ParamPlan &plan = plans[p];
         if (!std::binary_search(plan.holders.begin(), plan.holders.end(), r))
           continue;
         const int64_t count = shardCount(a.params[p], a.tp);
-        const auto [begin, end] = a.shardOf(count, d);
+        const auto [begin, end] = layout.sharded ? a.shardOf(count, d) : std::pair<int64_t, int64_t>{0, count};
         const int64_t part = end - begin;
-        if (plan.owner == r) {
-          shard += 8 * part + 4 * (mastersSharded ? part : count);
-          all += 12 * count;
-        } else {
-          shard += mastersSharded ? 0 : 4 * count;
-          all += 4 * count;
-        }
+        if (plan.owner == r)
+          bytes += 8 * part + masterBytes * (layout.mastersSharded ? part : count);
+        else if (!layout.mastersSharded && !layout.remainders)
+          bytes += 4 * count;
       }
-      sharded = std::max(sharded, shard);
-      whole = std::max(whole, all);
+      largest = std::max(largest, bytes);
     }
-  return {sharded, whole};
+  return largest;
 }
 
 /// The validation pass's line, Megatron's format.
@@ -170,19 +168,33 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
     std::cout << "mhcrun: activation recomputation: each sublayer's forward runs again before its backward ("
               << (a.recomputeSublayers ? "compiled with --recompute-sublayers" : "--recompute-sublayers") << ")"
               << std::endl;
+  // The CPU backend keeps whole fp32 masters (settled alike); the GPU the remainders.
+  const bool remainders = backend == "cuda" && f.options.storeParamRemainders;
   if (a.distributedOptimizer) {
     // Both backends shard the moments; the CUDA backend also a bf16 model's
     // fp32 masters (its kernels read the bf16 copies). An fp32 model's
     // kernels read the masters, which each GPU keeps whole, and the CPU
     // backend keeps every weight on every rank.
     const bool mastersSharded = backend == "cuda" && a.model.dtype == "bf16";
-    const auto [sharded, whole] = optimizerBytesPerRank(a, mastersSharded);
+    const int64_t sharded = optimizerBytesPerRank(a, {true, mastersSharded, remainders}),
+                  whole = optimizerBytesPerRank(a, {false, false, remainders});
     char line[240];
     std::snprintf(line, sizeof line,
                   "mhcrun: distributed optimizer: %s sharded over %lld parts (dp x cp), "
                   "%.2f MiB a rank (%.2f MiB without sharding)",
                   mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each rank)",
                   static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
+    std::cout << line << std::endl;
+  }
+  if (remainders) {
+    const OptimizerStateLayout layout{a.distributedOptimizer, a.distributedOptimizer, false};
+    OptimizerStateLayout withRemainders = layout;
+    withRemainders.remainders = true;
+    char line[240];
+    std::snprintf(line, sizeof line,
+                  "mhcrun: --store-param-remainders: each fp32 master kept as its bf16 copy and 16 bits, the "
+                  "optimizer's state %.2f MiB a rank (%.2f MiB with whole masters)",
+                  optimizerBytesPerRank(a, withRemainders) / 1048576.0, optimizerBytesPerRank(a, layout) / 1048576.0);
     std::cout << line << std::endl;
   }
 }

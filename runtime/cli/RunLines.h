@@ -33,11 +33,16 @@ void printProgress(int64_t done, int64_t total, double lmLoss);
 /// Device time by rank and primitive, largest first, then the host phases.
 void printProfile(const std::map<std::string, double> &profileMs, int64_t iterations);
 
+/// How a rank keeps the optimizer's state (optimizerBytesPerRank).
+struct OptimizerStateLayout {
+  bool sharded = false;        // the distributed optimizer's parts: the moments
+  bool mastersSharded = false; // and the fp32 masters (the CUDA backend's bf16 models)
+  bool remainders = false;     // each master as its bf16 copy and 2 bytes, on its owner alone
+};
 /// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
 /// bytes a parameter element, of the parameters its stages use, its
-/// tensor-parallel blocks of them), the largest over the ranks: sharded over
-/// the gradient group's parts under the distributed optimizer, and without it.
-std::pair<int64_t, int64_t> optimizerBytesPerRank(const Artifact &a, bool mastersSharded);
+/// tensor-parallel blocks of them), the largest over the ranks.
+int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &layout);
 
 /// The validation pass's line, Megatron's format.
 std::string validationLine(const StepResult &v);

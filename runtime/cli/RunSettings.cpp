@@ -55,6 +55,7 @@ std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlag
       {"--adam-beta1", number(o.beta1)},
       {"--adam-beta2", number(o.beta2)},
       {"--adam-eps", number(o.adamEps)},
+      {"--store-param-remainders", flag(o.storeParamRemainders)},
       {"--trace", flag(!f.tracePath.empty())},
       {"--save", f.saveDir},
       {"--save-interval", std::to_string(f.saveInterval)},

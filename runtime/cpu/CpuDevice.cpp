@@ -80,7 +80,7 @@ struct CpuWorld {
   std::unique_ptr<std::atomic<int64_t>[]> lastProgress, waitingOn;
 
   CpuWorld(const Artifact &artifact, const TrainOptions &opts, std::atomic<bool> &failedFlag)
-      : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }),
+      : a(artifact), options(opts), failed(failedFlag), params(artifact, true, [](int64_t) { return true; }, opts.storeParamRemainders),
         rankGrads(artifact.tp > 1 ? artifact.dp * artifact.cp * artifact.tp : artifact.reduceGroupSize() - 1,
                   blockGrads(artifact)),
         losses(artifact.reduceGroupSize()), peakBytes(artifact.worldSize(), 0), reduceGroups(artifact.pp),

@@ -47,7 +47,8 @@ public:
         // the ranks' blocks, and takes the norm; it holds every moment, or
         // under the distributed optimizer part 0's, each gradient-group
         // member's first rank holding (and updating) its member's part.
-        params_(a, rank == 0 || shard_ >= 0, [rank](int64_t) { return rank == 0; }, shard_),
+        params_(a, rank == 0 || shard_ >= 0, [rank](int64_t) { return rank == 0; }, options.storeParamRemainders,
+                shard_),
         grads_(blockGrads(a, [&a, rank](int64_t s) { return a.rankOf(s) == a.pipelineRankOf(rank); })) {
     if (rank == 0)
       gathered_.assign(a.tp, blockGrads(a));

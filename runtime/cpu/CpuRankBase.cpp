@@ -4,6 +4,7 @@
 #include "runtime/artifact/TensorSplit.h"
 #include "runtime/cpu/Bf16.h"
 #include "runtime/train/Optimizer.h"
+#include "runtime/train/ParamRemainders.h"
 #include "runtime/train/Parameters.h"
 
 #include <algorithm>
@@ -33,17 +34,26 @@ void storeAs(const StageProgram &p, int value, StageState &state) {
 
 } // namespace
 
-void WorkingWeights::refresh(const std::vector<std::vector<float>> &masters) {
+void WorkingWeights::refresh(std::vector<std::vector<float>> &masters) {
   if (!bf16_)
     return;
+  if (settleTies_)
+    for (std::vector<float> &w : masters)
+      for (float &v : w) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        bits = settleOffBf16Tie(bits);
+        std::memcpy(&v, &bits, sizeof bits);
+      }
   copies_ = masters;
   for (std::vector<float> &w : copies_)
     roundBf16(w.data(), int64_t(w.size()));
 }
 
 HostParameters::HostParameters(const Artifact &a, bool withMoments,
-                               const std::function<bool(int64_t stage)> &holdsStage, int64_t onlyShard)
-    : working(a) {
+                               const std::function<bool(int64_t stage)> &holdsStage, bool settleTies,
+                               int64_t onlyShard)
+    : working(a, settleTies) {
   const bool whole = withMoments && !a.distributedOptimizer;
   for (const ParamInfo &info : a.params) {
     weights.push_back(initialParameter(info, a.model.seed)); // the same bits wherever they are held

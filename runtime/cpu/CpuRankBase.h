@@ -26,15 +26,19 @@ namespace mhcc::runtime {
 /// their bf16 copies, refreshed after every change of the masters.
 class WorkingWeights {
 public:
-  explicit WorkingWeights(const Artifact &a) : bf16_(a.model.dtype == "bf16") {}
-  void refresh(const std::vector<std::vector<float>> &masters);
+  /// `settleTies`: TrainOptions::storeParamRemainders (bf16 models only).
+  WorkingWeights(const Artifact &a, bool settleTies)
+      : bf16_(a.model.dtype == "bf16"), settleTies_(bf16_ && settleTies) {}
+  /// Under settleTies the masters first move off bf16 ties, as the GPU's
+  /// remainders keep them (runtime/train/ParamRemainders.h); idempotent.
+  void refresh(std::vector<std::vector<float>> &masters);
   float *at(std::vector<std::vector<float>> &masters, size_t param) {
     return (bf16_ ? copies_[param] : masters[param]).data();
   }
   bool bf16() const { return bf16_; }
 
 private:
-  bool bf16_;
+  bool bf16_, settleTies_;
   std::vector<std::vector<float>> copies_;
 };
 
@@ -55,8 +59,9 @@ struct HostParameters {
 
   /// Initial values from the seed; moments sized only `withMoments`, and
   /// under the distributed optimizer only part `onlyShard`'s (all when -1).
+  /// `settleTies`: as WorkingWeights'.
   HostParameters(const Artifact &a, bool withMoments, const std::function<bool(int64_t stage)> &holdsStage,
-                 int64_t onlyShard = -1);
+                 bool settleTies, int64_t onlyShard = -1);
   float *weight(int param) { return working.at(weights, size_t(param)); }
   /// Reduces every stage's slot gradients and applies the optimizer
   /// (Optimizer.h's completeStep), then refreshes the working copies; a

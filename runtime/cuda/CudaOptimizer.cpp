@@ -185,15 +185,26 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     // update is the same arithmetic either way, so the same bits.
     const auto [begin, end] = ownShard(p);
     bf16 *low = bf16_ ? lowWeights_.at(int(p)) + begin : nullptr; // the kernels' copy, rounded in the same pass
-    float *w = end > begin ? weights_.at(int(p)) + (begin - masterRange(p).first) : nullptr;
+    const int64_t offset = begin - masterRange(p).first, count = end - begin;
     const float *g = gradient[p]; // the part's first element
-    if (k.sgd)
-      sgd(w, g, end - begin, float(k.lr), k.clip, low, compute_);
-    else
-      adamW(w, g, adamM_[int(p)], adamV_[int(p)], end - begin, float(k.lr), k.clip, k.beta1, k.beta2, k.eps,
-            k.correction1, k.correction2, a_.params[p].decay ? float(options_.weightDecay) : 0.0f, low, compute_);
+    const float decay = a_.params[p].decay ? float(options_.weightDecay) : 0.0f;
+    if (keepRemainders_ && count > 0) {
+      uint16_t *rem = remainders_.at(int(p)) + offset;
+      if (k.sgd)
+        sgdRemainders(rem, low, g, count, float(k.lr), k.clip, compute_);
+      else
+        adamWRemainders(rem, low, g, adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1,
+                        k.beta2, k.eps, k.correction1, k.correction2, decay, compute_);
+    } else if (!keepRemainders_) {
+      float *w = count > 0 ? weights_.at(int(p)) + offset : nullptr;
+      if (k.sgd)
+        sgd(w, g, count, float(k.lr), k.clip, low, compute_);
+      else
+        adamW(w, g, adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1, k.beta2, k.eps,
+              k.correction1, k.correction2, decay, low, compute_);
+    }
     if (sharded_) { // the others' parts: the kernels' copies (bf16), or the fp32 weights they read
-      gathered.push_back(partMasters_ ? partsOf(p, lowWeights_.at(int(p)), Dtype::BF16)
+      gathered.push_back(copiesLead() ? partsOf(p, lowWeights_.at(int(p)), Dtype::BF16)
                                       : partsOf(p, weights_.at(int(p)), Dtype::F32));
     }
   }
@@ -206,16 +217,16 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     follow(stream, compute_);
   // Other holders (a tied embedding's other pipeline ranks) get the whole
   // updated weights: fp32, rounded there as the owner rounds, or under
-  // partMasters_ the bf16 copies themselves (the same bits).
+  // copiesLead() the bf16 copies themselves (the same bits).
   links_->groupStart();
   for (size_t p = 0; p < P; ++p) {
     const ParamPlan &plan = plans_[p];
     const int64_t count = held(p);
-    const Dtype dtype = partMasters_ ? Dtype::BF16 : Dtype::F32;
+    const Dtype dtype = copiesLead() ? Dtype::BF16 : Dtype::F32;
     for (int64_t holder : plan.holders) {
       if (holder == plan.owner || (plan.owner != pipe_ && holder != pipe_))
         continue;
-      void *data = partMasters_ ? static_cast<void *>(lowWeights_.at(int(p))) : weights_.at(int(p));
+      void *data = copiesLead() ? static_cast<void *>(lowWeights_.at(int(p))) : weights_.at(int(p));
       if (plan.owner == pipe_)
         links_->send(data, count, dtype, globalPeer(holder), sendStream_[holder]);
       else if (holder == pipe_)

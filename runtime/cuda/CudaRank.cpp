@@ -1,9 +1,11 @@
 //===- CudaRank.cpp - setup, memory and step boundaries of a GPU rank -------===//
 #include "runtime/cuda/CudaRank.h"
 
+#include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gpus.h"
+#include "runtime/train/ParamRemainders.h"
 #include "runtime/train/Parameters.h"
 
 #include <nvtx3/nvToolsExt.h>
@@ -58,6 +60,7 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       contextRows_(artifact.contextRows(context_)), sharded_(artifact.optimizerParts() > 1),
       member_(artifact.reduceMemberOf(rank)),
       partMasters_(sharded_ && artifact.model.dtype == "bf16"),
+      keepRemainders_(options.storeParamRemainders && artifact.model.dtype == "bf16"),
       gpu_(gpu),
       peerFailed_(peerFailed),
       plans_(planParameters(artifact)), pairs_(communicatingPairs(artifact, plans_)),
@@ -79,6 +82,8 @@ CudaRank::~CudaRank() {
   for (auto &[k, ptr] : slotGrads_)
     cudaFree(ptr);
   for (auto &[k, ptr] : lowWeights_)
+    cudaFree(ptr);
+  for (auto &[k, ptr] : remainders_)
     cudaFree(ptr);
   cudaFree(rowMap_);
   for (int32_t *p : tokens_)
@@ -177,7 +182,11 @@ bool CudaRank::setupDevice() {
     const ParamInfo &info = a_.params[param];
     const size_t bytes = held(param) * sizeof(float);
     const auto [masterBegin, masterEnd] = masterRange(param);
-    if (masterEnd > masterBegin &&
+    if (masterEnd > masterBegin && keepRemainders_ &&
+        !(remainders_[int(param)] = reinterpret_cast<uint16_t *>(
+              deviceBuffer((masterEnd - masterBegin) * sizeof(uint16_t), "parameter " + info.name))))
+      return false;
+    if (masterEnd > masterBegin && !keepRemainders_ &&
         !(weights_[int(param)] = deviceBuffer((masterEnd - masterBegin) * sizeof(float), "parameter " + info.name)))
       return false;
     if (bf16_ && !(lowWeights_[int(param)] = reinterpret_cast<bf16 *>(deviceBuffer(held(param) * 2, info.name))))
@@ -245,13 +254,33 @@ bool CudaRank::setupDevice() {
 }
 
 std::pair<int64_t, int64_t> CudaRank::masterRange(size_t p) const {
-  if (!partMasters_)
+  if (!copiesLead())
     return {0, held(p)};
   return plans_[p].owner == pipe_ ? ownShard(p) : std::pair<int64_t, int64_t>{0, 0};
 }
 
 bool CudaRank::uploadWeights(size_t p, const std::vector<float> &block) {
   const auto [begin, end] = masterRange(p);
+  if (keepRemainders_) { // the copy and the remainders split on the host from the settled masters
+    std::vector<uint16_t> copy(block.size()), low(end - begin);
+    for (size_t e = 0; e < block.size(); ++e) {
+      uint32_t bits;
+      std::memcpy(&bits, &block[e], sizeof bits);
+      bits = settleOffBf16Tie(bits);
+      float settled;
+      std::memcpy(&settled, &bits, sizeof bits);
+      const float rounded = roundToBf16(settled);
+      uint32_t roundedBits;
+      std::memcpy(&roundedBits, &rounded, sizeof rounded);
+      copy[e] = uint16_t(roundedBits >> 16);
+      if (int64_t(e) >= begin && int64_t(e) < end)
+        low[e - begin] = uint16_t(bits & 0xFFFFu);
+    }
+    upload(lowWeights_.at(int(p)), copy.data(), copy.size() * sizeof(uint16_t));
+    if (end > begin)
+      upload(remainders_.at(int(p)), low.data(), low.size() * sizeof(uint16_t));
+    return check("uploading a parameter");
+  }
   if (end > begin)
     upload(weights_.at(int(p)), block.data() + begin, (end - begin) * sizeof(float));
   if (partMasters_) { // no whole master to round the kernels' copy from (refreshLowWeights): round the block

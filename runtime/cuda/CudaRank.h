@@ -295,7 +295,7 @@ private:
   bool recordGradientTaps(const std::vector<float *> &gradient, StepResult &result);
   /// bf16 models: the kernels' copies of the held weights, from the masters
   /// (with `receivedOnly`, those the owner's update did not already round);
-  /// nothing under partMasters_, whose copies are written where they change.
+  /// nothing under copiesLead(), whose copies are written where they change.
   void refreshLowWeights(bool receivedOnly = false);
 
   const Artifact &a_;
@@ -334,10 +334,21 @@ private:
   /// alone and other holders none, as the kernels read the bf16 copies; the
   /// parts' gather and the holders' messages carry the bf16 copies.
   const bool partMasters_;
+  /// TrainOptions::storeParamRemainders on a bf16 model: over its master
+  /// range a rank keeps each master's low 16 bits (remainders_) beside the
+  /// bf16 copy instead of the fp32 master (runtime/train/ParamRemainders.h).
+  const bool keepRemainders_;
+  /// The bf16 copies are the weights' record (partMasters_ or
+  /// keepRemainders_): the update writes them, the distributed optimizer's
+  /// gather and the other holders' messages carry them, refreshLowWeights
+  /// leaves them alone.
+  bool copiesLead() const { return partMasters_ || keepRemainders_; }
   /// The elements of parameter p whose fp32 master this rank keeps
-  /// (weights_[p] points at the first): all of its block, its part
-  /// (partMasters_, owners), or none.
+  /// (weights_[p], or remainders_[p] beside the copy, points at the first):
+  /// all of its block, its part (copiesLead: owners only), or none.
   std::pair<int64_t, int64_t> masterRange(size_t p) const;
+  /// The fp32 masters of parameter p's master range, on the host.
+  std::vector<float> downloadMasters(size_t p);
   /// Sets this rank's master range and bf16 copy of parameter p from its
   /// whole block (setup and loads).
   bool uploadWeights(size_t p, const std::vector<float> &block);
@@ -388,6 +399,7 @@ private:
   // uses (reduced_) of the part this rank updates (ownShard).
   std::map<int, float *> weights_, adamM_, adamV_, reduced_;
   std::map<int, bf16 *> lowWeights_;                        // bf16 models: what the kernels read
+  std::map<int, uint16_t *> remainders_;                    // keepRemainders_: instead of weights_
   std::map<std::pair<int64_t, int>, float *> slotGrads_;    // (stage, slot)
   std::unique_ptr<RankLinks> links_;                       // NCCL or shared-GPU (RankLinks.h)
   CollectiveCheck collectives_;                             // the running instruction's COLLECTIVEs

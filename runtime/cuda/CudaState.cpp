@@ -9,9 +9,11 @@
 #include "runtime/cuda/CudaRank.h"
 
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/train/ParamRemainders.h"
 #include "runtime/train/Parameters.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace mhcc::runtime::cuda {
@@ -23,12 +25,32 @@ void CudaRank::downloadParameters(std::vector<std::vector<float>> &weights) {
   if (member_ != 0 && !partMasters_)
     return;
   for (size_t p = 0; p < a_.params.size(); ++p)
-    if (plans_[p].owner == pipe_ && weights_.count(int(p)) && speaksFor(p)) {
+    if (plans_[p].owner == pipe_ && (weights_.count(int(p)) || remainders_.count(int(p))) && speaksFor(p)) {
       const auto [begin, end] = masterRange(p);
       std::vector<float> block(held(p));
-      cudaMemcpy(block.data() + begin, weights_[int(p)], (end - begin) * 4, cudaMemcpyDeviceToHost);
+      const std::vector<float> masters = downloadMasters(p);
+      std::copy(masters.begin(), masters.end(), block.begin() + begin);
       scatterShardPart(a_.params[p], a_.tp, tensor_, block.data(), begin, end, weights[p]);
     }
+}
+
+std::vector<float> CudaRank::downloadMasters(size_t p) {
+  const auto [begin, end] = masterRange(p);
+  std::vector<float> masters(end - begin);
+  if (end == begin)
+    return masters;
+  if (!keepRemainders_) {
+    cudaMemcpy(masters.data(), weights_.at(int(p)), masters.size() * 4, cudaMemcpyDeviceToHost);
+    return masters;
+  }
+  std::vector<uint16_t> copy(masters.size()), low(masters.size());
+  cudaMemcpy(copy.data(), lowWeights_.at(int(p)) + begin, copy.size() * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(low.data(), remainders_.at(int(p)), low.size() * 2, cudaMemcpyDeviceToHost);
+  for (size_t e = 0; e < masters.size(); ++e) {
+    const uint32_t bits = joinMaster(copy[e], low[e]);
+    std::memcpy(&masters[e], &bits, sizeof bits);
+  }
+  return masters;
 }
 
 // Between steps every queue is idle, so plain (synchronous) copies are
@@ -52,8 +74,8 @@ bool CudaRank::saveState(ParameterState &state) {
     if (member_ == 0 || partMasters_) {
       const auto [masterBegin, masterEnd] = masterRange(p);
       if (masterEnd > masterBegin) {
-        cudaMemcpy(block.data() + masterBegin, weights_[int(p)], (masterEnd - masterBegin) * 4,
-                   cudaMemcpyDeviceToHost);
+        const std::vector<float> masters = downloadMasters(p);
+        std::copy(masters.begin(), masters.end(), block.begin() + masterBegin);
         const TensorPiece piece{a_.tp, tensor_, masterBegin, masterEnd};
         scatterPiece(info, piece, block.data() + masterBegin, state.weights[p]);
         state.weightPieces[p].push_back(piece);
@@ -102,7 +124,7 @@ bool CudaRank::loadState(const ParameterState &state) {
 }
 
 void CudaRank::refreshLowWeights(bool receivedOnly) {
-  if (partMasters_) // the copies are what the update, the gather and the holders' messages write
+  if (copiesLead()) // the copies are what the update, the gather and the holders' messages write
     return;
   for (auto &[p, low] : lowWeights_)
     if (!receivedOnly || plans_[p].owner != pipe_)

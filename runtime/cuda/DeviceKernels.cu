@@ -1,6 +1,7 @@
 //===- DeviceKernels.cu - CUDA kernels for stage programs ---------------------===//
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/DeviceKernelsImpl.h"
+#include "runtime/train/ParamRemainders.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -154,6 +155,38 @@ __global__ void sgdKernel(float *w, const float *g, int64_t count, float lr, flo
     low[i] = __float2bfloat16_rn(w[i]);
 }
 
+/// Masters as their bf16 copy and low 16 bits: AdamW's element arithmetic.
+struct AdamWUpdate {
+  float *m, *v;
+  AdamWScalars k;
+  __device__ void operator()(float &w, float g, int64_t i) const {
+    float mi = m[i], vi = v[i];
+    adamWElement(w, g, mi, vi, k);
+    m[i] = mi;
+    v[i] = vi;
+  }
+};
+/// sgdKernel's.
+struct SgdUpdate {
+  float lr, clip;
+  __device__ void operator()(float &w, float g, int64_t) const { w -= lr * (g * clip); }
+};
+
+/// One element a thread: the two 2-byte arrays' loads coalesce a warp's
+/// 64 bytes; the update's arithmetic is Update's.
+template <class Update>
+__global__ void remaindersKernel(uint16_t *__restrict__ rem, bf16 *__restrict__ low, const float *__restrict__ g,
+                                 int64_t count, Update update) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count)
+    return;
+  float w = __uint_as_float(joinMaster(__bfloat16_as_ushort(low[i]), rem[i]));
+  update(w, g[i], i);
+  const uint32_t bits = settleOffBf16Tie(__float_as_uint(w));
+  low[i] = __float2bfloat16_rn(__uint_as_float(bits));
+  rem[i] = uint16_t(bits & 0xFFFFu);
+}
+
 } // namespace
 
 void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, cudaStream_t s) {
@@ -175,6 +208,19 @@ void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr
 void sgd(float *w, const float *g, int64_t count, float lr, float clip, bf16 *low, cudaStream_t s) {
   if (count)
     sgdKernel<<<blocks(count), kThreads, 0, s>>>(w, g, count, lr, clip, low);
+}
+
+void adamWRemainders(uint16_t *rem, bf16 *low, const float *g, float *m, float *v, int64_t count, float lr,
+                     float clip, float beta1, float beta2, float eps, float correction1, float correction2,
+                     float decay, cudaStream_t s) {
+  if (count)
+    remaindersKernel<<<blocks(count), kThreads, 0, s>>>(
+        rem, low, g, count, AdamWUpdate{m, v, {lr, clip, beta1, beta2, eps, correction1, correction2, decay}});
+}
+
+void sgdRemainders(uint16_t *rem, bf16 *low, const float *g, int64_t count, float lr, float clip, cudaStream_t s) {
+  if (count)
+    remaindersKernel<<<blocks(count), kThreads, 0, s>>>(rem, low, g, count, SgdUpdate{lr, clip});
 }
 
 std::string lastError(const char *what) {

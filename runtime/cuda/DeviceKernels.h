@@ -378,6 +378,13 @@ void squaresAndZeros(const StatsTensor *tensors, int64_t count, double *out, cud
 void adamW(float *w, const float *g, float *m, float *v, int64_t count, float lr, float clip, float beta1,
            float beta2, float eps, float correction1, float correction2, float decay, bf16 *low, cudaStream_t s);
 void sgd(float *w, const float *g, int64_t count, float lr, float clip, bf16 *low, cudaStream_t s);
+/// The same updates of masters kept as their bf16 copy `low` and low 16
+/// bits `rem` (runtime/train/ParamRemainders.h): each master joined, updated
+/// by the arithmetic above, settled off bf16 ties, split again.
+void adamWRemainders(uint16_t *rem, bf16 *low, const float *g, float *m, float *v, int64_t count, float lr,
+                     float clip, float beta1, float beta2, float eps, float correction1, float correction2,
+                     float decay, cudaStream_t s);
+void sgdRemainders(uint16_t *rem, bf16 *low, const float *g, int64_t count, float lr, float clip, cudaStream_t s);
 
 } // namespace mhcc::runtime::cuda
 

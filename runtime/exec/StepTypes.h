@@ -55,6 +55,11 @@ struct TrainOptions {
   /// --recompute-sublayers or an artifact compiled with it
   /// (Artifact::recomputeSublayers), unless --no-recompute-sublayers.
   bool recompute = false;
+  /// bf16 models: keep each fp32 master as its bf16 copy and its low 16
+  /// bits (Megatron's store_param_remainders; 2 bytes a parameter less on
+  /// the GPU), the masters settled off bf16 ties on both backends
+  /// (runtime/train/ParamRemainders.h).
+  bool storeParamRemainders = false;
   /// Record each instruction's start and end for mhcrun --trace: the host
   /// clock on the CPU backend, whose instructions run when issued; events on
   /// the streams that ran them on the GPU (Device::instructionTimes).

@@ -258,7 +258,7 @@ bool saveCheckpoint(const std::string &dir, int64_t iteration, const Artifact &a
       {"optimizer",
        {{"kind", options.optimizer}, {"lr", options.lr}, {"beta1", options.beta1}, {"beta2", options.beta2},
         {"eps", options.adamEps}, {"weight_decay", options.weightDecay}, {"clip_grad", options.clipGrad},
-        {"warmup_steps", options.warmupSteps}}},
+        {"warmup_steps", options.warmupSteps}, {"store_param_remainders", options.storeParamRemainders}}},
       {"data_seed", options.dataSeed},
       {"reset_position_ids", options.resetPositionIds},
       {"reset_attention_mask", options.resetAttentionMask},

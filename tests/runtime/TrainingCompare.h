@@ -46,6 +46,9 @@ inline TrainingRun train(const std::string &path, const TokenDataset &data, int6
   // whose sign depends on the noise (docs/precision.md, small_bf16).
   if (const char *eps = std::getenv("MHCC_TEST_ADAM_EPS"); eps && *eps)
     options.adamEps = std::atof(eps);
+  // The GPU suite's --store-param-remainders parity groups (both backends).
+  if (const char *remainders = std::getenv("MHCC_TEST_PARAM_REMAINDERS"); remainders && std::string(remainders) == "1")
+    options.storeParamRemainders = true;
   // A hung layout then fails in seconds instead of using up a GPU call.
   if (const char *timeout = std::getenv("MHCC_TEST_RECV_TIMEOUT"))
     options.recvTimeoutSeconds = std::atof(timeout);

@@ -1,8 +1,12 @@
 // roundToBf16 is round to nearest, ties to even (CUDA's __float2bfloat16_rn):
 // checked on the edge cases and against a reference that picks the nearer of
 // the two neighbouring bf16 values in double arithmetic, over random bit
-// patterns of every exponent.
+// patterns of every exponent. The remainders of --store-param-remainders
+// (ParamRemainders.h): a settled master's copy is its unsettled copy, only
+// ties move (one ulp), and the copy with the low 16 bits gives the settled
+// master back exactly, for every low half under high halves of every kind.
 #include "runtime/cpu/Bf16.h"
+#include "runtime/train/ParamRemainders.h"
 
 #include <gtest/gtest.h>
 
@@ -68,6 +72,46 @@ TEST(Bf16, RoundsBuffersInPlaceAndIsIdempotent) {
   for (float v : data) {
     EXPECT_EQ(bitsOf(v) & 0xffffu, 0u);
     EXPECT_EQ(roundToBf16(v), v);
+  }
+}
+
+/// The bf16 copy's bits of a master's bits (what the GPU's update stores).
+uint16_t copyBits(uint32_t master) { return uint16_t(bitsOf(roundToBf16(fromBits(master))) >> 16); }
+
+TEST(ParamRemainders, EveryLowHalfSettlesAndJoinsBackExactly) {
+  // High halves: +-1 with an even and an odd mantissa, a subnormal, the
+  // largest finite (its copy rounds up to infinity), small and large exponents.
+  const uint32_t highs[] = {0x3F80, 0x3F81, 0xBF80, 0xBF81, 0x0000, 0x8000, 0x0001, 0x8001,
+                            0x7F7F, 0xFF7F, 0x0080, 0x0081, 0x4B00, 0x4B01, 0x3400, 0xB7FF};
+  int ties = 0;
+  for (uint32_t high : highs)
+    for (uint32_t low = 0; low <= 0xFFFFu; ++low) {
+      const uint32_t master = high << 16 | low, settled = settleOffBf16Tie(master);
+      ASSERT_EQ(copyBits(settled), copyBits(master)) << std::hex << master << ": settling moved the copy";
+      if (low == 0x8000u) {
+        ++ties;
+        ASSERT_EQ(settled, (high & 1u) ? master + 1 : master - 1) << std::hex << master;
+      } else {
+        ASSERT_EQ(settled, master) << std::hex << master << ": not a tie, yet it moved";
+      }
+      ASSERT_EQ(settleOffBf16Tie(settled), settled) << std::hex << master << ": settling twice moved it again";
+      ASSERT_EQ(joinMaster(copyBits(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
+    }
+  EXPECT_EQ(ties, 16);
+}
+
+TEST(ParamRemainders, RandomMastersJoinBackAndMoveAtMostOneUlp) {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t master = rng();
+    if (i % 64 == 0)
+      master = (master & 0xFFFF0000u) | 0x8000u; // ties, often
+    const float x = fromBits(master);
+    if (std::isnan(x) || std::isinf(x))
+      continue;
+    const uint32_t settled = settleOffBf16Tie(master);
+    ASSERT_LE(settled > master ? settled - master : master - settled, 1u);
+    ASSERT_EQ(joinMaster(copyBits(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
   }
 }
 

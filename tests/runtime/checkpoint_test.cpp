@@ -29,7 +29,7 @@
 namespace mhcc::runtime {
 namespace {
 
-std::string gData, gPp1, gPp2Vpp2, gPp4Vpp2, gOther;
+std::string gData, gPp1, gPp2Vpp2, gPp4Vpp2, gOther, gBf16;
 
 struct Trained {
   std::vector<StepResult> steps;
@@ -53,21 +53,23 @@ const TokenDataset &data() {
   return *d;
 }
 
-std::unique_ptr<Trainer> makeTrainer(const std::string &path) {
+std::unique_ptr<Trainer> makeTrainer(const std::string &path, const TrainOptions &options = TrainOptions()) {
   std::string error;
   std::optional<Artifact> artifact = readArtifact(path, error);
   EXPECT_TRUE(artifact) << error;
-  auto trainer = Trainer::create(std::move(*artifact), data(), TrainOptions(), cpuDevices(), error);
+  auto trainer = Trainer::create(std::move(*artifact), data(), options, cpuDevices(), error);
   EXPECT_TRUE(trainer) << error;
   return trainer;
 }
 
-/// Trains until iteration `until`; first loads `loadDir` (if given, with
-/// `mutate` applied to the loaded state); saves into `saveDir` at the end.
+/// Trains until iteration `until` with `options`; first loads `loadDir` (if
+/// given, with `mutate` applied to the loaded state); saves into `saveDir` at
+/// the end.
 Trained train(const std::string &path, int64_t until, const std::string &loadDir = "",
           const std::string &saveDir = "",
-          const std::function<void(ParameterState &)> &mutate = nullptr) {
-  std::unique_ptr<Trainer> trainer = makeTrainer(path);
+          const std::function<void(ParameterState &)> &mutate = nullptr,
+          const TrainOptions &options = TrainOptions()) {
+  std::unique_ptr<Trainer> trainer = makeTrainer(path, options);
   std::string error;
   Trained run;
   if (!trainer)
@@ -90,7 +92,7 @@ Trained train(const std::string &path, int64_t until, const std::string &loadDir
   if (!saveDir.empty()) {
     ParameterState state;
     EXPECT_TRUE(trainer->saveState(state, error)) << error;
-    EXPECT_TRUE(saveCheckpoint(saveDir, trainer->stepsDone(), trainer->artifact(), TrainOptions(), state, {}, error))
+    EXPECT_TRUE(saveCheckpoint(saveDir, trainer->stepsDone(), trainer->artifact(), options, state, {}, error))
         << error;
   }
   run.weights = trainer->parameters();
@@ -141,6 +143,20 @@ TEST(Checkpoint, SavedUnderPp2Vpp2ResumesUnderPp1AndPp4Vpp2) {
     std::string why;
     EXPECT_TRUE(continuesExactly(full, tail, why)) << layout << ": " << why;
   }
+}
+
+// A bf16 model's masters kept as remainders (--store-param-remainders,
+// settled off bf16 ties on the CPU as on the GPU) resume bit for bit.
+TEST(Checkpoint, SettledMastersResumeBitForBit) {
+  const std::string dir = tempDir("remainders");
+  TrainOptions remainders;
+  remainders.storeParamRemainders = true;
+  Trained full = train(gBf16, 4, "", "", nullptr, remainders);
+  train(gBf16, 2, "", dir, nullptr, remainders);
+  Trained tail = train(gBf16, 4, dir, "", nullptr, remainders);
+  ASSERT_EQ(tail.steps.size(), 2u);
+  std::string why;
+  EXPECT_TRUE(continuesExactly(full, tail, why)) << why;
 }
 
 // The comparison above is able to fail: without the moments (as if the save
@@ -416,8 +432,8 @@ TEST(Checkpoint, TwoProcessesPiecesLoadAsTheWholeState) {
 
 int main(int argc, char **argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s DATA PP1 PP2_VPP2 PP4_VPP2 OTHER_MODEL\n", argv[0]);
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s DATA PP1 PP2_VPP2 PP4_VPP2 OTHER_MODEL BF16_PP1\n", argv[0]);
     return 2;
   }
   using namespace mhcc::runtime;
@@ -426,5 +442,6 @@ int main(int argc, char **argv) {
   gPp2Vpp2 = argv[3];
   gPp4Vpp2 = argv[4];
   gOther = argv[5];
+  gBf16 = argv[6];
   return RUN_ALL_TESTS();
 }

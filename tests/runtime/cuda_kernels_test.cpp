@@ -5,8 +5,10 @@
 // command line (n = 4, 20 Sinkhorn iterations). Skips cleanly where no GPU
 // is visible.
 #include "runtime/artifact/Artifact.h"
+#include "runtime/cpu/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/train/ParamRemainders.h"
 #include "tests/runtime/ModelKernelsTest.h"
 
 #include <cuda_runtime.h>
@@ -166,6 +168,71 @@ TEST_F(CudaKernels, GradientStatisticsByPartsGiveTheWholeBits) {
     }
     EXPECT_NEAR(squares, want, 1e-12 * want) << count;
     EXPECT_EQ(zeros, wantZeros) << count;
+  }
+}
+
+/// The bits of a float, and the bits of its bf16 rounding (the copy).
+uint32_t bitsOf(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+uint16_t copyOf(uint32_t master) {
+  float x;
+  std::memcpy(&x, &master, 4);
+  return uint16_t(bitsOf(roundToBf16(x)) >> 16);
+}
+
+/// --store-param-remainders' updates (runtime/train/ParamRemainders.h):
+/// AdamW and SGD on masters kept as their bf16 copy and low 16 bits give the
+/// plain kernels' moments, and the copy and low bits of the plain kernels'
+/// masters settled off bf16 ties; over 2^20 elements some updated masters
+/// land on a tie, so the device's settling runs.
+TEST_F(CudaKernels, OptimizerOnRemaindersIsThePlainUpdateSettled) {
+  const int64_t count = int64_t(1) << 20;
+  std::vector<float> w = random(count), g = random(count, 0.1f), m = random(count, 0.01f), v = random(count, 0.01f);
+  for (float &x : v)
+    x = std::abs(x);
+  std::vector<uint16_t> copy(count), low(count);
+  for (int64_t e = 0; e < count; ++e) { // the masters as a run keeps them: settled
+    const uint32_t bits = settleOffBf16Tie(bitsOf(w[e]));
+    std::memcpy(&w[e], &bits, 4);
+    copy[e] = copyOf(bits);
+    low[e] = uint16_t(bits & 0xFFFFu);
+  }
+  for (bool sgd : {false, true}) {
+    float *dw = upload(w), *dm = upload(m), *dv = upload(v), *dm2 = upload(m), *dv2 = upload(v);
+    const float *dg = upload(g);
+    uint16_t *dcopy = upload(copy), *dlow = upload(low);
+    auto *dcopyBf16 = reinterpret_cast<__nv_bfloat16 *>(dcopy);
+    if (sgd) {
+      cuda::sgd(dw, dg, count, 1e-3f, 0.5f, nullptr, nullptr);
+      cuda::sgdRemainders(dlow, dcopyBf16, dg, count, 1e-3f, 0.5f, nullptr);
+    } else {
+      cuda::adamW(dw, dg, dm, dv, count, 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f, 0.1f, nullptr, nullptr);
+      cuda::adamWRemainders(dlow, dcopyBf16, dg, dm2, dv2, count, 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f,
+                            0.1f, nullptr);
+    }
+    ASSERT_EQ(cuda::lastError("the optimizer kernels"), "");
+    const std::vector<float> plain = download(dw, count);
+    std::vector<uint16_t> gotCopy(count), gotLow(count);
+    cudaMemcpy(gotCopy.data(), dcopy, count * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gotLow.data(), dlow, count * 2, cudaMemcpyDeviceToHost);
+    int64_t ties = 0, wrong = 0, moved = 0;
+    for (int64_t e = 0; e < count; ++e) {
+      const uint32_t bits = bitsOf(plain[e]), settled = settleOffBf16Tie(bits);
+      ties += settled != bits;
+      moved += bits != bitsOf(w[e]);
+      wrong += gotCopy[e] != copyOf(settled) || gotLow[e] != uint16_t(settled & 0xFFFFu);
+    }
+    const char *what = sgd ? "sgd" : "adamW";
+    EXPECT_EQ(wrong, 0) << what << ": elements whose copy or low bits are not the plain update's, settled";
+    EXPECT_GT(ties, 0) << what << ": no updated master landed on a tie";
+    EXPECT_GT(moved, count / 2) << what << ": the step moved few masters";
+    if (!sgd) {
+      EXPECT_EQ(std::memcmp(download(dm, count).data(), download(dm2, count).data(), count * 4), 0);
+      EXPECT_EQ(std::memcmp(download(dv, count).data(), download(dv2, count).data(), count * 4), 0);
+    }
   }
 }
 
