@@ -152,7 +152,7 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
     pipeline::Schedule schedule = readSchedule(scheduleOp);
     FailureOr<pipeline::ScheduleSpec> spec = scheduleSpecOf(
         func, schedule.kind, schedule.microbatches, schedule.groupSize, simulation, schedule.cp, schedule.tp,
-        schedule.sequenceParallel, schedule.recomputeSublayers);
+        schedule.sequenceParallel, schedule.recomputeSublayers, schedule.recomputeNumSublayers);
     if (failed(spec))
       return failure();
     pipeline::SimulationResult result = pipeline::simulateSchedule(schedule, *spec);
@@ -184,9 +184,14 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
          << " ranks), each member keeping Adam's moments of its part of every parameter, updating it and "
             "all-gathering the weights\n";
     if (schedule.recomputeSublayers)
-      os << "activation recomputation: each sublayer keeps its input residual from its forward to its backward "
-            "and runs its forward again before it (the peaks and step above count it, but for the recomputed "
-            "forwards' collectives under tp or cp; mhcrun recomputes)\n";
+      os << "activation recomputation: "
+         << (schedule.recomputeNumSublayers > 1
+                 ? "each segment of " + std::to_string(schedule.recomputeNumSublayers) + " sublayers keeps its input "
+                   "residual from its forward to its backward and runs its forward again before it"
+                 : std::string("each sublayer keeps its input residual from its forward to its backward and runs its "
+                               "forward again before it"))
+         << " (the peaks and step above count it, but for the recomputed forwards' collectives under tp or cp; "
+            "mhcrun recomputes)\n";
     if (schedule.tp > 1)
       os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "
          << schedule.pp * schedule.dp * schedule.cp * schedule.tp

@@ -397,6 +397,7 @@ FailureOr<Artifact> buildArtifact(ModuleOp module, llvm::StringRef modelHash) {
   artifact.sequenceParallel = schedule.sequenceParallel;
   artifact.distributedOptimizer = schedule.distributedOptimizer;
   artifact.recomputeSublayers = schedule.recomputeSublayers;
+  artifact.recomputeNumSublayers = schedule.recomputeNumSublayers;
   artifact.microbatches = schedule.microbatches;
   artifact.groupSize = schedule.groupSize;
   artifact.scheduleKind = pipeline::scheduleKindName(schedule.kind);

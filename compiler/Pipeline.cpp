@@ -91,6 +91,11 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "input residual and runs its forward again before its backward; the partition, the "
                          "predicted step and memory count it, and mhcrun recomputes (the same bits)"),
                 cl::cat(pipelineCategory()));
+  binder.option(recomputeNumSublayers, "recompute-num-sublayers",
+                cl::desc("With --recompute-sublayers: the sublayers each recomputed segment holds (Megatron's "
+                         "--recompute-num-layers): only a segment's input is kept, so fewer checkpoints and a "
+                         "larger working set, the same bits"),
+                cl::cat(pipelineCategory()));
   binder.option(testMisorderP2P, "test-misorder-p2p",
                 cl::desc("Testing only: swap two same-peer receives so verification must fail"),
                 cl::cat(pipelineCategory()), cl::Hidden);
@@ -129,6 +134,11 @@ std::optional<OptionError> PipelineOptions::validate() const {
   if (sequenceParallel && tp < 2)
     return OptionError{"sequence-parallel", "splits sequences over the tensor-parallel ranks; it needs --tp 2 or "
                                             "more"};
+  if (recomputeNumSublayers < 1 || recomputeNumSublayers > 1024)
+    return OptionError{"recompute-num-sublayers", "must be 1 to 1024 sublayers a segment, got " +
+                                                      std::to_string(recomputeNumSublayers)};
+  if (recomputeNumSublayers > 1 && !recomputeSublayers)
+    return OptionError{"recompute-num-sublayers", "sizes the recomputed segments; add --recompute-sublayers"};
   if (distributedOptimizer && dp * cp < 2)
     return OptionError{"distributed-optimizer", "shards the optimizer over the gradient group (dp x cp ranks); it "
                                                 "needs --dp or --cp of 2 or more"};
@@ -207,6 +217,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   partition.layout = options.layout;
   partition.memoryCapGib = options.memoryCapGib;
   partition.recomputeSublayers = options.recomputeSublayers;
+  partition.recomputeNumSublayers = options.recomputeNumSublayers;
   pm.addPass(createPipePartition(partition));
   if (options.compileTo < Phase::P2P)
     return;
@@ -223,6 +234,7 @@ void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options) {
   schedule.sequenceParallel = options.sequenceParallel;
   schedule.distributedOptimizer = options.distributedOptimizer;
   schedule.recomputeSublayers = options.recomputeSublayers;
+  schedule.recomputeNumSublayers = options.recomputeNumSublayers;
   pm.addPass(createPipeSchedule(schedule));
   if (options.testMisorderP2P)
     pm.addPass(createPipeTestMisorderP2P());

@@ -53,6 +53,7 @@ struct PipelineOptions {
   bool sequenceParallel = false; // Megatron's sequence parallelism (tp > 1)
   bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group (dp > 1)
   bool recomputeSublayers = false;   // activation recomputation, costed and recorded in the artifact
+  int64_t recomputeNumSublayers = 1; // with it, the sublayers a recomputed segment holds
   bool testMisorderP2P = false;
 
   /// Declares every option once: `binder.option(field, name, modifiers...)`

@@ -54,6 +54,8 @@ def PipePartition : Pass<"pipe-partition", "mlir::ModuleOp"> {
     Option<"recomputeSublayers", "recompute-sublayers", "bool", "false",
            "Cost the automatic partition with activation recomputation: a sublayer keeps its input "
            "residual and runs its forward twice">,
+    Option<"recomputeNumSublayers", "recompute-num-sublayers", "int64_t", "1",
+           "With recompute-sublayers: the sublayers each recomputed segment holds (only its input kept)">,
   ];
   let dependentDialects = ["::mhcc::pipe::PipeDialect"];
 }
@@ -105,6 +107,9 @@ def PipeSchedule : Pass<"pipe-schedule", "mlir::ModuleOp"> {
     Option<"recomputeSublayers", "recompute-sublayers", "bool", "false",
            "Activation recomputation: recorded on the pipe.schedule; the stages' costs keep each sublayer's "
            "input residual alone and add a second forward to its backward">,
+    Option<"recomputeNumSublayers", "recompute-num-sublayers", "int64_t", "1",
+           "With recompute-sublayers: the sublayers each recomputed segment holds, recorded on the "
+           "pipe.schedule; the costs keep only each segment's input">,
   ];
 }
 

@@ -33,7 +33,7 @@ struct PipePartitionPass : public impl::PipePartitionBase<PipePartitionPass> {
       }
       chosen = *parsed;
     } else {
-      mlir::FailureOr<std::vector<pipeline::PartitionUnit>> units = partitionUnitsOf(*func, recomputeSublayers);
+      mlir::FailureOr<std::vector<pipeline::PartitionUnit>> units = partitionUnitsOf(*func, recomputeSublayers, recomputeNumSublayers);
       if (failed(units))
         return signalPassFailure();
       pipeline::PartitionRequest request{pp, vpp, memoryCapGib * double(1ull << 30)};

@@ -33,7 +33,7 @@ struct PipeSchedulePass : public impl::PipeScheduleBase<PipeSchedulePass> {
     }
     FailureOr<pipeline::ScheduleSpec> spec =
         scheduleSpecOf(*func, *scheduleKind, microbatches, groupSize, SimulationOptions{}, cp, tp, sequenceParallel,
-                       recomputeSublayers);
+                       recomputeSublayers, recomputeNumSublayers);
     if (failed(spec))
       return signalPassFailure();
     spec->dp = dp;

@@ -24,7 +24,7 @@ struct PipeVerifySchedulePass : public impl::PipeVerifyScheduleBase<PipeVerifySc
       FailureOr<pipeline::ScheduleSpec> spec =
           scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize,
                          SimulationOptions{}, schedule.cp, schedule.tp, schedule.sequenceParallel,
-                         schedule.recomputeSublayers);
+                         schedule.recomputeSublayers, schedule.recomputeNumSublayers);
       if (failed(spec))
         return signalPassFailure();
       if (spec->pp != schedule.pp || spec->vpp != schedule.vpp) {

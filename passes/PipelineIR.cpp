@@ -76,7 +76,8 @@ pipeline::ModelShape modelShapeOf(func::FuncOp func) {
   return shape;
 }
 
-FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func, bool recomputeSublayers) {
+FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp func, bool recomputeSublayers,
+                                                                 int64_t sublayersPerSegment) {
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(dims))
     return failure();
@@ -96,15 +97,18 @@ FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp fu
       continue;
     UnitCost cost = unitCost(*unitKindOf(&op), *dims);
     pipeline::PartitionUnit &unit = units[index];
-    // Recomputed, a sublayer keeps its input residual and runs its forward twice.
+    // Recomputed, a segment of k sublayers keeps its input residual and runs
+    // its forward twice: per sublayer, 1 / k of a checkpoint on average, and
+    // a segment's working set k sublayers' (partitioning needs no more).
     const bool recomputed = recomputeSublayers && cost.checkpointBytesPerToken > 0;
+    const double k = double(std::max<int64_t>(sublayersPerSegment, 1));
     unit.time += (recomputed ? 4 : 3) * cost.forwardFlopsPerToken * tokens;
     unit.parameterBytes += kBytesPerParameter * cost.params;
-    unit.activationBytes += (recomputed ? cost.checkpointBytesPerToken : cost.savedBytesPerToken) * tokens;
+    unit.activationBytes += (recomputed ? cost.checkpointBytesPerToken / k : cost.savedBytesPerToken) * tokens;
     if (recomputed) { // in program order: the layer's last sublayer comes last
-      const double drop = double(cost.savedBytesPerToken - cost.checkpointBytesPerToken) * tokens;
-      unit.lastSublayerDrop = drop;
-      unit.largestSublayerDrop = std::max(unit.largestSublayerDrop, drop);
+      const double drop = (double(cost.savedBytesPerToken) - cost.checkpointBytesPerToken / k) * tokens;
+      unit.lastSublayerDrop = k * drop;
+      unit.largestSublayerDrop = std::max(unit.largestSublayerDrop, k * drop);
     }
   }
   return units;
@@ -222,30 +226,36 @@ namespace {
 /// and runs its forward again before its backward; the stage's last
 /// segment is never dropped, so a sublayer that ends the stage keeps all.
 struct RecomputeTally {
-  struct Unit {
-    int64_t dropped = 0;
+  /// A segment of sublayers, as the runtime cuts them (runtime/program/Recompute.h).
+  struct Segment {
+    int64_t sublayers = 0, dropped = 0;
     double forwardMs = 0;
   };
-  std::optional<Unit> last; // the latest sublayer, if nothing followed it yet
+  int64_t perSegment = 1;
+  Segment open;           // the latest segment, until something follows it
   int64_t dropped = 0, largest = 0;
   double forwardMs = 0;
 
   /// A unit saving `saved` bytes, of which `checkpoint` are its input
-  /// residual (0: a unit recomputation leaves alone).
+  /// residual (0: a unit recomputation leaves alone, which ends a full
+  /// segment before it). A segment's first sublayer keeps its checkpoint,
+  /// the others' are dropped with the rest.
   void add(int64_t saved, int64_t checkpoint, double unitForwardMs) {
-    commitLast();
-    if (checkpoint > 0)
-      last = Unit{saved - checkpoint, unitForwardMs};
-  }
-  void commitLast() {
-    if (!last)
+    if (open.sublayers >= perSegment)
+      commitOpen();
+    if (checkpoint <= 0)
       return;
-    dropped += last->dropped;
-    largest = std::max(largest, last->dropped);
-    forwardMs += last->forwardMs;
-    last.reset();
+    open.dropped += open.sublayers == 0 ? saved - checkpoint : saved;
+    open.forwardMs += unitForwardMs;
+    ++open.sublayers;
   }
-  /// The last unit still pending ends the stage: kept whole.
+  void commitOpen() {
+    dropped += open.dropped;
+    largest = std::max(largest, open.dropped);
+    forwardMs += open.forwardMs;
+    open = Segment{};
+  }
+  /// The segment still open ends the stage: kept whole.
   void applyTo(pipeline::StageSpec &stage) const {
     stage.savedBytes -= dropped;
     stage.recomputedBytes = dropped;
@@ -259,7 +269,8 @@ struct RecomputeTally {
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
                                                  const SimulationOptions &options, int64_t cp, int64_t tp,
-                                                 bool sequenceParallel, bool recomputeSublayers) {
+                                                 bool sequenceParallel, bool recomputeSublayers,
+                                                 int64_t sublayersPerSegment) {
   FailureOr<pipeline::Layout> layout = layoutOf(func);
   FailureOr<ModelInfo> dims = modelInfoOf(func);
   if (failed(layout) || failed(dims))
@@ -278,6 +289,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.tp = tp;
   spec.sequenceParallel = sequenceParallel;
   spec.recomputeSublayers = recomputeSublayers;
+  spec.recomputeNumSublayers = recomputeSublayers ? std::max<int64_t>(sublayersPerSegment, 1) : 1;
   spec.elementBytes = dims->dtypeBytes();
   const DeviceProfile &profile = options.profile;
   spec.linkBytesPerTime = profile.linkGBps * 1e6; // bytes per millisecond
@@ -287,6 +299,8 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   spec.stages.assign(stages, {});
   std::vector<std::vector<runtime::CollectiveStep>> collectiveSteps(stages);
   std::vector<RecomputeTally> recompute(stages);
+  for (RecomputeTally &tally : recompute)
+    tally.perSegment = spec.recomputeNumSublayers;
   for (Operation &op : func.getBody().front()) {
     if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
       int64_t src = boundary.getSrcStage();
@@ -350,7 +364,8 @@ FailureOr<pipeline::SimulationResult> simulateModuleSchedule(ModuleOp module, co
   pipeline::Schedule schedule = readSchedule(*scheduleOps.begin());
   FailureOr<pipeline::ScheduleSpec> spec =
       scheduleSpecOf(*func, schedule.kind, schedule.microbatches, schedule.groupSize, options, schedule.cp,
-                     schedule.tp, schedule.sequenceParallel, schedule.recomputeSublayers);
+                     schedule.tp, schedule.sequenceParallel, schedule.recomputeSublayers,
+                     schedule.recomputeNumSublayers);
   if (failed(spec))
     return failure();
   return pipeline::simulateSchedule(schedule, *spec);
@@ -371,7 +386,9 @@ pipe::ScheduleOp emitSchedule(func::FuncOp func, const pipeline::Schedule &sched
       schedule.tp > 1 ? i64(schedule.tp) : IntegerAttr(),
       schedule.sequenceParallel ? builder.getUnitAttr() : UnitAttr(),
       schedule.distributedOptimizer ? builder.getUnitAttr() : UnitAttr(),
-      schedule.recomputeSublayers ? builder.getUnitAttr() : UnitAttr());
+      schedule.recomputeSublayers ? builder.getUnitAttr() : UnitAttr(),
+      schedule.recomputeSublayers && schedule.recomputeNumSublayers > 1 ? i64(schedule.recomputeNumSublayers)
+                                                                        : IntegerAttr());
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   // A message has its boundary's element type (the residual may be f32 in a bf16 model).
   llvm::DenseMap<int64_t, Type> boundaryElements;
@@ -445,6 +462,7 @@ pipeline::Schedule readSchedule(pipe::ScheduleOp op,
   schedule.sequenceParallel = op.getSequenceParallel();
   schedule.distributedOptimizer = op.getDistributedOptimizer();
   schedule.recomputeSublayers = op.getRecomputeSublayers();
+  schedule.recomputeNumSublayers = op.getRecomputeNumSublayers().value_or(1);
   if (instrOps)
     instrOps->clear();
   for (auto rank : op.getBody().front().getOps<pipe::RankOp>()) {

@@ -28,9 +28,11 @@ pipeline::ModelShape modelShapeOf(mlir::func::FuncOp func);
 /// The model as a chain of partition units (E, each layer, L with the MTP
 /// modules) costed for one microbatch: time in FLOPs of forward + backward,
 /// fp32 weights + gradients + Adam moments, saved activations (with
-/// `recomputeSublayers`, a sublayer's input residual and a second forward).
+/// `recomputeSublayers`, a segment's input residual, `sublayersPerSegment`
+/// sublayers a segment, and a second forward).
 mlir::FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(mlir::func::FuncOp func,
-                                                                       bool recomputeSublayers = false);
+                                                                       bool recomputeSublayers = false,
+                                                                       int64_t sublayersPerSegment = 1);
 
 /// Sets `pipe.stage` on every top-level mhc op per `layout` (mhc.expand goes
 /// with the first layer; contract, final norm, head and losses with L) and
@@ -53,7 +55,8 @@ mlir::FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(mlir::func::FuncOp func,
                                                        int64_t microbatches, int64_t groupSize,
                                                        const SimulationOptions &options, int64_t cp = 1,
                                                        int64_t tp = 1, bool sequenceParallel = false,
-                                                       bool recomputeSublayers = false);
+                                                       bool recomputeSublayers = false,
+                                                       int64_t sublayersPerSegment = 1);
 
 /// Simulates the module's (first) pipe.schedule with `options`' rates:
 /// failure when the module has no model function or schedule, or the

@@ -135,7 +135,6 @@ run_repeat() {
   for entry in ${GPU_SUITE_REPEAT:-tiny_bf16_pp1}; do
     art=${entry%%:*}
     flags=""; [[ $entry == *:* ]] && flags=${entry#*:} && flags=${flags//,/ }
-    local tag=$art; [[ $flags == *--store-param-remainders* ]] && tag=${art}_remainders
     [ -f "$art.mhcc" ] || { row "repeat $art" SKIP "not in the bundle"; continue; }
     declare -A seen=()
     for k in $(seq "${GPU_SUITE_REPEAT_N:-10}"); do
@@ -174,7 +173,8 @@ run_memory() {
     local tag=$art; [[ $flags == *--store-param-remainders* ]] && tag=${art}_remainders
     [ -f "$art.mhcc" ] || { row "memory $art" SKIP "not in the bundle"; continue; }
     for name in plain recomputed; do
-      local recompute=""; [ $name = recomputed ] && recompute=--recompute-sublayers
+      # GPU_SUITE_MEMORY_RECOMPUTE: the recomputed run's flags (e.g. with --recompute-num-sublayers=2).
+      local recompute=""; [ $name = recomputed ] && recompute=${GPU_SUITE_MEMORY_RECOMPUTE:---recompute-sublayers}
       # shellcheck disable=SC2086
       timeout 300 ./mhcrun "$art.mhcc" --data corpus.txt --steps 3 --no-progress $flags $recompute \
         --metrics "$logs/memory_${tag}_$name.jsonl" > "$logs/memory_${tag}_$name.log" 2>&1

@@ -423,6 +423,7 @@ std::optional<Schedule> buildSchedule(const ScheduleSpec &spec, std::string &err
   schedule.sequenceParallel = spec.sequenceParallel;
   schedule.distributedOptimizer = spec.distributedOptimizer;
   schedule.recomputeSublayers = spec.recomputeSublayers;
+  schedule.recomputeNumSublayers = spec.recomputeNumSublayers;
   schedule.microbatches = m;
   schedule.groupSize = spec.kind == ScheduleKind::Interleaved ? g : 0;
   schedule.ranks.resize(p);

@@ -77,6 +77,7 @@ struct ScheduleSpec {
   bool sequenceParallel = false;
   bool distributedOptimizer = false; // ZeRO-1 over the dp x cp gradient group: REDUCESCATTERs, OPTIM updates a part
   bool recomputeSublayers = false;   // activation recomputation: in the stages' costs; recorded with the schedule
+  int64_t recomputeNumSublayers = 1; // with it, the sublayers a recomputed segment holds
   int64_t microbatches = 1;
   int64_t groupSize = 0; // interleaved microbatch group g; 0 = p
   int64_t tokens = 1;    // T per microbatch
@@ -99,6 +100,7 @@ struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int64_t pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, microbatches = 1, groupSize = 1;
   bool sequenceParallel = false, distributedOptimizer = false, recomputeSublayers = false;
+  int64_t recomputeNumSublayers = 1;
   std::vector<std::vector<Instr>> ranks;
   /// Ranks one ALLREDUCE sums over: the data-parallel replicas and their context-parallel ranks.
   int64_t reduceGroup() const { return dp * cp; }

@@ -385,6 +385,8 @@ json toJson(const Artifact &a) {
   pipeline["distributed_optimizer"] = a.distributedOptimizer;
   if (a.recomputeSublayers) // absent otherwise: the artifacts of before read the same
     pipeline["recompute_sublayers"] = true;
+  if (a.recomputeNumSublayers != 1) // likewise (format 5)
+    pipeline["recompute_num_sublayers"] = a.recomputeNumSublayers;
   return {{"model", model},
           {"model_hash", a.modelHash},
           {"prediction", prediction},
@@ -409,6 +411,9 @@ Artifact artifactFromJson(const json &j) {
                            strictValue<bool>(pipeline.at("distributed_optimizer"), "distributed_optimizer");
   a.recomputeSublayers = pipeline.contains("recompute_sublayers") &&
                          strictValue<bool>(pipeline.at("recompute_sublayers"), "recompute_sublayers");
+  a.recomputeNumSublayers = pipeline.contains("recompute_num_sublayers")
+                                ? strictValue<int64_t>(pipeline.at("recompute_num_sublayers"), "recompute_num_sublayers")
+                                : 1;
   a.model = read<ModelInfo>(j.at("model"), MHCC_FIELDS(modelFields));
   // Absent in artifacts from before the cost model: no TFLOP/s then.
   a.model.trainingFlopsPerToken = j.at("model").value("training_flops_per_token", 0.0);
@@ -445,6 +450,8 @@ Artifact artifactFromJson(const json &j) {
 } // namespace
 
 uint32_t artifactVersionOf(const Artifact &artifact) {
+  if (artifact.recomputeNumSublayers != 1)
+    return 5;
   if (artifact.recomputeSublayers)
     return 4;
   return artifact.model.residualStorage() != artifact.model.dtype ? 3 : 2;
@@ -455,6 +462,8 @@ namespace {
 /// What makes an artifact need artifactVersionOf's format, for the message
 /// that refuses an older header.
 std::string featureOfFormat(const Artifact &artifact) {
+  if (artifact.recomputeNumSublayers != 1)
+    return "recompute_num_sublayers " + std::to_string(artifact.recomputeNumSublayers);
   if (artifact.recomputeSublayers)
     return "recompute_sublayers";
   return "residual_dtype \"" + artifact.model.residualStorage() + "\" in a " + artifact.model.dtype + " model";

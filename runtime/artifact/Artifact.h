@@ -33,10 +33,10 @@ inline constexpr char kArtifactMagic[8] = {'M', 'H', 'C', 'C', 'A', 'R', 'T', '\
 /// compiled with --recompute-sublayers, which an older reader would ignore
 /// (training without the memory the prediction assumed). Every other
 /// artifact is still written as 2. This mhcrun reads them all.
-inline constexpr uint32_t kArtifactVersion = 4, kOldestArtifactVersion = 2;
+inline constexpr uint32_t kArtifactVersion = 5, kOldestArtifactVersion = 2;
 /// mhcc's own version, printed by every tool's --version: raise it with
 /// every change users must know about (a new artifact format, changed flags).
-inline constexpr char kMhccVersion[] = "0.3.0";
+inline constexpr char kMhccVersion[] = "0.4.0";
 /// Limits of the rank mesh (mhcc refuses larger flags; readers, such files).
 inline constexpr int64_t kMaxDataParallel = 4096, kMaxContextParallel = 256, kMaxTensorParallel = 64,
                          kMaxWorldSize = 65536;
@@ -95,6 +95,9 @@ struct Artifact {
   /// Compiled with --recompute-sublayers: mhcrun recomputes each sublayer's
   /// activations (TrainOptions::recompute), as the prediction assumed.
   bool recomputeSublayers = false;
+  /// With it, the sublayers a recomputed segment holds (mhcc
+  /// --recompute-num-sublayers; 1 before format 5).
+  int64_t recomputeNumSublayers = 1;
   std::string scheduleKind, layout;
   std::vector<ParamInfo> params;
   std::vector<StageProgram> stages;     // pp * vpp, by virtual stage

@@ -41,6 +41,10 @@ public:
     if (m.seqLen % (2 * a_.cp) != 0 && a_.cp > 1)
       return "seq_len " + std::to_string(m.seqLen) + " does not split into 2 cp = " + std::to_string(2 * a_.cp) +
              " equal chunks";
+    if (a_.recomputeNumSublayers < 1 || a_.recomputeNumSublayers > 1024 ||
+        (a_.recomputeNumSublayers > 1 && !a_.recomputeSublayers))
+      return "recompute_num_sublayers " + std::to_string(a_.recomputeNumSublayers) +
+             " (1 to 1024 sublayers a recomputed segment, above 1 only with recompute_sublayers)";
     if (a_.distributedOptimizer && a_.reduceGroupSize() < 2)
       return "the distributed optimizer shards over the gradient group and needs dp x cp > 1 (dp = " +
              std::to_string(a_.dp) + ", cp = " + std::to_string(a_.cp) + ")";

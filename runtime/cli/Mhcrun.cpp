@@ -470,6 +470,12 @@ int runMhcrun(int argc, char **argv) {
                 "beside its bf16 copy) apply to bf16 models: drop the flag");
   // As the artifact's prediction assumed, unless the command line says otherwise.
   f.options.recompute = !f.noRecompute && (f.options.recompute || artifact->recomputeSublayers);
+  if (f.recomputeNumSublayers > 0 && !f.options.recompute)
+    return fail(rankPrefix + "--recompute-num-sublayers " + std::to_string(f.recomputeNumSublayers) +
+                " sizes the recomputed segments, but nothing is recomputed: add --recompute-sublayers (or compile "
+                "with mhcc --recompute-sublayers)");
+  f.options.recomputeNumSublayers =
+      f.recomputeNumSublayers > 0 ? f.recomputeNumSublayers : artifact->recomputeNumSublayers;
   if (f.options.recompute && !f.deviceProfileOut.empty())
     return fail(rankPrefix + "--device-profile-out: " + f.artifactPath +
                 " was compiled with --recompute-sublayers, whose recomputed forwards the profile would count as "

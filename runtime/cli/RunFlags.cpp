@@ -47,6 +47,11 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
                "Activation recomputation (Megatron's full, uniform, one layer): keep each sublayer's input, release "
                "the rest after its forward and compute it again before its backward: less memory, one more forward "
                "of every sublayer, the same bits (the default for an artifact compiled with it)");
+  app.add_option("--recompute-num-sublayers", f.recomputeNumSublayers,
+                 "With recomputation: the sublayers each recomputed segment holds (Megatron's "
+                 "--recompute-num-layers): only a segment's input is kept, so fewer checkpoints and a larger working "
+                 "set; the same bits (0: as the artifact was compiled, 1 otherwise)")
+      ->check(CLI::Range(0, 1024));
   app.add_flag("--no-recompute-sublayers", f.noRecompute,
                "Keep every activation even where the artifact was compiled with --recompute-sublayers (more memory "
                "than its prediction, one forward less)");
@@ -174,6 +179,9 @@ int checkRunFlags(RunFlags &f, const CLI::Option *plan) {
   }
   if (o.recompute && f.noRecompute)
     return fail("--recompute-sublayers and --no-recompute-sublayers: pass one of them");
+  if (f.recomputeNumSublayers > 0 && f.noRecompute)
+    return fail("--recompute-num-sublayers with --no-recompute-sublayers: the first sizes the segments the second "
+                "turns off; pass one of them");
   if (o.recompute && !f.deviceProfileOut.empty())
     return fail("--device-profile-out with --recompute-sublayers: the profile would count each recomputed forward "
                 "as a forward and mhcc --recompute-sublayers would add it again; measure without recomputation");

@@ -27,6 +27,7 @@ struct RunFlags {
   TrainOptions options;
   bool noProgress = false, inProcess = false;
   bool noRecompute = false; // --no-recompute-sublayers: not even where the artifact was compiled with it
+  int64_t recomputeNumSublayers = 0; // --recompute-num-sublayers (0: the artifact's)
   double peakTflops = 0;
   bool memoryPlanGiven = false;
 };

@@ -165,8 +165,12 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
             << " microbatches of " << a.model.tokens() << " tokens" << (a.dp > 1 ? " per replica" : "") << ", data "
             << data.source() << " (" << data.size() << " tokens)" << std::endl;
   if (f.options.recompute)
-    std::cout << "mhcrun: activation recomputation: each sublayer's forward runs again before its backward ("
-              << (a.recomputeSublayers ? "compiled with --recompute-sublayers" : "--recompute-sublayers") << ")"
+    std::cout << "mhcrun: activation recomputation: "
+              << (f.options.recomputeNumSublayers > 1
+                      ? "each segment of " + std::to_string(f.options.recomputeNumSublayers) +
+                            " sublayers keeps its input and runs its forward again before its backward"
+                      : std::string("each sublayer's forward runs again before its backward"))
+              << " (" << (a.recomputeSublayers ? "compiled with --recompute-sublayers" : "--recompute-sublayers") << ")"
               << std::endl;
   // The CPU backend keeps whole fp32 masters (settled alike); the GPU the remainders.
   const bool remainders = backend == "cuda" && f.options.storeParamRemainders;

@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, std::string>> sharedRunSettings(const RunFlag
       {"--reset-position-ids", flag(o.resetPositionIds)},
       {"--reset-attention-mask", flag(o.resetAttentionMask)},
       {"--recompute-sublayers", flag(o.recompute)},
+      {"--recompute-num-sublayers", std::to_string(o.recomputeNumSublayers)},
       {"--optimizer", o.optimizer},
       {"--lr", number(o.lr)},
       {"--warmup-steps", std::to_string(o.warmupSteps)},

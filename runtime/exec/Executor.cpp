@@ -60,7 +60,7 @@ const RecomputePlan &Executor::recomputePlanOf(int64_t s) {
   std::vector<size_t> spanStarts;
   for (size_t i = 0; i < p.forward.size(); i += std::max<size_t>(device_.forwardSpan(s, i), 1))
     spanStarts.push_back(i);
-  return recomputePlans_[s] = recomputePlan(p, spanStarts, deviceReadsOf(s));
+  return recomputePlans_[s] = recomputePlan(p, spanStarts, deviceReadsOf(s), options_.recomputeNumSublayers);
 }
 
 std::vector<std::vector<int>> Executor::deviceReadsOf(int64_t s) const {

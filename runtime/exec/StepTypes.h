@@ -55,6 +55,11 @@ struct TrainOptions {
   /// --recompute-sublayers or an artifact compiled with it
   /// (Artifact::recomputeSublayers), unless --no-recompute-sublayers.
   bool recompute = false;
+  /// Sublayers a recomputed segment holds (Megatron's --recompute-num-layers):
+  /// only each segment's input is kept, so fewer checkpoints and a larger
+  /// working set when its forward runs again. Resolved like `recompute`
+  /// (Artifact::recomputeNumSublayers, --recompute-num-sublayers).
+  int64_t recomputeNumSublayers = 1;
   /// bf16 models: keep each fp32 master as its bf16 copy and its low 16
   /// bits (Megatron's store_param_remainders; 2 bytes a parameter less on
   /// the GPU), the masters settled off bf16 ties on both backends

@@ -8,20 +8,23 @@
 namespace mhcc::runtime {
 
 RecomputePlan recomputePlan(const StageProgram &p, const std::vector<size_t> &spanStarts,
-                            const std::vector<std::vector<int>> &extraReads) {
+                            const std::vector<std::vector<int>> &extraReads, int64_t sublayersPerSegment) {
   RecomputePlan plan;
   const size_t F = p.forward.size();
   plan.segmentOf.assign(F, 0);
-  // Cut after each span holding a residual update.
+  // Cut after every sublayersPerSegment-th span holding a residual update.
   size_t begin = 0;
+  int64_t updatesInSegment = 0;
   for (size_t s = 0; s < spanStarts.size(); ++s) {
     const size_t spanEnd = s + 1 < spanStarts.size() ? spanStarts[s + 1] : F;
     bool updates = false;
     for (size_t j = spanStarts[s]; j < spanEnd; ++j)
       updates = updates || p.forward[j].op == Prim::MhcPostRes || p.forward[j].op == Prim::Residual;
-    if (updates || spanEnd == F) {
+    updatesInSegment += updates;
+    if (updatesInSegment >= std::max<int64_t>(sublayersPerSegment, 1) || spanEnd == F) {
       plan.segments.push_back({begin, spanEnd});
       begin = spanEnd;
+      updatesInSegment = 0;
     }
   }
   for (size_t g = 0; g < plan.segments.size(); ++g)

@@ -1,9 +1,10 @@
 //===- Recompute.h - which activations a stage drops and recomputes --*- C++ -*-===//
 //
-// Activation recomputation (Megatron's full, uniform, one layer): a stage's
-// forward is cut into segments, one per sublayer, each ending with the
-// device's forward span that holds the sublayer's residual update
-// (MhcPostRes, or Residual at n = 1). After a segment's forward its values
+// Activation recomputation (Megatron's full, uniform; --recompute-num-sublayers
+// as its --recompute-num-layers): a stage's forward is cut into segments of
+// `sublayersPerSegment` sublayers (the stage's last may hold fewer), each
+// ending with the device's forward span that holds a sublayer's residual
+// update (MhcPostRes, or Residual at n = 1). After a segment's forward its values
 // and aux buffers are released but for the checkpoints: what a later
 // segment's forward reads (the residual stream between sublayers, and
 // whatever a fused span carries across). Before the backward first needs a
@@ -42,9 +43,9 @@ struct RecomputePlan {
 
 /// `spanStarts`: the forward indices where the device's spans start
 /// (Device::forwardSpan from 0), so that no span is cut; `extraReads` as
-/// for backwardFrees (Device::backwardReads).
+/// for backwardFrees (Device::backwardReads); `sublayersPerSegment` >= 1.
 RecomputePlan recomputePlan(const StageProgram &p, const std::vector<size_t> &spanStarts,
-                            const std::vector<std::vector<int>> &extraReads);
+                            const std::vector<std::vector<int>> &extraReads, int64_t sublayersPerSegment = 1);
 
 } // namespace mhcc::runtime
 

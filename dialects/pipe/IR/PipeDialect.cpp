@@ -49,6 +49,8 @@ LogicalResult ScheduleOp::verify() {
     return emitOpError() << "distributed_optimizer shards the optimizer over the gradient group; it needs dp x cp > 1";
   if (getSequenceParallel() && getTp().value_or(1) < 2)
     return emitOpError() << "sequence_parallel splits sequences over the tensor-parallel ranks; it needs tp > 1";
+  if (getRecomputeNumSublayers() && !getRecomputeSublayers())
+    return emitOpError() << "recompute_num_sublayers sizes the recomputed segments; it needs recompute_sublayers";
   return success();
 }
 

@@ -59,13 +59,17 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     uniform, one layer): each sublayer keeps its input residual from its
     forward to its backward and runs its forward again before it; the
     instructions are the same, the costs and memory are not.
+    `recompute_num_sublayers` (with it; absent: 1): the sublayers each
+    recomputed segment holds (Megatron's recompute_num_layers), only a
+    segment's input kept.
   }];
   let arguments = (ins
     StrAttr:$kind, FlatSymbolRefAttr:$model,
     Pipe_PositiveI64:$pp, Pipe_PositiveI64:$vpp, Pipe_PositiveI64:$microbatches,
     Pipe_NonNegativeI64:$group_size, OptionalAttr<Pipe_PositiveI64>:$dp,
     OptionalAttr<Pipe_PositiveI64>:$cp, OptionalAttr<Pipe_PositiveI64>:$tp,
-    UnitAttr:$sequence_parallel, UnitAttr:$distributed_optimizer, UnitAttr:$recompute_sublayers);
+    UnitAttr:$sequence_parallel, UnitAttr:$distributed_optimizer, UnitAttr:$recompute_sublayers,
+    OptionalAttr<Pipe_PositiveI64>:$recompute_num_sublayers);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `for` $model attr-dict-with-keyword $body";
   let hasVerifier = 1;
