@@ -256,8 +256,10 @@ TEST(Recompute, ARecomputedForwardsCollectivesAreChecked) {
   ASSERT_TRUE(artifact) << error;
   TrainOptions options;
   options.recompute = true;
-  // The ranks the failed ones leave waiting stop on the failure; a rank only
-  // slow (a loaded CI machine) must not be declared stuck first.
+  // The ranks the failed ones leave waiting stop on the failure (a rank
+  // that gave up on a collective no longer counts as arrived: before, its
+  // partner could pass alone and wait for it at the collective's end until
+  // this limit, one run in six); a rank only slow must not be declared stuck.
   options.recvTimeoutSeconds = 20;
   const DeviceFactory shortList =
       wrappedCpuDevices([](std::unique_ptr<Device> inner, const Artifact &) -> std::unique_ptr<Device> {
