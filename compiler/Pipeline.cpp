@@ -87,7 +87,7 @@ void PipelineOptions::bindOptions(Binder &binder) {
                          "all-gathers the updated weights"),
                 cl::cat(pipelineCategory()));
   binder.option(recomputeSublayers, "recompute-sublayers",
-                cl::desc("Activation recomputation (Megatron's full, uniform, one layer): each sublayer keeps its "
+                cl::desc("Activation recomputation (Megatron's full, uniform): each sublayer keeps its "
                          "input residual and runs its forward again before its backward; the partition, the "
                          "predicted step and memory count it, and mhcrun recomputes (the same bits)"),
                 cl::cat(pipelineCategory()));

@@ -221,10 +221,11 @@ static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::
 namespace {
 
 /// Activation recomputation's effect on one stage, unit by unit in program
-/// order, as the runtime cuts it (runtime/program/Recompute.h): every
-/// sublayer drops what it saved but its input residual after its forward,
-/// and runs its forward again before its backward; the stage's last
-/// segment is never dropped, so a sublayer that ends the stage keeps all.
+/// order, as the runtime cuts it (runtime/program/Recompute.h): each
+/// segment of perSegment sublayers drops what they saved but its first
+/// sublayer's input residual after its forward, and runs its forward again
+/// before its backward; the stage's last segment is never dropped, so the
+/// sublayers that end the stage keep all.
 struct RecomputeTally {
   /// A segment of sublayers, as the runtime cuts them (runtime/program/Recompute.h).
   struct Segment {

@@ -44,7 +44,7 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
                "Packed documents (an indexed dataset's): a token attends only to the earlier tokens of its own "
                "document (Megatron's flag)");
   app.add_flag("--recompute-sublayers", o.recompute,
-               "Activation recomputation (Megatron's full, uniform, one layer): keep each sublayer's input, release "
+               "Activation recomputation (Megatron's full, uniform): keep each sublayer's input, release "
                "the rest after its forward and compute it again before its backward: less memory, one more forward "
                "of every sublayer, the same bits (the default for an artifact compiled with it)");
   app.add_option("--recompute-num-sublayers", f.recomputeNumSublayers,
@@ -67,7 +67,8 @@ void addTrainingFlags(CLI::App &app, RunFlags &f) {
   app.add_option("--warmup-steps", o.warmupSteps, "Linear learning-rate warmup")->check(CLI::NonNegativeNumber);
   app.add_flag("--store-param-remainders", o.storeParamRemainders,
                "bf16 models: keep each fp32 master weight as the bf16 copy the kernels read and its low 16 bits "
-               "(Megatron's store_param_remainders): 2 bytes a parameter less on a GPU; a master exactly halfway "
+               "(Megatron's store_param_remainders): 2 bytes a parameter less on a GPU (2 / parts under the "
+               "distributed optimizer); a master exactly halfway "
                "between two bf16 values moves one fp32 ulp toward its rounding (about once in 65,536 updates), "
                "on both backends");
 }

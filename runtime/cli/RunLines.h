@@ -40,8 +40,8 @@ struct OptimizerStateLayout {
   bool remainders = false;     // each master as its bf16 copy and 2 bytes, on its owner alone
 };
 /// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
-/// bytes a parameter element, of the parameters its stages use, its
-/// tensor-parallel blocks of them), the largest over the ranks.
+/// bytes a parameter element, 10 with remainders, of the parameters its
+/// stages use, its tensor-parallel blocks of them), the largest over the ranks.
 int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &layout);
 
 /// The validation pass's line, Megatron's format.

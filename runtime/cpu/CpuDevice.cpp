@@ -266,9 +266,12 @@ struct CpuWorld {
     waitingOn[rank] = -1;
     if (ok) // the barrier passed: progress, as a completed receive is
       lastProgress[rank] = Clock::now().time_since_epoch().count();
-    else if (auto it = std::find(group.arrived.begin(), group.arrived.end(), rank); it != group.arrived.end())
+    else if (auto it = std::find(group.arrived.begin(), group.arrived.end(), rank);
+             stopOnFailure && it != group.arrived.end())
       // Gone: a member arriving later must not count this rank as there,
       // pass the barrier alone and read a source this rank no longer keeps.
+      // (A collective's closing barrier, stopOnFailure false, counts those
+      // done reading, which a rank leaving it still is.)
       group.arrived.erase(it);
     return ok;
   }

@@ -62,7 +62,8 @@ struct TrainOptions {
   int64_t recomputeNumSublayers = 1;
   /// bf16 models: keep each fp32 master as its bf16 copy and its low 16
   /// bits (Megatron's store_param_remainders; 2 bytes a parameter less on
-  /// the GPU), the masters settled off bf16 ties on both backends
+  /// the GPU, 2 / parts under the distributed optimizer), the masters
+  /// settled off bf16 ties on both backends
   /// (runtime/train/ParamRemainders.h).
   bool storeParamRemainders = false;
   /// Record each instruction's start and end for mhcrun --trace: the host

@@ -17,7 +17,8 @@
 // every master after it changes (the CPU keeps fp32 masters, settled), so
 // they hold the same masters.
 //
-// Bit patterns, host and device alike; NaN and infinity pass through.
+// Bit patterns, host and device alike; infinity passes through, NaN stays
+// NaN (its low bits and, on the GPU, its payload not kept).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MHCC_RUNTIME_TRAIN_PARAMREMAINDERS_H

@@ -51,6 +51,9 @@ LogicalResult ScheduleOp::verify() {
     return emitOpError() << "sequence_parallel splits sequences over the tensor-parallel ranks; it needs tp > 1";
   if (getRecomputeNumSublayers() && !getRecomputeSublayers())
     return emitOpError() << "recompute_num_sublayers sizes the recomputed segments; it needs recompute_sublayers";
+  if (getRecomputeNumSublayers().value_or(1) > 1024)
+    return emitOpError() << "recompute_num_sublayers must be at most 1024 sublayers a segment, got "
+                         << *getRecomputeNumSublayers();
   return success();
 }
 

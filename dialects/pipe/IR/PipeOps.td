@@ -56,7 +56,7 @@ def Pipe_ScheduleOp : Pipe_Op<"schedule", [
     (dp x cp): every gradient reduction is a reduce-scatter (`scatter`),
     each member keeping Adam's moments of its part and updating it.
     `recompute_sublayers`: activation recomputation (Megatron's full,
-    uniform, one layer): each sublayer keeps its input residual from its
+    uniform): each sublayer keeps its input residual from its
     forward to its backward and runs its forward again before it; the
     instructions are the same, the costs and memory are not.
     `recompute_num_sublayers` (with it; absent: 1): the sublayers each
