@@ -19,19 +19,22 @@ struct Candidate {
   std::string kind;
   int64_t vpp = 1;
   bool recompute = false; // activation recomputation, tried under a memory cap
+  int64_t sublayersPerSegment = 1; // with it: two where one a segment is refused too
   OwningOpRef<ModuleOp> module;
   pipeline::SimulationResult result;
   int64_t peakBytes = 0;
   std::string refusal; // why it was not compiled; empty when it was
 
   std::string name() const {
-    return (vpp > 1 ? llvm::formatv("{0} vpp={1}", kind, vpp).str() : kind) + (recompute ? " +recompute" : "");
+    return (vpp > 1 ? llvm::formatv("{0} vpp={1}", kind, vpp).str() : kind) + (recompute ? " +recompute" : "") +
+           (recompute && sublayersPerSegment > 1 ? " " + std::to_string(sublayersPerSegment) : "");
   }
 };
 
 /// The candidates: with a layout, the kinds its chunk count allows; else
 /// one chunk for 1F1B and ZB-H1, 2..kAutoMaxVpp chunks interleaved
-/// (compileAutoSchedule adds a recomputing twin where the cap refuses one).
+/// (compileAutoSchedule adds a recomputing twin where the cap refuses one,
+/// and one of two sublayers a segment where it refuses that too).
 std::vector<Candidate> candidatesFor(const PipelineOptions &options) {
   std::vector<Candidate> candidates;
   auto add = [&](const char *kind, int64_t vpp) {
@@ -39,6 +42,7 @@ std::vector<Candidate> candidatesFor(const PipelineOptions &options) {
     c.kind = kind;
     c.vpp = vpp;
     c.recompute = options.recomputeSublayers;
+    c.sublayersPerSegment = options.recomputeNumSublayers;
     candidates.push_back(std::move(c));
   };
   if (!options.layout.empty()) {
@@ -65,6 +69,7 @@ void compileCandidate(ModuleOp imported, const PipelineOptions &base, const Simu
   options.schedule = c.kind;
   options.vpp = c.vpp;
   options.recomputeSublayers = c.recompute;
+  options.recomputeNumSublayers = c.recompute ? c.sublayersPerSegment : 1;
   if (std::optional<OptionError> error = options.validate()) {
     c.refusal = error->message;
     return;
@@ -102,12 +107,15 @@ OwningOpRef<ModuleOp> compileAutoSchedule(ModuleOp imported, const PipelineOptio
   const bool tryRecompute = options.layout.empty() && options.memoryCapGib > 0 && !options.recomputeSublayers;
   for (size_t k = 0; k < candidates.size(); ++k) {
     compileCandidate(imported, options, simulation, candidates[k]);
-    // Where the memory cap refused it, the same schedule recomputing, right after it.
-    if (tryRecompute && !candidates[k].recompute && candidates[k].refusal.find("memory cap") != std::string::npos) {
+    // Where the memory cap refused it, the same schedule recomputing one
+    // sublayer a segment, right after it; where that is refused too, two.
+    const Candidate &c = candidates[k];
+    if (tryRecompute && c.sublayersPerSegment == 1 && c.refusal.find("memory cap") != std::string::npos) {
       Candidate twin;
-      twin.kind = candidates[k].kind;
-      twin.vpp = candidates[k].vpp;
+      twin.kind = c.kind;
+      twin.vpp = c.vpp;
       twin.recompute = true;
+      twin.sublayersPerSegment = c.recompute ? 2 : 1;
       candidates.insert(candidates.begin() + long(k) + 1, std::move(twin));
     }
   }
