@@ -174,12 +174,12 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
               << std::endl;
   // The CPU backend keeps whole fp32 masters (settled alike); the GPU the remainders.
   const bool remainders = backend == "cuda" && f.options.storeParamRemainders;
+  // Both backends shard the moments; the CUDA backend also a bf16 model's
+  // fp32 masters (its kernels read the bf16 copies). An fp32 model's
+  // kernels read the masters, which each GPU keeps whole, and the CPU
+  // backend keeps every weight on every rank.
+  const bool mastersSharded = a.distributedOptimizer && backend == "cuda" && a.model.dtype == "bf16";
   if (a.distributedOptimizer) {
-    // Both backends shard the moments; the CUDA backend also a bf16 model's
-    // fp32 masters (its kernels read the bf16 copies). An fp32 model's
-    // kernels read the masters, which each GPU keeps whole, and the CPU
-    // backend keeps every weight on every rank.
-    const bool mastersSharded = backend == "cuda" && a.model.dtype == "bf16";
     const int64_t sharded = optimizerBytesPerRank(a, {true, mastersSharded, remainders}),
                   whole = optimizerBytesPerRank(a, {false, false, remainders});
     char line[240];
@@ -191,7 +191,7 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
     std::cout << line << std::endl;
   }
   if (remainders) {
-    const OptimizerStateLayout layout{a.distributedOptimizer, a.distributedOptimizer, false};
+    const OptimizerStateLayout layout{a.distributedOptimizer, mastersSharded, false};
     OptimizerStateLayout withRemainders = layout;
     withRemainders.remainders = true;
     char line[240];

@@ -29,6 +29,16 @@ inline float roundToBf16(float x) {
   return x;
 }
 
+/// The bf16 bits of the float whose bits are `bits`, rounded as
+/// roundToBf16 rounds it (what a GPU stores for it).
+inline uint16_t bf16BitsOf(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  x = roundToBf16(x);
+  std::memcpy(&bits, &x, sizeof bits);
+  return uint16_t(bits >> 16);
+}
+
 /// Rounds `count` floats in place (the CPU kernels' storage hook).
 inline void roundBf16(float *data, int64_t count) {
   for (int64_t i = 0; i < count; ++i)

@@ -188,14 +188,14 @@ bool CudaRank::updateWeights(int64_t step, const std::vector<float *> &gradient,
     const int64_t offset = begin - masterRange(p).first, count = end - begin;
     const float *g = gradient[p]; // the part's first element
     const float decay = a_.params[p].decay ? float(options_.weightDecay) : 0.0f;
-    if (keepRemainders_ && count > 0) {
-      uint16_t *rem = remainders_.at(int(p)) + offset;
+    if (keepRemainders_) {
+      uint16_t *rem = count > 0 ? remainders_.at(int(p)) + offset : nullptr; // none held for an empty part
       if (k.sgd)
         sgdRemainders(rem, low, g, count, float(k.lr), k.clip, compute_);
       else
         adamWRemainders(rem, low, g, adamM_[int(p)], adamV_[int(p)], count, float(k.lr), k.clip, k.beta1,
                         k.beta2, k.eps, k.correction1, k.correction2, decay, compute_);
-    } else if (!keepRemainders_) {
+    } else {
       float *w = count > 0 ? weights_.at(int(p)) + offset : nullptr;
       if (k.sgd)
         sgd(w, g, count, float(k.lr), k.clip, low, compute_);

@@ -267,12 +267,7 @@ bool CudaRank::uploadWeights(size_t p, const std::vector<float> &block) {
       uint32_t bits;
       std::memcpy(&bits, &block[e], sizeof bits);
       bits = settleOffBf16Tie(bits);
-      float settled;
-      std::memcpy(&settled, &bits, sizeof bits);
-      const float rounded = roundToBf16(settled);
-      uint32_t roundedBits;
-      std::memcpy(&roundedBits, &rounded, sizeof rounded);
-      copy[e] = uint16_t(roundedBits >> 16);
+      copy[e] = bf16BitsOf(bits);
       if (int64_t(e) >= begin && int64_t(e) < end)
         low[e - begin] = uint16_t(bits & 0xFFFFu);
     }

@@ -75,9 +75,6 @@ TEST(Bf16, RoundsBuffersInPlaceAndIsIdempotent) {
   }
 }
 
-/// The bf16 copy's bits of a master's bits (what the GPU's update stores).
-uint16_t copyBits(uint32_t master) { return uint16_t(bitsOf(roundToBf16(fromBits(master))) >> 16); }
-
 TEST(ParamRemainders, EveryLowHalfSettlesAndJoinsBackExactly) {
   // High halves: +-1 with an even and an odd mantissa, a subnormal, the
   // largest finite (its copy rounds up to infinity), small and large exponents.
@@ -87,7 +84,7 @@ TEST(ParamRemainders, EveryLowHalfSettlesAndJoinsBackExactly) {
   for (uint32_t high : highs)
     for (uint32_t low = 0; low <= 0xFFFFu; ++low) {
       const uint32_t master = high << 16 | low, settled = settleOffBf16Tie(master);
-      ASSERT_EQ(copyBits(settled), copyBits(master)) << std::hex << master << ": settling moved the copy";
+      ASSERT_EQ(bf16BitsOf(settled), bf16BitsOf(master)) << std::hex << master << ": settling moved the copy";
       if (low == 0x8000u) {
         ++ties;
         ASSERT_EQ(settled, (high & 1u) ? master + 1 : master - 1) << std::hex << master;
@@ -95,7 +92,7 @@ TEST(ParamRemainders, EveryLowHalfSettlesAndJoinsBackExactly) {
         ASSERT_EQ(settled, master) << std::hex << master << ": not a tie, yet it moved";
       }
       ASSERT_EQ(settleOffBf16Tie(settled), settled) << std::hex << master << ": settling twice moved it again";
-      ASSERT_EQ(joinMaster(copyBits(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
+      ASSERT_EQ(joinMaster(bf16BitsOf(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
     }
   EXPECT_EQ(ties, 16);
 }
@@ -111,7 +108,7 @@ TEST(ParamRemainders, RandomMastersJoinBackAndMoveAtMostOneUlp) {
       continue;
     const uint32_t settled = settleOffBf16Tie(master);
     ASSERT_LE(settled > master ? settled - master : master - settled, 1u);
-    ASSERT_EQ(joinMaster(copyBits(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
+    ASSERT_EQ(joinMaster(bf16BitsOf(settled), uint16_t(settled & 0xFFFFu)), settled) << std::hex << master;
   }
 }
 

@@ -171,16 +171,11 @@ TEST_F(CudaKernels, GradientStatisticsByPartsGiveTheWholeBits) {
   }
 }
 
-/// The bits of a float, and the bits of its bf16 rounding (the copy).
+/// The bits of a float.
 uint32_t bitsOf(float x) {
   uint32_t b;
   std::memcpy(&b, &x, 4);
   return b;
-}
-uint16_t copyOf(uint32_t master) {
-  float x;
-  std::memcpy(&x, &master, 4);
-  return uint16_t(bitsOf(roundToBf16(x)) >> 16);
 }
 
 /// --store-param-remainders' updates (runtime/train/ParamRemainders.h):
@@ -197,7 +192,7 @@ TEST_F(CudaKernels, OptimizerOnRemaindersIsThePlainUpdateSettled) {
   for (int64_t e = 0; e < count; ++e) { // the masters as a run keeps them: settled
     const uint32_t bits = settleOffBf16Tie(bitsOf(w[e]));
     std::memcpy(&w[e], &bits, 4);
-    copy[e] = copyOf(bits);
+    copy[e] = bf16BitsOf(bits);
     low[e] = uint16_t(bits & 0xFFFFu);
   }
   for (bool sgd : {false, true}) {
@@ -223,7 +218,7 @@ TEST_F(CudaKernels, OptimizerOnRemaindersIsThePlainUpdateSettled) {
       const uint32_t bits = bitsOf(plain[e]), settled = settleOffBf16Tie(bits);
       ties += settled != bits;
       moved += bits != bitsOf(w[e]);
-      wrong += gotCopy[e] != copyOf(settled) || gotLow[e] != uint16_t(settled & 0xFFFFu);
+      wrong += gotCopy[e] != bf16BitsOf(settled) || gotLow[e] != uint16_t(settled & 0xFFFFu);
     }
     const char *what = sgd ? "sgd" : "adamW";
     EXPECT_EQ(wrong, 0) << what << ": elements whose copy or low bits are not the plain update's, settled";
