@@ -381,6 +381,9 @@ private:
   /// (MHCC_MHC_FORWARD=unfused), the entry (=entry), or the post-res mix
   /// before it too (the default).
   const MhcForwardFusion mhcForwardFusion_;
+  /// The post-res mix and the entry over clusters of blocks where
+  /// mhcClusterForwardApplies (MHCC_MHC_FORWARD=cluster; else one block a tile).
+  const bool clusterForward_;
   /// bf16: one sublayer's backward mixing in three passes where it applies
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
   /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.

@@ -1,5 +1,6 @@
 //===- DeviceKernels.cu - CUDA kernels for stage programs ---------------------===//
 #include "runtime/cuda/DeviceKernels.h"
+#include "runtime/cuda/DependentLaunch.h"
 #include "runtime/cuda/DeviceKernelsImpl.h"
 #include "runtime/train/ParamRemainders.h"
 
@@ -362,7 +363,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
   float *wideWmap = wide, *wideDp = wide + width * K;
   if (parts.inputs) {
     k.launch(ModelKernel::MhcCoeffsBackward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, alpha, aux,
-             dCoef, dh, dp, rScale, rows, C);
+             dCoef, dh, dp, rScale, rows, C, earlyLoads());
     if constexpr (kWide) {
       toFloat(dp, wideDp, rows * K, s);
       toFloat(wmap, wideWmap, width * K, s);
@@ -378,11 +379,11 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
       if (mix->postDy)
         k.launch(ModelKernel::MhcMixBackwardInputPost, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
                  static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
-                 mix->postCoef, mix->postY, mix->postDy, mix->postPartials, rows, C);
+                 mix->postCoef, mix->postY, mix->postDy, mix->postPartials, rows, C, earlyLoads());
       else
         k.launch(ModelKernel::MhcMixBackwardInput, columnTiles, tokenTiles, kMixThreads, s, x, wmap,
                  static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
-                 rows, C);
+                 rows, C, earlyLoads());
     } else if (std::is_same_v<A, bf16> && n <= 8) { // (R = A here)
       // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
       // its shared memory holds wmap's slice up to n = 8).
@@ -398,7 +399,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
   if (parts.weights) {
     if (K <= 128) { // one launch each for both gate gradients' partials and sums (the same bits)
       k.launch(ModelKernel::MhcGateGradPartials, unsigned(columnChunks(rows)), 1, kThreads, s, dh, p, aux, rows,
-               partial);
+               partial, earlyLoads());
       addColumnPartials(partial, columnChunks(rows), K + 3, dBias, s, K, dAlpha);
     } else {
       addColumnSums(k, ModelKernel::MhcBiasGradPartials, rows, K, partial, dBias, s, dh, rows);
@@ -431,7 +432,7 @@ int64_t mhcPostPartialsCount(int64_t rows, int64_t C, int64_t n) { return rows *
 void mhcMixBackwardDots(const ModelKernels &k, const bf16 *x, const bf16 *dOut, const bf16 *du, float *dCoef,
                         const float *postPartials, int64_t rows, int64_t C, cudaStream_t s) {
   k.launch(ModelKernel::MhcMixBackwardDots, warpBlocks(rows), 1, kThreads, s, x, dOut, du, dCoef, postPartials,
-           int64_t(C / kMixColumns), rows, C);
+           int64_t(C / kMixColumns), rows, C, earlyLoads());
 }
 
 template <typename A, typename R>
@@ -449,11 +450,28 @@ void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap,
            x, wmap, bias, alpha, coef, aux, u, rows, C);
 }
 
+namespace {
+/// Bytes of the cluster kernel's x' tile: kFusedTokens rows of a quarter of
+/// the n C bf16 stream and the pad.
+int64_t clusterTileBytes(int64_t C, int64_t n) { return kFusedTokens * (n * C / kClusterBlocks * 2 + kClusterTilePad); }
+} // namespace
+
+bool mhcClusterForwardApplies(int64_t C, int64_t n) {
+  return mhcFusedForwardApplies(C, n) && C % (32 * fusedWarps(n)) == 0 && clusterTileBytes(C, n) <= kClusterTileBytes;
+}
+
 void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const float *coefPrev, const bf16 *y,
                                 bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha, float *coef,
-                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s) {
-  k.launch(ModelKernel::MhcPostResCoeffsPreForward, unsigned((rows + kFusedTokens - 1) / kFusedTokens), 1,
-           unsigned(32 * fusedWarps(n)), s, xPrev, coefPrev, y, x, wmap, bias, alpha, coef, aux, u, rows, C);
+                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s,
+                                bool cluster) {
+  const unsigned tiles = unsigned((rows + kFusedTokens - 1) / kFusedTokens);
+  if (cluster)
+    k.launchShared(ModelKernel::MhcPostResCoeffsPreForwardCluster, tiles * kClusterBlocks,
+                   unsigned(32 * fusedWarps(n) / kClusterBlocks), unsigned(clusterTileBytes(C, n)), s, xPrev, coefPrev,
+                   y, x, wmap, bias, alpha, coef, aux, u, rows, C);
+  else
+    k.launch(ModelKernel::MhcPostResCoeffsPreForward, tiles, 1, unsigned(32 * fusedWarps(n)), s, xPrev, coefPrev, y,
+             x, wmap, bias, alpha, coef, aux, u, rows, C);
 }
 
 template <typename A, typename R>

@@ -181,12 +181,19 @@ bool mhcFusedForwardApplies(int64_t C, int64_t n);
 /// the same outputs and aux layout; its sums run in its own fixed order.
 void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha,
                          float *coef, float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+/// Whether the cluster form of mhcPostResCoeffsPreForward takes these
+/// shapes: where mhcFusedForwardApplies, C a multiple of the walk's step
+/// (32 fusedWarps(n) columns) and the block's x' tile within kClusterTileBytes.
+bool mhcClusterForwardApplies(int64_t C, int64_t n);
 /// The previous sublayer's post-res mix (xPrev, coefPrev, y into x: the
 /// bits of mhcPostResForward) and then mhcCoeffsPreForward on x, in one
-/// kernel (MhcFusedKernels.cu); where mhcFusedForwardApplies.
+/// kernel (MhcFusedKernels.cu); where mhcFusedForwardApplies. `cluster`
+/// (where mhcClusterForwardApplies): over clusters of kClusterBlocks
+/// blocks, the same bits.
 void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const float *coefPrev, const bf16 *y,
                                 bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha, float *coef,
-                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s);
+                                float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s,
+                                bool cluster = false);
 template <typename A, typename R>
 void mhcPreBackward(const ModelKernels &k, const R *x, const float *coef, const A *du, R *dx, float *dCoef,
                     int64_t rows, int64_t C, int64_t n, cudaStream_t s);

@@ -181,11 +181,16 @@ extern "C" __global__ void mhcc_mhc_post_backward(const float *coef, const act_t
 /// warp per row, each dot in those kernels' order. Reads only. Where the
 /// next sublayer's pass C did pass A (postPartials, [rows][tiles][n]), dCoef
 /// is fresh here: the post entries are the partials summed over the tiles
-/// in order from +0, the pre entries +0 + the dot.
+/// in order from +0, the pre entries +0 + the dot. With `early`, the first
+/// stage of dOut and x (written by the next sublayer's pass C and the
+/// forward, two or more kernels back: kernelPrologue's comment) is loaded
+/// before the dependent-launch wait, beside the kernel before (the F
+/// backward's last, which writes du).
 extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_t *dOut, const act_t *du,
                                                       float *dCoef, const float *postPartials, int64_t tiles,
-                                                      int64_t rows, int64_t C) {
-  kernelPrologue();
+                                                      int64_t rows, int64_t C, int early) {
+  if (!early)
+    kernelPrologue();
   constexpr int A = 2 * kStreams + 1;
   constexpr bool kStaged = warpTiles<A>() > 0;
   constexpr int kTiles = kStaged ? warpTiles<A>() : 1, E = kTiles * 32 * kVec;
@@ -211,18 +216,26 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
       buf[a] = reinterpret_cast<act_t *>(staged[threadIdx.x / 32][a]);
     }
     const bool vec = C % kVec == 0 && aligned16(x) && aligned16(dOut) && aligned16(du);
-    warpStream<kTiles, A>(src, buf, C, vec, lane, [&](int64_t, int n) {
-      for (int jj = 0; jj < E / 32; ++jj) {
-        const int c = lane + 32 * jj;
-        if (c < n)
-          for (int i = 0; i < kStreams; ++i) {
-            for (int j = 0; j < kStreams; ++j)
-              dot[i][j] += load(buf[i][c]) * load(buf[kStreams + j][c]);
-            dotPre[i] += load(buf[2 * kStreams][c]) * load(buf[kStreams + i][c]);
+    warpStream<kTiles, A>(
+        src, buf, C, vec, lane,
+        [&](int64_t, int n) {
+          for (int jj = 0; jj < E / 32; ++jj) {
+            const int c = lane + 32 * jj;
+            if (c < n)
+              for (int i = 0; i < kStreams; ++i) {
+                for (int j = 0; j < kStreams; ++j)
+                  dot[i][j] += load(buf[i][c]) * load(buf[kStreams + j][c]);
+                dotPre[i] += load(buf[2 * kStreams][c]) * load(buf[kStreams + i][c]);
+              }
           }
-      }
-    });
+        },
+        2 * kStreams, [&] {
+          if (early)
+            kernelPrologue();
+        });
   } else {
+    if (early) // unstaged (n > 4, where the host never launches it): no early loads
+      kernelPrologue();
     for (int64_t c = lane; c < C; c += 32) {
       const float g = load(du[t * C + c]);
       for (int i = 0; i < kStreams; ++i) {
@@ -254,10 +267,11 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
 // Pass C's tiles: a block of kMixThreads takes kMixTokens tokens x
 // kMixColumns columns c of every stream; grid (C / kMixColumns, ceil(rows /
 // kMixTokens)). The block copies dOut's and du's tile, wmap's slice and the
-// rows of coef and rScale into shared memory with cp.async while each
-// thread loads its x vectors into registers: every load of the block is in
-// flight at once. Warp s makes stream s's products (16 x kMixColumns on
-// tensor cores, the kernel it replaces' tile); then a thread owns one
+// rows of coef into shared memory with cp.async while each thread loads its
+// x vectors into registers (with `early`, before the dependent-launch wait:
+// beside the Sinkhorn backward's end), then rScale's rows and dp. Warp s
+// makes stream s's products (16 x kMixColumns on tensor cores, the kernel
+// it replaces' tile); then a thread owns one
 // 16-byte vector (kVec columns) of one token in every stream: the n dOut
 // vectors it mixes are widened once for the n streams it writes, and a
 // row's 128 bytes go to kMixRowVectors consecutive threads.
@@ -269,15 +283,6 @@ __device__ __forceinline__ void copyAsync16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void waitCopies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-/// One 16-byte shared load: read through unpackVec's bf16 halves, nvcc split
-/// a uint4 from shared memory into four 4-byte loads.
-__device__ __forceinline__ uint4 loadShared16(const uint4 *p) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(uint32_t(__cvta_generic_to_shared(p))));
-  return v;
-}
 
 /// The previous sublayer's pass A, done by pass C (kPost): that sublayer's
 /// output gradient is the dx pass C writes, so a thread forms its dy from
@@ -303,7 +308,7 @@ template <bool kPost>
 __device__ __forceinline__ void mixBackwardInput(const act_t *x, const act_t *wmap, const act_t *dp,
                                                  const float *rScale, const float *coef, const act_t *dOut,
                                                  const act_t *du, act_t *dx, int64_t rows, int64_t C,
-                                                 const PostTerms &post) {
+                                                 const PostTerms &post, int early) {
   if constexpr (kMixSupported) {
     constexpr int K = kCoefficients;
     // A token's vectors of dOut (streams 0..n-1), then of du.
@@ -333,6 +338,14 @@ __device__ __forceinline__ void mixBackwardInput(const act_t *x, const act_t *wm
     }
     for (int e = threadIdx.x; e < tokens * K; e += kMixThreads)
       coefs[e] = coef[t0 * K + e];
+    // With `early`, every load above is of an array written two or more
+    // kernels back (x and coef by the forward, dOut by the next sublayer's
+    // backward, du by this sublayer's F backward, before pass B and the
+    // Sinkhorn backward; wmap by the optimizer), complete once this grid is
+    // launched (kernelPrologue's comment): so they are in flight while the
+    // Sinkhorn backward finishes. rScale and dp are its outputs: after the wait.
+    if (early)
+      kernelPrologue();
     if (threadIdx.x < tokens)
       scales[threadIdx.x] = rScale[t0 + threadIdx.x];
     ProductRows a;
@@ -405,9 +418,10 @@ __device__ __forceinline__ void mixBackwardInput(const act_t *x, const act_t *wm
 extern "C" __global__ void __launch_bounds__(kMixThreads)
     mhcc_mhc_mix_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
                                 const float *coef, const act_t *dOut, const act_t *du, act_t *dx, int64_t rows,
-                                int64_t C) {
-  kernelPrologue();
-  mixBackwardInput<false>(x, wmap, dp, rScale, coef, dOut, du, dx, rows, C, PostTerms{});
+                                int64_t C, int early) {
+  if (!early)
+    kernelPrologue();
+  mixBackwardInput<false>(x, wmap, dp, rScale, coef, dOut, du, dx, rows, C, PostTerms{}, early);
 }
 
 /// Launch: as mhcc_mhc_mix_backward_input (grid.x = C / kMixColumns).
@@ -415,8 +429,9 @@ extern "C" __global__ void __launch_bounds__(kMixThreads)
     mhcc_mhc_mix_backward_input_post(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale,
                                      const float *coef, const act_t *dOut, const act_t *du, act_t *dx,
                                      const float *postCoef, const act_t *postY, act_t *postDy, float *postPartials,
-                                     int64_t rows, int64_t C) {
-  kernelPrologue();
+                                     int64_t rows, int64_t C, int early) {
+  if (!early)
+    kernelPrologue();
   mixBackwardInput<true>(x, wmap, dp, rScale, coef, dOut, du, dx, rows, C,
-                         PostTerms{postCoef, postY, postDy, postPartials});
+                         PostTerms{postCoef, postY, postDy, postPartials}, early);
 }

@@ -221,54 +221,79 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
                  kStreams * C, l.valid, l.q, l.base);
 }
 
+/// This lane's share of dh's pre and post entries: the sigmoids' backward
+/// (h from aux), stored into dh.
+__device__ __forceinline__ void coeffGateBackward(const float *auxRow, const float *dCoefRow, float *dhRow,
+                                                  float (&gGate)[kCoeffGateSlots], bool valid, int q) {
+#pragma unroll
+  for (int i = 0; i < kCoeffGateSlots; ++i) {
+    const int k = i * kCoeffLanes + q;
+    gGate[i] = 0;
+    if (valid && k < 2 * kStreams) {
+      const float hk = auxRow[k];
+      if (k < kStreams) {
+        float s = sigmoidf(hk);
+        gGate[i] = dCoefRow[k] * s * (1.0f - s);
+      } else {
+        float s2 = sigmoidf(hk);
+        gGate[i] = 2.0f * dCoefRow[k] * s2 * (1.0f - s2);
+      }
+      dhRow[k] = gGate[i];
+    }
+  }
+}
+
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
 /// the scale of the RMS term; the reductions over tokens run afterwards.
 /// Launch: block kCoeffThreads (64), grid ceil(rows / kCoeffTokensPerBlock);
 /// see the section comment.
+///
+/// Dependent launch, with `early`: the Sinkhorn's forward sweep, about half
+/// of the token's serial chain, reads only aux (written by the sublayer's
+/// entry, which at least the kernel writing dCoef's pre entries follows:
+/// pass B, or the pre backward; under recomputation the entry may run again
+/// right before that kernel), so two or more kernels back: complete once
+/// this grid is launched (kernelPrologue's comment). So it runs before the
+/// wait, beside the kernel before, and dCoef is read after it. Nothing is
+/// written before the wait: the same bits.
 extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const float *p, const act_t *alpha,
                                                     const float *aux, const float *dCoef, float *dh, act_t *dp,
-                                                    float *rScale, int64_t rows, int64_t C) {
-  kernelPrologue();
+                                                    float *rScale, int64_t rows, int64_t C, int early) {
+  if (!early)
+    kernelPrologue();
   const CoeffLanes lanes(rows);
   if (!lanes.warpActive)
-    return; // the whole warp
+    return; // the whole warp (with `early`, without a memory access)
   const int64_t t = lanes.t;
   const bool valid = lanes.valid;
   const int q = lanes.q, base = lanes.base;
   const int64_t width = kStreams * C;
   const int K = kCoefficients;
   const float r = valid ? aux[t * (K + 1) + K] : 0.0f;
-  float gGate[kCoeffGateSlots];
-#pragma unroll
-  for (int i = 0; i < kCoeffGateSlots; ++i) {
-    const int k = i * kCoeffLanes + q;
-    gGate[i] = 0;
-    if (valid && k < 2 * kStreams) {
-      const float hk = aux[t * (K + 1) + k];
-      if (k < kStreams) {
-        float s = sigmoidf(hk);
-        gGate[i] = dCoef[t * K + k] * s * (1.0f - s);
-      } else {
-        float s2 = sigmoidf(hk);
-        gGate[i] = 2.0f * dCoef[t * K + k] * s2 * (1.0f - s2);
-      }
-      dh[t * K + k] = gGate[i];
-    }
-  }
-  // Sinkhorn backward over the lane's entries.
   float logit[kCoeffSlots], gr[kCoeffSlots];
 #pragma unroll
   for (int j = 0; j < kCoeffSlots; ++j) {
     const int e = j * kCoeffLanes + q;
     logit[j] = 0;
     gr[j] = 0;
-    if (valid && e < kCoeffEntries) {
+    if (valid && e < kCoeffEntries)
       logit[j] = aux[t * (K + 1) + 2 * kStreams + e];
-      gr[j] = dCoef[t * K + 2 * kStreams + e];
-    }
   }
   float m0[kCoeffSlots];
   coeffSinkhornStart(logit, m0, q, base);
+  // dCoef (the kernel before's output) once the wait returned.
+  float gGate[kCoeffGateSlots];
+  auto readGradients = [&] {
+    if (early)
+      kernelPrologue();
+    coeffGateBackward(aux + t * (K + 1), dCoef + t * K, dh + t * K, gGate, valid, q);
+#pragma unroll
+    for (int j = 0; j < kCoeffSlots; ++j) {
+      const int e = j * kCoeffLanes + q;
+      if (valid && e < kCoeffEntries)
+        gr[j] = dCoef[t * K + 2 * kStreams + e];
+    }
+  };
   constexpr bool cached = 2 * kSinkhornIterations * kCoeffSlots <= kCachedSinkhornFloats;
   if (cached) {
     // One forward sweep, every step's input kept (registers: fully unrolled).
@@ -288,12 +313,14 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
         saved[2 * it + 1][j] = xs[j];
       coeffSinkhornStep<false>(xs, q, base);
     }
+    readGradients();
 #pragma unroll
     for (int it = (cached ? kSinkhornIterations : 0) - 1; it >= 0; --it) {
       coeffSinkhornStepBackward<false>(saved[2 * it + 1], gr, q, base);
       coeffSinkhornStepBackward<true>(saved[2 * it], gr, q, base);
     }
   } else {
+    readGradients();
     // Each step's input recomputed from m0.
     for (int it = kSinkhornIterations - 1; it >= 0; --it) {
 #pragma unroll
@@ -445,11 +472,17 @@ extern "C" __global__ void mhcc_mhc_alpha_grad_partials(const float *dh, const f
 /// the same orders): partial[chunk] = K bias columns, then the 3 alpha ones.
 /// One block per chunk (blockIdx.x). Only where the chunk's dh fits in shared
 /// memory (kChunkRows K <= 8192, n <= 10; mhcCoeffsBackward checks it).
+/// Dependent launch, with `early`: dh comes from the Sinkhorn backward,
+/// which at least one kernel follows (the input gradient's pass), p and aux
+/// from the forward, so the sums run before the wait (kernelPrologue's
+/// comment), beside the kernel before; the partials are written after it.
 extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const float *p, const float *aux,
-                                                       int64_t rows, float *partial) {
-  kernelPrologue();
+                                                       int64_t rows, float *partial, int early) {
+  if (!early)
+    kernelPrologue();
   if constexpr (kChunkRows * kCoefficients <= 8192) {
     constexpr int K = kCoefficients;
+    constexpr int kSums = (K + 3 + kThreads - 1) / kThreads; // columns a thread sums (blockDim.x = kThreads)
     __shared__ float chunkDh[kChunkRows * K];
     __shared__ float summand[3][kChunkRows];
     const int64_t chunk = blockIdx.x, first = chunk * kChunkRows;
@@ -458,12 +491,26 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
       chunkDh[e] = dh[first * K + e];
     stageAlphaSummands(summand, dh, p, aux, first, n);
     __syncthreads();
-    for (int k = threadIdx.x; k < K + 3; k += blockDim.x) {
+    float sums[kSums];
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) {
+      const int k = threadIdx.x + i * kThreads;
       float acc = 0;
-      for (int64_t r = 0; r < n; ++r)
-        acc += k < K ? chunkDh[r * K + k] : summand[k - K][r];
-      partial[chunk * (K + 3) + k] = acc;
+      if (k < K + 3)
+        for (int64_t r = 0; r < n; ++r)
+          acc += k < K ? chunkDh[r * K + k] : summand[k - K][r];
+      sums[i] = acc;
     }
+    if (early)
+      kernelPrologue();
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) {
+      const int k = threadIdx.x + i * kThreads;
+      if (k < K + 3)
+        partial[chunk * (K + 3) + k] = sums[i];
+    }
+  } else if (early) {
+    kernelPrologue();
   }
 }
 

@@ -240,34 +240,52 @@ extern "C" __global__ void mhcc_mhc_pre_backward(const res_t *x, const float *co
 /// output stream i: out[t, i, c + e] = sum_j h_res[t, i, j] x[t, j, c + e]
 /// (over j in order from +0) + h_post[t, i] y[t, c + e]. The one expression
 /// of the bf16 stream's forward, shared by mhcc_mhc_post_res_forward and the
-/// fused post-res and entry (MhcFusedKernels.cu), so that both give these
-/// bits. kStreaming reads x and y with the evict-first hint (read once).
+/// fused post-res and entry (MhcFusedKernels.cu), so that they give these
+/// bits. fetch issues the loads, mix gives the n output vectors as stored;
+/// kStreaming reads x and y with the evict-first hint (read once).
+struct PostResVector {
+  uint4 xs[kStreams], ys;
+  template <bool kStreaming>
+  __device__ __forceinline__ void fetch(const act_t *x, const act_t *y, int64_t t, int64_t c, int64_t C) {
+    auto load16 = [](const act_t *p) {
+      if constexpr (kStreaming)
+        return __ldcs(reinterpret_cast<const uint4 *>(p));
+      else
+        return *reinterpret_cast<const uint4 *>(p);
+    };
+    for (int j = 0; j < kStreams; ++j)
+      xs[j] = load16(x + (t * kStreams + j) * C + c);
+    ys = load16(y + t * C + c);
+  }
+  __device__ __forceinline__ void mix(const float *coefRow, uint4 (&out)[kStreams]) const {
+    float hpost[kStreams], hres[kStreams * kStreams], xv[kStreams][kVec], yv[kVec];
+    loadCoefs(coefRow, kStreams, hpost);
+    loadCoefs(coefRow, 2 * kStreams, hres);
+    for (int j = 0; j < kStreams; ++j)
+      unpackVec(xs[j], xv[j]);
+    unpackVec(ys, yv);
+    for (int i = 0; i < kStreams; ++i) {
+      float o[kVec];
+      for (int e = 0; e < kVec; ++e) {
+        float sum = 0;
+        for (int j = 0; j < kStreams; ++j)
+          sum += hres[i * kStreams + j] * xv[j][e];
+        o[e] = sum + hpost[i] * yv[e];
+      }
+      out[i] = packVec(o);
+    }
+  }
+};
+
 template <bool kStreaming = false>
 __device__ __forceinline__ void postResVector(const act_t *x, const float *coef, const act_t *y, act_t *out,
                                               int64_t t, int64_t c, int64_t C) {
-  const int K = kCoefficients;
-  float hpost[kStreams], hres[kStreams * kStreams], xs[kStreams][kVec], ys[kVec];
-  loadCoefs(coef + t * K, kStreams, hpost);
-  loadCoefs(coef + t * K, 2 * kStreams, hres);
-  auto fetch = [](const act_t *p, float *v) {
-    if constexpr (kStreaming)
-      unpackVec(__ldcs(reinterpret_cast<const uint4 *>(p)), v);
-    else
-      loadVec(p, v);
-  };
-  for (int j = 0; j < kStreams; ++j)
-    fetch(x + (t * kStreams + j) * C + c, xs[j]);
-  fetch(y + t * C + c, ys);
-  for (int i = 0; i < kStreams; ++i) {
-    float o[kVec];
-    for (int e = 0; e < kVec; ++e) {
-      float sum = 0;
-      for (int j = 0; j < kStreams; ++j)
-        sum += hres[i * kStreams + j] * xs[j][e];
-      o[e] = sum + hpost[i] * ys[e];
-    }
-    storeVec(out + (t * kStreams + i) * C + c, o);
-  }
+  PostResVector v;
+  v.fetch<kStreaming>(x, y, t, c, C);
+  uint4 mixed[kStreams];
+  v.mix(coef + t * kCoefficients, mixed);
+  for (int i = 0; i < kStreams; ++i)
+    *reinterpret_cast<uint4 *>(out + (t * kStreams + i) * C + c) = mixed[i];
 }
 
 /// kVec columns of a row, all n output streams, per thread where possible

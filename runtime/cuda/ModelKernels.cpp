@@ -20,6 +20,7 @@ struct Driver {
   CUresult (*moduleGetFunction)(CUfunction *, CUmodule, const char *) = nullptr;
   CUresult (*moduleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *) = nullptr;
   CUresult (*launchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **) = nullptr;
+  CUresult (*funcSetAttribute)(CUfunction, CUfunction_attribute, int) = nullptr;
   CUresult (*getErrorName)(CUresult, const char **) = nullptr;
   std::string error;
 };
@@ -44,6 +45,7 @@ const Driver &driver() {
     resolve("cuModuleGetFunction", d.moduleGetFunction, d.error);
     resolve("cuModuleGetGlobal", d.moduleGetGlobal, d.error);
     resolve("cuLaunchKernelEx", d.launchKernelEx, d.error);
+    resolve("cuFuncSetAttribute", d.funcSetAttribute, d.error);
     resolve("cuGetErrorName", d.getErrorName, d.error);
     return d;
   }();
@@ -112,6 +114,8 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
                   {"mhcc_abi_mix_tokens", kMixTokens},
                   {"mhcc_abi_fused_tokens", kFusedTokens},
                   {"mhcc_abi_fused_warps", fusedWarps(code.streams)},
+                  {"mhcc_abi_cluster_blocks", kClusterBlocks},
+                  {"mhcc_abi_cluster_pad", kClusterTilePad},
                   {"mhcc_abi_streams", code.streams},
                   {"mhcc_abi_sinkhorn_iterations", code.sinkhornIterations}};
   auto readGlobal = [&](const char *global, int &value) {
@@ -148,6 +152,16 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
       return nullptr;
     }
   }
+  // The cluster kernel's x' tile is dynamic shared memory beyond the 48 KB default.
+  const CUfunction cluster = kernels->functions_[int(ModelKernel::MhcPostResCoeffsPreForwardCluster)];
+  if (CUresult status = d.funcSetAttribute(cluster, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           int(kClusterTileBytes));
+      status != CUDA_SUCCESS) {
+    error = where + "cannot give mhcc_mhc_post_res_coeffs_pre_forward_cluster " +
+            std::to_string(kClusterTileBytes / 1024) + " KiB of shared memory (" + errorName(status) +
+            "); update the NVIDIA driver";
+    return nullptr;
+  }
   return kernels;
 }
 
@@ -175,11 +189,12 @@ const float *ModelKernels::ropeTable(int64_t seq, int64_t d, cudaStream_t stream
 }
 
 void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block,
-                             cudaStream_t stream, void **params) const {
+                             unsigned sharedBytes, cudaStream_t stream, void **params) const {
   if (gridX == 0 || gridY == 0)
     return;
-  // The image's kernels begin with kernelPrologue (ABI 12 on), so each may
-  // start while the one before it drains, unless MHCC_PDL=0.
+  // The image's kernels wait in kernelPrologue (ABI 12 on) before they read
+  // what the one before wrote, so each may start while that one drains,
+  // unless MHCC_PDL=0.
   CUlaunchAttribute early{};
   early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   early.value.programmaticStreamSerializationAllowed = 1;
@@ -190,6 +205,7 @@ void ModelKernels::launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY,
   config.blockDimX = block;
   config.blockDimY = 1;
   config.blockDimZ = 1;
+  config.sharedMemBytes = sharedBytes;
   config.hStream = reinterpret_cast<CUstream>(stream);
   config.attrs = &early;
   config.numAttrs = dependentLaunchEnabled() ? 1 : 0;

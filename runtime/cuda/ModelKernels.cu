@@ -50,7 +50,7 @@ constexpr float kMhcRmsEps = 1e-6f;
 constexpr float kSinkhornClamp = 1e-6f;
 constexpr int kCoefficients = kStreams * kStreams + 2 * kStreams; // pre, post, res
 
-extern "C" __device__ const int mhcc_abi_version = 18;
+extern "C" __device__ const int mhcc_abi_version = 19;
 extern "C" __device__ const int mhcc_abi_streams = kStreams;
 extern "C" __device__ const int mhcc_abi_sinkhorn_iterations = kSinkhornIterations;
 extern "C" __device__ const int mhcc_abi_block_threads = kThreads;
@@ -120,11 +120,21 @@ __device__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 // The host launches these kernels with programmatic stream serialization
 // (ModelKernels::launchRaw): a kernel's blocks may be scheduled while the
 // kernel before it in the stream drains, so its launch and prologue hide in
-// that tail. Every kernel here starts with kernelPrologue, before its first
-// memory access: the wait returns once the previous kernel completed and its
-// writes are visible, so the early start changes scheduling only, never the
-// bits. The trigger then lets the next kernel start early in turn (it takes
-// effect once every block of this grid has run it, i.e. in its last wave).
+// that tail. Every kernel here runs kernelPrologue before it writes memory
+// or reads what the kernel before it wrote: the wait returns once the
+// previous kernel completed and its writes are visible, so the early start
+// changes scheduling only, never the bits. The trigger then lets the next
+// kernel start early in turn (it takes effect once every block of this grid
+// has run it, i.e. in its last wave). Since every kernel launched so (these,
+// and the runtime's own in DependentLaunch.cuh) triggers only after its own
+// wait returned, and every other one starts once the one before it
+// completed, a grid is launched only once everything two or more places
+// before it in the stream completed: a kernel may read arrays written there
+// before its wait (a kernel launched so that triggered before its wait
+// would break this). Those that can take an `early` argument (1 where
+// MHCC_EARLY_LOADS=1: pass B's first stage of dOut and x, the Sinkhorn
+// backward's forward sweep, pass C's loads, the gate partials' sums, each
+// naming its arrays) and then run beside the kernel before them.
 __device__ __forceinline__ void kernelPrologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -259,6 +269,16 @@ __device__ __forceinline__ void loadOrZero(const act_t *p, float *v, bool zero) 
 /// Rounds v[0, kVec) and writes them to p (16-byte aligned) in one store.
 __device__ __forceinline__ void storeVec(act_t *p, const float *v) { *reinterpret_cast<uint4 *>(p) = packVec(v); }
 
+/// One 16-byte shared load: read through unpackVec's bf16 halves, nvcc split
+/// a uint4 from shared memory into four 4-byte loads.
+__device__ __forceinline__ uint4 loadShared16(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(uint32_t(__cvta_generic_to_shared(p))));
+  return v;
+}
+
 /// storeVec with its 16-byte store spelled out in PTX, for the kernels where
 /// nvcc split storeVec's store into four 4-byte ones (the coefficient input
 /// gradient, RoPE; ncu: 8 of each sector's 32 bytes used a store). Not the
@@ -329,14 +349,22 @@ template <int A> constexpr int warpTiles() { return 10 / A < 4 ? 10 / A : 4; }
 /// (kTiles * 32 * kVec activations each), the next stage's loads in flight
 /// while body(base, n) reads the current stage: lane l's elements are
 /// buf[a][l + 32 j] for l + 32 j < n (row offset base + l + 32 j), the
-/// elements and order of `for (c = lane; c < count; c += 32)`.
-template <int kTiles, int A, typename Body>
+/// elements and order of `for (c = lane; c < count; c += 32)`. beforeLater()
+/// runs after the first stage's loads of arrays [0, early) are issued and
+/// before those of the others (a kernel's dependent-launch wait, where only
+/// the later arrays come from the kernel before it).
+template <int kTiles, int A, typename Body, typename BeforeLater>
 __device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const *buf, int64_t count, bool vec,
-                                           int lane, Body body) {
+                                           int lane, Body body, int early, BeforeLater beforeLater) {
   using S = Stage<kTiles, 32>;
   S s[A];
-  for (int a = 0; a < A; ++a)
+  for (int a = 0; a < A; ++a) {
+    if (a == early)
+      beforeLater();
     s[a].fetch(src[a], min(count, int64_t(S::kElems)), vec, lane);
+  }
+  if (early >= A)
+    beforeLater();
   for (int64_t base = 0; base < count; base += S::kElems) {
     __syncwarp(); // every lane is done reading the previous stage
     for (int a = 0; a < A; ++a)
@@ -348,6 +376,11 @@ __device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const
         s[a].fetch(src[a] + next, min(count - next, int64_t(S::kElems)), vec, lane);
     body(base, int(min(count - base, int64_t(S::kElems))));
   }
+}
+template <int kTiles, int A, typename Body>
+__device__ __forceinline__ void warpStream(const act_t *const *src, act_t *const *buf, int64_t count, bool vec,
+                                           int lane, Body body) {
+  warpStream<kTiles, A>(src, buf, count, vec, lane, body, 0, [] {});
 }
 
 /// One warp per row: out[t] = sum of squares of row t (of the residual

@@ -48,6 +48,7 @@ namespace mhcc::runtime::cuda {
   X(MhcPreForward, "mhcc_mhc_pre_forward")                                                        \
   X(MhcCoeffsPreForward, "mhcc_mhc_coeffs_pre_forward")                                           \
   X(MhcPostResCoeffsPreForward, "mhcc_mhc_post_res_coeffs_pre_forward")                           \
+  X(MhcPostResCoeffsPreForwardCluster, "mhcc_mhc_post_res_coeffs_pre_forward_cluster")            \
   X(MhcPreBackward, "mhcc_mhc_pre_backward")                                                      \
   X(MhcPostResForward, "mhcc_mhc_post_res_forward")                                               \
   X(MhcPostResBackward, "mhcc_mhc_post_res_backward")                                              \
@@ -81,7 +82,7 @@ enum class ModelKernel : int {
 };
 
 /// Launch conventions the image must agree with (its mhcc_abi_* globals).
-inline constexpr int kModelKernelsAbi = 18;
+inline constexpr int kModelKernelsAbi = 19;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int64_t kColumnChunkRows = 64;
 /// mhcc_mhc_coeffs_backward_input's tiles: a block of 2 warps takes 32 tokens x 64 columns.
@@ -93,6 +94,11 @@ inline constexpr int kMixColumns = 64, kMixTokens = 16, kMixThreads = 128, kMixM
 /// warps up to n = 4 and 8 beyond (MhcFusedKernels.cu: its shared stages).
 inline constexpr int kFusedTokens = 16;
 inline constexpr int fusedWarps(int64_t streams) { return (streams * streams + 2 * streams) / 8 <= 5 ? 16 : 8; }
+/// mhcc_mhc_post_res_coeffs_pre_forward_cluster's: a cluster of 4 blocks
+/// takes those 16 tokens, each block a quarter of the warps' walk and its
+/// quarter of the x' tile in dynamic shared memory (up to kClusterTileBytes).
+inline constexpr int kClusterBlocks = 4, kClusterTilePad = 64;
+inline constexpr int64_t kClusterTileBytes = 96 * 1024;
 
 class ModelKernels {
 public:
@@ -114,7 +120,15 @@ public:
   void launch(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, cudaStream_t stream,
               Args... args) const {
     void *params[] = {static_cast<void *>(&args)..., nullptr};
-    launchRaw(kernel, gridX, gridY, block, stream, params);
+    launchRaw(kernel, gridX, gridY, block, 0, stream, params);
+  }
+  /// launch, with `sharedBytes` of dynamic shared memory (up to
+  /// kClusterTileBytes; only the cluster kernel takes any).
+  template <typename... Args>
+  void launchShared(ModelKernel kernel, unsigned gridX, unsigned block, unsigned sharedBytes, cudaStream_t stream,
+                    Args... args) const {
+    void *params[] = {static_cast<void *>(&args)..., nullptr};
+    launchRaw(kernel, gridX, 1, block, sharedBytes, stream, params);
   }
 
   /// "" or the first failed launch since the last call (then cleared).
@@ -128,8 +142,8 @@ public:
 
 private:
   ModelKernels() = default;
-  void launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, cudaStream_t stream,
-                 void **params) const;
+  void launchRaw(ModelKernel kernel, unsigned gridX, unsigned gridY, unsigned block, unsigned sharedBytes,
+                 cudaStream_t stream, void **params) const;
 
   CUmodule module_ = nullptr;
   CUfunction functions_[int(ModelKernel::Count)] = {};

@@ -55,7 +55,9 @@ TEST(CudaCodegen, SourceCarriesTheModelConstantsAndEveryLaunchedKernel) {
         "kMixTokens = " + std::to_string(runtime::cuda::kMixTokens) + ";",
         "kMixThreads = " + std::to_string(runtime::cuda::kMixThreads) + ";",
         "kMixMaxStreams = " + std::to_string(runtime::cuda::kMixMaxStreams) + ";",
-        "kInputGradColumns = " + std::to_string(runtime::cuda::kInputGradColumns) + ";"})
+        "kInputGradColumns = " + std::to_string(runtime::cuda::kInputGradColumns) + ";",
+        "kClusterBlocks = " + std::to_string(runtime::cuda::kClusterBlocks) + ";",
+        "kClusterPad = " + std::to_string(runtime::cuda::kClusterTilePad) + ";"})
     EXPECT_NE(source.find(global), std::string::npos) << global;
   // Different models, different kernels.
   EXPECT_NE(emitModelKernels(model(4, 20), "0x1234"), source);
@@ -101,8 +103,15 @@ TEST(CudaCodegen, EveryKernelOpensWithTheDependentLaunchPrologue) {
     const std::string kernel = source.substr(name + 1, open - name - 1);
     ASSERT_NE(brace, std::string::npos) << kernel;
     const size_t first = source.find_first_not_of(" \n", brace + 1);
-    EXPECT_EQ(source.compare(first, 17, "kernelPrologue();"), 0)
-        << kernel << " does not open with kernelPrologue()";
+    // A kernel taking `early` (MHCC_EARLY_LOADS=1: reads of what was written
+    // two or more kernels back before its wait) opens with the prologue
+    // unless early; where it waits then, its own comment says.
+    if (source.rfind("int early)", close) == close - 9) {
+      const std::string opening = "if (!early)\n    kernelPrologue();";
+      EXPECT_EQ(source.compare(first, opening.size(), opening), 0) << kernel << " does not open with " << opening;
+    } else {
+      EXPECT_EQ(source.compare(first, 17, "kernelPrologue();"), 0) << kernel << " does not open with kernelPrologue()";
+    }
     ++kernels;
   }
   EXPECT_EQ(kernels, int(std::size(kLaunched))) << "a kernel the launch table does not name, or the reverse";
@@ -138,7 +147,7 @@ TEST_F(WithNvcc, CompilesAnImageWithEveryKernelAndTheAbiGlobals) {
                              "mhcc_abi_block_threads", "mhcc_abi_chunk_rows", "mhcc_abi_input_grad_columns",
                              "mhcc_abi_input_grad_tokens", "mhcc_abi_fused_tokens", "mhcc_abi_fused_warps",
                              "mhcc_abi_mix_columns", "mhcc_abi_mix_tokens", "mhcc_abi_activation_bytes",
-                             "mhcc_abi_residual_bytes"})
+                             "mhcc_abi_residual_bytes", "mhcc_abi_cluster_blocks", "mhcc_abi_cluster_pad"})
     EXPECT_NE(code->image.find(std::string(global) + '\0'), std::string::npos) << global;
 }
 

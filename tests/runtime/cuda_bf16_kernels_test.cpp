@@ -413,7 +413,7 @@ TEST_F(CudaBf16Kernels, OneKernelForwardEntryMatchesItsParts) {
 /// mhcPostResCoeffsPreForward at T tokens of width N C: x', the
 /// coefficients, aux and u bit for bit what mhcPostResForward and then
 /// mhcCoeffsPreForward write, every output written (NaN-filled before), the
-/// same bits when run twice.
+/// same bits when run twice, and from the cluster kernel where it applies.
 void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
   SCOPED_TRACE("T " + std::to_string(T) + ", C " + std::to_string(C));
   const int64_t W = N * C, auxFloats = T * (K + 1) + cuda::mhcCoeffsAuxExtra(T, N);
@@ -422,11 +422,13 @@ void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
   bf16 *dXPrev = uploadBf16(xPrev), *dY = uploadBf16(y), *dWmap = uploadBf16(wmap), *dBias = uploadBf16(bias);
   bf16 *dAlpha = uploadBf16(alpha);
   float *dCoefPrev = uploadF32(coefPrev);
-  // [0]: the two kernels; [1], [2]: the fused kernel twice.
-  std::vector<float> x[3], coef[3], aux[3], u[3];
+  // [0]: the two kernels; [1], [2]: the fused kernel twice; [3]: its cluster form.
+  const bool cluster = cuda::mhcClusterForwardApplies(C, N);
+  const int runs = cluster ? 4 : 3;
+  std::vector<float> x[4], coef[4], aux[4], u[4];
   bf16 *dX = allocate<bf16>(T * W), *dU = allocate<bf16>(T * C);
   float *dCoef = allocate<float>(T * K), *dAux = allocate<float>(auxFloats);
-  for (int run = 0; run < 3; ++run) {
+  for (int run = 0; run < runs; ++run) {
     cudaMemset(dX, 0xff, T * W * 2); // NaNs: every output must be written
     cudaMemset(dU, 0xff, T * C * 2);
     cudaMemset(dCoef, 0xff, T * K * 4);
@@ -437,16 +439,16 @@ void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
       cuda::mhcCoeffsPreForward(*kernels_, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU, T, C, N, nullptr);
     } else {
       cuda::mhcPostResCoeffsPreForward(*kernels_, dXPrev, dCoefPrev, dY, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU,
-                                       T, C, N, nullptr);
+                                       T, C, N, nullptr, run == 3);
     }
-    noErrors(run == 0 ? "post-res, then the entry" : "post-res and the entry in one kernel");
+    noErrors(run == 0 ? "post-res, then the entry" : run == 3 ? "the cluster kernel" : "post-res and the entry in one kernel");
     x[run] = downloadBf16(dX, T * W);
     coef[run] = downloadF32(dCoef, T * K);
     aux[run] = downloadF32(dAux, auxFloats);
     u[run] = downloadBf16(dU, T * C);
   }
-  for (int run : {1, 2}) {
-    SCOPED_TRACE(run == 1 ? "first fused run" : "second fused run");
+  for (int run = 1; run < runs; ++run) {
+    SCOPED_TRACE(run == 1 ? "first fused run" : run == 2 ? "second fused run" : "the cluster kernel");
     EXPECT_EQ(std::memcmp(x[run].data(), x[0].data(), x[0].size() * 4), 0) << "x' is not the post-res kernel's";
     EXPECT_EQ(std::memcmp(coef[run].data(), coef[0].data(), coef[0].size() * 4), 0) << "coef differs";
     EXPECT_EQ(std::memcmp(aux[run].data(), aux[0].data(), aux[0].size() * 4), 0) << "aux differs";
@@ -461,7 +463,10 @@ void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
 
 TEST_F(CudaBf16Kernels, OneKernelPostResAndEntryGivesItsPartsBits) {
   checkPostResEntry(T, C);     // a partial token tile
-  checkPostResEntry(40, 1024); // eight steps a warp
+  checkPostResEntry(40, 1024); // eight steps a warp; the cluster kernel's half tile
+  checkPostResEntry(100, 2048); // 1b's width; a last tile of 4 tokens (three blocks own none)
+  EXPECT_FALSE(cuda::mhcClusterForwardApplies(C, N)) << "C = 64 is not a multiple of the walk's 512-column step";
+  EXPECT_TRUE(cuda::mhcClusterForwardApplies(2048, N));
 }
 
 // RMSNorm's forward takes three paths: a row of up to 2048 bf16 values
