@@ -92,7 +92,7 @@ int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &lay
   // owner its part, or with remainders the owner alone (the others' bf16
   // copies arrive whole: runtime/cuda/RankPlan.h).
   const std::vector<cuda::ParamPlan> plans = cuda::planParameters(a);
-  const int64_t masterBytes = layout.remainders ? 2 : 4;
+  const int64_t masterBytes = layout.remainders ? 2 : 4, momentBytes = layout.moments ? 8 : 0;
   int64_t largest = 0;
   for (int64_t r = 0; r < a.pp; ++r)
     for (int64_t d = 0; d < (layout.sharded ? a.optimizerParts() : 1); ++d) {
@@ -105,7 +105,7 @@ int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &lay
         const auto [begin, end] = layout.sharded ? a.shardOf(count, d) : std::pair<int64_t, int64_t>{0, count};
         const int64_t part = end - begin;
         if (plan.owner == r)
-          bytes += 8 * part + masterBytes * (layout.mastersSharded ? part : count);
+          bytes += momentBytes * part + masterBytes * (layout.mastersSharded ? part : count);
         else if (!layout.mastersSharded && !layout.remainders)
           bytes += 4 * count;
       }
@@ -179,19 +179,23 @@ void printRunBanner(const Artifact &a, const std::string &backend, const RunFlag
   // kernels read the masters, which each GPU keeps whole, and the CPU
   // backend keeps every weight on every rank.
   const bool mastersSharded = a.distributedOptimizer && backend == "cuda" && a.model.dtype == "bf16";
+  // SGD keeps no moments on the GPU (the CPU backend's are there, unused).
+  const bool moments = !(backend == "cuda" && f.options.optimizer == "sgd");
   if (a.distributedOptimizer) {
-    const int64_t sharded = optimizerBytesPerRank(a, {true, mastersSharded, remainders}),
-                  whole = optimizerBytesPerRank(a, {false, false, remainders});
-    char line[240];
+    const int64_t sharded = optimizerBytesPerRank(a, {true, mastersSharded, remainders, moments}),
+                  whole = optimizerBytesPerRank(a, {false, false, remainders, moments});
+    const char *what = mastersSharded ? (moments ? "fp32 masters and Adam moments" : "fp32 masters (SGD: no moments)")
+                       : moments      ? "Adam moments (the fp32 masters whole on each rank)"
+                                      : "the updates (SGD keeps no moments; the fp32 masters stay whole on each rank)";
+    char line[320];
     std::snprintf(line, sizeof line,
                   "mhcrun: distributed optimizer: %s sharded over %lld parts (dp x cp), "
                   "%.2f MiB a rank (%.2f MiB without sharding)",
-                  mastersSharded ? "fp32 masters and Adam moments" : "Adam moments (the fp32 masters whole on each rank)",
-                  static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
+                  what, static_cast<long long>(a.optimizerParts()), sharded / 1048576.0, whole / 1048576.0);
     std::cout << line << std::endl;
   }
   if (remainders) {
-    const OptimizerStateLayout layout{a.distributedOptimizer, mastersSharded, false};
+    const OptimizerStateLayout layout{a.distributedOptimizer, mastersSharded, false, moments};
     OptimizerStateLayout withRemainders = layout;
     withRemainders.remainders = true;
     char line[240];

@@ -38,10 +38,12 @@ struct OptimizerStateLayout {
   bool sharded = false;        // the distributed optimizer's parts: the moments
   bool mastersSharded = false; // and the fp32 masters (the CUDA backend's bf16 models)
   bool remainders = false;     // each master as its bf16 copy and 2 bytes, on its owner alone
+  bool moments = true;         // Adam's two (the CUDA backend keeps none for SGD)
 };
 /// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
-/// bytes a parameter element, 10 with remainders, of the parameters its
-/// stages use, its tensor-parallel blocks of them), the largest over the ranks.
+/// bytes a parameter element, 10 with remainders, 4 or 2 without moments,
+/// of the parameters its stages use, its tensor-parallel blocks of them),
+/// the largest over the ranks.
 int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &layout);
 
 /// The validation pass's line, Megatron's format.
