@@ -190,7 +190,7 @@ LogicalResult printPipelineSummary(ModuleOp module, func::FuncOp func,
                    "residual from its forward to its backward and runs its forward again before it"
                  : std::string("each sublayer keeps its input residual from its forward to its backward and runs its "
                                "forward again before it"))
-         << " (the peaks and step above count it, but for the recomputed forwards' collectives under tp or cp; "
+         << " (the peaks and step above count it, with the recomputed forwards' collectives under tp or cp; "
             "mhcrun recomputes)\n";
     if (schedule.tp > 1)
       os << "tensor parallel: tp = " << schedule.tp << " ranks split each layer (world = pp x dp x cp x tp = "

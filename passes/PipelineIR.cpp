@@ -188,8 +188,11 @@ static std::vector<runtime::CollectiveStep> collectiveStepsOf(UnitKind kind) {
 
 /// Each stage's collectives per compute step (FWD in forward order, the
 /// backwards in reverse), and their time on the rank's ring over the link,
-/// added to the step's: a rank waits in its group's collectives.
+/// added to the step's: a rank waits in its group's collectives. A
+/// recomputed segment's forward issues its forward collectives again inside
+/// the backward (`recomputed`: those units' steps, runtime/program/Recompute.h).
 static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::vector<runtime::CollectiveStep>> &steps,
+                           const std::vector<std::vector<runtime::CollectiveStep>> &recomputed,
                            const runtime::CollectiveMesh &mesh) {
   auto time = [&](const std::vector<pipeline::Instr> &list) {
     double total = 0;
@@ -209,6 +212,7 @@ static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::
     stage.inputCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardInput, mesh);
     stage.weightCollectives = runtime::collectivesOf(backward, pipeline::OpKind::BackwardWeight, mesh);
     stage.forwardTime += time(stage.forwardCollectives);
+    stage.backwardTime += time(runtime::collectivesOf(recomputed[s], pipeline::OpKind::Forward, mesh));
     // Under ZB-H1 the simulator times B as the backward less W, and the
     // two halves issue their own collectives (W gathers again what it reads).
     const bool split = spec.kind == pipeline::ScheduleKind::ZeroBubbleH1;
@@ -231,29 +235,35 @@ struct RecomputeTally {
   struct Segment {
     int64_t sublayers = 0, dropped = 0;
     double forwardMs = 0;
+    std::vector<runtime::CollectiveStep> collectives; // its units', in forward order
   };
   int64_t perSegment = 1;
   Segment open;           // the latest segment, until something follows it
   int64_t dropped = 0, largest = 0;
   double forwardMs = 0;
+  std::vector<runtime::CollectiveStep> collectives; // of the segments run again
 
   /// A unit saving `saved` bytes, of which `checkpoint` are its input
   /// residual (0: a unit recomputation leaves alone, which ends a full
-  /// segment before it). A segment's first sublayer keeps its checkpoint,
-  /// the others' are dropped with the rest.
-  void add(int64_t saved, int64_t checkpoint, double unitForwardMs) {
+  /// segment before it), with its forward's time and collective steps. A
+  /// segment's first sublayer keeps its checkpoint, the others' are dropped
+  /// with the rest.
+  void add(int64_t saved, int64_t checkpoint, double unitForwardMs,
+           const std::vector<runtime::CollectiveStep> &unitCollectives) {
     if (open.sublayers >= perSegment)
       commitOpen();
     if (checkpoint <= 0)
       return;
     open.dropped += open.sublayers == 0 ? saved - checkpoint : saved;
     open.forwardMs += unitForwardMs;
+    open.collectives.insert(open.collectives.end(), unitCollectives.begin(), unitCollectives.end());
     ++open.sublayers;
   }
   void commitOpen() {
     dropped += open.dropped;
     largest = std::max(largest, open.dropped);
     forwardMs += open.forwardMs;
+    collectives.insert(collectives.end(), open.collectives.begin(), open.collectives.end());
     open = Segment{};
   }
   /// The segment still open ends the stage: kept whole.
@@ -334,8 +344,9 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     stage.forwardTime += profile.forwardMs(cost, computedTokens, tp, sequenceParallel);
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
-    for (const runtime::CollectiveStep &step : collectiveStepsOf(*kind))
-      collectiveSteps[stageAttr.getInt()].push_back(step);
+    const std::vector<runtime::CollectiveStep> unitCollectives = collectiveStepsOf(*kind);
+    collectiveSteps[stageAttr.getInt()].insert(collectiveSteps[stageAttr.getInt()].end(), unitCollectives.begin(),
+                                               unitCollectives.end());
     const int64_t replicatedRows = sequenceParallel ? computedTokens / tp : computedTokens;
     const int64_t saved = (cost.savedBytesPerToken - cost.replicatedSavedBytesPerToken) * computedTokens / tp +
                           cost.replicatedSavedBytesPerToken * replicatedRows;
@@ -343,12 +354,15 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
     if (recomputeSublayers)
       recompute[stageAttr.getInt()].add(saved, cost.checkpointBytesPerToken * replicatedRows,
-                                        profile.forwardMs(cost, computedTokens, tp, sequenceParallel));
+                                        profile.forwardMs(cost, computedTokens, tp, sequenceParallel), unitCollectives);
   }
-  for (int64_t s = 0; s < stages; ++s)
+  std::vector<std::vector<runtime::CollectiveStep>> recomputedCollectives(stages);
+  for (int64_t s = 0; s < stages; ++s) {
     recompute[s].applyTo(spec.stages[s]);
+    recomputedCollectives[s] = recompute[s].collectives;
+  }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
-  addCollectives(spec, collectiveSteps,
+  addCollectives(spec, collectiveSteps, recomputedCollectives,
                  {tp, cp, sequenceParallel, dims->tokens(), dims->hidden, dims->heads});
   for (int64_t s = 0; s + 1 < stages; ++s)
     if (spec.stages[s].outputWidth == 0)
