@@ -312,8 +312,9 @@ extern "C" __global__ void __launch_bounds__(32 * kFusedWarps)
 // computes their coefficients; then each block's pre-mix takes its columns
 // from its x' and every token's h_pre from the block that owns it. Four
 // times the blocks, several an SM, whose phases overlap. Outputs and bits:
-// that kernel's. Taken where it is and C % kClusterStride == 0 with the
-// tile within kClusterTileBytes (mhcClusterForwardApplies on the host).
+// that kernel's. Taken, with MHCC_MHC_FORWARD=cluster (opt-in until
+// measured on a GPU), where that kernel is, C % kClusterStride == 0 and the
+// tile fits kClusterTileBytes (mhcClusterForwardApplies on the host).
 
 constexpr int kClusterBlocks = 4;
 constexpr int kClusterWarps = kFusedWarps / kClusterBlocks;
