@@ -17,6 +17,12 @@ run_checks() {
       if timeout 300 "./$name" ${CHECK_ARGS[$name]} > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
       row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
     done
+    # The mHC backward's passes with their early loads (MHCC_EARLY_LOADS=1,
+    # opt-in): the same bits as the three kernels.
+    if timeout 300 env MHCC_EARLY_LOADS=1 ./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc \
+        > "$logs/cuda_bf16_kernels_test_early.log" 2>&1; then r=PASS; else r=FAIL; fi
+    row "cuda_bf16_kernels_test (MHCC_EARLY_LOADS=1)" $r \
+      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/cuda_bf16_kernels_test_early.log" | tr '\n' ' ')"
     # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
     declare -A PARITY=(
       [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"
