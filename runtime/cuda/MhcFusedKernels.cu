@@ -378,7 +378,9 @@ extern "C" __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bound
     const int64_t pitch = kStreams * share * int64_t(sizeof(act_t)) + kClusterPad;
     const int tokens = int(min(int64_t(kFusedTokens), rows - t0));
     // Stream column c of this block's columns <-> its place lc in a stream's share of the tile row.
-    auto columnOf = [&](int64_t lc) { return lc / kClusterSpan * kClusterStride + rank * kClusterSpan + lc % kClusterSpan; };
+    auto columnOf = [&](int64_t lc) {
+      return lc / kClusterSpan * kClusterStride + int64_t(rank) * kClusterSpan + lc % kClusterSpan;
+    };
     auto tileVector = [&](int token, int64_t stream, int64_t lc) {
       return reinterpret_cast<uint4 *>(tile + token * pitch + (stream * share + lc) * int64_t(sizeof(act_t)));
     };

@@ -441,7 +441,9 @@ void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
       cuda::mhcPostResCoeffsPreForward(*kernels_, dXPrev, dCoefPrev, dY, dX, dWmap, dBias, dAlpha, dCoef, dAux, dU,
                                        T, C, N, nullptr, run == 3);
     }
-    noErrors(run == 0 ? "post-res, then the entry" : run == 3 ? "the cluster kernel" : "post-res and the entry in one kernel");
+    noErrors(run == 0   ? "post-res, then the entry"
+             : run == 3 ? "the cluster kernel"
+                        : "post-res and the entry in one kernel");
     x[run] = downloadBf16(dX, T * W);
     coef[run] = downloadF32(dCoef, T * K);
     aux[run] = downloadF32(dAux, auxFloats);
