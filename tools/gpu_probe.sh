@@ -7,9 +7,10 @@
 # Environment (every part optional, run in this order; results go to
 # $OUT/summary.txt line by line and everything to $OUT/all.tgz):
 #   PROBE_TESTS=1       cuda_bf16_kernels_test (the kernels' bits)
-#   PROBE_AB=1          each variant's 1b step time: median of steps 2-6 and
-#                       the six losses (their bits must agree), variants
-#                       alternating, PROBE_ROUNDS rounds (default 2);
+#   PROBE_AB=1          each variant's 1b step time: median of steps 2 to
+#                       PROBE_STEPS (default 6) and the first six losses
+#                       (their bits must agree), variants alternating,
+#                       PROBE_ROUNDS rounds (default 2);
 #                       PROBE_N1=1 adds 1b_n1 under the first variant,
 #                       PROBE_N1=all under every one
 #   PROBE_VARIANTS      "name=ENV ..." (default "new= kernels=MHCC_MHC_BACKWARD=kernels";
@@ -50,14 +51,15 @@ if [ -n "${PROBE_AB:-}" ]; then
       fi
       for m in "${models[@]}"; do
         log=$R/${v}_${m}_$round
-        timeout 120 env $(variantEnv "$v") ./mhcrun "$m.mhcc" --data corpus.txt --steps 6 --no-progress \
+        # shellcheck disable=SC2046 # the variant's NAME=VALUE words
+        timeout 120 env $(variantEnv "$v") ./mhcrun "$m.mhcc" --data corpus.txt --steps "${PROBE_STEPS:-6}" --no-progress \
           --metrics "$log.jsonl" > "$log.log" 2>&1
         echo "$v $m r$round rc=$? $(python3 -c "
 import json, statistics, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1])]
     print('median_ms=%.1f' % statistics.median(r['elapsed_ms'] for r in rows[1:]),
-          'loss=', ' '.join('%.7f' % r['lm_loss'] for r in rows))
+          'loss=', ' '.join('%.7f' % r['lm_loss'] for r in rows[:6]))
 except Exception as e:
     print('no metrics:', type(e).__name__, str(e)[:80])
 " "$log.jsonl" 2>&1)" >> "$S"
@@ -69,6 +71,7 @@ if [ -n "${PROBE_NCU:-}" ]; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   copy=$(timeout 120 ./gemm_bench 2>/dev/null | sed -n 's/^copy: \([0-9.]*\) GB.*/\1/p' | head -1)
   for v in ${PROBE_NCU_VARIANTS:-${ORDER[@]}}; do
+    # shellcheck disable=SC2046 # the variant's NAME=VALUE words
     timeout 150 env $(variantEnv "$v") "$ncu" --clock-control none --csv --launch-count 2000 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       ./mhcrun 1b_m1_pp1.mhcc --data corpus.txt --steps 1 --no-progress > "$R/ncu_$v.csv" 2> "$R/ncu_$v.err"
