@@ -119,7 +119,8 @@ void CudaRank::fusedMixForward(int64_t s, size_t index, StageState &st) {
                              value(first.inputs[2]), value(first.output), param<bf16>(s, coeffs, 0),
                              param<bf16>(s, coeffs, 1), param<bf16>(s, coeffs, 2), st.values[coeffs.output].data,
                              st.aux[index + 1].data, value(p.forward[index + 2].output), T, C, first.streams, compute_,
-                             clusterForward_ && mhcClusterForwardApplies(C, first.streams));
+                             clusterForward_ && kernels_->clusterForwardReady() &&
+                                 mhcClusterForwardApplies(C, first.streams));
 }
 
 template <typename A>

@@ -152,16 +152,11 @@ std::unique_ptr<ModelKernels> ModelKernels::load(const DeviceCode &code, int dev
       return nullptr;
     }
   }
-  // The cluster kernel's x' tile is dynamic shared memory beyond the 48 KB default.
+  // The cluster kernel's x' tile is dynamic shared memory beyond the 48 KB
+  // default; where the device refuses it, the one-block kernel runs instead.
   const CUfunction cluster = kernels->functions_[int(ModelKernel::MhcPostResCoeffsPreForwardCluster)];
-  if (CUresult status = d.funcSetAttribute(cluster, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                           int(kClusterTileBytes));
-      status != CUDA_SUCCESS) {
-    error = where + "cannot give mhcc_mhc_post_res_coeffs_pre_forward_cluster " +
-            std::to_string(kClusterTileBytes / 1024) + " KiB of shared memory (" + errorName(status) +
-            "); update the NVIDIA driver";
-    return nullptr;
-  }
+  kernels->clusterForwardReady_ = d.funcSetAttribute(cluster, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                     int(kClusterTileBytes)) == CUDA_SUCCESS;
   return kernels;
 }
 

@@ -134,6 +134,10 @@ public:
   /// "" or the first failed launch since the last call (then cleared).
   std::string takeError() const;
 
+  /// Whether the cluster kernel got its dynamic shared memory at load
+  /// (launchShared's kClusterTileBytes); if not, callers keep to one block a tile.
+  bool clusterForwardReady() const { return clusterForwardReady_; }
+
   /// mhcc_rope's rotations for sequences of `seq` tokens and head dim `d`
   /// ([seq x d / 2] (cos, sin) pairs of floats), made on `stream` the first
   /// time they are asked for and kept with the module; null if out of
@@ -149,6 +153,7 @@ private:
   CUfunction functions_[int(ModelKernel::Count)] = {};
   mutable std::string firstError_;
   mutable std::map<std::pair<int64_t, int64_t>, float *> ropeTables_;
+  bool clusterForwardReady_ = false;
 };
 
 } // namespace mhcc::runtime::cuda

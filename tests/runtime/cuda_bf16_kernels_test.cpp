@@ -424,6 +424,7 @@ void CudaBf16Kernels::checkPostResEntry(int64_t T, int64_t C) {
   float *dCoefPrev = uploadF32(coefPrev);
   // [0]: the two kernels; [1], [2]: the fused kernel twice; [3]: its cluster form.
   const bool cluster = cuda::mhcClusterForwardApplies(C, N);
+  EXPECT_TRUE(kernels_->clusterForwardReady()) << "the cluster kernel's shared memory was refused at load";
   const int runs = cluster ? 4 : 3;
   std::vector<float> x[4], coef[4], aux[4], u[4];
   bf16 *dX = allocate<bf16>(T * W), *dU = allocate<bf16>(T * C);
