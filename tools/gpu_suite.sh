@@ -324,10 +324,13 @@ prune)
     # One GPU: the parity groups' PP2 layouts stay (their ranks share the
     # GPU: gpu_training_test, runtime/cuda/RankLinks.h) but for the
     # transport models' (`prune 1 transport` keeps those instead of the
-    # benchmarks); the PP2 benchmarks and the fp32 1b studies go.
-    # (The fp32 residual's edge chunks too: its other layouts stay.)
+    # benchmarks); the PP2 benchmarks and the fp32 1b studies go, but
+    # 1b_m1_pp1 (tools/gpu_probe.sh's ncu step runs it). (The fp32
+    # residual's edge chunks too: its other layouts stay.) To fit the
+    # carry since session 33's artifacts: the small_bf16 groups' layouts and
+    # attention_bench (the opt-in kernels part: bundle apart for it).
     rm -f ./1b_pp2* ./c4096_* ./c7168_* ./small_pp2* ./small_m2_* ./1b_f32_pp1* ./1b_fp32_residual_pp1* \
-      ./hybrid_1b_m1_pp1* ./1b_m1_pp1* ./tiny_bf16_fp32_residual_edge_chunks*
+      ./hybrid_1b_m1_pp1* ./tiny_bf16_fp32_residual_edge_chunks* ./small_bf16_m2_* ./attention_bench
   fi
   if [ "${3:-}" = memory ]; then
     # One GPU, the memory and repeat parts alone (GPU_SUITE_PARTS="memory
