@@ -359,7 +359,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   std::vector<std::vector<runtime::CollectiveStep>> recomputedCollectives(stages);
   for (int64_t s = 0; s < stages; ++s) {
     recompute[s].applyTo(spec.stages[s]);
-    recomputedCollectives[s] = recompute[s].collectives;
+    recomputedCollectives[s] = std::move(recompute[s].collectives);
   }
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   addCollectives(spec, collectiveSteps, recomputedCollectives,

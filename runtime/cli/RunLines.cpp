@@ -84,8 +84,9 @@ void printProfile(const std::map<std::string, double> &profileMs, int64_t iterat
 
 /// The optimizer's state a rank holds (fp32 masters and Adam's moments, 12
 /// bytes a parameter element, of the parameters its stages use, its
-/// tensor-parallel blocks of them), the largest over the ranks: sharded over
-/// the gradient group's parts under the distributed optimizer, and without it.
+/// tensor-parallel blocks of them, as `layout` keeps them), the largest over
+/// the ranks: sharded over the gradient group's parts under the distributed
+/// optimizer, and without it.
 int64_t optimizerBytesPerRank(const Artifact &a, const OptimizerStateLayout &layout) {
   // The moments live on a parameter's owner (its first user's rank) alone;
   // every rank holding it keeps a master, or with the masters sharded the

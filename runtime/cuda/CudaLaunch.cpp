@@ -99,7 +99,9 @@ size_t CudaRank::forwardSpan(int64_t s, size_t index) const {
   const ForwardInstr &post = list[index];
   const bool postRes = post.op == Prim::MhcPostRes && post.inputs.size() == 3 && entryAt(index + 1) &&
                        list[index + 1].inputs[0] == post.output && list[index + 1].streams == post.streams;
-  return postRes && mhcForwardFusion_ == MhcForwardFusion::PostResAndEntry ? 3 : 1;
+  const bool fusesPostRes = mhcForwardFusion_ == MhcForwardFusion::PostResAndEntry ||
+                            mhcForwardFusion_ == MhcForwardFusion::PostResAndEntryInClusters;
+  return postRes && fusesPostRes ? 3 : 1;
 }
 
 void CudaRank::fusedMixForward(int64_t s, size_t index, StageState &st) {
@@ -119,8 +121,7 @@ void CudaRank::fusedMixForward(int64_t s, size_t index, StageState &st) {
                              value(first.inputs[2]), value(first.output), param<bf16>(s, coeffs, 0),
                              param<bf16>(s, coeffs, 1), param<bf16>(s, coeffs, 2), st.values[coeffs.output].data,
                              st.aux[index + 1].data, value(p.forward[index + 2].output), T, C, first.streams, compute_,
-                             clusterForward_ && kernels_->clusterForwardReady() &&
-                                 mhcClusterForwardApplies(C, first.streams));
+                             mhcForwardFusion_ == MhcForwardFusion::PostResAndEntryInClusters);
 }
 
 template <typename A>

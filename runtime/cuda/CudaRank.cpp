@@ -21,20 +21,15 @@
 namespace mhcc::runtime::cuda {
 namespace {
 
-/// MHCC_MHC_FORWARD: "unfused", "entry", else (unset, or "cluster") both fusions.
+/// MHCC_MHC_FORWARD: "unfused", "entry", "cluster" (opt-in until measured
+/// on a GPU), else (unset) both fusions.
 MhcForwardFusion mhcForwardFusionFromEnvironment() {
   const char *value = std::getenv("MHCC_MHC_FORWARD");
   const std::string mode = value ? value : "";
-  return mode == "unfused" ? MhcForwardFusion::Unfused
-         : mode == "entry" ? MhcForwardFusion::Entry
-                           : MhcForwardFusion::PostResAndEntry;
-}
-
-/// MHCC_MHC_FORWARD=cluster: the post-res mix and the entry over clusters
-/// of blocks (opt-in until measured on a GPU).
-bool clusterForwardFromEnvironment() {
-  const char *value = std::getenv("MHCC_MHC_FORWARD");
-  return value && std::string(value) == "cluster";
+  return mode == "unfused"   ? MhcForwardFusion::Unfused
+         : mode == "entry"   ? MhcForwardFusion::Entry
+         : mode == "cluster" ? MhcForwardFusion::PostResAndEntryInClusters
+                             : MhcForwardFusion::PostResAndEntry;
 }
 
 /// MHCC_MHC_BACKWARD: "kernels", "passes" or "" (unset: the default).
@@ -74,7 +69,6 @@ CudaRank::CudaRank(const Artifact &artifact, const TrainOptions &options, int64_
       bf16_(artifact.model.dtype == "bf16"),
       wideResidual_(artifact.model.residualStorage() != artifact.model.dtype),
       mhcForwardFusion_(wideResidual_ ? MhcForwardFusion::Unfused : mhcForwardFusionFromEnvironment()),
-      clusterForward_(clusterForwardFromEnvironment()),
       mixBackward_(bf16_ && !wideResidual_ && mhcBackwardMode() != "kernels"),
       passAInPassC_(mixBackward_ && mhcBackwardMode() != "passes"), poison_(poisonFromEnvironment()) {
   for (const StageProgram &p : artifact.stages)

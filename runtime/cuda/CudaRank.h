@@ -69,8 +69,9 @@ inline void copySequenceRun(char *packed, int64_t packedPitch, char *ordered, in
     stridedCopy(packed, packedPitch, ordered + at, sequenceBytes, runBytes, sequences, stream);
 }
 
-/// What CudaRank::forwardSpan may join of the mHC forward (bf16 models).
-enum class MhcForwardFusion { Unfused, Entry, PostResAndEntry };
+/// What CudaRank::forwardSpan may join of the mHC forward (bf16 models);
+/// InClusters: PostResAndEntry, its kernel over clusters of blocks.
+enum class MhcForwardFusion { Unfused, Entry, PostResAndEntry, PostResAndEntryInClusters };
 
 /// The NCCL unique ids of a run: the world, each pair in order, then each
 /// group's (groupCount).
@@ -379,11 +380,9 @@ private:
   const bool wideResidual_;
   /// How much of the mHC forward forwardSpan fuses: nothing
   /// (MHCC_MHC_FORWARD=unfused), the entry (=entry), or the post-res mix
-  /// before it too (the default).
+  /// before it too (the default; =cluster: over clusters of blocks where
+  /// they apply).
   const MhcForwardFusion mhcForwardFusion_;
-  /// The post-res mix and the entry over clusters of blocks where
-  /// mhcClusterForwardApplies (MHCC_MHC_FORWARD=cluster; else one block a tile).
-  const bool clusterForward_;
   /// bf16: one sublayer's backward mixing in three passes where it applies
   /// (MhcBackwardKernels.cu): the same bits as the three kernels, dx written
   /// once. MHCC_MHC_BACKWARD=kernels runs the three kernels instead.

@@ -465,7 +465,7 @@ void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const 
                                 float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s,
                                 bool cluster) {
   const unsigned tiles = unsigned((rows + kFusedTokens - 1) / kFusedTokens);
-  if (cluster)
+  if (cluster && k.clusterForwardReady() && mhcClusterForwardApplies(C, n))
     k.launchShared(ModelKernel::MhcPostResCoeffsPreForwardCluster, tiles * kClusterBlocks,
                    unsigned(32 * fusedWarps(n) / kClusterBlocks), unsigned(clusterTileBytes(C, n)), s, xPrev, coefPrev,
                    y, x, wmap, bias, alpha, coef, aux, u, rows, C);

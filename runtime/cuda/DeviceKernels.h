@@ -187,9 +187,10 @@ void mhcCoeffsPreForward(const ModelKernels &k, const bf16 *x, const bf16 *wmap,
 bool mhcClusterForwardApplies(int64_t C, int64_t n);
 /// The previous sublayer's post-res mix (xPrev, coefPrev, y into x: the
 /// bits of mhcPostResForward) and then mhcCoeffsPreForward on x, in one
-/// kernel (MhcFusedKernels.cu); where mhcFusedForwardApplies. `cluster`
-/// (where mhcClusterForwardApplies): over clusters of kClusterBlocks
-/// blocks, the same bits.
+/// kernel (MhcFusedKernels.cu); where mhcFusedForwardApplies. `cluster`:
+/// over clusters of kClusterBlocks blocks, the same bits, where
+/// mhcClusterForwardApplies and the kernel got its shared memory at load
+/// (ModelKernels::clusterForwardReady), else one block a tile.
 void mhcPostResCoeffsPreForward(const ModelKernels &k, const bf16 *xPrev, const float *coefPrev, const bf16 *y,
                                 bf16 *x, const bf16 *wmap, const bf16 *bias, const bf16 *alpha, float *coef,
                                 float *aux, bf16 *u, int64_t rows, int64_t C, int64_t n, cudaStream_t s,

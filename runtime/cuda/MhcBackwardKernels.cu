@@ -271,10 +271,10 @@ extern "C" __global__ void mhcc_mhc_mix_backward_dots(const act_t *x, const act_
 // x vectors into registers (with `early`, before the dependent-launch wait:
 // beside the Sinkhorn backward's end), then rScale's rows and dp. Warp s
 // makes stream s's products (16 x kMixColumns on tensor cores, the kernel
-// it replaces' tile); then a thread owns one
-// 16-byte vector (kVec columns) of one token in every stream: the n dOut
-// vectors it mixes are widened once for the n streams it writes, and a
-// row's 128 bytes go to kMixRowVectors consecutive threads.
+// it replaces' tile); then a thread owns one 16-byte vector (kVec columns)
+// of one token in every stream: the n dOut vectors it mixes are widened
+// once for the n streams it writes, and a row's 128 bytes go to
+// kMixRowVectors consecutive threads.
 
 /// 16 bytes global -> shared without registers (cp.async; waitCopies before reading).
 __device__ __forceinline__ void copyAsync16(void *dst, const void *src) {
@@ -282,7 +282,6 @@ __device__ __forceinline__ void copyAsync16(void *dst, const void *src) {
                "l"(src));
 }
 __device__ __forceinline__ void waitCopies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 
 /// The previous sublayer's pass A, done by pass C (kPost): that sublayer's
 /// output gradient is the dx pass C writes, so a thread forms its dy from

@@ -381,6 +381,7 @@ extern "C" __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bound
     auto columnOf = [&](int64_t lc) {
       return lc / kClusterSpan * kClusterStride + int64_t(rank) * kClusterSpan + lc % kClusterSpan;
     };
+    auto placeOf = [](uint32_t c) { return c / kClusterStride * kClusterSpan + c % kClusterSpan; };
     auto tileVector = [&](int token, int64_t stream, int64_t lc) {
       return reinterpret_cast<uint4 *>(tile + token * pitch + (stream * share + lc) * int64_t(sizeof(act_t)));
     };
@@ -418,7 +419,7 @@ extern "C" __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bound
             return zero;
           // 32-bit: n C < 2^31 here (the tile bound), and a 64-bit division is a long subroutine.
           const uint32_t stream = uint32_t(column) / uint32_t(C), c = uint32_t(column) - stream * uint32_t(C);
-          return loadShared16(tileVector(token, stream, c / kClusterStride * kClusterSpan + c % kClusterSpan));
+          return loadShared16(tileVector(token, stream, placeOf(c)));
         },
         wmap, int(rank) * kClusterWarps + warp, width, reinterpret_cast<uint4 *>(shared) + warp * kFusedStageSlots,
         acc, squareG, squareG8);

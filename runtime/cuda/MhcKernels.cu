@@ -221,28 +221,6 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
                  kStreams * C, l.valid, l.q, l.base);
 }
 
-/// This lane's share of dh's pre and post entries: the sigmoids' backward
-/// (h from aux), stored into dh.
-__device__ __forceinline__ void coeffGateBackward(const float *auxRow, const float *dCoefRow, float *dhRow,
-                                                  float (&gGate)[kCoeffGateSlots], bool valid, int q) {
-#pragma unroll
-  for (int i = 0; i < kCoeffGateSlots; ++i) {
-    const int k = i * kCoeffLanes + q;
-    gGate[i] = 0;
-    if (valid && k < 2 * kStreams) {
-      const float hk = auxRow[k];
-      if (k < kStreams) {
-        float s = sigmoidf(hk);
-        gGate[i] = dCoefRow[k] * s * (1.0f - s);
-      } else {
-        float s2 = sigmoidf(hk);
-        gGate[i] = 2.0f * dCoefRow[k] * s2 * (1.0f - s2);
-      }
-      dhRow[k] = gGate[i];
-    }
-  }
-}
-
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
 /// the scale of the RMS term; the reductions over tokens run afterwards.
 /// Launch: block kCoeffThreads (64), grid ceil(rows / kCoeffTokensPerBlock);
@@ -281,12 +259,28 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
   }
   float m0[kCoeffSlots];
   coeffSinkhornStart(logit, m0, q, base);
-  // dCoef (the kernel before's output) once the wait returned.
+  // dCoef (the kernel before's output) once the wait returned: the
+  // sigmoids' backward into dh's pre and post entries, and gr.
   float gGate[kCoeffGateSlots];
   auto readGradients = [&] {
     if (early)
       kernelPrologue();
-    coeffGateBackward(aux + t * (K + 1), dCoef + t * K, dh + t * K, gGate, valid, q);
+#pragma unroll
+    for (int i = 0; i < kCoeffGateSlots; ++i) {
+      const int k = i * kCoeffLanes + q;
+      gGate[i] = 0;
+      if (valid && k < 2 * kStreams) {
+        const float hk = aux[t * (K + 1) + k];
+        if (k < kStreams) {
+          float s = sigmoidf(hk);
+          gGate[i] = dCoef[t * K + k] * s * (1.0f - s);
+        } else {
+          float s2 = sigmoidf(hk);
+          gGate[i] = 2.0f * dCoef[t * K + k] * s2 * (1.0f - s2);
+        }
+        dh[t * K + k] = gGate[i];
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kCoeffSlots; ++j) {
       const int e = j * kCoeffLanes + q;
@@ -482,7 +476,7 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
     kernelPrologue();
   if constexpr (kChunkRows * kCoefficients <= 8192) {
     constexpr int K = kCoefficients;
-    constexpr int kSums = (K + 3 + kThreads - 1) / kThreads; // columns a thread sums (blockDim.x = kThreads)
+    static_assert(K + 3 <= kThreads, "a column a thread (blockDim.x = kThreads)");
     __shared__ float chunkDh[kChunkRows * K];
     __shared__ float summand[3][kChunkRows];
     const int64_t chunk = blockIdx.x, first = chunk * kChunkRows;
@@ -491,24 +485,15 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
       chunkDh[e] = dh[first * K + e];
     stageAlphaSummands(summand, dh, p, aux, first, n);
     __syncthreads();
-    float sums[kSums];
-#pragma unroll
-    for (int i = 0; i < kSums; ++i) {
-      const int k = threadIdx.x + i * kThreads;
-      float acc = 0;
-      if (k < K + 3)
-        for (int64_t r = 0; r < n; ++r)
-          acc += k < K ? chunkDh[r * K + k] : summand[k - K][r];
-      sums[i] = acc;
-    }
+    const int k = threadIdx.x;
+    float acc = 0;
+    if (k < K + 3)
+      for (int64_t r = 0; r < n; ++r)
+        acc += k < K ? chunkDh[r * K + k] : summand[k - K][r];
     if (early)
       kernelPrologue();
-#pragma unroll
-    for (int i = 0; i < kSums; ++i) {
-      const int k = threadIdx.x + i * kThreads;
-      if (k < K + 3)
-        partial[chunk * (K + 3) + k] = sums[i];
-    }
+    if (k < K + 3)
+      partial[chunk * (K + 3) + k] = acc;
   } else if (early) {
     kernelPrologue();
   }

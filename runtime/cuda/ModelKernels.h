@@ -135,7 +135,8 @@ public:
   std::string takeError() const;
 
   /// Whether the cluster kernel got its dynamic shared memory at load
-  /// (launchShared's kClusterTileBytes); if not, callers keep to one block a tile.
+  /// (launchShared's kClusterTileBytes); if not, mhcPostResCoeffsPreForward
+  /// keeps to one block a tile.
   bool clusterForwardReady() const { return clusterForwardReady_; }
 
   /// mhcc_rope's rotations for sequences of `seq` tokens and head dim `d`
