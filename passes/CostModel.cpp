@@ -166,32 +166,48 @@ UnitCost unitCost(UnitKind kind, const ModelInfo &d) {
     u.outputWidth = 1;
     u.savedBytesPerToken = bytes * v;
     break;
-  case UnitKind::Mtp: {
-    // Two input norms, the 2C -> C projection, one mHC layer, a final norm;
-    // embedding and LM head are shared with the main model (no parameters),
-    // but the head's FLOPs are its own.
-    UnitCost attention = unitCost(UnitKind::AttentionSublayer, d);
-    UnitCost mlp = unitCost(UnitKind::MlpSublayer, d);
-    u.params = 3 * c + 2 * c * c + attention.params + mlp.params;
-    u.splitParams = attention.splitParams + mlp.splitParams;
-    u.forwardFlopsPerToken = 3 * norm + 4.0 * c * c +
-                             attention.forwardFlopsPerToken +
-                             mlp.forwardFlopsPerToken + 2.0 * c * v + 4.0 * v;
-    u.mixingFlopsPerToken = attention.mixingFlopsPerToken + mlp.mixingFlopsPerToken;
-    u.mixings = 2;
+  case UnitKind::Mtp: // the sum of its pieces, in program order
     u.outputWidth = 1;
-    u.savedBytesPerToken = attention.savedBytesPerToken +
-                           mlp.savedBytesPerToken + bytes * (4 * c + v);
-    u.replicatedSavedBytesPerToken =
-        attention.replicatedSavedBytesPerToken + mlp.replicatedSavedBytesPerToken + bytes * 4 * c;
+    for (const UnitCost &piece : mtpPieces(d)) {
+      u.params += piece.params;
+      u.splitParams += piece.splitParams;
+      u.forwardFlopsPerToken += piece.forwardFlopsPerToken;
+      u.mixingFlopsPerToken += piece.mixingFlopsPerToken;
+      u.mixings += piece.mixings;
+      u.savedBytesPerToken += piece.savedBytesPerToken;
+      u.replicatedSavedBytesPerToken += piece.replicatedSavedBytesPerToken;
+    }
     break;
-  }
   case UnitKind::MhcMixing:
     u.forwardFlopsPerToken = mhcMixingFlops(d);
     u.outputWidth = n * c;
     break;
   }
   return u;
+}
+
+std::vector<UnitCost> mtpPieces(const ModelInfo &d) {
+  const int64_t c = d.hidden, v = d.vocab, bytes = d.dtypeBytes();
+  const double norm = 4.0 * c;
+  // Contract and normalize the residual, normalize the embedding of the
+  // token ahead (the table is the main model's), project the concatenation
+  // 2C -> C; the norms keep their inputs, the projection its two.
+  UnitCost prelude;
+  prelude.kind = UnitKind::Mtp;
+  prelude.params = 2 * c + 2 * c * c;
+  prelude.forwardFlopsPerToken = 2 * norm + 4.0 * c * c;
+  prelude.outputWidth = c;
+  prelude.savedBytesPerToken = prelude.replicatedSavedBytesPerToken = bytes * 4 * c;
+  // Contract, the final norm, the shared head (its FLOPs, not its
+  // parameters) and the loss: as the main model's (their inputs, the logits).
+  UnitCost tail;
+  tail.kind = UnitKind::Mtp;
+  tail.params = c;
+  tail.forwardFlopsPerToken = norm + 2.0 * c * v + 4.0 * v;
+  tail.outputWidth = 1;
+  tail.savedBytesPerToken = bytes * (2 * c + v);
+  tail.replicatedSavedBytesPerToken = bytes * 2 * c;
+  return {prelude, unitCost(UnitKind::AttentionSublayer, d), unitCost(UnitKind::MlpSublayer, d), tail};
 }
 
 ModelTotals totalCost(const std::vector<UnitCost> &units, const ModelInfo &d) {

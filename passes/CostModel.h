@@ -89,6 +89,14 @@ bool splitByTensorParallelism(UnitKind kind);
 /// Cost of one unit of `kind` for a model of size `dims`.
 UnitCost unitCost(UnitKind kind, const ModelInfo &dims);
 
+/// An MTP module in program order, as activation recomputation cuts it
+/// (runtime/program/Recompute.h): its prelude (contract, the two input
+/// norms, the embedding of the token ahead, the 2C -> C projection), its
+/// attention and MLP sublayers (each ending in a residual update), and its
+/// tail (contract, final norm, the shared head, the loss). unitCost(Mtp) is
+/// their sum.
+std::vector<UnitCost> mtpPieces(const ModelInfo &dims);
+
 /// Parameters of the mHC mapping around one sublayer: W_map [nC, n^2 + 2n],
 /// b [n^2 + 2n] and the three gating scalars; zero for a plain model (n = 1).
 int64_t mhcMappingParams(const ModelInfo &dims);

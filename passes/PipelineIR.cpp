@@ -3,6 +3,7 @@
 
 #include "dialects/mhc/IR/MhcOps.h"
 #include "passes/ModelUnits.h"
+#include "passes/pipeline/RecomputeCost.h"
 #include "runtime/program/Collectives.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
@@ -91,24 +92,46 @@ FailureOr<std::vector<pipeline::PartitionUnit>> partitionUnitsOf(func::FuncOp fu
   const double tokens = dims->tokens();
   // fp32 master weights, gradients and two Adam moments.
   constexpr double kBytesPerParameter = 16;
+  double pendingDrop = 0; // dropped whole, joining the next sublayer's segment
+  // With MTP the runtime's segments also cut after the MTP sublayers'
+  // residual updates: all the last stage runs before its last MTP module's
+  // tail (the main head and loss, each module's prelude, earlier modules'
+  // tails) is dropped and run again too, and joins the working set of the
+  // segment it ends in.
+  int64_t mtpSeen = 0;
+  const double k = double(std::max<int64_t>(sublayersPerSegment, 1));
   for (Operation &op : func.getBody().front()) {
     int64_t index = unitIndexOf(&op, shape.layers);
     if (index < 0)
       continue;
-    UnitCost cost = unitCost(*unitKindOf(&op), *dims);
+    const UnitKind kind = *unitKindOf(&op);
+    const bool lastMtp = kind == UnitKind::Mtp && ++mtpSeen == shape.mtpModules;
     pipeline::PartitionUnit &unit = units[index];
-    // Recomputed, a segment of k sublayers keeps its input residual and runs
-    // its forward twice: per sublayer, 1 / k of a checkpoint on average, and
-    // a segment's working set k sublayers' (partitioning needs no more).
-    const bool recomputed = recomputeSublayers && cost.checkpointBytesPerToken > 0;
-    const double k = double(std::max<int64_t>(sublayersPerSegment, 1));
-    unit.time += (recomputed ? 4 : 3) * cost.forwardFlopsPerToken * tokens;
-    unit.parameterBytes += kBytesPerParameter * cost.params;
-    unit.activationBytes += (recomputed ? cost.checkpointBytesPerToken / k : cost.savedBytesPerToken) * tokens;
-    if (recomputed) { // in program order: the layer's last sublayer comes last
-      const double drop = (double(cost.savedBytesPerToken) - cost.checkpointBytesPerToken / k) * tokens;
-      unit.lastSublayerDrop = k * drop;
-      unit.largestSublayerDrop = std::max(unit.largestSublayerDrop, k * drop);
+    const std::vector<UnitCost> pieces =
+        kind == UnitKind::Mtp ? mtpPieces(*dims) : std::vector<UnitCost>{unitCost(kind, *dims)};
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const UnitCost &cost = pieces[i];
+      // Recomputed, a segment of k sublayers keeps its input residual and
+      // runs its forward twice: per sublayer, 1 / k of a checkpoint on
+      // average, and a segment's working set k sublayers' (partitioning
+      // needs no more).
+      const bool sublayer = recomputeSublayers && cost.checkpointBytesPerToken > 0;
+      const bool beforeLastTail = recomputeSublayers && !sublayer && index == int64_t(units.size()) - 1 &&
+                                  shape.mtpModules > 0 && !(lastMtp && i + 1 == pieces.size());
+      unit.time += (sublayer || beforeLastTail ? 4 : 3) * cost.forwardFlopsPerToken * tokens;
+      unit.parameterBytes += kBytesPerParameter * cost.params;
+      if (beforeLastTail) {
+        pendingDrop += double(cost.savedBytesPerToken) * tokens;
+      } else if (sublayer) { // in program order: the layer's last sublayer comes last
+        unit.activationBytes += cost.checkpointBytesPerToken / k * tokens;
+        const double drop = (double(cost.savedBytesPerToken) - cost.checkpointBytesPerToken / k) * tokens;
+        unit.lastSublayerDrop = k * drop;
+        unit.largestSublayerDrop = std::max(unit.largestSublayerDrop, k * drop + pendingDrop);
+        pendingDrop = 0;
+      } else {
+        unit.activationBytes += cost.savedBytesPerToken * tokens;
+        unit.lastSublayerDrop = 0; // a kept piece ends the stage's last segment after it
+      }
     }
   }
   return units;
@@ -161,28 +184,39 @@ FailureOr<pipeline::Layout> layoutOf(func::FuncOp func) {
   return layout;
 }
 
-/// The primitives of a unit that issue tensor- or context-parallel
-/// collectives (runtime/program/Collectives.h), in forward order, as the
-/// compiler lowers the unit (compiler/Lowering.cpp); the others issue none.
-static std::vector<runtime::CollectiveStep> collectiveStepsOf(UnitKind kind) {
+/// A unit, or one piece of an MTP module (mtpPieces), with the primitives
+/// among its kernels that issue tensor- or context-parallel collectives
+/// (runtime/program/Collectives.h), in forward order, as the compiler
+/// lowers it (compiler/Lowering.cpp); the others issue none.
+struct UnitPiece {
+  UnitCost cost;
+  std::vector<runtime::CollectiveStep> collectives;
+};
+
+static std::vector<UnitPiece> piecesOf(UnitKind kind, const ModelInfo &dims) {
   using runtime::Prim;
   switch (kind) {
   case UnitKind::Embedding:
-    return {{Prim::Embed, false}};
+    return {{unitCost(kind, dims), {{Prim::Embed, false}}}};
   case UnitKind::AttentionSublayer:
-    return {{Prim::Attention}};
+    return {{unitCost(kind, dims), {{Prim::Attention}}}};
   case UnitKind::GdnSublayer:
-    return {{Prim::GatedDeltaNet}};
+    return {{unitCost(kind, dims), {{Prim::GatedDeltaNet}}}};
   case UnitKind::MlpSublayer:
-    return {{Prim::SwiGlu}};
+    return {{unitCost(kind, dims), {{Prim::SwiGlu}}}};
   case UnitKind::LmHead:
-    return {{Prim::LmHead}};
+    return {{unitCost(kind, dims), {{Prim::LmHead}}}};
   case UnitKind::Loss:
-    return {{Prim::CrossEntropy, true, false}};
-  case UnitKind::Mtp: // its embedding, one attention and MLP sublayer, the shared head and its loss
-    return {{Prim::Embed, false}, {Prim::Attention}, {Prim::SwiGlu}, {Prim::LmHead}, {Prim::CrossEntropy, true, false}};
+    return {{unitCost(kind, dims), {{Prim::CrossEntropy, true, false}}}};
+  case UnitKind::Mtp: { // its embedding, one attention and MLP sublayer, the shared head and its loss
+    std::vector<UnitCost> costs = mtpPieces(dims);
+    return {{costs[0], {{Prim::Embed, false}}},
+            {costs[1], {{Prim::Attention}}},
+            {costs[2], {{Prim::SwiGlu}}},
+            {costs[3], {{Prim::LmHead}, {Prim::CrossEntropy, true, false}}}};
+  }
   default:
-    return {};
+    return {{unitCost(kind, dims), {}}};
   }
 }
 
@@ -222,60 +256,34 @@ static void addCollectives(pipeline::ScheduleSpec &spec, const std::vector<std::
   }
 }
 
-namespace {
-
-/// Activation recomputation's effect on one stage, unit by unit in program
-/// order, as the runtime cuts it (runtime/program/Recompute.h): each
-/// segment of perSegment sublayers drops what they saved but its first
-/// sublayer's input residual after its forward, and runs its forward again
-/// before its backward; the stage's last segment is never dropped, so the
-/// sublayers that end the stage keep all.
-struct RecomputeTally {
-  /// A segment of sublayers, as the runtime cuts them (runtime/program/Recompute.h).
-  struct Segment {
-    int64_t sublayers = 0, dropped = 0;
-    double forwardMs = 0;
-    std::vector<runtime::CollectiveStep> collectives; // its units', in forward order
-  };
-  int64_t perSegment = 1;
-  Segment open;           // the latest segment, until something follows it
-  int64_t dropped = 0, largest = 0;
-  double forwardMs = 0;
-  std::vector<runtime::CollectiveStep> collectives; // of the segments run again
-
-  /// A unit saving `saved` bytes, of which `checkpoint` are its input
-  /// residual (0: a unit recomputation leaves alone, which ends a full
-  /// segment before it), with its forward's time and collective steps. A
-  /// segment's first sublayer keeps its checkpoint, the others' are dropped
-  /// with the rest.
-  void add(int64_t saved, int64_t checkpoint, double unitForwardMs,
-           const std::vector<runtime::CollectiveStep> &unitCollectives) {
-    if (open.sublayers >= perSegment)
-      commitOpen();
-    if (checkpoint <= 0)
-      return;
-    open.dropped += open.sublayers == 0 ? saved - checkpoint : saved;
-    open.forwardMs += unitForwardMs;
-    open.collectives.insert(open.collectives.end(), unitCollectives.begin(), unitCollectives.end());
-    ++open.sublayers;
-  }
-  void commitOpen() {
-    dropped += open.dropped;
-    largest = std::max(largest, open.dropped);
-    forwardMs += open.forwardMs;
-    collectives.insert(collectives.end(), open.collectives.begin(), open.collectives.end());
-    open = Segment{};
-  }
-  /// The segment still open ends the stage: kept whole.
-  void applyTo(pipeline::StageSpec &stage) const {
-    stage.savedBytes -= dropped;
-    stage.recomputedBytes = dropped;
-    stage.recomputeWorkingBytes = largest;
-    stage.backwardTime += forwardMs; // W (weightGradTime) runs no forward again
-  }
+/// A stage's forward pieces in program order, for recomputeEffect, with
+/// the collectives each issues.
+struct StagePieces {
+  std::vector<pipeline::RecomputePiece> pieces;
+  std::vector<std::vector<runtime::CollectiveStep>> collectives;
 };
 
-} // namespace
+/// Activation recomputation's effect on each stage: the saved bytes its
+/// recomputed segments drop leave its peak, and their forwards (with their
+/// collectives, added by addCollectives) join its backward; W
+/// (weightGradTime) runs no forward again.
+static std::vector<std::vector<runtime::CollectiveStep>>
+applyRecomputation(pipeline::ScheduleSpec &spec, const std::vector<StagePieces> &stages) {
+  std::vector<std::vector<runtime::CollectiveStep>> recomputed(stages.size());
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const pipeline::RecomputeEffect effect =
+        pipeline::recomputeEffect(stages[s].pieces, spec.recomputeNumSublayers);
+    pipeline::StageSpec &stage = spec.stages[s];
+    stage.savedBytes -= effect.droppedBytes;
+    stage.recomputedBytes = effect.droppedBytes;
+    stage.recomputeWorkingBytes = effect.largestSegmentBytes;
+    stage.backwardTime += effect.forwardMs;
+    for (size_t i = 0; i < effect.recomputed.size(); ++i)
+      if (effect.recomputed[i])
+        recomputed[s].insert(recomputed[s].end(), stages[s].collectives[i].begin(), stages[s].collectives[i].end());
+  }
+  return recomputed;
+}
 
 FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::ScheduleKind kind,
                                                  int64_t microbatches, int64_t groupSize,
@@ -309,9 +317,7 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
   const int64_t stages = layout->numStages();
   spec.stages.assign(stages, {});
   std::vector<std::vector<runtime::CollectiveStep>> collectiveSteps(stages);
-  std::vector<RecomputeTally> recompute(stages);
-  for (RecomputeTally &tally : recompute)
-    tally.perSegment = spec.recomputeNumSublayers;
+  std::vector<StagePieces> recompute(stages);
   for (Operation &op : func.getBody().front()) {
     if (auto boundary = dyn_cast<pipe::BoundaryOp>(op)) {
       int64_t src = boundary.getSrcStage();
@@ -340,27 +346,33 @@ FailureOr<pipeline::ScheduleSpec> scheduleSpecOf(func::FuncOp func, pipeline::Sc
     // addCollectives); a rank holds 1 / tp of the GEMM weights and of the
     // GEMMs' saved activations, and all of the rest (the residual, u and
     // normed u whole unless sequence parallelism shards their rows).
+    const double forwardMs = profile.forwardMs(cost, computedTokens, tp, sequenceParallel);
     const double backward = profile.backwardMs(cost, computedTokens, tp, sequenceParallel);
-    stage.forwardTime += profile.forwardMs(cost, computedTokens, tp, sequenceParallel);
+    stage.forwardTime += forwardMs;
     stage.backwardTime += backward;
     stage.weightGradTime += backward / 2; // W: the weight-gradient GEMMs, half the backward
-    const std::vector<runtime::CollectiveStep> unitCollectives = collectiveStepsOf(*kind);
-    collectiveSteps[stageAttr.getInt()].insert(collectiveSteps[stageAttr.getInt()].end(), unitCollectives.begin(),
-                                               unitCollectives.end());
     const int64_t replicatedRows = sequenceParallel ? computedTokens / tp : computedTokens;
-    const int64_t saved = (cost.savedBytesPerToken - cost.replicatedSavedBytesPerToken) * computedTokens / tp +
-                          cost.replicatedSavedBytesPerToken * replicatedRows;
-    stage.savedBytes += saved;
+    auto savedBytes = [&](const UnitCost &c) {
+      return (c.savedBytesPerToken - c.replicatedSavedBytesPerToken) * computedTokens / tp +
+             c.replicatedSavedBytesPerToken * replicatedRows;
+    };
+    stage.savedBytes += savedBytes(cost);
     stage.params += cost.params - cost.splitParams + cost.splitParams / tp;
-    if (recomputeSublayers)
-      recompute[stageAttr.getInt()].add(saved, cost.checkpointBytesPerToken * replicatedRows,
-                                        profile.forwardMs(cost, computedTokens, tp, sequenceParallel), unitCollectives);
+    // An MTP module's pieces share its forward time by their FLOPs.
+    for (const UnitPiece &piece : piecesOf(*kind, *dims)) {
+      std::vector<runtime::CollectiveStep> &steps = collectiveSteps[stageAttr.getInt()];
+      steps.insert(steps.end(), piece.collectives.begin(), piece.collectives.end());
+      const double share = cost.forwardFlopsPerToken > 0
+                               ? piece.cost.forwardFlopsPerToken / cost.forwardFlopsPerToken : 1.0;
+      StagePieces &stagePieces = recompute[stageAttr.getInt()];
+      stagePieces.pieces.push_back({savedBytes(piece.cost), piece.cost.checkpointBytesPerToken * replicatedRows,
+                                    *kind == UnitKind::Embedding, forwardMs * share});
+      stagePieces.collectives.push_back(piece.collectives);
+    }
   }
   std::vector<std::vector<runtime::CollectiveStep>> recomputedCollectives(stages);
-  for (int64_t s = 0; s < stages; ++s) {
-    recompute[s].applyTo(spec.stages[s]);
-    recomputedCollectives[s] = std::move(recompute[s].collectives);
-  }
+  if (recomputeSublayers)
+    recomputedCollectives = applyRecomputation(spec, recompute);
   spec.optimizerNsPerParam = profile.optimizerNsPerParam;
   addCollectives(spec, collectiveSteps, recomputedCollectives,
                  {tp, cp, sequenceParallel, dims->tokens(), dims->hidden, dims->heads});

@@ -52,7 +52,7 @@ struct StageSpec {
   int64_t savedBytes = 0;     // activations kept from FWD to BWD, per microbatch
   /// Activation recomputation: of a microbatch's activations, what its FWD
   /// drops and the backward computes again (not in savedBytes). A BWD
-  /// holds the largest one sublayer's at a time; ZB-H1's B all of it,
+  /// holds the largest one segment's at a time; ZB-H1's B all of it,
   /// until W has read it.
   int64_t recomputedBytes = 0, recomputeWorkingBytes = 0;
   int64_t params = 0;         // parameters the stage updates (the optimizer's work)

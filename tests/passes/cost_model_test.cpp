@@ -57,7 +57,35 @@ TEST(CostModel, ReplicatedSavedBytesAreTheResidualAndTheNormInputs) {
   EXPECT_EQ(unitCost(UnitKind::LmHead, d).replicatedSavedBytesPerToken, 2 * C);
   EXPECT_EQ(unitCost(UnitKind::Loss, d).replicatedSavedBytesPerToken, 0); // vocabulary-parallel logits
   const UnitCost mtp = unitCost(UnitKind::Mtp, d);
-  EXPECT_EQ(mtp.replicatedSavedBytesPerToken, 2 * (residual + 2 * 2 * C) + 2 * 4 * C);
+  EXPECT_EQ(mtp.replicatedSavedBytesPerToken, 2 * (residual + 2 * 2 * C) + 2 * 6 * C);
+}
+
+// An MTP module's pieces, as recomputation cuts it: they sum to the
+// module, only the two sublayers end in a residual update, and the tail
+// keeps what the main model's final norm, head and loss keep.
+TEST(CostModel, MtpPiecesSumToTheModule) {
+  const ModelInfo d = smallDims(4);
+  const UnitCost mtp = unitCost(UnitKind::Mtp, d);
+  const std::vector<UnitCost> pieces = mtpPieces(d);
+  ASSERT_EQ(pieces.size(), 4u);
+  int64_t params = 0, saved = 0;
+  double flops = 0;
+  for (const UnitCost &piece : pieces) {
+    params += piece.params;
+    saved += piece.savedBytesPerToken;
+    flops += piece.forwardFlopsPerToken;
+  }
+  EXPECT_EQ(params, mtp.params);
+  EXPECT_EQ(saved, mtp.savedBytesPerToken);
+  EXPECT_DOUBLE_EQ(flops, mtp.forwardFlopsPerToken);
+  EXPECT_EQ(pieces[0].checkpointBytesPerToken, 0);
+  EXPECT_GT(pieces[1].checkpointBytesPerToken, 0);
+  EXPECT_GT(pieces[2].checkpointBytesPerToken, 0);
+  EXPECT_EQ(pieces[3].checkpointBytesPerToken, 0);
+  EXPECT_EQ(pieces[3].savedBytesPerToken, unitCost(UnitKind::FinalNorm, d).savedBytesPerToken +
+                                              unitCost(UnitKind::LmHead, d).savedBytesPerToken +
+                                              unitCost(UnitKind::Loss, d).savedBytesPerToken);
+  EXPECT_EQ(mtp.checkpointBytesPerToken, 0);
 }
 
 TEST(CostModel, PlainModelHasNoMapping) {
