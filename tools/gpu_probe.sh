@@ -6,7 +6,7 @@
 #
 # Environment (every part optional, run in this order; results go to
 # $OUT/summary.txt line by line and everything to $OUT/all.tgz):
-#   PROBE_TESTS=1       cuda_bf16_kernels_test (the kernels' bits)
+#   PROBE_TESTS=1       cuda_bf16_kernels_test and cuda_mhc_mixing_kernels_test at n = 4, 2, 8 (the kernels' bits)
 #   PROBE_AB=1          each variant's 1b step time: median of steps 2 to
 #                       PROBE_STEPS (default 6) and the first six losses
 #                       (their bits must agree), variants alternating,
@@ -41,6 +41,12 @@ if [ -n "${PROBE_TESTS:-}" ]; then
   timeout 200 ./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc > "$R/bf16_kernels.log" 2>&1
   echo "cuda_bf16_kernels_test rc=$?" >> "$S"
   grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|differ" "$R/bf16_kernels.log" | head -20 >> "$S"
+  for image in tiny_bf16_pp1 tiny_bf16_n2_pp1 tiny_bf16_n8_pp1; do
+    [ -f "$image.mhcc" ] || continue
+    timeout 200 ./cuda_mhc_mixing_kernels_test "$image.mhcc" > "$R/mixing_kernels_$image.log" 2>&1
+    echo "cuda_mhc_mixing_kernels_test $image rc=$?" >> "$S"
+    grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|differ|cluster kernel at" "$R/mixing_kernels_$image.log" | head -20 >> "$S"
+  done
 fi
 if [ -n "${PROBE_AB:-}" ]; then
   for round in $(seq 1 "${PROBE_ROUNDS:-2}"); do

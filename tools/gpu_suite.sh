@@ -71,9 +71,10 @@ cd "$(dirname "$0")/.." || exit 2
 tools=$PWD/tools # parts of run live in tools/gpu_suite_parts.sh and gpu_suite_optin.sh
 bundle=.gpu_bundle
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
-           //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
+           //tests:cuda_mhc_mixing_kernels_test //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
       tiny_bf16_pp1 tiny_bf16_pp2 tiny_bf16_pp2_vpp2 tiny_bf16_edge_chunks tiny_bf16_pp2_zb tiny_bf16_pp1_vpp2
+      tiny_bf16_n2_pp1 tiny_bf16_n8_pp1
       hybrid_pp1 hybrid_pp2 hybrid_pp2_vpp2_empty hybrid_pp2_zb
       tiny_bf16_fp32_residual_pp1 tiny_bf16_fp32_residual_pp2 tiny_bf16_fp32_residual_pp2_vpp2
       tiny_bf16_fp32_residual_edge_chunks tiny_bf16_fp32_residual_pp2_zb

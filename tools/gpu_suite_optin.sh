@@ -22,11 +22,12 @@ run_sanitizers() {
     [kernels]="./cuda_kernels_test tiny_pp1.mhcc --gtest_filter=-*GatedDeltaNet*"
     [gdn_kernels]="./cuda_kernels_test tiny_pp1.mhcc --gtest_filter=*GatedDeltaNet*"
     [bf16_kernels]="./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc"
+    [mixing_kernels]="./cuda_mhc_mixing_kernels_test tiny_bf16_pp1.mhcc"
     [tiny_bf16_step]="./mhcrun tiny_bf16_pp1.mhcc --data corpus.txt --steps 1 --no-progress"
     [fp32_residual_kernels]="./cuda_fp32_residual_kernels_test tiny_bf16_fp32_residual_pp1.mhcc"
   )
-  sanitized="attention kernels gdn_kernels bf16_kernels tiny_bf16_step fp32_residual_kernels"
-  # The eighteen runs at once (the GPU and 16 cores have room; the tools slow
+  sanitized="attention kernels gdn_kernels bf16_kernels mixing_kernels tiny_bf16_step fp32_residual_kernels"
+  # The twenty-one runs at once (the GPU and 16 cores have room; the tools slow
   # kernels 10-100x), each with its own log and exit status.
   for tool in memcheck racecheck synccheck; do
     for name in $sanitized; do

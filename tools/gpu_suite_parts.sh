@@ -17,12 +17,20 @@ run_checks() {
       if timeout 300 "./$name" ${CHECK_ARGS[$name]} > "$logs/$name.log" 2>&1; then r=PASS; else r=FAIL; fi
       row "$name" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
     done
-    # The mHC backward's passes with their early loads (MHCC_EARLY_LOADS=1,
-    # opt-in): the same bits as the three kernels.
-    if timeout 300 env MHCC_EARLY_LOADS=1 ./cuda_bf16_kernels_test tiny_bf16_pp1.mhcc \
-        > "$logs/cuda_bf16_kernels_test_early.log" 2>&1; then r=PASS; else r=FAIL; fi
-    row "cuda_bf16_kernels_test (MHCC_EARLY_LOADS=1)" $r \
-      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/cuda_bf16_kernels_test_early.log" | tr '\n' ' ')"
+    # The mHC mixing kernels at n = 4, 2 and 8 (one binary, an image each),
+    # and at n = 4 and 2 again with their early loads (MHCC_EARLY_LOADS=1,
+    # opt-in: the backward's passes, n <= 4): the same bits as the kernels.
+    for mixing in "tiny_bf16_pp1 n = 4" "tiny_bf16_n2_pp1 n = 2" "tiny_bf16_n8_pp1 n = 8" \
+                  "tiny_bf16_pp1 n = 4, MHCC_EARLY_LOADS=1" "tiny_bf16_n2_pp1 n = 2, MHCC_EARLY_LOADS=1"; do
+      image=${mixing%% *} what=${mixing#* } log="$logs/cuda_mhc_mixing_kernels_test_${mixing//[^a-z0-9]/_}.log"
+      if [ ! -f "$image.mhcc" ]; then
+        row "cuda_mhc_mixing_kernels_test ($what)" SKIP "$image.mhcc pruned from the bundle"; continue
+      fi
+      early=""; [[ $what == *EARLY* ]] && early=1
+      if timeout 300 env ${early:+MHCC_EARLY_LOADS=1} ./cuda_mhc_mixing_kernels_test "$image.mhcc" > "$log" 2>&1
+      then r=PASS; else r=FAIL; fi
+      row "cuda_mhc_mixing_kernels_test ($what)" $r "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr '\n' ' ')"
+    done
     # Layout parity, each run twice; GPU vs CPU where the CPU backend is fast enough.
     declare -A PARITY=(
       [tiny]="tiny_pp1:tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb"

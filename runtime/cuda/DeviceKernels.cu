@@ -330,6 +330,14 @@ inline unsigned coeffBlocks(int64_t rows, int64_t n) {
   return unsigned((rows + tokensPerBlock - 1) / tokensPerBlock);
 }
 
+template <typename A>
+void mhcCoeffsFromProjection(const ModelKernels &k, const float *squares, const float *p, const A *bias,
+                             const A *alpha, float *coef, float *aux, int64_t rows, int64_t C, int64_t n,
+                             cudaStream_t s) {
+  k.launch(ModelKernel::MhcCoeffsForward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, bias, alpha,
+           coef, aux, rows, C);
+}
+
 template <typename A, typename R>
 void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap, const A *bias, const A *alpha,
                       float *coef, float *aux, int64_t rows, int64_t C, int64_t n, cudaStream_t s, float *wide) {
@@ -342,8 +350,8 @@ void mhcCoeffsForward(const ModelKernels &k, Gemms &g, const R *x, const A *wmap
     matmul(g, x, static_cast<const float *>(wide), p, rows, width, K, false);
   }
   k.launch(ModelKernel::RowSquares, warpBlocks(rows), 1, kThreads, s, x, squares, rows, width);
-  k.launch(ModelKernel::MhcCoeffsForward, coeffBlocks(rows, n), 1, kCoeffBlockThreads, s, squares, p, bias, alpha,
-           coef, aux, rows, C);
+  mhcCoeffsFromProjection(k, static_cast<const float *>(squares), static_cast<const float *>(p), bias, alpha, coef,
+                          aux, rows, C, n, s);
 }
 
 template <typename A, typename R>
@@ -637,6 +645,7 @@ int64_t swigluBackwardScratch(int64_t rows, int64_t F) { return rows * F; }
   INSTANTIATE(expandBackward<A, A>)                                                                               \
   INSTANTIATE(contractForward<A, A>)                                                                              \
   INSTANTIATE(contractBackward<A, A>)                                                                             \
+  INSTANTIATE(mhcCoeffsFromProjection<A>)                                                                         \
   INSTANTIATE(mhcCoeffsForward<A, A>)                                                                             \
   INSTANTIATE(mhcCoeffsBackward<A, A>)                                                                            \
   INSTANTIATE(mhcPreForward<A, A>)                                                                                \

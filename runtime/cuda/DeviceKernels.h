@@ -120,6 +120,13 @@ int64_t attentionBackwardScratch(int64_t rows, int64_t C, int64_t heads, int64_t
 int64_t swigluBackwardStash(int64_t rows, int64_t F);
 int64_t swigluBackwardScratch(int64_t rows, int64_t F);
 
+/// The coefficients (Sinkhorn included) from the projection p [rows, K] and
+/// the row squares [rows]: mhcCoeffsForward's last kernel, apart for the
+/// tests that compare the fused entry with its parts.
+template <typename A>
+void mhcCoeffsFromProjection(const ModelKernels &k, const float *squares, const float *p, const A *bias,
+                             const A *alpha, float *coef, float *aux, int64_t rows, int64_t C, int64_t n,
+                             cudaStream_t s);
 /// aux: [rows, K+1] (the logits h and 1/rms, as on the CPU), then
 /// mhcCoeffsAuxExtra (p and the squares, which the backward reuses).
 /// `wide`: mhcCoeffsWideScratch floats where R is wider than A, else unused.

@@ -6,6 +6,7 @@
 #define MHCC_TESTS_RUNTIME_MODELKERNELSTEST_H
 
 #include "runtime/artifact/Artifact.h"
+#include "runtime/cpu/Bf16.h"
 #include "runtime/cuda/DeviceKernels.h"
 #include "runtime/cuda/Gemm.h"
 #include "runtime/cuda/Gpus.h"
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,11 +29,22 @@ namespace mhcc::runtime {
 
 inline const char *gArtifact = nullptr; // from main: an artifact with the model kernels
 
+/// `count` normal values of deviation `scale`, rounded to bf16 where
+/// `bf16` (so the host copy is exactly what a bf16 tensor on the GPU holds).
+inline std::vector<float> normalValues(std::mt19937 &rng, size_t count, float scale, bool bf16) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(count);
+  for (float &x : v)
+    x = bf16 ? roundToBf16(normal(rng)) : normal(rng);
+  return v;
+}
+
 class ModelKernelsTest : public ::testing::Test {
 protected:
   /// The artifact's kernels must be for `activationBytes` (4: fp32, 2: bf16),
   /// a residual stream of `residualBytes` (0: as the activations) and
-  /// `streams`; `sinkhornIterations` is checked unless 0.
+  /// `streams` (0: any, then streams() says which); `sinkhornIterations` is
+  /// checked unless 0.
   ModelKernelsTest(int activationBytes, int64_t streams, int64_t sinkhornIterations, int residualBytes = 0)
       : activationBytes_(activationBytes), residualBytes_(residualBytes ? residualBytes : activationBytes),
         streams_(streams), sinkhornIterations_(sinkhornIterations) {}
@@ -47,6 +60,8 @@ protected:
     std::optional<Artifact> artifact = readArtifact(gArtifact, error);
     ASSERT_TRUE(artifact) << error;
     ASSERT_TRUE(artifact->deviceCode) << gArtifact << " carries no CUDA kernels";
+    if (streams_ == 0)
+      streams_ = artifact->deviceCode->streams;
     ASSERT_EQ(artifact->deviceCode->streams, streams_);
     if (sinkhornIterations_ != 0) {
       ASSERT_EQ(artifact->deviceCode->sinkhornIterations, sinkhornIterations_);
@@ -114,6 +129,9 @@ protected:
     }
     return diff / std::max(ref, 1e-30);
   }
+
+  /// The image's residual streams (after SetUp).
+  int64_t streams() const { return streams_; }
 
   std::unique_ptr<cuda::Gemms> gemms_;
   std::unique_ptr<cuda::ModelKernels> kernels_;

@@ -37,11 +37,7 @@ protected:
 
   /// Normal values, rounded to bf16 where the GPU stores them so.
   std::vector<float> random(size_t count, float scale = 1.0f, bool roundBf16 = true) {
-    std::normal_distribution<float> normal(0.0f, scale);
-    std::vector<float> v(count);
-    for (float &x : v)
-      x = roundBf16 ? roundToBf16(normal(rng_)) : normal(rng_);
-    return v;
+    return normalValues(rng_, count, scale, roundBf16);
   }
   std::vector<float> stream(size_t count, float scale = 1.0f) { return random(count, scale, false); }
   static std::vector<float> rounded(std::vector<float> v) {

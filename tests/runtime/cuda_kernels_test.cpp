@@ -39,13 +39,7 @@ protected:
     cudaMemcpy(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost);
     return host;
   }
-  std::vector<float> random(size_t count, float scale = 1.0f) {
-    std::normal_distribution<float> normal(0.0f, scale);
-    std::vector<float> v(count);
-    for (float &x : v)
-      x = normal(rng_);
-    return v;
-  }
+  std::vector<float> random(size_t count, float scale = 1.0f) { return normalValues(rng_, count, scale, false); }
 
   /// Runs `gpu` twice on fresh copies of `outputs` and compares with `cpu`.
   void check(const std::string &what, std::vector<std::vector<float>> outputs,
