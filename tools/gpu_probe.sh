@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call that compares runtime variants of the same bundle: run it
-# on the lent machine from .gpu_bundle (tools/gpu_suite.sh bundle, carried).
+# on the lent machine from .gpu_bundle (tools/gpu_suite.sh bundle and pack
+# here, .gpu_bundle.tar.xz carried):
 #
-#   cd .gpu_bundle && PROBE_AB=1 bash ../tools/gpu_probe.sh
+#   bash tools/gpu_suite.sh unpack && cd .gpu_bundle && PROBE_AB=1 bash ../tools/gpu_probe.sh
 #
 # Environment (every part optional, run in this order; results go to
 # $OUT/summary.txt line by line and everything to $OUT/all.tgz):

@@ -4,15 +4,21 @@
 #   tools/gpu_suite.sh bundle   (here, no GPU needed) builds every GPU test,
 #                               mhcrun, the MPI plugin and the artifacts they
 #                               use, and copies them into .gpu_bundle/
-#   tools/gpu_suite.sh run      (on the lent machine, .gpu_bundle carried)
+#   tools/gpu_suite.sh run      (on the lent machine, in .gpu_bundle, unpacked)
 #                               runs every GPU check, the H200 goldens and
 #                               the benchmarks, and prints a table; logs,
 #                               goldens and metrics go to $OUT as one
 #                               archive (suite_logs.tgz) plus table.txt
+#   tools/gpu_suite.sh pack     (here, after bundle) .gpu_bundle as one xz
+#                               archive, .gpu_bundle.tar.xz (the whole bundle,
+#                               173 MiB, packs into 10 MiB): carry that, and
+#                               start the call with
+#   tools/gpu_suite.sh unpack   (on the lent machine) which restores .gpu_bundle
 #   tools/gpu_suite.sh prune GPUS [transport|mesh|context|bench|memory]
-#                               (here, after bundle) fits .gpu_bundle into the
-#                               device tool's 64 MiB carry for a machine of
-#                               GPUS (1 or 2) H200s: drops the artifacts it
+#                               (here, after bundle) fits .gpu_bundle unpacked
+#                               into the device tool's 64 MiB carry for a
+#                               machine of GPUS (1 or 2) H200s, or selects
+#                               what a packed call runs: drops the artifacts it
 #                               cannot run or the call will not use (one GPU:
 #                               `transport` keeps the C=4096/7168 bf16
 #                               layouts instead of the benchmarks, `mesh`
@@ -70,6 +76,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 tools=$PWD/tools # parts of run live in tools/gpu_suite_parts.sh and gpu_suite_optin.sh
 bundle=.gpu_bundle
+archive=.gpu_bundle.tar.xz
+# The carry travels with the working tree, 64 MiB in all: fails (after
+# saying so) when SIZE bytes of carry do not fit beside the tree.
+check_carry() {
+  local size=$1 what=$2 tree
+  tree=$(git ls-files -z 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  echo "$what: $((size / 1048576)) MiB, the working tree $((tree / 1048576)) MiB (64 in all)"
+  [ $((size + tree)) -le $((64 * 1048576)) ]
+}
 GPU_TESTS=(//tests:gpu_test //tests:cuda_kernels_test //tests:cuda_bf16_kernels_test
            //tests:cuda_mhc_mixing_kernels_test //tests:cuda_fp32_residual_kernels_test //tests:gpu_training_test)
 TINY=(tiny_pp1 tiny_pp2 tiny_pp2_vpp2 tiny_edge_chunks tiny_pp2_zb tiny_pp4 tiny_pp4_vpp2
@@ -378,11 +393,29 @@ prune)
       esac
     done
   fi
-  size=$(du -sb . | cut -f1)
-  # The carry and the working tree travel together, 64 MiB in all.
-  tree=$(cd .. && git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-  echo "pruned $bundle for $gpus GPU(s): $((size / 1048576)) MiB, the working tree $((tree / 1048576)) MiB (64 in all)"
-  [ $((size + tree)) -le $((64 * 1048576)) ] || { echo "gpu_suite: still over 64 MiB: prune more"; exit 1; }
+  cd .. || exit 2
+  check_carry "$(du -sb "$bundle" | cut -f1)" "pruned $bundle for $gpus GPU(s)" ||
+    { echo "gpu_suite: still over 64 MiB unpacked: prune more, or carry it packed (tools/gpu_suite.sh pack)"; exit 1; }
+  ;;
+pack)
+  # Binaries and kernel images compress well (xz: 173 MiB to 10), so the
+  # whole bundle travels without pruning; the lent machine unpacks it with
+  # Python's tarfile (its image has no promise of xz) or tar.
+  [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
+  rm -f "$archive"
+  XZ_OPT=-T0 tar -cJf "$archive" "$bundle" || { rm -f "$archive"; exit 1; }
+  check_carry "$(stat -c %s "$archive")" "packed $bundle into $archive" || { echo "gpu_suite: over 64 MiB"; exit 1; }
+  echo "carry [\"$archive\"] and start the command with: bash tools/gpu_suite.sh unpack &&"
+  ;;
+unpack)
+  [ -f "$archive" ] || { echo "gpu_suite: no $archive: carry it (tools/gpu_suite.sh pack makes it)"; exit 2; }
+  rm -rf "$bundle"
+  if ! python3 -m tarfile -e "$archive" . 2>/dev/null; then
+    rm -rf "$bundle"
+    tar -xJf "$archive" || { echo "gpu_suite: cannot unpack $archive (neither Python's tarfile nor tar -J)"; exit 1; }
+  fi
+  [ -f "$bundle/COMMIT" ] || { echo "gpu_suite: $archive holds no $bundle/COMMIT: not a packed bundle"; exit 1; }
+  echo "unpacked $archive: $bundle $(du -sh "$bundle" | cut -f1), commit $(head -1 "$bundle/COMMIT")"
   ;;
 adopt-goldens)
   dir=${2:?usage: tools/gpu_suite.sh adopt-goldens DIR}
@@ -659,7 +692,7 @@ print('%.3f' % (1 - sum(busy.values()) / (len(busy) * wall)) if wall and busy el
   exit $((failed > 0))
   ;;
 *)
-  echo "usage: tools/gpu_suite.sh bundle|run|adopt-goldens DIR"
+  echo "usage: tools/gpu_suite.sh bundle|pack|unpack|prune GPUS [SET]|run|adopt-goldens DIR"
   exit 2
   ;;
 esac
