@@ -80,6 +80,16 @@ void gdnScan(const T *a, const T *ab, const T *alphaOf, int64_t t0, int64_t seq,
   }
 }
 
+/// The decay of every row and head: alpha = exp(-exp(a_log) softplus(ab[H + h] + dt_bias)).
+template <typename T>
+std::vector<T> gdnAlphas(const T *ab, const T *aLog, const T *dtBias, int64_t rows, int64_t H) {
+  std::vector<T> alpha(rows * H);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      alpha[t * H + h] = std::exp(-std::exp(aLog[h]) * softplus(ab[t * 2 * H + H + h] + dtBias[h]));
+  return alpha;
+}
+
 template <typename T>
 void gdnForward(const T *x, const T *wqkv, const T *conv, const T *wab, const T *aLog, const T *dtBias,
                 const T *outNorm, const T *wgate, const T *wo, T *y, T *auxData, int64_t rows, int64_t C,
@@ -111,10 +121,7 @@ void gdnForward(const T *x, const T *wqkv, const T *conv, const T *wab, const T 
           v[e] *= inv;
       }
   matmul(x, wab, aux.ab, rows, C, 2 * H);
-  std::vector<T> alpha(rows * H);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < H; ++h)
-      alpha[t * H + h] = std::exp(-std::exp(aLog[h]) * softplus(aux.ab[t * 2 * H + H + h] + dtBias[h]));
+  const std::vector<T> alpha = gdnAlphas(aux.ab, aLog, dtBias, rows, H);
   const T scale = T(1) / std::sqrt(T(d));
   for (int64_t t0 = 0; t0 < rows; t0 += seq)
     for (int64_t h = 0; h < H; ++h)
@@ -155,6 +162,148 @@ template <typename T> struct GdnGrads {
     *dOutNorm = nullptr, *dWgate = nullptr, *dWo = nullptr;
 };
 
+/// The gated RMSNorm per head, n = (o r) * out_norm * silu(g), backwards
+/// from dn: dO, dG (written) and dOutNorm (added to, unless null).
+template <typename T>
+void gdnGatedNormBackward(const GdnAux<T> &aux, const T *outNorm, const T *dn, T *dO, T *dG, T *dOutNorm,
+                          int64_t rows, int64_t D, int64_t H) {
+  const int64_t d = D / H;
+  std::vector<T> dHat(d);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const T r = aux.rms[t * H + h];
+      T dot = 0; // sum of d(o r) * (o r) over the head
+      for (int64_t e = 0; e < d; ++e) {
+        const int64_t c = t * D + h * d + e;
+        const T g = aux.g[c], sg = sigmoid(g), hat = aux.o[c] * r;
+        dG[c] = dn[c] * hat * outNorm[e] * sg * (T(1) + g * (T(1) - sg));
+        const T dm = dn[c] * g * sg;
+        if (dOutNorm)
+          dOutNorm[e] += dm * hat;
+        dHat[e] = dm * outNorm[e];
+        dot += dHat[e] * hat;
+      }
+      for (int64_t e = 0; e < d; ++e) {
+        const int64_t c = t * D + h * d + e;
+        dO[c] = r * (dHat[e] - aux.o[c] * r * dot / T(d));
+      }
+    }
+}
+
+/// One token of head h's recurrence, backwards: o = scale S q and
+/// S = a prev + beta e k^T (u = a prev k, e = v - u; prev null: a zero
+/// state). dS holds the gradient of S on entry and of prev on return; dq,
+/// dk, dv are added to; returns the gradients of beta's and alpha's logits.
+template <typename T> struct GdnStepGrads {
+  T dBetaLogit = 0, dLogAlpha = 0;
+};
+template <typename T> struct GdnStepScratch {
+  explicit GdnStepScratch(int64_t d) : e(d), u(d), de(d), du(d), dSt(d * d) {}
+  std::vector<T> e, u, de, du, dSt;
+};
+template <typename T>
+GdnStepGrads<T> gdnStepBackward(const T *S, const T *prev, const T *q, const T *k, const T *v, const T *gO, T a,
+                                T beta, T scale, int64_t d, T *dS, T *dq, T *dk, T *dv, GdnStepScratch<T> &w) {
+  std::vector<T> &e = w.e, &u = w.u, &de = w.de, &du = w.du, &dSt = w.dSt;
+  for (int64_t r = 0; r < d; ++r)
+    addScaled(dS + r * d, q, scale * gO[r], d);
+  for (int64_t j = 0; j < d; ++j) {
+    T sum = 0;
+    for (int64_t r = 0; r < d; ++r)
+      sum += S[r * d + j] * gO[r];
+    dq[j] += scale * sum;
+  }
+  for (int64_t r = 0; r < d; ++r) {
+    T dot = 0;
+    for (int64_t j = 0; j < d; ++j)
+      dot += (prev ? a * prev[r * d + j] : T(0)) * k[j];
+    u[r] = dot;
+    e[r] = v[r] - u[r];
+  }
+  T dBeta = 0;
+  for (int64_t r = 0; r < d; ++r) {
+    T dSk = 0;
+    for (int64_t j = 0; j < d; ++j)
+      dSk += dS[r * d + j] * k[j];
+    dBeta += e[r] * dSk;
+    de[r] = beta * dSk;
+    dv[r] += de[r];
+    du[r] = -de[r];
+  }
+  for (int64_t j = 0; j < d; ++j) {
+    T sum = 0;
+    for (int64_t r = 0; r < d; ++r)
+      sum += beta * dS[r * d + j] * e[r] + (prev ? a * prev[r * d + j] : T(0)) * du[r];
+    dk[j] += sum;
+  }
+  // dS~ = dS + du k^T, then through S~ = a prev.
+  T dAlpha = 0;
+  for (int64_t r = 0; r < d; ++r)
+    for (int64_t j = 0; j < d; ++j) {
+      dSt[r * d + j] = dS[r * d + j] + du[r] * k[j];
+      if (prev)
+        dAlpha += dSt[r * d + j] * prev[r * d + j];
+    }
+  for (int64_t r = 0; r < d * d; ++r)
+    dS[r] = prev ? a * dSt[r] : T(0);
+  // alpha = exp(l), l = -exp(a_log) softplus(ab + dt_bias)
+  return {dBeta * beta * (T(1) - beta), dAlpha * a};
+}
+
+/// The recurrence backwards from each sequence's end over its recomputed
+/// states: dA (q, k, v; added to), dAb's beta logits, dLogAlpha (written).
+template <typename T>
+void gdnRecurrenceBackward(const GdnAux<T> &aux, const T *alpha, const T *dO, T *dA, T *dAb, T *dLogAlpha,
+                           int64_t rows, int64_t D, int64_t H, int64_t seq, const Documents &docs) {
+  const int64_t d = D / H;
+  const T scale = T(1) / std::sqrt(T(d));
+  std::vector<T> states(seq * d * d), dS(d * d);
+  std::vector<char> restarts(seq);
+  GdnStepScratch<T> scratch(d);
+  for (int64_t t0 = 0; t0 < rows; t0 += seq)
+    for (int64_t h = 0; h < H; ++h) {
+      gdnScan(aux.a, aux.ab, alpha, t0, seq, D, H, h, docs, [&](int64_t t, bool restart, const T *S) {
+        std::copy(S, S + d * d, states.begin() + (t - t0) * d * d);
+        restarts[t - t0] = restart;
+      });
+      std::fill(dS.begin(), dS.end(), T(0));
+      for (int64_t i = seq - 1; i >= 0; --i) {
+        const int64_t t = t0 + i;
+        const T *prev = i > 0 && !restarts[i] ? states.data() + (i - 1) * d * d : nullptr; // null: zero
+        const T *q = aux.a + t * 3 * D + h * d;
+        T *dq = dA + t * 3 * D + h * d;
+        const GdnStepGrads<T> g =
+            gdnStepBackward(states.data() + i * d * d, prev, q, q + D, q + 2 * D, dO + t * D + h * d,
+                            alpha[t * H + h], sigmoid(aux.ab[t * 2 * H + h]), scale, d, dS.data(), dq, dq + D,
+                            dq + 2 * D, scratch);
+        dAb[t * 2 * H + h] = g.dBetaLogit;
+        dLogAlpha[t * H + h] = g.dLogAlpha;
+      }
+    }
+}
+
+/// q and k's L2 norms (per head, in place in dA), then silu: dZ (written).
+template <typename T>
+void gdnActivationBackward(const GdnAux<T> &aux, T *dA, T *dZ, int64_t rows, int64_t D, int64_t H) {
+  const int64_t d = D / H;
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t h = 0; h < H; ++h) {
+        const T *nv = aux.a + t * 3 * D + part * D + h * d;
+        T *g = dA + t * 3 * D + part * D + h * d, dot = 0;
+        for (int64_t e2 = 0; e2 < d; ++e2)
+          dot += nv[e2] * g[e2];
+        const T inv = aux.inv[t * 2 * H + part * H + h];
+        for (int64_t e2 = 0; e2 < d; ++e2)
+          g[e2] = inv * (g[e2] - nv[e2] * dot);
+      }
+    for (int64_t c = 0; c < 3 * D; ++c) {
+      const T z = aux.z[t * 3 * D + c], s = sigmoid(z);
+      dZ[t * 3 * D + c] = dA[t * 3 * D + c] * s * (T(1) + z * (T(1) - s));
+    }
+  }
+}
+
 template <typename T>
 void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T *aLog, const T *dtBias,
                  const T *outNorm, const T *wgate, const T *wo, const T *auxData, const T *dy, GdnGrads<T> grads,
@@ -176,104 +325,17 @@ void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T
   if (grads.dWo)
     matmulTransAAcc(n.data(), dy, grads.dWo, rows, D, C);
   matmulTransBAcc(dy, wo, dn.data(), rows, C, D);
-  // Gated RMSNorm per head: n = (o r) * w * silu(g).
   std::vector<T> dO(rows * D), dG(rows * D);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const T r = aux.rms[t * H + h];
-      T dot = 0; // sum of d(o r) * (o r) over the head
-      std::vector<T> dHat(d);
-      for (int64_t e = 0; e < d; ++e) {
-        const int64_t c = t * D + h * d + e;
-        const T g = aux.g[c], sg = sigmoid(g), hat = aux.o[c] * r;
-        dG[c] = dn[c] * hat * outNorm[e] * sg * (T(1) + g * (T(1) - sg));
-        const T dm = dn[c] * g * sg;
-        if (grads.dOutNorm)
-          grads.dOutNorm[e] += dm * hat;
-        dHat[e] = dm * outNorm[e];
-        dot += dHat[e] * hat;
-      }
-      for (int64_t e = 0; e < d; ++e) {
-        const int64_t c = t * D + h * d + e;
-        dO[c] = r * (dHat[e] - aux.o[c] * r * dot / T(d));
-      }
-    }
+  gdnGatedNormBackward(aux, outNorm, dn.data(), dO.data(), dG.data(), grads.dOutNorm, rows, D, H);
   stored(store, dG.data(), rows * D);
   if (grads.dWgate)
     matmulTransAAcc(x, dG.data(), grads.dWgate, rows, C, D);
   if (grads.dx)
     matmulTransBAcc(dG.data(), wgate, grads.dx, rows, D, C);
-  // The recurrence, backwards from each sequence's end over the recomputed states.
-  std::vector<T> alpha(rows * H);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t h = 0; h < H; ++h)
-      alpha[t * H + h] = std::exp(-std::exp(aLog[h]) * softplus(aux.ab[t * 2 * H + H + h] + dtBias[h]));
-  const T scale = T(1) / std::sqrt(T(d));
-  std::vector<T> dA(rows * 3 * D, T(0)), dAb(rows * 2 * H, T(0)), dLogAlpha(rows * H, T(0)), states(seq * d * d);
-  std::vector<char> restarts(seq);
-  std::vector<T> dS(d * d), dSt(d * d), e(d), u(d), de(d), du(d);
-  for (int64_t t0 = 0; t0 < rows; t0 += seq) {
-    for (int64_t h = 0; h < H; ++h) {
-      gdnScan(aux.a, aux.ab, alpha.data(), t0, seq, D, H, h, docs, [&](int64_t t, bool restart, const T *S) {
-        std::copy(S, S + d * d, states.begin() + (t - t0) * d * d);
-        restarts[t - t0] = restart;
-      });
-      std::fill(dS.begin(), dS.end(), T(0));
-      for (int64_t i = seq - 1; i >= 0; --i) {
-        const int64_t t = t0 + i;
-        const T *S = states.data() + i * d * d;
-        const T *prev = i > 0 && !restarts[i] ? states.data() + (i - 1) * d * d : nullptr; // null: zero
-        const T *q = aux.a + t * 3 * D + h * d, *k = q + D, *v = q + 2 * D, *gO = dO.data() + t * D + h * d;
-        T *dq = dA.data() + t * 3 * D + h * d, *dk = dq + D, *dv = dq + 2 * D;
-        const T a = alpha[t * H + h], beta = sigmoid(aux.ab[t * 2 * H + h]);
-        // o = scale S q.
-        for (int64_t r = 0; r < d; ++r)
-          addScaled(dS.data() + r * d, q, scale * gO[r], d);
-        for (int64_t j = 0; j < d; ++j) {
-          T sum = 0;
-          for (int64_t r = 0; r < d; ++r)
-            sum += S[r * d + j] * gO[r];
-          dq[j] += scale * sum;
-        }
-        // S = a prev + beta e k^T with u = a prev k, e = v - u.
-        for (int64_t r = 0; r < d; ++r) {
-          T dot = 0;
-          for (int64_t j = 0; j < d; ++j)
-            dot += (prev ? a * prev[r * d + j] : T(0)) * k[j];
-          u[r] = dot;
-          e[r] = v[r] - u[r];
-        }
-        T dBeta = 0;
-        for (int64_t r = 0; r < d; ++r) {
-          T dSk = 0;
-          for (int64_t j = 0; j < d; ++j)
-            dSk += dS[r * d + j] * k[j];
-          dBeta += e[r] * dSk;
-          de[r] = beta * dSk;
-          dv[r] += de[r];
-          du[r] = -de[r];
-        }
-        for (int64_t j = 0; j < d; ++j) {
-          T sum = 0;
-          for (int64_t r = 0; r < d; ++r)
-            sum += beta * dS[r * d + j] * e[r] + (prev ? a * prev[r * d + j] : T(0)) * du[r];
-          dk[j] += sum;
-        }
-        // dS~ = dS + du k^T, then through S~ = a prev.
-        T dAlpha = 0;
-        for (int64_t r = 0; r < d; ++r)
-          for (int64_t j = 0; j < d; ++j) {
-            dSt[r * d + j] = dS[r * d + j] + du[r] * k[j];
-            if (prev)
-              dAlpha += dSt[r * d + j] * prev[r * d + j];
-          }
-        for (int64_t r = 0; r < d * d; ++r)
-          dS[r] = prev ? a * dSt[r] : T(0);
-        dAb[t * 2 * H + h] = dBeta * beta * (T(1) - beta);
-        dLogAlpha[t * H + h] = dAlpha * a; // alpha = exp(l), l = -exp(a_log) softplus(ab + dt_bias)
-      }
-    }
-  }
+  const std::vector<T> alpha = gdnAlphas(aux.ab, aLog, dtBias, rows, H);
+  std::vector<T> dA(rows * 3 * D, T(0)), dAb(rows * 2 * H, T(0)), dLogAlpha(rows * H, T(0));
+  gdnRecurrenceBackward(aux, alpha.data(), dO.data(), dA.data(), dAb.data(), dLogAlpha.data(), rows, D, H, seq,
+                        docs);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h) {
       const T z = aux.ab[t * 2 * H + H + h] + dtBias[h], dl = dLogAlpha[t * H + h], decay = std::exp(aLog[h]);
@@ -288,24 +350,8 @@ void gdnBackward(const T *x, const T *wqkv, const T *conv, const T *wab, const T
     matmulTransAAcc(x, dAb.data(), grads.dWab, rows, C, 2 * H);
   if (grads.dx)
     matmulTransBAcc(dAb.data(), wab, grads.dx, rows, 2 * H, C);
-  // L2 norms of q and k, then silu: the gradient of z.
   std::vector<T> dZ(rows * 3 * D);
-  for (int64_t t = 0; t < rows; ++t) {
-    for (int64_t part = 0; part < 2; ++part)
-      for (int64_t h = 0; h < H; ++h) {
-        const T *nv = aux.a + t * 3 * D + part * D + h * d;
-        T *g = dA.data() + t * 3 * D + part * D + h * d, dot = 0;
-        for (int64_t e2 = 0; e2 < d; ++e2)
-          dot += nv[e2] * g[e2];
-        const T inv = aux.inv[t * 2 * H + part * H + h];
-        for (int64_t e2 = 0; e2 < d; ++e2)
-          g[e2] = inv * (g[e2] - nv[e2] * dot);
-      }
-    for (int64_t c = 0; c < 3 * D; ++c) {
-      const T z = aux.z[t * 3 * D + c], s = sigmoid(z);
-      dZ[t * 3 * D + c] = dA[t * 3 * D + c] * s * (T(1) + z * (T(1) - s));
-    }
-  }
+  gdnActivationBackward(aux, dA.data(), dZ.data(), rows, D, H);
   // The causal conv: each tap's weight and the projection it read.
   std::vector<T> dP(rows * 3 * D, T(0));
   for (int64_t t = 0; t < rows; ++t)
