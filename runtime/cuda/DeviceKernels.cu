@@ -393,7 +393,7 @@ void mhcCoeffsBackward(const ModelKernels &k, Gemms &g, const R *x, const A *wma
                  static_cast<const A *>(dp), static_cast<const float *>(rScale), mix->coef, mix->dOut, mix->du, dx,
                  rows, C, earlyLoads());
     } else if (std::is_same_v<A, bf16> && n <= 8) { // (R = A here)
-      // The product and the RMS term in one pass, on tensor cores (MhcKernels.cu;
+      // The product and the RMS term in one pass, on tensor cores (MhcBackwardKernels.cu;
       // its shared memory holds wmap's slice up to n = 8).
       const unsigned columnTiles = unsigned((width + kInputGradColumns - 1) / kInputGradColumns);
       const unsigned tokenTiles = unsigned((rows + kInputGradTokens - 1) / kInputGradTokens);

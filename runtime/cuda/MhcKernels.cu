@@ -221,6 +221,109 @@ extern "C" __global__ void mhcc_mhc_coeffs_forward(const float *squares, const f
                  kStreams * C, l.valid, l.q, l.base);
 }
 
+/// The Sinkhorn iterations backwards from m0 (the exponentiated logits):
+/// gr, the gradient of the projected matrix on entry (after
+/// `readGradients`, called once, after the forward sweep where that is
+/// cached), is the gradient of m0 on return. Every step's input kept in
+/// registers where they fit (kCachedSinkhornFloats), else recomputed.
+template <typename ReadGradients>
+__device__ __forceinline__ void coeffSinkhornBackward(const float (&m0)[kCoeffSlots], float (&gr)[kCoeffSlots], int q,
+                                                      int base, ReadGradients readGradients) {
+  constexpr bool cached = 2 * kSinkhornIterations * kCoeffSlots <= kCachedSinkhornFloats;
+  if (cached) {
+    // One forward sweep, every step's input kept (registers: fully unrolled).
+    float saved[cached ? 2 * kSinkhornIterations : 1][kCoeffSlots];
+    float xs[kCoeffSlots];
+#pragma unroll
+    for (int j = 0; j < kCoeffSlots; ++j)
+      xs[j] = m0[j];
+#pragma unroll
+    for (int it = 0; it < (cached ? kSinkhornIterations : 0); ++it) {
+#pragma unroll
+      for (int j = 0; j < kCoeffSlots; ++j)
+        saved[2 * it][j] = xs[j];
+      coeffSinkhornStep<true>(xs, q, base);
+#pragma unroll
+      for (int j = 0; j < kCoeffSlots; ++j)
+        saved[2 * it + 1][j] = xs[j];
+      coeffSinkhornStep<false>(xs, q, base);
+    }
+    readGradients();
+#pragma unroll
+    for (int it = (cached ? kSinkhornIterations : 0) - 1; it >= 0; --it) {
+      coeffSinkhornStepBackward<false>(saved[2 * it + 1], gr, q, base);
+      coeffSinkhornStepBackward<true>(saved[2 * it], gr, q, base);
+    }
+  } else {
+    readGradients();
+    // Each step's input recomputed from m0.
+    for (int it = kSinkhornIterations - 1; it >= 0; --it) {
+#pragma unroll
+      for (int half = 1; half >= 0; --half) {
+        float xs[kCoeffSlots];
+#pragma unroll
+        for (int j = 0; j < kCoeffSlots; ++j)
+          xs[j] = m0[j];
+        for (int s2 = 0; s2 < it; ++s2) {
+          coeffSinkhornStep<true>(xs, q, base);
+          coeffSinkhornStep<false>(xs, q, base);
+        }
+        if (half == 1) {
+          coeffSinkhornStep<true>(xs, q, base);
+          coeffSinkhornStepBackward<false>(xs, gr, q, base);
+        } else {
+          coeffSinkhornStepBackward<true>(xs, gr, q, base);
+        }
+      }
+    }
+  }
+}
+
+/// A token's dp = dh r alpha, written by the lanes owning the entries
+/// (gGate: pre and post, gRes: res), and the RMS term's scale into *rScale:
+/// dr summed over k in order by the group's lane 0. pRow, dpRow: the
+/// token's rows; square: its row square (read by lane 0 where valid).
+__device__ __forceinline__ void coeffProjectionBackward(const float (&gGate)[kCoeffGateSlots],
+                                                        const float (&gRes)[kCoeffSlots], float r, const act_t *alpha,
+                                                        const float *pRow, const float *square, act_t *dpRow,
+                                                        float *rScale, int64_t width, bool valid, int q, int base) {
+#pragma unroll
+  for (int i = 0; i < kCoeffGateSlots; ++i) {
+    const int k = i * kCoeffLanes + q;
+    if (valid && k < 2 * kStreams) {
+      float a = k < kStreams ? load(alpha[0]) : load(alpha[1]);
+      const float d = gGate[i] * r * a;
+      store(&dpRow[k], d);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kCoeffSlots; ++j) {
+    const int e = j * kCoeffLanes + q;
+    if (valid && e < kCoeffEntries) {
+      float a = load(alpha[2]);
+      const float d = gRes[j] * r * a;
+      store(&dpRow[2 * kStreams + e], d);
+    }
+  }
+  float dr = 0;
+#pragma unroll
+  for (int k = 0; k < kCoefficients; ++k) {
+    float g;
+    if (k < 2 * kStreams)
+      g = __shfl_sync(0xffffffffu, gGate[k / kCoeffLanes], base + k % kCoeffLanes);
+    else
+      g = __shfl_sync(0xffffffffu, gRes[(k - 2 * kStreams) / kCoeffLanes], base + (k - 2 * kStreams) % kCoeffLanes);
+    if (valid && q == 0) {
+      float a = k < kStreams ? load(alpha[0]) : k < 2 * kStreams ? load(alpha[1]) : load(alpha[2]);
+      dr += g * pRow[k] * a;
+    }
+  }
+  if (valid && q == 0) {
+    float rms = sqrtf(*square / float(width));
+    *rScale = rms > 0 ? -dr * r * r / (float(width) * rms) : 0.0f;
+  }
+}
+
 /// Per token: dh (through the sigmoids and the unrolled Sinkhorn), dp and
 /// the scale of the RMS term; the reductions over tokens run afterwards.
 /// Launch: block kCoeffThreads (64), grid ceil(rows / kCoeffTokensPerBlock);
@@ -288,54 +391,7 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
         gr[j] = dCoef[t * K + 2 * kStreams + e];
     }
   };
-  constexpr bool cached = 2 * kSinkhornIterations * kCoeffSlots <= kCachedSinkhornFloats;
-  if (cached) {
-    // One forward sweep, every step's input kept (registers: fully unrolled).
-    float saved[cached ? 2 * kSinkhornIterations : 1][kCoeffSlots];
-    float xs[kCoeffSlots];
-#pragma unroll
-    for (int j = 0; j < kCoeffSlots; ++j)
-      xs[j] = m0[j];
-#pragma unroll
-    for (int it = 0; it < (cached ? kSinkhornIterations : 0); ++it) {
-#pragma unroll
-      for (int j = 0; j < kCoeffSlots; ++j)
-        saved[2 * it][j] = xs[j];
-      coeffSinkhornStep<true>(xs, q, base);
-#pragma unroll
-      for (int j = 0; j < kCoeffSlots; ++j)
-        saved[2 * it + 1][j] = xs[j];
-      coeffSinkhornStep<false>(xs, q, base);
-    }
-    readGradients();
-#pragma unroll
-    for (int it = (cached ? kSinkhornIterations : 0) - 1; it >= 0; --it) {
-      coeffSinkhornStepBackward<false>(saved[2 * it + 1], gr, q, base);
-      coeffSinkhornStepBackward<true>(saved[2 * it], gr, q, base);
-    }
-  } else {
-    readGradients();
-    // Each step's input recomputed from m0.
-    for (int it = kSinkhornIterations - 1; it >= 0; --it) {
-#pragma unroll
-      for (int half = 1; half >= 0; --half) {
-        float xs[kCoeffSlots];
-#pragma unroll
-        for (int j = 0; j < kCoeffSlots; ++j)
-          xs[j] = m0[j];
-        for (int s2 = 0; s2 < it; ++s2) {
-          coeffSinkhornStep<true>(xs, q, base);
-          coeffSinkhornStep<false>(xs, q, base);
-        }
-        if (half == 1) {
-          coeffSinkhornStep<true>(xs, q, base);
-          coeffSinkhornStepBackward<false>(xs, gr, q, base);
-        } else {
-          coeffSinkhornStepBackward<true>(xs, gr, q, base);
-        }
-      }
-    }
-  }
+  coeffSinkhornBackward(m0, gr, q, base, readGradients);
   float gRes[kCoeffSlots];
 #pragma unroll
   for (int j = 0; j < kCoeffSlots; ++j) {
@@ -344,42 +400,8 @@ extern "C" __global__ void mhcc_mhc_coeffs_backward(const float *squares, const 
     if (valid && e < kCoeffEntries)
       dh[t * K + 2 * kStreams + e] = gRes[j];
   }
-  // dp by the owning lanes; dr summed over k in order by the group's lane 0.
-#pragma unroll
-  for (int i = 0; i < kCoeffGateSlots; ++i) {
-    const int k = i * kCoeffLanes + q;
-    if (valid && k < 2 * kStreams) {
-      float a = k < kStreams ? load(alpha[0]) : load(alpha[1]);
-      const float d = gGate[i] * r * a;
-      store(&dp[t * K + k], d);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kCoeffSlots; ++j) {
-    const int e = j * kCoeffLanes + q;
-    if (valid && e < kCoeffEntries) {
-      float a = load(alpha[2]);
-      const float d = gRes[j] * r * a;
-      store(&dp[t * K + 2 * kStreams + e], d);
-    }
-  }
-  float dr = 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    float g;
-    if (k < 2 * kStreams)
-      g = __shfl_sync(0xffffffffu, gGate[k / kCoeffLanes], base + k % kCoeffLanes);
-    else
-      g = __shfl_sync(0xffffffffu, gRes[(k - 2 * kStreams) / kCoeffLanes], base + (k - 2 * kStreams) % kCoeffLanes);
-    if (valid && q == 0) {
-      float a = k < kStreams ? load(alpha[0]) : k < 2 * kStreams ? load(alpha[1]) : load(alpha[2]);
-      dr += g * p[t * K + k] * a;
-    }
-  }
-  if (valid && q == 0) {
-    float rms = sqrtf(squares[t] / float(width));
-    rScale[t] = rms > 0 ? -dr * r * r / (float(width) * rms) : 0.0f;
-  }
+  coeffProjectionBackward(gGate, gRes, r, alpha, p + t * K, squares + t, dp + t * K, rScale + t, width, valid, q,
+                          base);
 }
 
 /// Summands of dBias (column k) and of dAlpha (column g: pre, post, res).
@@ -496,193 +518,5 @@ extern "C" __global__ void mhcc_mhc_gate_grad_partials(const float *dh, const fl
       partial[chunk * (K + 3) + k] = acc;
   } else if (early) {
     kernelPrologue();
-  }
-}
-
-// ---- the projection's input gradient on tensor cores (bf16 images) ------------------
-// dx[t, j] = bf16(bf16(dx + sum_m dp[t, m] wmap[j, m]) + rScale[t] x[t, j]):
-// the product into dx followed by mhcc_row_scale_add, with the same two
-// roundings, in one pass over x and dx. The K = n^2 + 2n term sums run on
-// mma.sync (bf16 in, fp32 accumulate, K zero-padded to a multiple of 16):
-// fixed by the instruction, so deterministic; fp32 models keep cuBLAS and
-// mhcc_row_scale_add, and their bits.
-// Tiles: a warp takes 16 tokens x kInputGradColumns columns, a block
-// kInputGradWarps warps along the tokens; grid (ceil(width / 64), ceil(rows / 32)).
-// 64 columns (not 128) keep a lane's x and dx vectors in 32 registers: 80 a
-// thread instead of 122, 24 warps an SM instead of 16 (the sums do not depend
-// on the column tiling).
-// A warp's products go through shared memory so that the pass over x and dx
-// moves 16 contiguous bytes a lane (mma's fragments hold 2 columns a row).
-constexpr int kInputGradWarps = 2, kInputGradColumns = 64;
-// Shared memory fits up to n = 8 (K = 80); beyond, the host keeps cuBLAS and
-// mhcc_row_scale_add (mhcCoeffsBackward checks n <= 8).
-constexpr bool kInputGradSupported = sizeof(act_t) == 2 && kCoefficients <= 80;
-constexpr int kInputGradPitch = kInputGradColumns + 8; // floats a staged row (+8: fewer bank conflicts)
-constexpr int kInputGradKSteps = (kCoefficients + 15) / 16;
-extern "C" __device__ const int mhcc_abi_input_grad_columns = kInputGradColumns;
-extern "C" __device__ const int mhcc_abi_input_grad_tokens = 16 * kInputGradWarps;
-
-/// Two consecutive bf16 (index i and i + 1, each only when below `count`, else
-/// 0) packed as mma.sync operands hold them: the lower index in the low half.
-__device__ __forceinline__ uint32_t packedPair(const act_t *p, int64_t i, int64_t count) {
-  if (count % 2 == 0 && i % 2 == 0) // one aligned 4-byte access (p: an even element offset)
-    return i < count ? *reinterpret_cast<const uint32_t *>(p + i) : 0u;
-  uint16_t lo = 0, hi = 0;
-  if (i < count)
-    memcpy(&lo, p + i, 2);
-  if (i + 1 < count)
-    memcpy(&hi, p + i + 1, 2);
-  return uint32_t(lo) | uint32_t(hi) << 16;
-}
-
-/// A warp's A operand for stageProducts: dp rows t0 + group (+ 8), columns
-/// k + pairCol (+ 8), k < K else 0 (rows past `rows` zero).
-using ProductRows = uint32_t[kInputGradKSteps][4];
-__device__ __forceinline__ void loadProductRows(const act_t *dp, int64_t t0, int64_t rows, int lane, ProductRows &a) {
-  constexpr int K = kCoefficients;
-  const int group = lane / 4, pairCol = 2 * (lane % 4);
-  for (int ks = 0; ks < kInputGradKSteps; ++ks)
-    for (int q = 0; q < 4; ++q) {
-      const int64_t t = t0 + group + 8 * (q % 2);
-      const int k = 16 * ks + pairCol + 8 * (q / 2);
-      a[ks][q] = t < rows && k < K ? packedPair(dp + t * K, k, K) : 0u;
-    }
-}
-
-/// A warp's 16 x kColumns tile of dp wmap^T (A: loadProductRows; B's
-/// columns: `slice`'s rows, K wide, in shared memory) on tensor cores,
-/// stored as fp32 rows of `pitch` floats from `tile`. Each element sums its
-/// K products in the mma's fixed order, whichever tile or column it sits in:
-/// the kernels that share it get the same bits for the same element.
-template <int kColumns>
-__device__ __forceinline__ void stageProducts(const ProductRows &a, const act_t *slice, float *tile, int pitch,
-                                              int lane) {
-  constexpr int K = kCoefficients;
-  const int group = lane / 4, pairCol = 2 * (lane % 4);
-#pragma unroll 4
-  for (int nt = 0; nt < kColumns / 8; ++nt) {
-    const act_t *column = slice + (nt * 8 + group) * K; // B's column (a wmap row), from shared memory
-    float d[4] = {0, 0, 0, 0};
-    for (int ks = 0; ks < kInputGradKSteps; ++ks) {
-      const int k = 16 * ks + pairCol;
-      const uint32_t b0 = packedPair(column, k, K), b1 = packedPair(column, k + 8, K);
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                   "{%8,%9}, {%0,%1,%2,%3};\n"
-                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                   : "r"(a[ks][0]), "r"(a[ks][1]), "r"(a[ks][2]), "r"(a[ks][3]), "r"(b0), "r"(b1));
-    }
-    // D: rows group (+ 8), columns nt * 8 + pairCol (+ 1).
-    *reinterpret_cast<float2 *>(&tile[group * pitch + nt * 8 + pairCol]) = make_float2(d[0], d[1]);
-    *reinterpret_cast<float2 *>(&tile[(group + 8) * pitch + nt * 8 + pairCol]) = make_float2(d[2], d[3]);
-  }
-}
-
-/// v rounded to an activation and widened again: the value a kernel reads
-/// back after another stored v.
-__device__ __forceinline__ float roundedActivation(float v) {
-  act_t r;
-  store(&r, v);
-  return load(r);
-}
-
-/// roundedActivation of kVec values, a pair a conversion for bf16
-/// (cvt.rn.bf16x2.f32 rounds each half as cvt.rn.bf16.f32 does, in one
-/// instruction off the slow conversion pipe).
-__device__ __forceinline__ void roundedVec(float (&v)[kVec]) {
-  if constexpr (sizeof(act_t) == 2) {
-    for (int k = 0; k < kVec; k += 2) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[k], v[k + 1]);
-      v[k] = __low2float(pair);
-      v[k + 1] = __high2float(pair);
-    }
-  } else {
-    for (int k = 0; k < kVec; ++k)
-      v[k] = roundedActivation(v[k]);
-  }
-}
-
-/// The RMS term added to an input gradient element as stored (rounded).
-__device__ __forceinline__ float addRmsTerm(float rounded, float scale, float x) {
-  const float g = scale * x;
-  return rounded + g;
-}
-
-/// One element: the product's sum added to dx and rounded, then the RMS term.
-__device__ __forceinline__ float inputGradElement(float dx, float product, float scale, float x) {
-  return addRmsTerm(roundedActivation(dx + product), scale, x);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * kInputGradWarps)
-    mhcc_mhc_coeffs_backward_input(const act_t *x, const act_t *wmap, const act_t *dp, const float *rScale, act_t *dx,
-                                   int64_t rows, int64_t width) {
-  kernelPrologue();
-  if constexpr (kInputGradSupported) {
-    constexpr int K = kCoefficients;
-    __shared__ float products[kInputGradWarps][16][kInputGradPitch];
-    // The block's kInputGradColumns rows of wmap (contiguous), zero past width: B's source.
-    __shared__ __align__(16) act_t slice[kInputGradSupported ? kInputGradColumns * K : 1];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t0 = (int64_t(blockIdx.y) * kInputGradWarps + warp) * 16;
-    const int64_t j0 = int64_t(blockIdx.x) * kInputGradColumns;
-    const int64_t sliceCount = min(int64_t(kInputGradColumns), width - j0) * K;
-    const act_t *sliceSrc = wmap + j0 * K;
-    if (sliceCount == kInputGradColumns * K && (kInputGradColumns * K) % kVec == 0 && aligned16(sliceSrc)) {
-      for (int v = threadIdx.x; v < kInputGradColumns * K / kVec; v += blockDim.x)
-        reinterpret_cast<uint4 *>(slice)[v] = reinterpret_cast<const uint4 *>(sliceSrc)[v];
-    } else {
-      for (int e = threadIdx.x; e < kInputGradColumns * K; e += blockDim.x)
-        slice[e] = e < sliceCount ? sliceSrc[e] : act_t(0.0f);
-    }
-    __syncthreads();
-    if (t0 >= rows)
-      return; // the whole warp
-    ProductRows a;
-    loadProductRows(dp, t0, rows, lane, a);
-    float(*tile)[kInputGradPitch] = products[warp];
-    // The lane's vectors of x and dx (a row's kInputGradColumns / kVec by
-    // consecutive lanes), loaded before the products so that they are in
-    // flight meanwhile.
-    constexpr int kRowVectors = kInputGradColumns / kVec, kLaneVectors = 16 * kRowVectors / 32;
-    const bool vec = width % kVec == 0 && aligned16(x) && aligned16(dx);
-    uint4 xRaw[kLaneVectors], dxRaw[kLaneVectors];
-    if (vec)
-#pragma unroll
-      for (int i = 0; i < kLaneVectors; ++i) {
-        const int v = lane + 32 * i, r = v / kRowVectors, c = v % kRowVectors * kVec;
-        const int64_t t = t0 + r, j = j0 + c;
-        if (t < rows && j < width) { // then j + kVec <= width
-          xRaw[i] = *reinterpret_cast<const uint4 *>(x + t * width + j);
-          dxRaw[i] = *reinterpret_cast<const uint4 *>(dx + t * width + j);
-        }
-      }
-    stageProducts<kInputGradColumns>(a, slice, &tile[0][0], kInputGradPitch, lane);
-    __syncwarp();
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < kLaneVectors; ++i) {
-        const int v = lane + 32 * i, r = v / kRowVectors, c = v % kRowVectors * kVec;
-        const int64_t t = t0 + r, j = j0 + c;
-        if (t >= rows || j >= width)
-          continue;
-        const float sc = rScale[t];
-        float dv[kVec], xv[kVec];
-        unpackVec(dxRaw[i], dv);
-        unpackVec(xRaw[i], xv);
-        for (int e = 0; e < kVec; ++e)
-          dv[e] = inputGradElement(dv[e], tile[r][c + e], sc, xv[e]);
-        storeVecUnsplit(dx + t * width + j, dv);
-      }
-    } else {
-      for (int v = lane; v < 16 * kRowVectors; v += 32) {
-        const int r = v / kRowVectors, c = v % kRowVectors * kVec;
-        const int64_t t = t0 + r, j = j0 + c;
-        if (t >= rows || j >= width)
-          continue;
-        const float sc = rScale[t];
-        act_t *dst = dx + t * width + j;
-        for (int e = 0; e < kVec && j + e < width; ++e)
-          store(dst + e, inputGradElement(load(dst[e]), tile[r][c + e], sc, load(x[t * width + j + e])));
-      }
-    }
   }
 }

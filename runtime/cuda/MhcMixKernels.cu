@@ -371,6 +371,94 @@ __device__ __forceinline__ void addPostVector(act_t *const *buf, int o, const fl
   storeVec(d, v);
 }
 
+/// A token's terms in the post/res backward: the coefficients it mixes with
+/// (post, res) and its lane's dots of dOut with y (post) and with x (res).
+struct PostResTerms {
+  float hpost[kStreams], hres[kStreams * kStreams], dotY[kStreams], dot[kStreams][kStreams];
+  __device__ __forceinline__ explicit PostResTerms(const float *coefRow) {
+    for (int i = 0; i < kStreams; ++i) {
+      hpost[i] = coefRow[kStreams + i];
+      dotY[i] = 0;
+      for (int j = 0; j < kStreams; ++j) {
+        hres[i * kStreams + j] = coefRow[2 * kStreams + i * kStreams + j];
+        dot[i][j] = 0;
+      }
+    }
+  }
+};
+
+/// postResBackward on an fp32 stream: a lane's quads, its dots added in
+/// their order; dy and dx from each element's n values of dOut as its
+/// element path does.
+template <typename R>
+__device__ __forceinline__ void postResBackwardQuads(const R *x, const act_t *y, const R *dOut, R *dx, act_t *dy,
+                                                     int64_t t, int lane, int64_t C, bool freshDx, bool freshDy,
+                                                     PostResTerms &terms) {
+  const float(&hpost)[kStreams] = terms.hpost;
+  const float(&hres)[kStreams * kStreams] = terms.hres;
+  float(&dotY)[kStreams] = terms.dotY;
+  float(&dot)[kStreams][kStreams] = terms.dot;
+  for (int64_t c = 4 * lane; c < C; c += 128) {
+    float g[kStreams][4], xs[kStreams][4], ys[4], v[4];
+    for (int i = 0; i < kStreams; ++i)
+      loadQuad(dOut + (t * kStreams + i) * C + c, g[i]);
+    for (int j = 0; j < kStreams; ++j)
+      loadQuad(x + (t * kStreams + j) * C + c, xs[j]);
+    loadQuad(y + t * C + c, ys);
+    for (int e = 0; e < 4; ++e)
+      for (int i = 0; i < kStreams; ++i) {
+        dotY[i] += g[i][e] * ys[e];
+        for (int j = 0; j < kStreams; ++j)
+          dot[i][j] += g[i][e] * xs[j][e];
+      }
+    if (freshDy)
+      v[0] = v[1] = v[2] = v[3] = 0.0f;
+    else
+      loadQuad(dy + t * C + c, v);
+    for (int e = 0; e < 4; ++e) {
+      float acc = v[e];
+      for (int i = 0; i < kStreams; ++i)
+        acc += hpost[i] * g[i][e];
+      v[e] = acc;
+    }
+    storeQuad(dy + t * C + c, v);
+    for (int j = 0; j < kStreams; ++j) {
+      R *d = dx + (t * kStreams + j) * C + c;
+      if (freshDx)
+        v[0] = v[1] = v[2] = v[3] = 0.0f;
+      else
+        loadQuad(d, v);
+      for (int e = 0; e < 4; ++e) {
+        float acc = v[e];
+        for (int i = 0; i < kStreams; ++i)
+          acc += hres[i * kStreams + j] * g[i][e];
+        v[e] = acc;
+      }
+      storeQuad(d, v);
+    }
+  }
+}
+
+/// The lane dots' warp sums into the token's dCoef row (post, res entries;
+/// added to, or written where `freshCoef`, whose pre entries get +0).
+__device__ __forceinline__ void addPostResDots(const PostResTerms &terms, float *dCoefRow, int lane, bool freshCoef) {
+  if (freshCoef && lane == 0)
+    for (int i = 0; i < kStreams; ++i)
+      dCoefRow[i] = 0.0f;
+  for (int i = 0; i < kStreams; ++i) {
+    const float dY = warpSum(terms.dotY[i]);
+    float *out = dCoefRow + kStreams + i;
+    if (lane == 0)
+      *out = (freshCoef ? 0.0f : *out) + dY;
+    for (int j = 0; j < kStreams; ++j) {
+      const float d = warpSum(terms.dot[i][j]);
+      out = dCoefRow + 2 * kStreams + i * kStreams + j;
+      if (lane == 0)
+        *out = (freshCoef ? 0.0f : *out) + d;
+    }
+  }
+}
+
 /// The post/res backward in one pass over dOut, x and y, one warp per row t:
 /// dCoef's post entries <dOut[t,i], y[t]> and res entries <dOut[t,i], x[t,j]>
 /// (lane l adding its elements c = l + 32 k in order, then warpSum), and for
@@ -394,15 +482,11 @@ __device__ __forceinline__ void postResBackward(const R *x, const float *coef, c
   if (t >= rows)
     return;
   const int K = kCoefficients;
-  float hpost[kStreams], hres[kStreams * kStreams], dotY[kStreams], dot[kStreams][kStreams];
-  for (int i = 0; i < kStreams; ++i) {
-    hpost[i] = coef[t * K + kStreams + i];
-    dotY[i] = 0;
-    for (int j = 0; j < kStreams; ++j) {
-      hres[i * kStreams + j] = coef[t * K + 2 * kStreams + i * kStreams + j];
-      dot[i][j] = 0;
-    }
-  }
+  PostResTerms terms(coef + t * K);
+  const float(&hpost)[kStreams] = terms.hpost;
+  const float(&hres)[kStreams * kStreams] = terms.hres;
+  float(&dotY)[kStreams] = terms.dotY;
+  float(&dot)[kStreams][kStreams] = terms.dot;
   // One element's dy and dx from its n values of dOut (g[i]).
   const bool freshDx = fresh & 1, freshCoef = fresh & 2, freshDy = fresh & 4;
   auto updateValues = [&](int64_t c, const float *g) {
@@ -465,47 +549,7 @@ __device__ __forceinline__ void postResBackward(const R *x, const float *coef, c
     });
   } else if (!residualAsActivations<R>() && C % 4 == 0 && alignedQuad(x) && alignedQuad(y) && alignedQuad(dOut) &&
              alignedQuad(dx) && alignedQuad(dy)) {
-    // An fp32 stream: a lane's quads, its dots added in their order; dy
-    // and dx from each element's n values of dOut as updateValues does.
-    for (int64_t c = 4 * lane; c < C; c += 128) {
-      float g[kStreams][4], xs[kStreams][4], ys[4], v[4];
-      for (int i = 0; i < kStreams; ++i)
-        loadQuad(dOut + (t * kStreams + i) * C + c, g[i]);
-      for (int j = 0; j < kStreams; ++j)
-        loadQuad(x + (t * kStreams + j) * C + c, xs[j]);
-      loadQuad(y + t * C + c, ys);
-      for (int e = 0; e < 4; ++e)
-        for (int i = 0; i < kStreams; ++i) {
-          dotY[i] += g[i][e] * ys[e];
-          for (int j = 0; j < kStreams; ++j)
-            dot[i][j] += g[i][e] * xs[j][e];
-        }
-      if (freshDy)
-        v[0] = v[1] = v[2] = v[3] = 0.0f;
-      else
-        loadQuad(dy + t * C + c, v);
-      for (int e = 0; e < 4; ++e) {
-        float acc = v[e];
-        for (int i = 0; i < kStreams; ++i)
-          acc += hpost[i] * g[i][e];
-        v[e] = acc;
-      }
-      storeQuad(dy + t * C + c, v);
-      for (int j = 0; j < kStreams; ++j) {
-        R *d = dx + (t * kStreams + j) * C + c;
-        if (freshDx)
-          v[0] = v[1] = v[2] = v[3] = 0.0f;
-        else
-          loadQuad(d, v);
-        for (int e = 0; e < 4; ++e) {
-          float acc = v[e];
-          for (int i = 0; i < kStreams; ++i)
-            acc += hres[i * kStreams + j] * g[i][e];
-          v[e] = acc;
-        }
-        storeQuad(d, v);
-      }
-    }
+    postResBackwardQuads(x, y, dOut, dx, dy, t, lane, C, freshDx, freshDy, terms);
   } else {
     for (int64_t c = lane; c < C; c += 32) {
       float g[kStreams];
@@ -520,21 +564,7 @@ __device__ __forceinline__ void postResBackward(const R *x, const float *coef, c
       updateValues(c, g);
     }
   }
-  if (freshCoef && lane == 0)
-    for (int i = 0; i < kStreams; ++i)
-      dCoef[t * K + i] = 0.0f;
-  for (int i = 0; i < kStreams; ++i) {
-    const float dY = warpSum(dotY[i]);
-    float *out = dCoef + t * K + kStreams + i;
-    if (lane == 0)
-      *out = (freshCoef ? 0.0f : *out) + dY;
-    for (int j = 0; j < kStreams; ++j) {
-      const float d = warpSum(dot[i][j]);
-      out = dCoef + t * K + 2 * kStreams + i * kStreams + j;
-      if (lane == 0)
-        *out = (freshCoef ? 0.0f : *out) + d;
-    }
-  }
+  addPostResDots(terms, dCoef + t * K, lane, freshCoef);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
