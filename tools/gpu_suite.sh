@@ -435,6 +435,11 @@ run)
   rm -rf "$logs" && mkdir -p "$logs" "$out"
   cd "$bundle" || exit 2
   parts=" ${GPU_SUITE_PARTS:-checks goldens checkpoint bench} "
+  # A misspelt part would run nothing and say nothing: refuse it before any GPU time.
+  known=" checks goldens checkpoint bench ceilings sanitizers profiles faults repeat memory trace convergence kernels "
+  for part in $parts; do
+    [[ $known == *" $part "* ]] || { echo "gpu_suite: GPU_SUITE_PARTS: no part '$part' (the parts:$known)"; exit 2; }
+  done
   gpus=$(nvidia-smi --list-gpus | wc -l)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpus.txt"
   failed=0

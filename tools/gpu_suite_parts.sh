@@ -107,6 +107,9 @@ run_checks() {
       [tiny_tp2_sp_cp2]="tiny_tp2_sp_cp2_pp1:tiny_tp2_sp_cp2_pp1 tiny_tp2_sp_cp2_pp2"
     )
     for name in ${GPU_SUITE_PARITY:-tiny tiny_pool tiny_dp2 tiny_bf16_dp2 tiny_bf16_remainders tiny_bf16_dp2_remainders tiny_tp2 tiny_bf16_tp2 tiny_dp2_tp2 small_bf16_tp2 c4096_bf16_tp2 c7168_bf16_tp2 tiny_tp2_sp tiny_bf16_tp2_sp tiny_dp2_tp2_sp c4096_bf16_tp2_sp c7168_bf16_tp2_sp hybrid_tp2 hybrid_tp2_sp tiny_cp2 tiny_bf16_cp2 small_bf16_cp2 hybrid_cp2 tiny_cp2_packed small_bf16_cp2_packed hybrid_cp2_packed tiny_tp2_cp2 tiny_tp2_sp_cp2 tiny_dp2_cp2 tiny_cp4 small_bf16_cp4 small c4096 c7168 tiny_bf16 tiny_bf16_fp32_residual tiny_n1_bf16_fp32_residual small_bf16 c4096_bf16 c7168_bf16 tiny_packed small_bf16_packed hybrid hybrid_packed tiny_pp4 small_pp4 c7168_pp4}; do
+      if [ -z "${PARITY[$name]+set}" ]; then
+        row "parity $name" FAIL "GPU_SUITE_PARITY: no such group (the groups: ${!PARITY[*]})"; continue
+      fi
       rest=${PARITY[$name]}; cpu=${rest%%:*}; list=${rest#*:}
       if [[ $name == *pp4 ]] && [ "$gpus" -lt 4 ]; then
         row "parity $name" SKIP "needs 4 GPUs, $gpus visible"; continue
