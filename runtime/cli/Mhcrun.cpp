@@ -10,6 +10,7 @@
 #include "runtime/cli/Mhcrun.h"
 
 #include "runtime/cli/Checkpointing.h"
+#include "runtime/cli/HostMemory.h"
 #include "runtime/cli/MeasuredProfile.h"
 #include "runtime/cli/RunFlags.h"
 #include "runtime/cli/RunLines.h"
@@ -441,6 +442,10 @@ std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optiona
   }
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
+  if (backend == "cpu" && !placement) // every rank in this process, on one copy of the parameters
+    if (std::optional<HostMemory> host = availableHostMemory())
+      if (std::string problem = hostMemoryProblem(a, *host); !problem.empty())
+        return fail(problem + (gpus.gpus.empty() ? " (no GPU visible: " + gpus.unavailableReason + ")" : ""));
   return std::nullopt;
 }
 

@@ -50,6 +50,17 @@ void WorkingWeights::refresh(std::vector<std::vector<float>> &masters) {
     roundBf16(w.data(), int64_t(w.size()));
 }
 
+int64_t hostParameterBytes(const Artifact &a) {
+  const bool moments = !a.distributedOptimizer, copies = a.model.dtype == "bf16";
+  int64_t floats = 0;
+  for (const ParamInfo &info : a.params)
+    floats += info.count() * (1 + (moments ? 2 : 0) + (copies ? 1 : 0));
+  for (const StageProgram &stage : a.stages)
+    for (const ParamSlot &slot : stage.params)
+      floats += a.params[slot.param].count();
+  return 4 * floats;
+}
+
 HostParameters::HostParameters(const Artifact &a, bool withMoments,
                                const std::function<bool(int64_t stage)> &holdsStage, bool settleTies,
                                int64_t onlyShard)

@@ -42,6 +42,13 @@ private:
   std::vector<std::vector<float>> copies_;
 };
 
+/// Bytes a HostParameters holding every stage allocates (the in-process CPU
+/// device's one copy): fp32 masters, Adam's two moments (unless the
+/// distributed optimizer shards them), the bf16 working copies of a bf16
+/// model, and a gradient for every parameter use. What mhcrun compares with
+/// the host's memory before it starts (runtime/cli/HostMemory.h).
+int64_t hostParameterBytes(const Artifact &a);
+
 /// What a CPU device keeps of the parameters on the host: fp32 masters, the
 /// Adam moments (where the optimizer runs), each parameter use's gradient
 /// for the stages held, and the working copies the kernels read. One
