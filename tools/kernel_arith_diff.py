@@ -61,76 +61,168 @@ def expand(operand):
     return [r.strip() for r in operand.strip("{}").split(",")] if operand.startswith("{") else [operand]
 
 
-def kernel_arithmetic(ptx):
-    """{kernel: Counter of its floating-point values}: every floating-point
-    result and stored value as an expression over leaves, numbered through
-    the kernel in text order. Leaves: a load (its kind and constant offset,
-    not its base register), a predicate, a constant, a parameter, a special
-    register, and a register defined more than once (a loop's accumulator, a
-    value merged after a branch); copies and index conversions pass their
-    value through. Two kernels computing the same sums from the same loads
-    with the same operations (fma or mul + add, rounding, association,
-    order) have the same counter, whatever their registers, address
-    arithmetic or the order of independent instructions."""
-    kernels = {}
-    for m in re.finditer(r"\.entry\s+(\w+)\((.*?)\n\}\n", ptx, re.S):
-        values, counter = {}, collections.Counter()
-        instructions = []
-        for line in m.group(2).split(";"):
-            line = re.sub(r"//.*", "", line).strip()
-            line = re.sub(r"^\$\w+:\s*", "", line)  # labels
-            line = re.sub(r"^@!?%\w+\s+", "", line)  # predicates: both arms' values are counted
-            if line and not line.startswith((".", "{", "}")):
-                op, _, rest = line.partition(" ")
-                instructions.append((op, operands(rest)))
-        # A register defined more than once (a loop's accumulator, a value
-        # merged after a branch) is a leaf: which definition reaches a use
-        # depends on the blocks' layout, not on the arithmetic.
-        definitions = collections.Counter(
-            t for op, args in instructions
-            if args and not op.startswith(NO_VALUE + ("st.", "red.")) for t in expand(args[0]))
+EXPRESSIONS = {}  # key -> (opcode, sources), for --explain
+EXPLAIN = 0
+
+
+def explain(key, depth=0):
+    """An expression's first levels, for reading a difference."""
+    if key not in EXPRESSIONS or depth > 3:
+        return key[:8] if re.fullmatch(r"[0-9a-f]{40}(\.\d+)?", key) else key
+    op, sources = EXPRESSIONS[key]
+    return f"{op}({', '.join(explain(x, depth + 1) if isinstance(x, str) else str(x) for x in sources)})"
+
+
+SPECIAL = re.compile(r"%(tid|ntid|ctaid|nctaid|laneid|warpid|clusterid|cluster_ctaid|cluster_nctaid|"
+                     r"cluster_ctarank|smid|globaltimer|clock)\w*")
+
+
+def statements(body):
+    """(predicate, opcode, operands) of a function body in text order: the
+    statements of inline-asm scopes ({ ... }) too, their scope's registers
+    (.reg inside braces) renamed apart, so that each block's temporaries
+    are values of their own."""
+    out, scopes, counter = [], [], 0
+    renames = [{}]
+    for piece in re.sub(r"//[^\n]*", "", body).split(";"):
+        piece = piece.strip()
+        while True:
+            piece = re.sub(r"^\$\w+:\s*", "", piece).strip()  # labels
+            if piece.startswith("{"):
+                counter += 1
+                scopes.append(counter)
+                renames.append(dict(renames[-1]))
+                piece = piece[1:].strip()
+            elif piece.startswith("}"):
+                if scopes:
+                    scopes.pop()
+                    renames.pop()
+                piece = piece[1:].strip()
+            else:
+                break
+        if not piece:
+            continue
+        if piece.startswith(".reg") and scopes:
+            for name in re.split(r"\s*,\s*", re.sub(r"^\.reg\s+\.\w+\s+", "", piece)):
+                name = re.sub(r"<\d+>$", "", name.strip())
+                renames[-1][name] = f"%scoped{scopes[-1]}_{name.lstrip('%')}"
+            continue
+        if piece.startswith("."):
+            continue
+        predicate = ""
+        m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", piece, re.S)
+        if m:
+            predicate, piece = "@" + m.group(1), m.group(3)
+        op, _, rest = piece.partition(" ")
+        args = [re.sub(r"(?<![\w%])(%?\w+)", lambda t: renames[-1].get(t.group(1), t.group(1)), a)
+                for a in operands(rest.strip())]
+        out.append((predicate, op.strip(), args))
+    return out
+
+
+def function_arithmetic(body):
+    """Counter of a function's floating-point values and its global stores,
+    each as an expression over leaves, numbered in text order. Leaves: a
+    load (its kind, constant offset and the kernel parameters its address
+    derives from, not the index arithmetic), a kernel parameter, a
+    predicate, a constant, a special register, and a register defined more
+    than once (a loop's accumulator, a value merged after a branch: which
+    definition reaches a use, and where the compiler puts its copies at a
+    join, depend on the layout, so two accumulators fed alike but stored
+    crosswise look the same). A register read before its definition in the
+    text takes the value the pass before found; copies and index
+    conversions pass their value through; a predicated instruction keeps
+    its guard's sense; the statements of inline-asm blocks count (bf16
+    conversions are such blocks).
+    """
+    code = statements(body)
+    defined = collections.Counter(t for _, op, args in code
+                                  if args and not op.startswith(NO_VALUE + ("st.", "red."))
+                                  for t in expand(args[0]))
+    earlier = {}
+    # Three passes, so that a register read before its definition in the
+    # text (a loop's body laid out after its use) takes its value.
+    for _ in range(3):
+        values, roots, counter = {}, {}, collections.Counter()
 
         def value(operand):
+            operand = operand.strip()
             if operand.startswith("["):
                 return "addr"
-            if re.fullmatch(r"%\w+", operand) and not re.fullmatch(r"%(tid|ntid|ctaid|nctaid|laneid|clusterid|"
-                                                                   r"cluster_ctaid|cluster_nctaid)\w*", operand):
+            if re.fullmatch(r"%\w+", operand) and not SPECIAL.fullmatch(operand):
                 kind = re.sub(r"\d+$", "", operand)
-                return "merged:" + kind if definitions[operand] > 1 else values.get(operand, "undef:" + kind)
-            return operand  # constants, special registers, parameter names
+                if defined[operand] > 1:
+                    return "merged:" + kind
+                # Read before its definition in the text (a loop's body
+                # laid out after its use): the previous pass's value.
+                return values.get(operand, earlier.get(operand, "undef:" + kind))
+            return operand  # constants, special registers, symbols
 
-        for op, args in instructions:
+        def rooted(operand):
+            """The kernel parameters an address or index derives from."""
+            names = set()
+            for reg in re.findall(r"%\w+", operand):
+                names |= roots.get(reg, set())
+            for sym in re.findall(r"\[\s*([A-Za-z_]\w*)", operand):
+                names.add(sym)
+            return sorted(names)
+
+        for predicate, op, args in code:
             if op.startswith(NO_VALUE) or not args:
                 continue
-            if op.startswith(("st.", "red.")):
-                key = hashlib.sha1(repr((op, [value(v) for v in expand(args[-1])])).encode()).hexdigest()
-                if FP_TYPE.search(op):
+            if op.startswith(("st.", "red.", "atom.")) and not op.startswith(("st.shared", "st.local", "st.param")):
+                if op.startswith(("st.", "red.")):  # st / red [address], value
+                    offset = re.search(r"\+\s*(-?\d+)\s*\]", args[0])
+                    stored = [value(v) for a in args[1:] for v in expand(a)]
+                    key = hashlib.sha1(repr((predicate, op, rooted(args[0]), offset.group(1) if offset else "0",
+                                             stored)).encode()).hexdigest()
+                    EXPRESSIONS[key] = (predicate + op + str(rooted(args[0])), stored)
                     counter[key] += 1
-                continue
+                    continue
+            if op.startswith(("st.", "red.")):
+                continue  # shared, local and parameter stores: staging, not results
             targets = expand(args[0])
-            if op.startswith("mov.") and len(targets) == 1 and len(args) == 2 and not args[1].startswith("{"):
+            sources_text = args[1:]
+            if op.startswith("mov.") and len(targets) == 1 and len(args) == 2 and not args[1].startswith("{") \
+                    and not predicate:
                 values[targets[0]] = value(args[1])  # a copy
+                roots[targets[0]] = set(rooted(args[1]))
                 continue
             integer = not FP_TYPE.search(op)
             if integer and (op.startswith("setp.") or op.endswith(".pred")):
                 for target in targets:  # a predicate: the same choice may be computed another way
                     values[target] = "pred"
                 continue
-            if re.fullmatch(r"cvt\.[us](32|64)\.[us](32|64)", op):
+            if re.fullmatch(r"cvt\.[us](32|64)\.[us](32|64)", op) and not predicate:
                 values[targets[0]] = value(args[1])  # an index widened or narrowed
+                roots[targets[0]] = set(rooted(args[1]))
                 continue
-            if op.startswith("ld."):  # a leaf: the kind of load and its constant offset, not its base
+            if op.startswith("ld."):  # a leaf: kind, constant offset, the parameters its address derives from
                 offset = re.search(r"\+\s*(-?\d+)\s*\]", args[-1])
-                sources = ["load", offset.group(1) if offset else "0"]
+                sources = ["load", offset.group(1) if offset else "0", rooted(args[-1])]
             else:
-                sources = [value(v) for a in args[1:] for v in expand(a)]
-            key = hashlib.sha1(repr((op, sources)).encode()).hexdigest()
+                sources = [value(v) for a in sources_text for v in expand(a)]
+            key = hashlib.sha1(repr((predicate, op, sources)).encode()).hexdigest()
+            EXPRESSIONS[key] = (predicate + op, sources)
+            names = set(rooted(" ".join(sources_text))) if not op.startswith("ld.param") else set(rooted(args[-1]))
             for i, target in enumerate(targets):
                 values[target] = key if len(targets) == 1 else f"{key}.{i}"
+                roots[target] = names
             if not integer and not op.startswith(("ld.", "mov.")):
                 counter[key] += 1
-        kernels[m.group(1)] = counter
-    return kernels
+        earlier = values
+    return counter
+
+
+def kernel_arithmetic(ptx):
+    """{function: Counter of its values} (function_arithmetic) of every
+    kernel (.entry) and device function (.func) a PTX module defines. Two
+    functions computing the same sums from the same loads with the same
+    operations (fma or mul + add, rounding, association, order) have the
+    same counter, whatever their registers, index arithmetic or the order
+    of independent instructions."""
+    return {m.group(1): function_arithmetic(m.group(2))
+            for m in re.finditer(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?(\w+)\s*\((.*?)\n\}\n", ptx, re.S)}
 
 
 def compare(old, new, label):
@@ -143,6 +235,9 @@ def compare(old, new, label):
             gone, added = sum((old[name] - new[name]).values()), sum((new[name] - old[name]).values())
             problems.append(f"{label}: {name}: {gone} of its {sum(old[name].values())} floating-point values "
                             f"differ ({added} new ones)")
+            if EXPLAIN:
+                problems += [f"  baseline: {explain(k)[:600]}" for k in list(old[name] - new[name])[:EXPLAIN]]
+                problems += [f"  new:      {explain(k)[:600]}" for k in list(new[name] - old[name])[:EXPLAIN]]
     return problems
 
 
@@ -176,8 +271,12 @@ def main():
     parser.add_argument("--mhcc", default="bazel-bin/compiler/mhcc", help="mhcc of this tree")
     parser.add_argument("--nvcc", default=os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin/nvcc"))
     parser.add_argument("--ptx", nargs=2, metavar=("A", "B"), help="compare two PTX files instead")
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="print N differing expressions of each side per kernel (their first levels)")
     parser.add_argument("models", nargs="*")
     args = parser.parse_args()
+    global EXPLAIN
+    EXPLAIN = args.explain
     if args.ptx:
         texts = []
         for path in args.ptx:
