@@ -2,6 +2,7 @@
 #include "runtime/cli/HostMemory.h"
 
 #include "runtime/cpu/CpuRankBase.h"
+#include "runtime/program/Recompute.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +42,54 @@ std::string gib(int64_t bytes) {
   return text;
 }
 
+/// A key's value in a cgroup's memory.stat ("inactive_file 1234").
+std::optional<int64_t> statValue(const std::string &path, const std::string &key) {
+  std::ifstream in(path);
+  std::string name;
+  int64_t value = 0;
+  while (in >> name >> value)
+    if (name == key)
+      return value;
+  return std::nullopt;
+}
+
+/// The memory the cgroup this process runs in may still take: its limit
+/// less its use, the reclaimable page cache not counted as used (cgroup v2,
+/// else v1); nullopt without a limit.
+std::optional<int64_t> cgroupAvailable() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, v2Path = "/", v1Path = "/";
+  while (std::getline(self, line)) {
+    if (line.rfind("0::", 0) == 0)
+      v2Path = line.substr(3);
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first != std::string::npos && second != std::string::npos) {
+      const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+      if (controllers.find(",memory,") != std::string::npos)
+        v1Path = line.substr(second + 1);
+    }
+  }
+  struct Layout {
+    std::string dir, limit, usage, inactive;
+  };
+  const Layout layouts[] = {
+      {"/sys/fs/cgroup" + v2Path, "memory.max", "memory.current", "inactive_file"},
+      {"/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"},
+      {"/sys/fs/cgroup/memory" + v1Path, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
+      {"/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
+  };
+  for (const Layout &l : layouts) {
+    const std::optional<int64_t> limit = readNumber(l.dir + "/" + l.limit), used = readNumber(l.dir + "/" + l.usage);
+    if (!limit || !used)
+      continue;
+    if (*limit >= (int64_t(1) << 60))
+      return std::nullopt; // v1's "no limit"
+    const int64_t cache = statValue(l.dir + "/memory.stat", l.inactive).value_or(0);
+    return std::max<int64_t>(0, *limit - std::max<int64_t>(0, *used - cache));
+  }
+  return std::nullopt;
+}
+
 } // namespace
 
 std::optional<HostMemory> availableHostMemory() {
@@ -53,49 +102,69 @@ std::optional<HostMemory> availableHostMemory() {
   std::optional<HostMemory> best;
   if (std::optional<int64_t> bytes = memAvailable())
     best = HostMemory{*bytes, "MemAvailable in /proc/meminfo"};
-  const std::optional<int64_t> limit = readNumber("/sys/fs/cgroup/memory.max"),
-                               used = readNumber("/sys/fs/cgroup/memory.current");
-  if (limit && used && (!best || *limit - *used < best->bytes))
-    best = HostMemory{std::max<int64_t>(0, *limit - *used), "the cgroup's memory.max less memory.current"};
+  if (std::optional<int64_t> cgroup = cgroupAvailable(); cgroup && (!best || *cgroup < best->bytes))
+    best = HostMemory{*cgroup, "the cgroup's memory limit less its use"};
   return best;
 }
 
-int64_t cpuActivationBytes(const Artifact &a) {
+int64_t cpuActivationBytes(const Artifact &a, int64_t recomputeSegment) {
   // A microbatch's forward of a stage: its values and the aux its
-  // primitives keep, as floats (the CPU backend stores every dtype so).
-  std::vector<int64_t> stageBytes(a.stages.size(), 0);
-  for (size_t s = 0; s < a.stages.size(); ++s) {
-    for (const ValueInfo &v : a.stages[s].values)
-      stageBytes[s] += 4 * v.rows * v.cols;
-    for (const ForwardInstr &f : a.stages[s].forward)
-      stageBytes[s] += 4 * f.auxSize;
+  // primitives keep, as floats (the CPU backend stores every dtype so);
+  // recomputed (recomputeSegment > 0), what its dropped segments do not
+  // keep, and the largest of them while its backward runs it again.
+  const size_t S = a.stages.size();
+  std::vector<int64_t> kept(S, 0), working(S, 0);
+  for (size_t s = 0; s < S; ++s) {
+    const StageProgram &p = a.stages[s];
+    for (const ValueInfo &v : p.values)
+      kept[s] += 4 * v.rows * v.cols;
+    for (const ForwardInstr &f : p.forward)
+      kept[s] += 4 * f.auxSize;
+    if (recomputeSegment <= 0 || p.forward.empty())
+      continue;
+    std::vector<size_t> spans(p.forward.size()); // the CPU device's spans: one instruction each
+    for (size_t j = 0; j < spans.size(); ++j)
+      spans[j] = j;
+    const RecomputePlan plan = recomputePlan(p, spans, {}, recomputeSegment);
+    for (size_t g = 0; g < plan.segments.size(); ++g) {
+      if (!plan.drops(g))
+        continue;
+      int64_t dropped = 0;
+      for (int id : plan.dropped[g])
+        dropped += 4 * p.values[id].rows * p.values[id].cols;
+      for (size_t j = plan.segments[g].first; j < plan.segments[g].second; ++j)
+        dropped += 4 * p.forward[j].auxSize;
+      kept[s] -= dropped;
+      working[s] = std::max(working[s], dropped);
+    }
   }
   // A rank holds a forward until its backward (W under the zero-bubble split).
   int64_t total = 0;
   for (const std::vector<Instr> &rank : a.ranks) {
-    int64_t live = 0, peak = 0;
+    int64_t live = 0, peak = 0, work = 0;
     for (const Instr &instr : rank) {
-      if (instr.stage < 0 || size_t(instr.stage) >= stageBytes.size())
+      if (instr.stage < 0 || size_t(instr.stage) >= S)
         continue;
       if (instr.kind == OpKind::Forward)
-        live += stageBytes[instr.stage];
+        live += kept[instr.stage];
       else if (instr.kind == OpKind::Backward || instr.kind == OpKind::BackwardWeight)
-        live -= stageBytes[instr.stage];
+        live -= kept[instr.stage];
       peak = std::max(peak, live);
+      work = std::max(work, working[instr.stage]);
     }
-    total += peak;
+    total += peak + work;
   }
   return total * a.dp * a.cp * a.tp; // every replica, context and tensor rank its own
 }
 
-std::string hostMemoryProblem(const Artifact &a, const HostMemory &available) {
-  const int64_t parameters = hostParameterBytes(a), activations = cpuActivationBytes(a);
+std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment) {
+  const int64_t parameters = hostParameterBytes(a), activations = cpuActivationBytes(a, recomputeSegment);
   if (parameters + activations <= available.bytes)
     return "";
   std::ostringstream out;
   out << "the CPU backend would hold about " << gib(parameters + activations) << " in host memory, "
-      << gib(parameters) << " of parameters (fp32 masters" << (a.distributedOptimizer ? "" : ", Adam's moments")
-      << (a.model.dtype == "bf16" ? ", bf16 copies" : "") << " and a gradient a use) and up to "
+      << gib(parameters) << " of parameters (fp32 masters, Adam's moments"
+      << (a.model.dtype == "bf16" ? ", bf16 copies" : "") << " and gradients) and up to "
       << gib(activations) << " of activations, more than the " << gib(available.bytes) << " available ("
       << available.source << "): run it on GPUs or train a smaller model on the CPU (MHCC_HOST_MEMORY_BYTES sets "
       << "what is taken as available)";

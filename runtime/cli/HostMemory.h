@@ -25,22 +25,24 @@ struct HostMemory {
 };
 
 /// The memory this process may still take: the least of MemAvailable
-/// (/proc/meminfo) and the cgroup's limit less its use (cgroup v2's
-/// memory.max and memory.current); MHCC_HOST_MEMORY_BYTES overrides both.
-/// Nullopt where neither can be read (the check is then skipped).
+/// (/proc/meminfo) and its cgroup's limit less its use, the reclaimable
+/// page cache not counted (cgroup v2, else v1); MHCC_HOST_MEMORY_BYTES
+/// overrides both. Nullopt where neither can be read (no check then).
 std::optional<HostMemory> availableHostMemory();
 
 /// The in-process CPU backend's activations at most: on each rank, the
 /// forward values and aux of the microbatch-stages its schedule holds at
 /// once (a forward until its backward), for every replica, context and
-/// tensor rank. An upper bound: the executor releases a value after its
-/// last reader.
-int64_t cpuActivationBytes(const Artifact &a);
+/// tensor rank; with recomputation (segments of `recomputeSegment`
+/// sublayers, 0: none) what the dropped segments keep, and the largest
+/// segment's while it runs again (runtime/program/Recompute.h). An upper
+/// bound: the executor releases a value after its last reader.
+int64_t cpuActivationBytes(const Artifact &a, int64_t recomputeSegment);
 
 /// "" when the in-process CPU backend's parameters (hostParameterBytes)
 /// and activations fit `available`, else the one-line refusal (without the
 /// "mhcrun: " prefix).
-std::string hostMemoryProblem(const Artifact &a, const HostMemory &available);
+std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment);
 
 } // namespace mhcc::runtime
 

@@ -442,10 +442,12 @@ std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optiona
   }
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
-  if (backend == "cpu" && !placement) // every rank in this process, on one copy of the parameters
+  if (backend == "cpu" && !placement) { // every rank in this process, on one copy of the parameters
+    const int64_t segment = f.options.recompute ? std::max<int64_t>(f.options.recomputeNumSublayers, 1) : 0;
     if (std::optional<HostMemory> host = availableHostMemory())
-      if (std::string problem = hostMemoryProblem(a, *host); !problem.empty())
+      if (std::string problem = hostMemoryProblem(a, *host, segment); !problem.empty())
         return fail(problem + (gpus.gpus.empty() ? " (no GPU visible: " + gpus.unavailableReason + ")" : ""));
+  }
   return std::nullopt;
 }
 

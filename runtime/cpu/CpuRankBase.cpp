@@ -51,14 +51,23 @@ void WorkingWeights::refresh(std::vector<std::vector<float>> &masters) {
 }
 
 int64_t hostParameterBytes(const Artifact &a) {
-  const bool moments = !a.distributedOptimizer, copies = a.model.dtype == "bf16";
-  int64_t floats = 0;
+  // Masters, the moments (every part's, where the distributed optimizer
+  // shards them: this copy holds them all), the reduced gradient, and a
+  // bf16 model's working copies: floats a parameter element.
+  const int64_t perElement = 1 + 2 + 1 + (a.model.dtype == "bf16" ? 1 : 0);
+  int64_t floats = 0, slotFloats = 0, blockFloats = 0;
   for (const ParamInfo &info : a.params)
-    floats += info.count() * (1 + (moments ? 2 : 0) + (copies ? 1 : 0));
+    floats += perElement * info.count();
   for (const StageProgram &stage : a.stages)
-    for (const ParamSlot &slot : stage.params)
-      floats += a.params[slot.param].count();
-  return 4 * floats;
+    for (const ParamSlot &slot : stage.params) {
+      slotFloats += a.params[slot.param].count();
+      blockFloats += shardCount(a.params[slot.param], a.tp);
+    }
+  // A gradient a use; the other replicas', context and tensor ranks' own
+  // (CpuWorld::rankGrads: each rank's blocks under tp, else the gradient
+  // group's other members').
+  const int64_t others = a.tp > 1 ? a.dp * a.cp * a.tp : a.reduceGroupSize() - 1;
+  return 4 * (floats + slotFloats + others * blockFloats);
 }
 
 HostParameters::HostParameters(const Artifact &a, bool withMoments,

@@ -42,11 +42,13 @@ private:
   std::vector<std::vector<float>> copies_;
 };
 
-/// Bytes a HostParameters holding every stage allocates (the in-process CPU
-/// device's one copy): fp32 masters, Adam's two moments (unless the
-/// distributed optimizer shards them), the bf16 working copies of a bf16
-/// model, and a gradient for every parameter use. What mhcrun compares with
-/// the host's memory before it starts (runtime/cli/HostMemory.h).
+/// Bytes the in-process CPU device keeps of the parameters (CpuWorld: one
+/// HostParameters holding every stage, and the other ranks' gradients):
+/// fp32 masters, Adam's two moments, the reduced gradient, a bf16 model's
+/// working copies, a gradient for every parameter use, and the gradient
+/// group's other members' (or under tp every rank's blocks). What mhcrun
+/// compares with the host's memory before it starts
+/// (runtime/cli/HostMemory.h).
 int64_t hostParameterBytes(const Artifact &a);
 
 /// What a CPU device keeps of the parameters on the host: fp32 masters, the
