@@ -81,7 +81,9 @@ archive=.gpu_bundle.tar.xz
 # saying so) when SIZE bytes of carry do not fit beside the tree.
 check_carry() {
   local size=$1 what=$2 tree
-  tree=$(git ls-files -z 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  # The device tool sends the tracked files and the untracked ones git does not ignore.
+  tree=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null | du -cb --files0-from=- 2>/dev/null |
+    tail -1 | cut -f1)
   echo "$what: $((size / 1048576)) MiB, the working tree $((tree / 1048576)) MiB (64 in all)"
   [ $((size + tree)) -le $((64 * 1048576)) ]
 }
@@ -404,17 +406,25 @@ pack)
   [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
   rm -f "$archive"
   XZ_OPT=-T0 tar -cJf "$archive" "$bundle" || { rm -f "$archive"; exit 1; }
-  check_carry "$(stat -c %s "$archive")" "packed $bundle into $archive" || { echo "gpu_suite: over 64 MiB"; exit 1; }
+  check_carry "$(stat -c %s "$archive")" "packed $bundle into $archive" ||
+    { rm -f "$archive"; echo "gpu_suite: over 64 MiB: prune the bundle first (tools/gpu_suite.sh prune)"; exit 1; }
   echo "carry [\"$archive\"] and start the command with: bash tools/gpu_suite.sh unpack &&"
   ;;
 unpack)
   [ -f "$archive" ] || { echo "gpu_suite: no $archive: carry it (tools/gpu_suite.sh pack makes it)"; exit 2; }
-  rm -rf "$bundle"
-  if ! python3 -m tarfile -e "$archive" . 2>/dev/null; then
-    rm -rf "$bundle"
-    tar -xJf "$archive" || { echo "gpu_suite: cannot unpack $archive (neither Python's tarfile nor tar -J)"; exit 1; }
+  # Its members are checked before anything is written: .gpu_bundle/ and
+  # nothing else (no path out of it), with the bundle's COMMIT.
+  members=$(python3 -c 'import sys, tarfile; print("\n".join(tarfile.open(sys.argv[1]).getnames()))' "$archive" \
+    2>/dev/null || tar -tJf "$archive" 2>/dev/null) || { echo "gpu_suite: cannot unpack $archive (neither Python's tarfile nor tar -J reads it)"; exit 1; }
+  if grep -qvE "^$bundle(/|$)" <<< "$members" || grep -qE '(^|/)\.\.(/|$)' <<< "$members" ||
+     ! grep -qx "$bundle/COMMIT" <<< "$members"; then
+    echo "gpu_suite: $archive holds no $bundle/COMMIT, or files outside $bundle: not a packed bundle"; exit 1
   fi
-  [ -f "$bundle/COMMIT" ] || { echo "gpu_suite: $archive holds no $bundle/COMMIT: not a packed bundle"; exit 1; }
+  rm -rf "$bundle"
+  if ! python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(".")' "$archive" 2>/dev/null; then
+    rm -rf "$bundle"
+    tar -xJf "$archive" || { echo "gpu_suite: cannot unpack $archive"; exit 1; }
+  fi
   echo "unpacked $archive: $bundle $(du -sh "$bundle" | cut -f1), commit $(head -1 "$bundle/COMMIT")"
   ;;
 adopt-goldens)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/gpu_suite.sh pack / unpack: the bundle packed here and unpacked on
 # the lent machine is the bundle, file for file and mode for mode (the
-# binaries stay executable); a missing, corrupt or foreign archive is one
-# clear line and a non-zero exit; unpack replaces a stale .gpu_bundle.
+# binaries stay executable); a missing, corrupt or foreign archive, or one
+# with files outside .gpu_bundle, is one clear line and a non-zero exit,
+# with nothing written; unpack replaces a stale .gpu_bundle.
 set -euo pipefail
 suite="${TEST_SRCDIR}/${TEST_WORKSPACE}/tools/gpu_suite.sh"
 work="${TEST_TMPDIR}/pack"
@@ -28,6 +29,10 @@ bash tools/gpu_suite.sh unpack > unpack.txt || fail "unpack failed: $(cat unpack
 grep -q "unpacked .gpu_bundle.tar.xz: .gpu_bundle .*, commit 0123abcd" unpack.txt || fail "unpack said: $(cat unpack.txt)"
 [ ! -e .gpu_bundle/stale ] || fail "the stale bundle's file survived the unpack"
 diff -r "${work}/here/.gpu_bundle" .gpu_bundle || fail "the unpacked bundle differs"
+for f in mhcrun tiny_pp1.mhcc COMMIT; do
+  [ "$(stat -c %a ".gpu_bundle/$f")" = "$(stat -c %a "${work}/here/.gpu_bundle/$f")" ] ||
+    fail "$f: mode $(stat -c %a ".gpu_bundle/$f"), packed as $(stat -c %a "${work}/here/.gpu_bundle/$f")"
+done
 [ "$(.gpu_bundle/mhcrun)" = ran ] || fail "the unpacked binary does not run"
 [ "$(stat -c %a .gpu_bundle/tiny_pp1.mhcc | cut -c1)" != 0 ] || fail "the artifact lost its owner's read bit"
 
@@ -45,5 +50,10 @@ expect_refusal 2 "gpu_suite: no .gpu_bundle.tar.xz: carry it (tools/gpu_suite.sh
 head -c 4096 /dev/urandom > .gpu_bundle.tar.xz
 expect_refusal 1 "gpu_suite: cannot unpack .gpu_bundle.tar.xz"
 mkdir -p other && echo x > other/file && tar -cJf .gpu_bundle.tar.xz other
-expect_refusal 1 "holds no .gpu_bundle/COMMIT: not a packed bundle"
+expect_refusal 1 "holds no .gpu_bundle/COMMIT, or files outside .gpu_bundle: not a packed bundle"
+# A bundle with a file beside it is refused before anything is written.
+mkdir -p .gpu_bundle && echo 1 > .gpu_bundle/COMMIT && echo tracked > README.md
+echo intruder > beside.md && tar -cJf .gpu_bundle.tar.xz .gpu_bundle beside.md && rm beside.md
+expect_refusal 1 "files outside .gpu_bundle: not a packed bundle"
+[ ! -e beside.md ] || fail "a refused archive wrote beside.md"
 echo "gpu_suite_pack_test: passed"
