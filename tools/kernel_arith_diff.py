@@ -30,8 +30,8 @@ DEFAULT_MODELS = ["models/tiny_bf16.json", "models/tiny.json", "models/tiny_bf16
                   "models/tiny_n1_bf16_fp32_residual.json", "models/1b.json"]
 FP_TYPE = re.compile(r"\.(f32|f64|bf16|f16|bf16x2|f16x2)\b")
 # Instructions that define no value the arithmetic depends on.
-NO_VALUE = ("bra", "ret", "bar", "barrier", "griddepcontrol", "call", "cp.async", "fence", "membar", "exit",
-            "trap", "prefetch", "mbarrier", "elect", "setmaxnreg")
+NO_VALUE = ("bra", "ret", "bar", "barrier", "griddepcontrol", "cp.async.commit", "cp.async.wait", "fence", "membar",
+            "exit", "trap", "prefetch", "mbarrier", "elect", "setmaxnreg")
 
 
 def die(message):
@@ -104,17 +104,18 @@ def statements(body):
             continue
         if piece.startswith(".reg") and scopes:
             for name in re.split(r"\s*,\s*", re.sub(r"^\.reg\s+\.\w+\s+", "", piece)):
-                name = re.sub(r"<\d+>$", "", name.strip())
-                renames[-1][name] = f"%scoped{scopes[-1]}_{name.lstrip('%')}"
+                m = re.fullmatch(r"(%?\w+?)<(\d+)>", name.strip())
+                for one in ([f"{m.group(1)}{i}" for i in range(int(m.group(2)))] if m else [name.strip()]):
+                    renames[-1][one] = f"%scoped{scopes[-1]}_{one.lstrip('%')}"
             continue
         if piece.startswith("."):
             continue
         predicate = ""
         m = re.match(r"^@(!?)(%?\w+)\s+(.*)$", piece, re.S)
         if m:
-            predicate, piece = "@" + m.group(1), m.group(3)
+            predicate, piece = "@" + m.group(1) + " " + renames[-1].get(m.group(2), m.group(2)), m.group(3)
         op, _, rest = piece.partition(" ")
-        args = [re.sub(r"(?<![\w%])(%?\w+)", lambda t: renames[-1].get(t.group(1), t.group(1)), a)
+        args = [re.sub(r"(?<![\w%.])(%?\w+)", lambda t: renames[-1].get(t.group(1), t.group(1)), a)
                 for a in operands(rest.strip())]
         out.append((predicate, op.strip(), args))
     return out
@@ -132,8 +133,11 @@ def function_arithmetic(body):
     crosswise look the same). A register read before its definition in the
     text takes the value the pass before found; copies and index
     conversions pass their value through; a predicated instruction keeps
-    its guard's sense; the statements of inline-asm blocks count (bf16
-    conversions are such blocks).
+    its guard (sense and predicate); the statements of inline-asm blocks
+    count (bf16 conversions, ldmatrix and cp.async are such blocks); a
+    copy into shared memory (cp.async) counts with its source and target
+    buffers, a call with its callee and arguments, and what it returns is
+    that call's.
     """
     code = statements(body)
     defined = collections.Counter(t for _, op, args in code
@@ -163,24 +167,45 @@ def function_arithmetic(body):
             names = set()
             for reg in re.findall(r"%\w+", operand):
                 names |= roots.get(reg, set())
-            for sym in re.findall(r"\[\s*([A-Za-z_]\w*)", operand):
-                names.add(sym)
+            for sym in re.findall(r"(?<![%\w.$])([A-Za-z_]\w*)", operand):
+                # a parameter, a shared array, a global; the local stack
+                # (__local_depotN: numbered by the function's place in the module)
+                names.add(re.sub(r"^(__local_depot)\d+$", r"\1", sym))
             return sorted(names)
 
+        arguments, returned = {}, "no call"  # st.param'd arguments of the next call; the last call's value
         for predicate, op, args in code:
             if op.startswith(NO_VALUE) or not args:
                 continue
-            if op.startswith(("st.", "red.", "atom.")) and not op.startswith(("st.shared", "st.local", "st.param")):
-                if op.startswith(("st.", "red.")):  # st / red [address], value
-                    offset = re.search(r"\+\s*(-?\d+)\s*\]", args[0])
-                    stored = [value(v) for a in args[1:] for v in expand(a)]
-                    key = hashlib.sha1(repr((predicate, op, rooted(args[0]), offset.group(1) if offset else "0",
-                                             stored)).encode()).hexdigest()
-                    EXPRESSIONS[key] = (predicate + op + str(rooted(args[0])), stored)
-                    counter[key] += 1
-                    continue
+            guard = ""
+            if predicate:  # its sense and the predicate's value
+                sense, _, reg = predicate.partition(" ")
+                guard = sense + value(reg)
+            offset = lambda a: (re.search(r"\+\s*(-?\d+)\s*\]", a) or re.match("()", "")).group(1) or "0"
+            if op.startswith("st.param"):  # a call's argument
+                arguments[args[0]] = [value(v) for a in args[1:] for v in expand(a)]
+                continue
+            if op.startswith("call"):
+                callee = next((a for a in args if not a.startswith("(")), "?")
+                returned = hashlib.sha1(repr((guard, op, callee, sorted(arguments.items()))).encode()).hexdigest()
+                EXPRESSIONS[returned] = (guard + op + " " + callee, [str(sorted(arguments.items()))])
+                counter[returned] += 1
+                arguments = {}
+                continue
+            if op.startswith("cp.async"):  # a copy into shared memory: where from, where to
+                key = hashlib.sha1(repr((guard, op, rooted(args[0]), offset(args[0]), rooted(args[1]),
+                                         offset(args[1]), args[2:])).encode()).hexdigest()
+                EXPRESSIONS[key] = (guard + op, [str(rooted(args[1]))])
+                counter[key] += 1
+                continue
+            if op.startswith(("st.", "red.")) and not op.startswith(("st.shared", "st.local")):
+                stored = [value(v) for a in args[1:] for v in expand(a)]  # st / red [address], value
+                key = hashlib.sha1(repr((guard, op, rooted(args[0]), offset(args[0]), stored)).encode()).hexdigest()
+                EXPRESSIONS[key] = (guard + op + str(rooted(args[0])), stored)
+                counter[key] += 1
+                continue
             if op.startswith(("st.", "red.")):
-                continue  # shared, local and parameter stores: staging, not results
+                continue  # shared and local stores: staging, not results
             targets = expand(args[0])
             sources_text = args[1:]
             if op.startswith("mov.") and len(targets) == 1 and len(args) == 2 and not args[1].startswith("{") \
@@ -197,18 +222,20 @@ def function_arithmetic(body):
                 values[targets[0]] = value(args[1])  # an index widened or narrowed
                 roots[targets[0]] = set(rooted(args[1]))
                 continue
-            if op.startswith("ld."):  # a leaf: kind, constant offset, the parameters its address derives from
-                offset = re.search(r"\+\s*(-?\d+)\s*\]", args[-1])
-                sources = ["load", offset.group(1) if offset else "0", rooted(args[-1])]
+            loads = op.startswith(("ld.", "ldmatrix"))
+            if loads and re.search(r"\[\s*retval", args[-1]):
+                sources = ["returned", offset(args[-1]), returned]  # what the last call gave back
+            elif loads:  # a leaf: kind, constant offset, the parameters its address derives from
+                sources = ["load", offset(args[-1]), rooted(args[-1])]
             else:
                 sources = [value(v) for a in sources_text for v in expand(a)]
-            key = hashlib.sha1(repr((predicate, op, sources)).encode()).hexdigest()
-            EXPRESSIONS[key] = (predicate + op, sources)
+            key = hashlib.sha1(repr((guard, op, sources)).encode()).hexdigest()
+            EXPRESSIONS[key] = (guard + op, sources)
             names = set(rooted(" ".join(sources_text))) if not op.startswith("ld.param") else set(rooted(args[-1]))
             for i, target in enumerate(targets):
                 values[target] = key if len(targets) == 1 else f"{key}.{i}"
                 roots[target] = names
-            if not integer and not op.startswith(("ld.", "mov.")):
+            if not integer and not loads and not op.startswith("mov."):
                 counter[key] += 1
         earlier = values
     return counter
@@ -216,13 +243,24 @@ def function_arithmetic(body):
 
 def kernel_arithmetic(ptx):
     """{function: Counter of its values} (function_arithmetic) of every
-    kernel (.entry) and device function (.func) a PTX module defines. Two
-    functions computing the same sums from the same loads with the same
-    operations (fma or mul + add, rounding, association, order) have the
-    same counter, whatever their registers, index arithmetic or the order
-    of independent instructions."""
-    return {m.group(1): function_arithmetic(m.group(2))
-            for m in re.finditer(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?(\w+)\s*\((.*?)\n\}\n", ptx, re.S)}
+    kernel (.entry) and device function (.func) a PTX module defines (a
+    declaration without a body is not one). Two functions computing the
+    same sums from the same loads with the same operations (fma or mul +
+    add, rounding, association, order) have the same counter, whatever
+    their registers, index arithmetic or the order of independent
+    instructions."""
+    functions = {}
+    for m in re.finditer(r"^[^\S\n]*(?:\.visible\s+|\.weak\s+|\.extern\s+)*\.(?:entry|func)\s+"
+                         r"(?:\([^)]*\)\s*)?(\w+)\s*\(", ptx, re.M):
+        at = ptx.find(")", m.end())  # the end of its parameter list
+        rest = ptx[at + 1:].lstrip() if at >= 0 else ""
+        while rest.startswith("."):  # .maxntid, .reqntid and the like before the body
+            rest = rest[rest.find("\n") + 1:].lstrip()
+        if not rest.startswith("{"):
+            continue  # a declaration
+        end = rest.find("\n}\n")
+        functions[m.group(1)] = function_arithmetic(rest[1:end if end >= 0 else len(rest)])
+    return functions
 
 
 def compare(old, new, label):

@@ -4,7 +4,8 @@
 # independent instructions in another order has the same arithmetic; one
 # whose sum is associated otherwise, summed in another order, contracted
 # (mul + add against fma), rounded otherwise inside an inline-asm block,
-# guarded the other way, or reading another parameter's buffer does not,
+# guarded the other way or on another predicate, or reading another
+# parameter's buffer (also in the body's first statement) does not,
 # and is named; a missing file is an error (exit 2). Known blind spot (the
 # tool's docstring): accumulators fed alike but stored crosswise.
 set -euo pipefail
@@ -16,7 +17,10 @@ fail() { echo "kernel_arith_diff_test: $*" >&2; exit 1; }
 # kernel(a, b, c) = (a * b) + c, then s = x0 + x1 + x2 over three loads of
 # parameter p, a bf16 rounding in an inline-asm block (as cuda_bf16.h
 # writes them) stored as 16 bits, and a predicated add of a load of q.
+# A device function's declaration without a body comes first, as nvcc
+# writes them: it is no function of its own.
 kernel() { # NAME BODY
+  printf '.func  (.param .b64 r) helper\n(\n\t.param .b64 a\n)\n;\n'
   printf '.visible .entry %s(\n\t.param .u64 p,\n\t.param .u64 q\n)\n{\n%s\n}\n' "$1" "$2"
 }
 base=$(kernel k '	ld.param.u64 	%rd1, [p];
@@ -34,6 +38,7 @@ base=$(kernel k '	ld.param.u64 	%rd1, [p];
 	// end inline asm
 	st.global.u16 	[%rd1+20], %rs1;
 	setp.gt.f32 	%p1, %f4, 0f00000000;
+	setp.lt.f32 	%p2, %f6, 0f00000000;
 	ld.global.f32 	%f7, [%rd2];
 	@%p1 add.f32 	%f8, %f7, %f4;
 	st.global.f32 	[%rd2+4], %f8;')
@@ -56,6 +61,7 @@ kernel k '	ld.param.u64 	%rd7, [p];
 	st.global.u16 	[%rd8+20], %rs9;
 	ld.global.f32 	%f17, [%rd9];
 	setp.gt.f32 	%p4, %f14, 0f00000000;
+	setp.lt.f32 	%p5, %f16, 0f00000000;
 	@%p4 add.f32 	%f18, %f17, %f14;
 	st.global.f32 	[%rd9+4], %f18;' > same.ptx
 python3 "${tool}" --ptx base.ptx same.ptx > out.txt || fail "a renamed, reordered kernel differs: $(cat out.txt)"
@@ -81,7 +87,11 @@ sed 's/@%p1 add.f32/@!%p1 add.f32/' base.ptx > guard.ptx
 expect_differs guard.ptx "an inverted guard"
 sed 's/ld.global.f32 \t%f7, \[%rd2\];/ld.global.f32 \t%f7, [%rd1];/' base.ptx > buffer.ptx
 expect_differs buffer.ptx "a load from the other parameter's buffer"
-for edited in assoc order contracted rounding guard buffer; do
+sed 's/@%p1 add.f32/@%p2 add.f32/' base.ptx > predicate.ptx
+expect_differs predicate.ptx "a guard on another predicate"
+sed 's/ld.param.u64 \t%rd1, \[p\];/ld.param.u64 \t%rd1, [q];/' base.ptx > first.ptx
+expect_differs first.ptx "the body's first statement reading another parameter"
+for edited in assoc order contracted rounding guard buffer predicate first; do
   cmp -s base.ptx "${edited}.ptx" && fail "the test's own edit for ${edited} did not apply"
 done
 
