@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace mhcc::runtime {
 namespace {
@@ -53,12 +54,13 @@ std::optional<int64_t> statValue(const std::string &path, const std::string &key
   return std::nullopt;
 }
 
-/// The memory the cgroup this process runs in may still take: its limit
-/// less its use, the reclaimable page cache not counted as used (cgroup v2,
-/// else v1); nullopt without a limit.
+/// The memory the cgroup this process runs in may still take: the least,
+/// over it and its ancestors that set a limit, of the limit less the use,
+/// the reclaimable page cache not counted as used (cgroup v2, else v1);
+/// nullopt where none sets one.
 std::optional<int64_t> cgroupAvailable() {
   std::ifstream self("/proc/self/cgroup");
-  std::string line, v2Path = "/", v1Path = "/";
+  std::string line, v2Path, v1Path;
   while (std::getline(self, line)) {
     if (line.rfind("0::", 0) == 0)
       v2Path = line.substr(3);
@@ -70,22 +72,37 @@ std::optional<int64_t> cgroupAvailable() {
     }
   }
   struct Layout {
-    std::string dir, limit, usage, inactive;
+    std::string root, path, limit, usage, inactive;
   };
   const Layout layouts[] = {
-      {"/sys/fs/cgroup" + v2Path, "memory.max", "memory.current", "inactive_file"},
-      {"/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"},
-      {"/sys/fs/cgroup/memory" + v1Path, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
-      {"/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
+      {"/sys/fs/cgroup", v2Path, "memory.max", "memory.current", "inactive_file"},
+      {"/sys/fs/cgroup/memory", v1Path, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
   };
   for (const Layout &l : layouts) {
-    const std::optional<int64_t> limit = readNumber(l.dir + "/" + l.limit), used = readNumber(l.dir + "/" + l.usage);
-    if (!limit || !used)
-      continue;
-    if (*limit >= (int64_t(1) << 60))
-      return std::nullopt; // v1's "no limit"
-    const int64_t cache = statValue(l.dir + "/memory.stat", l.inactive).value_or(0);
-    return std::max<int64_t>(0, *limit - std::max<int64_t>(0, *used - cache));
+    // The cgroup, then each ancestor up to the root (a slice's limit holds its children).
+    std::vector<std::string> dirs;
+    for (std::string path = l.path;;) {
+      dirs.push_back(l.root + (path.empty() || path == "/" ? "" : path));
+      if (path.empty() || path == "/" || path.find('/') == std::string::npos)
+        break;
+      const size_t cut = path.rfind('/');
+      path = cut == 0 ? "/" : path.substr(0, cut);
+    }
+    std::optional<int64_t> least;
+    bool seen = false;
+    for (const std::string &dir : dirs) {
+      const std::optional<int64_t> limit = readNumber(dir + "/" + l.limit), used = readNumber(dir + "/" + l.usage);
+      if (!limit || !used)
+        continue;
+      seen = true;
+      if (*limit >= (int64_t(1) << 60))
+        continue; // v1 writes "no limit" as a number near 2^63
+      const int64_t cache = statValue(dir + "/memory.stat", l.inactive).value_or(0);
+      const int64_t room = std::max<int64_t>(0, *limit - std::max<int64_t>(0, *used - cache));
+      least = least ? std::min(*least, room) : room;
+    }
+    if (seen)
+      return least;
   }
   return std::nullopt;
 }

@@ -56,8 +56,11 @@ int64_t hostParameterBytes(const Artifact &a) {
   // bf16 model's working copies: floats a parameter element.
   const int64_t perElement = 1 + 2 + 1 + (a.model.dtype == "bf16" ? 1 : 0);
   int64_t floats = 0, slotFloats = 0, blockFloats = 0;
-  for (const ParamInfo &info : a.params)
+  for (const ParamInfo &info : a.params) {
     floats += perElement * info.count();
+    if (a.tp > 1 && !info.tpSplit.empty() && !isPartial(info))
+      floats += a.tp * shardCount(info, a.tp); // each tensor rank's block (CpuWorld::blocks, tensorBlocks)
+  }
   for (const StageProgram &stage : a.stages)
     for (const ParamSlot &slot : stage.params) {
       slotFloats += a.params[slot.param].count();

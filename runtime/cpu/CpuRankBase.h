@@ -46,7 +46,8 @@ private:
 /// HostParameters holding every stage, and the other ranks' gradients):
 /// fp32 masters, Adam's two moments, the reduced gradient, a bf16 model's
 /// working copies, a gradient for every parameter use, and the gradient
-/// group's other members' (or under tp every rank's blocks). What mhcrun
+/// group's other members' (or under tp every rank's blocks of them, and of
+/// the split weights). What mhcrun
 /// compares with the host's memory before it starts
 /// (runtime/cli/HostMemory.h).
 int64_t hostParameterBytes(const Artifact &a);
