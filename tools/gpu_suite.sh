@@ -402,7 +402,7 @@ prune)
 pack)
   # Binaries and kernel images compress well (xz: 173 MiB to 10), so the
   # whole bundle travels without pruning; the lent machine unpacks it with
-  # Python's tarfile (its image has no promise of xz) or tar.
+  # Python's tarfile (its image has no promise of xz).
   [ -d "$bundle" ] || { echo "gpu_suite: no $bundle; run 'tools/gpu_suite.sh bundle' first"; exit 2; }
   rm -f "$archive"
   XZ_OPT=-T0 tar -cJf "$archive" "$bundle" || { rm -f "$archive"; exit 1; }
@@ -412,19 +412,29 @@ pack)
   ;;
 unpack)
   [ -f "$archive" ] || { echo "gpu_suite: no $archive: carry it (tools/gpu_suite.sh pack makes it)"; exit 2; }
-  # Its members are checked before anything is written: .gpu_bundle/ and
-  # nothing else (no path out of it), with the bundle's COMMIT.
-  members=$(python3 -c 'import sys, tarfile; print("\n".join(tarfile.open(sys.argv[1]).getnames()))' "$archive" \
-    2>/dev/null || tar -tJf "$archive" 2>/dev/null) || { echo "gpu_suite: cannot unpack $archive (neither Python's tarfile nor tar -J reads it)"; exit 1; }
-  if grep -qvE "^$bundle(/|$)" <<< "$members" || grep -qE '(^|/)\.\.(/|$)' <<< "$members" ||
-     ! grep -qx "$bundle/COMMIT" <<< "$members"; then
-    echo "gpu_suite: $archive holds no $bundle/COMMIT, or files outside $bundle: not a packed bundle"; exit 1
-  fi
+  # Its members are checked before anything is written: plain files and
+  # folders under .gpu_bundle/, no path out of it, the bundle's COMMIT.
+  # Python's tarfile reads it (the lent machine's image promises Python,
+  # not xz).
+  python3 - "$archive" "$bundle" <<'PY' || exit 1
+import sys, tarfile
+archive, bundle = sys.argv[1], sys.argv[2]
+try:
+    with tarfile.open(archive) as t:
+        members = t.getmembers()
+except (tarfile.TarError, OSError, EOFError) as e:
+    sys.exit(f"gpu_suite: cannot unpack {archive} ({e})")
+bad = [m.name for m in members if not (m.name == bundle or m.name.startswith(bundle + "/"))
+       or ".." in m.name.split("/") or not (m.isreg() or m.isdir())]
+if bad or bundle + "/COMMIT" not in {m.name for m in members}:
+    sys.exit(f"gpu_suite: {archive} holds no {bundle}/COMMIT, or something other than files and folders "
+             f"under {bundle} ({', '.join(bad[:3]) or 'no COMMIT'}): not a packed bundle")
+PY
   rm -rf "$bundle"
-  if ! python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(".")' "$archive" 2>/dev/null; then
-    rm -rf "$bundle"
-    tar -xJf "$archive" || { echo "gpu_suite: cannot unpack $archive"; exit 1; }
-  fi
+  python3 -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(".", **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' "$archive" ||
+    { rm -rf "$bundle"; echo "gpu_suite: cannot unpack $archive"; exit 1; }
   echo "unpacked $archive: $bundle $(du -sh "$bundle" | cut -f1), commit $(head -1 "$bundle/COMMIT")"
   ;;
 adopt-goldens)

@@ -50,10 +50,26 @@ expect_refusal 2 "gpu_suite: no .gpu_bundle.tar.xz: carry it (tools/gpu_suite.sh
 head -c 4096 /dev/urandom > .gpu_bundle.tar.xz
 expect_refusal 1 "gpu_suite: cannot unpack .gpu_bundle.tar.xz"
 mkdir -p other && echo x > other/file && tar -cJf .gpu_bundle.tar.xz other
-expect_refusal 1 "holds no .gpu_bundle/COMMIT, or files outside .gpu_bundle: not a packed bundle"
+expect_refusal 1 "holds no .gpu_bundle/COMMIT, or something other than files and folders under .gpu_bundle (other, other/file): not a packed bundle"
 # A bundle with a file beside it is refused before anything is written.
 mkdir -p .gpu_bundle && echo 1 > .gpu_bundle/COMMIT && echo tracked > README.md
 echo intruder > beside.md && tar -cJf .gpu_bundle.tar.xz .gpu_bundle beside.md && rm beside.md
-expect_refusal 1 "files outside .gpu_bundle: not a packed bundle"
+expect_refusal 1 "under .gpu_bundle (beside.md): not a packed bundle"
 [ ! -e beside.md ] || fail "a refused archive wrote beside.md"
+# Links are refused too (a symbolic link out of the bundle, then a file
+# through it; a hard link to a tracked file), and names that only look like
+# the bundle's ("Xgpu_bundle", "/gpu_bundle").
+ln -s "${work}/outside" .gpu_bundle/link && tar -cJf .gpu_bundle.tar.xz .gpu_bundle && rm .gpu_bundle/link
+expect_refusal 1 "(.gpu_bundle/link): not a packed bundle"
+python3 - <<'PY'
+import io, tarfile
+with tarfile.open(".gpu_bundle.tar.xz", "w:xz") as t:
+    for name in (".gpu_bundle/COMMIT", "Xgpu_bundle/y", "/gpu_bundle/x"):
+        data = b"1\n"
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+PY
+expect_refusal 1 "(Xgpu_bundle/y, /gpu_bundle/x): not a packed bundle"
+[ ! -e Xgpu_bundle ] && [ ! -e "${work}/outside" ] || fail "a refused archive wrote a file"
 echo "gpu_suite_pack_test: passed"
