@@ -174,12 +174,15 @@ int64_t cpuActivationBytes(const Artifact &a, int64_t recomputeSegment) {
   return total * a.dp * a.cp * a.tp; // every replica, context and tensor rank its own
 }
 
-std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment) {
-  const int64_t parameters = hostParameterBytes(a), activations = cpuActivationBytes(a, recomputeSegment);
+std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment,
+                              bool processes) {
+  const int64_t parameters = processes ? hostProcessesParameterBytes(a) : hostParameterBytes(a);
+  const int64_t activations = cpuActivationBytes(a, recomputeSegment);
   if (parameters + activations <= available.bytes)
     return "";
   std::ostringstream out;
-  out << "the CPU backend would hold about " << gib(parameters + activations) << " in host memory, "
+  out << "the CPU backend would hold about " << gib(parameters + activations) << " in host memory"
+      << (processes ? " over its " + std::to_string(a.worldSize()) + " processes" : "") << ", "
       << gib(parameters) << " of parameters (fp32 masters, Adam's moments"
       << (a.model.dtype == "bf16" ? ", bf16 copies" : "") << " and gradients) and up to "
       << gib(activations) << " of activations, more than the " << gib(available.bytes) << " available ("

@@ -39,10 +39,12 @@ std::optional<HostMemory> availableHostMemory();
 /// bound: the executor releases a value after its last reader.
 int64_t cpuActivationBytes(const Artifact &a, int64_t recomputeSegment);
 
-/// "" when the in-process CPU backend's parameters (hostParameterBytes)
-/// and activations fit `available`, else the one-line refusal (without the
-/// "mhcrun: " prefix).
-std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment);
+/// "" when the CPU backend's parameters (hostParameterBytes in one
+/// process, hostProcessesParameterBytes with `processes`) and activations
+/// fit `available`, else the one-line refusal (without the "mhcrun: "
+/// prefix).
+std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, int64_t recomputeSegment,
+                              bool processes = false);
 
 } // namespace mhcc::runtime
 

@@ -432,22 +432,30 @@ std::optional<int> placeRanks(RunFlags &f, const Artifact &a, const std::optiona
     return fail(rankPrefix + placement->launcher + " started " + std::to_string(placement->size) +
                 " processes, but the artifact has " + mesh + "; the CPU backend runs one process per rank: start " +
                 std::to_string(world));
+  // Every CPU rank on this host: in this process on one copy of the
+  // parameters, or in the processes --processes starts here.
+  auto hostMemory = [&](bool processes) {
+    const int64_t segment = f.options.recompute ? std::max<int64_t>(f.options.recomputeNumSublayers, 1) : 0;
+    std::optional<HostMemory> host = availableHostMemory();
+    std::string problem = host ? hostMemoryProblem(a, *host, segment, processes) : "";
+    return problem.empty() || !gpus.gpus.empty() ? problem
+                                                 : problem + " (no GPU visible: " + gpus.unavailableReason + ")";
+  };
   if (backend == "cpu" && !placement && f.processes > 0) {
     if (f.processes != world)
       return fail("--processes " + std::to_string(f.processes) + ": the artifact has " + mesh +
                   " ranks, one per process; pass --processes " + std::to_string(world));
     if (!f.dumpDir.empty())
       return fail("--dump-tensors needs every rank in this process: drop --processes");
+    if (std::string problem = hostMemory(true); !problem.empty())
+      return fail(problem);
     return launchRanks(world, "/proc/self/exe", argv, std::cerr);
   }
   if (backend == "cpu" && f.memoryPlanGiven)
     std::cerr << "mhcrun: --memory-plan applies to the CUDA backend; the CPU backend ignores it\n";
-  if (backend == "cpu" && !placement) { // every rank in this process, on one copy of the parameters
-    const int64_t segment = f.options.recompute ? std::max<int64_t>(f.options.recomputeNumSublayers, 1) : 0;
-    if (std::optional<HostMemory> host = availableHostMemory())
-      if (std::string problem = hostMemoryProblem(a, *host, segment); !problem.empty())
-        return fail(problem + (gpus.gpus.empty() ? " (no GPU visible: " + gpus.unavailableReason + ")" : ""));
-  }
+  if (backend == "cpu" && !placement)
+    if (std::string problem = hostMemory(false); !problem.empty())
+      return fail(problem);
   return std::nullopt;
 }
 

@@ -73,6 +73,33 @@ int64_t hostParameterBytes(const Artifact &a) {
   return 4 * (floats + slotFloats + others * blockFloats);
 }
 
+int64_t hostProcessesParameterBytes(const Artifact &a) {
+  const int64_t copies = a.model.dtype == "bf16" ? 1 : 0;
+  int64_t elements = 0, ownBlock = 0, allSlots = 0, allBlocks = 0;
+  for (const ParamInfo &info : a.params) {
+    elements += info.count();
+    if (a.tp > 1 && !info.tpSplit.empty() && !isPartial(info))
+      ownBlock += shardCount(info, a.tp);
+  }
+  std::vector<int64_t> stageBlocks(a.stages.size(), 0);
+  for (size_t s = 0; s < a.stages.size(); ++s)
+    for (const ParamSlot &slot : a.stages[s].params) {
+      allSlots += a.params[slot.param].count();
+      stageBlocks[s] = stageBlocks[s] + shardCount(a.params[slot.param], a.tp);
+    }
+  for (int64_t blocks : stageBlocks)
+    allBlocks += blocks;
+  int64_t floats = 0;
+  for (int64_t rank = 0; rank < a.worldSize(); ++rank) {
+    floats += elements * (1 + copies) + ownBlock;
+    for (size_t s = 0; s < a.stages.size(); ++s)
+      if (a.rankOf(int64_t(s)) == a.pipelineRankOf(rank))
+        floats += stageBlocks[s];
+  }
+  floats += 3 * elements + allSlots + a.tp * allBlocks; // rank 0: moments, reduced, uses, gathered
+  return 4 * floats;
+}
+
 HostParameters::HostParameters(const Artifact &a, bool withMoments,
                                const std::function<bool(int64_t stage)> &holdsStage, bool settleTies,
                                int64_t onlyShard)

@@ -51,6 +51,13 @@ private:
 /// compares with the host's memory before it starts
 /// (runtime/cli/HostMemory.h).
 int64_t hostParameterBytes(const Artifact &a);
+/// The same for a `--processes` run (CpuProcessDevice, one process a rank,
+/// all on this host): every process its masters, a bf16 model's copies,
+/// its tensor block of the split weights and its stages' gradient blocks;
+/// rank 0 also every use's gradient, the ranks' gathered blocks, the
+/// reduced gradient and the moments (under the distributed optimizer spread
+/// over the gradient group's first ranks: as many bytes).
+int64_t hostProcessesParameterBytes(const Artifact &a);
 
 /// What a CPU device keeps of the parameters on the host: fp32 masters, the
 /// Adam moments (where the optimizer runs), each parameter use's gradient
