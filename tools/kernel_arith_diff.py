@@ -5,12 +5,14 @@ Without a GPU a kernel refactor (a helper extracted, code moved between
 files) cannot be run, but it can be compiled: this compiles the generated
 kernels of each model with two mhcc binaries (the baseline's and this
 tree's) as mhcc does (nvcc, sm_90, -O3) to PTX, and compares, kernel by
-kernel, every floating-point value as an expression of the kernel's loads
-(opcodes with their rounding, fma against mul + add, the association of
-each sum; registers, addresses and the order of independent instructions
-ignored), and ptxas's registers and spills. The same expressions are what
-"the same bits" rests on here (ptxas's own contraction follows the same
-PTX); a GPU run (the goldens) confirms it. Exit status: 0 the same, 1 some kernel's arithmetic differs,
+kernel, every floating-point value and global store as an expression of
+the kernel's loads (opcodes with their rounding, fma against mul + add,
+the association and order of each sum, guards, the buffers read and
+written; registers, index arithmetic and the order of independent
+instructions ignored: function_arithmetic), and ptxas's registers and
+spills. The same expressions are what "the same bits" rests on here
+(ptxas's own contraction follows the same PTX); a GPU run (the goldens)
+confirms it. Exit status: 0 the same, 1 some kernel's arithmetic differs,
 2 bad usage or a failed compile.
 
   tools/kernel_arith_diff.py --baseline-mhcc OLD/mhcc [--mhcc NEW/mhcc] [MODEL.json ...]
@@ -63,6 +65,19 @@ def expand(operand):
 
 EXPRESSIONS = {}  # key -> (opcode, sources), for --explain
 EXPLAIN = 0
+
+
+def remember(parts, shown_op, shown_sources):
+    """The key of an expression (its parts hashed), kept for --explain."""
+    key = hashlib.sha1(repr(parts).encode()).hexdigest()
+    EXPRESSIONS[key] = (shown_op, shown_sources)
+    return key
+
+
+def constant_offset(address):
+    """The constant offset of an address operand ("[%rd4+512]": "512"), else "0"."""
+    m = re.search(r"\+\s*(-?\d+)\s*\]", address)
+    return m.group(1) if m else "0"
 
 
 def explain(key, depth=0):
@@ -181,31 +196,26 @@ def function_arithmetic(body):
             if predicate:  # its sense and the predicate's value
                 sense, _, reg = predicate.partition(" ")
                 guard = sense + value(reg)
-            offset = lambda a: (re.search(r"\+\s*(-?\d+)\s*\]", a) or re.match("()", "")).group(1) or "0"
             if op.startswith("st.param"):  # a call's argument
                 arguments[args[0]] = [value(v) for a in args[1:] for v in expand(a)]
                 continue
             if op.startswith("call"):
                 callee = next((a for a in args if not a.startswith("(")), "?")
-                returned = hashlib.sha1(repr((guard, op, callee, sorted(arguments.items()))).encode()).hexdigest()
-                EXPRESSIONS[returned] = (guard + op + " " + callee, [str(sorted(arguments.items()))])
+                returned = remember((guard, op, callee, sorted(arguments.items())), guard + op + " " + callee,
+                                    [str(sorted(arguments.items()))])
                 counter[returned] += 1
                 arguments = {}
                 continue
             if op.startswith("cp.async"):  # a copy into shared memory: where from, where to
-                key = hashlib.sha1(repr((guard, op, rooted(args[0]), offset(args[0]), rooted(args[1]),
-                                         offset(args[1]), args[2:])).encode()).hexdigest()
-                EXPRESSIONS[key] = (guard + op, [str(rooted(args[1]))])
-                counter[key] += 1
+                counter[remember((guard, op, rooted(args[0]), constant_offset(args[0]), rooted(args[1]),
+                                  constant_offset(args[1]), args[2:]), guard + op, [str(rooted(args[1]))])] += 1
                 continue
-            if op.startswith(("st.", "red.")) and not op.startswith(("st.shared", "st.local")):
-                stored = [value(v) for a in args[1:] for v in expand(a)]  # st / red [address], value
-                key = hashlib.sha1(repr((guard, op, rooted(args[0]), offset(args[0]), stored)).encode()).hexdigest()
-                EXPRESSIONS[key] = (guard + op + str(rooted(args[0])), stored)
-                counter[key] += 1
+            if op.startswith(("st.", "red.")):  # st / red [address], value; shared and local stores are staging
+                if not op.startswith(("st.shared", "st.local")):
+                    stored = [value(v) for a in args[1:] for v in expand(a)]
+                    counter[remember((guard, op, rooted(args[0]), constant_offset(args[0]), stored),
+                                     guard + op + str(rooted(args[0])), stored)] += 1
                 continue
-            if op.startswith(("st.", "red.")):
-                continue  # shared and local stores: staging, not results
             targets = expand(args[0])
             sources_text = args[1:]
             if op.startswith("mov.") and len(targets) == 1 and len(args) == 2 and not args[1].startswith("{") \
@@ -224,13 +234,12 @@ def function_arithmetic(body):
                 continue
             loads = op.startswith(("ld.", "ldmatrix"))
             if loads and re.search(r"\[\s*retval", args[-1]):
-                sources = ["returned", offset(args[-1]), returned]  # what the last call gave back
+                sources = ["returned", constant_offset(args[-1]), returned]  # what the last call gave back
             elif loads:  # a leaf: kind, constant offset, the parameters its address derives from
-                sources = ["load", offset(args[-1]), rooted(args[-1])]
+                sources = ["load", constant_offset(args[-1]), rooted(args[-1])]
             else:
                 sources = [value(v) for a in sources_text for v in expand(a)]
-            key = hashlib.sha1(repr((guard, op, sources)).encode()).hexdigest()
-            EXPRESSIONS[key] = (guard + op, sources)
+            key = remember((guard, op, sources), guard + op, sources)
             names = set(rooted(" ".join(sources_text))) if not op.startswith("ld.param") else set(rooted(args[-1]))
             for i, target in enumerate(targets):
                 values[target] = key if len(targets) == 1 else f"{key}.{i}"
@@ -291,7 +300,9 @@ def compile_model(mhcc, nvcc, model, workdir, tag):
     base = os.path.join(workdir, f"{tag}_{os.path.basename(model)}")
     run([mhcc, model, "--emit=cuda", "-o", base + ".cu"])
     run([nvcc, "-ptx", *NVCC_FLAGS, "-o", base + ".ptx", base + ".cu"])
-    verbose = run([nvcc, "-cubin", *NVCC_FLAGS, "-Xptxas", "-v", "-o", base + ".cubin", base + ".cu"])
+    # ptxas on that PTX, as nvcc -cubin runs it, rather than the front end a second time.
+    verbose = run([os.path.join(os.path.dirname(nvcc), "ptxas"), "-arch=sm_90", "-O3", "-v", "-o", base + ".cubin",
+                   base + ".ptx"])
     resources, kernel = {}, None
     for line in verbose.stderr.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
@@ -323,8 +334,9 @@ def main():
                     texts.append(f.read())
             except OSError as e:
                 die(f"kernel_arith_diff: {path}: {e.strerror}")
-        problems = compare(kernel_arithmetic(texts[0]), kernel_arithmetic(texts[1]), "ptx")
-        print("\n".join(problems) or f"{len(kernel_arithmetic(texts[1]))} kernels, the same arithmetic")
+        old, new = kernel_arithmetic(texts[0]), kernel_arithmetic(texts[1])
+        problems = compare(old, new, "ptx")
+        print("\n".join(problems) or f"{len(new)} kernels, the same arithmetic")
         return 1 if problems else 0
     if not args.baseline_mhcc:
         parser.print_usage(sys.stderr)

@@ -33,7 +33,8 @@ std::optional<int64_t> memAvailable() {
   return std::nullopt;
 }
 
-std::string gib(int64_t bytes) {
+/// "5.5 MiB", or "21.4 GiB" from 1 GiB up.
+std::string sizeText(int64_t bytes) {
   char text[32];
   const double mib = double(bytes) / (1024.0 * 1024);
   if (mib < 1024)
@@ -181,11 +182,11 @@ std::string hostMemoryProblem(const Artifact &a, const HostMemory &available, in
   if (parameters + activations <= available.bytes)
     return "";
   std::ostringstream out;
-  out << "the CPU backend would hold about " << gib(parameters + activations) << " in host memory"
+  out << "the CPU backend would hold about " << sizeText(parameters + activations) << " in host memory"
       << (processes ? " over its " + std::to_string(a.worldSize()) + " processes" : "") << ", "
-      << gib(parameters) << " of parameters (fp32 masters, Adam's moments"
+      << sizeText(parameters) << " of parameters (fp32 masters, Adam's moments"
       << (a.model.dtype == "bf16" ? ", bf16 copies" : "") << " and gradients) and up to "
-      << gib(activations) << " of activations, more than the " << gib(available.bytes) << " available ("
+      << sizeText(activations) << " of activations, more than the " << sizeText(available.bytes) << " available ("
       << available.source << "): run it on GPUs or train a smaller model on the CPU (MHCC_HOST_MEMORY_BYTES sets "
       << "what is taken as available)";
   return out.str();

@@ -85,7 +85,7 @@ int64_t hostProcessesParameterBytes(const Artifact &a) {
   for (size_t s = 0; s < a.stages.size(); ++s)
     for (const ParamSlot &slot : a.stages[s].params) {
       allSlots += a.params[slot.param].count();
-      stageBlocks[s] = stageBlocks[s] + shardCount(a.params[slot.param], a.tp);
+      stageBlocks[s] += shardCount(a.params[slot.param], a.tp);
     }
   for (int64_t blocks : stageBlocks)
     allBlocks += blocks;
